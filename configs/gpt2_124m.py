@@ -1,0 +1,47 @@
+"""gpt2_124m: the GPT-2 small shape (12 layers, 12 heads, 768 wide, 1024 context). GPU scale.
+
+python -m jaxtrain --config=configs/gpt2_124m.py --jax_platforms=cuda
+
+The vocabulary is GPT-2's padded 50304 so that parameters (124M) and FLOPs match GPT-2 small.
+With the byte tokenizer only the first 256 rows are ever used; with your own data and the
+char tokenizer, set model.vocab_size=0 to size it to the text instead.
+"""
+
+from jaxtrain.config import default_config
+
+
+def get_config():
+  cfg = default_config()
+  cfg.workdir = "runs/gpt2_124m"
+  cfg.seed = 0
+
+  cfg.model.n_layers = 12
+  cfg.model.n_heads = 12
+  cfg.model.d_model = 768
+  cfg.model.seq_len = 1024
+  cfg.model.vocab_size = 50304
+  cfg.model.norm = "layernorm"
+  cfg.model.pos = "learned"
+  cfg.model.mlp = "gelu"
+  cfg.model.tie_embeddings = True
+  cfg.model.dropout = 0.0
+  cfg.model.dtype = "bfloat16"  # compute; params and optimizer state stay float32
+
+  cfg.train.batch_size = 16
+  cfg.train.grad_accum = 8  # 16 x 1024 x 8 = 131k tokens per optimizer step
+  cfg.train.max_steps = 20000
+  cfg.train.log_every = 10
+  cfg.train.eval_every = 500
+  cfg.train.eval_steps = 20
+  cfg.train.checkpoint_every = 1000
+  cfg.train.keep_checkpoints = 2
+
+  cfg.optim.lr = 6e-4
+  cfg.optim.min_lr_ratio = 0.1
+  cfg.optim.warmup_steps = 700
+  cfg.optim.weight_decay = 0.1
+  cfg.optim.clip_norm = 1.0
+
+  cfg.data.path = ""  # the Python standard library's .py files; point it at a bigger corpus
+  cfg.data.tokenizer = "byte"
+  return cfg

@@ -1,0 +1,86 @@
+"""`python -m jaxtrain --config=configs/nano.py [--config.a.b=v ...] [--jax_platforms=cpu]`."""
+
+import os
+import sys
+
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from jaxtrain.errors import UserError
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
+                                          lock_config=True)
+
+
+def _fail(message: str) -> None:
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def _unknown_field(argv: list[str]) -> str | None:
+  """The first `--config.a.b=v` override that names no field, with the closest real names."""
+  import difflib
+
+  from jaxtrain.config import default_config
+
+  known = set(_dotted(default_config().to_dict()))
+  for arg in argv:
+    if arg.startswith("--config."):
+      name = arg[len("--config."):].split("=")[0]
+      if name not in known:
+        close = difflib.get_close_matches(name, sorted(known), n=2)
+        hint = f"did you mean {' or '.join('--config.' + c for c in close)}?" if close else \
+            "the fields are listed in jaxtrain/config.py"
+        return f"--config.{name} is not a config field; {hint}"
+  return None
+
+
+def _dotted(d: dict, prefix: str = ""):
+  for key, value in d.items():
+    if isinstance(value, dict):
+      yield from _dotted(value, f"{prefix}{key}.")
+    else:
+      yield prefix + key
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's parser, but a bad flag is one line and exit status 2, like every other bad input."""
+  for arg in argv:
+    if arg.startswith("--config="):
+      path = arg.split("=", 1)[1].split(":")[0]
+      if not os.path.isfile(path):
+        _fail(f"config file {path} not found; pass --config=configs/nano.py or another file "
+              "in configs/")
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    message = str(e).splitlines()[0] if str(e) else type(e).__name__
+    _fail(f"{message}; see --helpfull for every flag, or the config file for every field")
+  except Exception as e:  # raised by ml_collections for unknown fields or a broken config file
+    _fail(_unknown_field(argv) or f"the config could not be loaded ({type(e).__name__}: "
+          f"{str(e).splitlines()[0] if str(e) else ''}); fix the config file or the override")
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    _fail(f"unexpected arguments {argv[1:]}; flags look like --config.train.max_steps=100")
+  cfg = _CONFIG.value
+  if cfg is None:
+    _fail("no config given; pass --config=configs/nano.py (or another file in configs/)")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax and grain log every save at INFO
+  from jaxtrain import train  # after flag parsing: --jax_platforms must be set first
+
+  try:
+    train.run(cfg)
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(e.exit_code)
+  except KeyboardInterrupt:
+    sys.exit(130)
+
+
+if __name__ == "__main__":
+  jax.config.config_with_absl()
+  app.run(main, flags_parser=_parse_flags)

@@ -1,0 +1,205 @@
+"""Every knob of a run, with its default, and the up-front validation of all of them.
+
+`configs/*.py` start from `default_config()` and set what defines their run. `validate` runs once,
+before any work, and raises `ConfigError` naming the first bad field and how to fix it.
+"""
+
+import os
+
+import ml_collections
+
+NORMS = ("rmsnorm", "layernorm")
+POSITIONS = ("rope", "learned")
+MLPS = ("swiglu", "gelu")
+DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION = ("auto", "xla", "cudnn")
+TOKENIZERS = ("byte", "char")
+
+
+def default_config() -> ml_collections.ConfigDict:
+  cfg = ml_collections.ConfigDict()
+  cfg.workdir = "runs/default"  # checkpoints, metrics.jsonl, config.json, samples.txt
+  cfg.seed = 0  # params, dropout and the order of training windows all follow from it
+  cfg.headless = False  # True: one plain log line per train.log_every steps instead of a bar
+
+  cfg.model = ml_collections.ConfigDict()
+  cfg.model.n_layers = 4
+  cfg.model.n_heads = 4
+  cfg.model.d_model = 128
+  cfg.model.seq_len = 128  # context length in tokens
+  cfg.model.vocab_size = 0  # 0: take it from the tokenizer (256 for byte, corpus size for char)
+  cfg.model.norm = "rmsnorm"  # rmsnorm | layernorm (neither has a bias)
+  cfg.model.pos = "rope"  # rope | learned
+  cfg.model.mlp = "swiglu"  # swiglu | gelu
+  cfg.model.mlp_ratio = 4.0  # hidden width / d_model for gelu; swiglu uses 2/3 of it (same params)
+  cfg.model.tie_embeddings = True  # output projection shares the token embedding
+  cfg.model.dropout = 0.0
+  cfg.model.rope_theta = 10000.0
+  cfg.model.dtype = "float32"  # compute dtype; params and optimizer state stay float32
+  cfg.model.attention = "auto"  # auto | xla | cudnn ("auto": cudnn on GPU when it applies)
+
+  cfg.train = ml_collections.ConfigDict()
+  cfg.train.batch_size = 16  # sequences per micro-batch, over all devices and processes
+  cfg.train.grad_accum = 1  # micro-batches per optimizer step (optax.MultiSteps)
+  cfg.train.max_steps = 1000  # optimizer steps
+  cfg.train.log_every = 10
+  cfg.train.eval_every = 200
+  cfg.train.eval_steps = 20  # validation batches per evaluation (the same batches every time)
+  cfg.train.checkpoint_every = 200
+  cfg.train.keep_checkpoints = 2  # the latest ones; the best by val loss is kept on top
+  cfg.train.skip_nonfinite = False  # True: drop updates whose loss or gradients are inf/nan
+
+  cfg.optim = ml_collections.ConfigDict()
+  cfg.optim.lr = 1e-3  # peak learning rate, after warmup
+  cfg.optim.min_lr_ratio = 0.1  # cosine decay ends at lr * min_lr_ratio
+  cfg.optim.warmup_steps = 100
+  cfg.optim.decay_steps = 0  # 0: decay over train.max_steps
+  cfg.optim.weight_decay = 0.1  # on matrices only; never on norms or vectors
+  cfg.optim.clip_norm = 1.0  # global gradient norm; 0 turns clipping off
+  cfg.optim.b1 = 0.9
+  cfg.optim.b2 = 0.95
+  cfg.optim.eps = 1e-8
+
+  cfg.data = ml_collections.ConfigDict()
+  cfg.data.path = ""  # a text file, a directory or a glob; "": the Python standard library's .py files
+  cfg.data.tokenizer = "byte"  # byte | char
+  cfg.data.val_fraction = 0.1  # the last part of the token stream is held out for validation
+  cfg.data.cache_dir = ""  # tokenized corpora; "": $JAXTRAIN_CACHE or ~/.cache/jaxtrain
+  cfg.data.allow_changed = False  # True: resume even though the data differs from the run's
+
+  cfg.sample = ml_collections.ConfigDict()
+  cfg.sample.num_samples = 3  # printed and written to workdir/samples.txt at the end
+  cfg.sample.max_new_tokens = 256
+  cfg.sample.temperature = 0.8
+  cfg.sample.top_k = 0  # 0: sample from the whole distribution
+  cfg.sample.prompt = ""  # "": start from a random stretch of validation text
+
+  cfg.mesh = ml_collections.ConfigDict()
+  cfg.mesh.data = -1  # data-parallel axis size; -1: all devices left after the other axes
+  cfg.mesh.fsdp = 1  # params and optimizer state sharded over this many devices
+
+  cfg.distributed = ml_collections.ConfigDict()
+  cfg.distributed.coordinator_address = ""  # host:port of process 0; "": single process or Slurm
+  cfg.distributed.num_processes = 0  # 0: from the environment (Slurm) or 1
+  cfg.distributed.process_id = -1  # -1: from the environment (Slurm) or 0
+  return cfg
+
+
+def _check(ok: bool, field: str, problem: str, fix: str) -> None:
+  if not ok:
+    from jaxtrain.errors import ConfigError
+
+    raise ConfigError(field, problem, fix)
+
+
+def _get(cfg: ml_collections.ConfigDict, field: str):
+  for part in field.split("."):
+    cfg = cfg[part]
+  return cfg
+
+
+def _positive_int(cfg: ml_collections.ConfigDict, field: str, minimum: int = 1) -> None:
+  value = _get(cfg, field)
+  _check(
+      isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+      field,
+      f"must be an integer >= {minimum}, got {value!r}",
+      f"pass --config.{field}=<integer >= {minimum}>",
+  )
+
+
+def _one_of(value, choices, field: str) -> None:
+  _check(value in choices, field, f"{value!r} is not one of {', '.join(choices)}",
+         f"pass --config.{field}={choices[0]} (or another of those)")
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+  """Checks every field that can be checked without devices or data; raises ConfigError."""
+  m, t, o, d, s = cfg.model, cfg.train, cfg.optim, cfg.data, cfg.sample
+  _check(isinstance(cfg.workdir, str) and cfg.workdir.strip() != "", "workdir", "is empty",
+         "pass --config.workdir=<directory for this run>")
+  _positive_int(cfg, "seed", minimum=0)
+  for f in ("n_layers", "n_heads", "d_model", "seq_len"):
+    _positive_int(cfg, f"model.{f}")
+  _positive_int(cfg, "model.vocab_size", minimum=0)
+  _check(m.d_model % m.n_heads == 0, "model.d_model",
+         f"{m.d_model} is not divisible by model.n_heads={m.n_heads}",
+         "make d_model a multiple of n_heads")
+  head_dim = m.d_model // m.n_heads
+  _check(m.pos != "rope" or head_dim % 2 == 0, "model.d_model",
+         f"RoPE needs an even head size, got d_model/n_heads={head_dim}",
+         "change d_model or n_heads, or pass --config.model.pos=learned")
+  _one_of(m.norm, NORMS, "model.norm")
+  _one_of(m.pos, POSITIONS, "model.pos")
+  _one_of(m.mlp, MLPS, "model.mlp")
+  _one_of(m.dtype, DTYPES, "model.dtype")
+  _one_of(m.attention, ATTENTION, "model.attention")
+  _check(m.mlp_ratio > 0, "model.mlp_ratio", f"must be > 0, got {m.mlp_ratio}",
+         "pass --config.model.mlp_ratio=4.0")
+  _check(0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {m.dropout}",
+         "pass --config.model.dropout=0.0")
+  _check(m.rope_theta > 0, "model.rope_theta", f"must be > 0, got {m.rope_theta}",
+         "pass --config.model.rope_theta=10000.0")
+
+  for f in ("batch_size", "grad_accum", "max_steps", "log_every", "eval_every", "eval_steps",
+            "checkpoint_every", "keep_checkpoints"):
+    _positive_int(cfg, f"train.{f}")
+
+  _check(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}", "pass e.g. --config.optim.lr=1e-3")
+  _check(0.0 <= o.min_lr_ratio <= 1.0, "optim.min_lr_ratio",
+         f"must be in [0, 1], got {o.min_lr_ratio}", "pass --config.optim.min_lr_ratio=0.1")
+  _positive_int(cfg, "optim.warmup_steps", minimum=0)
+  _positive_int(cfg, "optim.decay_steps", minimum=0)
+  _check(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}",
+         "pass --config.optim.weight_decay=0.1")
+  _check(o.clip_norm >= 0, "optim.clip_norm", f"must be >= 0 (0 turns clipping off), got {o.clip_norm}",
+         "pass --config.optim.clip_norm=1.0")
+  _check(0.0 <= o.b1 < 1.0, "optim.b1", f"must be in [0, 1), got {o.b1}", "pass --config.optim.b1=0.9")
+  _check(0.0 <= o.b2 < 1.0, "optim.b2", f"must be in [0, 1), got {o.b2}", "pass --config.optim.b2=0.95")
+  _check(o.eps > 0, "optim.eps", f"must be > 0, got {o.eps}", "pass --config.optim.eps=1e-8")
+
+  _one_of(d.tokenizer, TOKENIZERS, "data.tokenizer")
+  _check(0.0 < d.val_fraction < 1.0, "data.val_fraction", f"must be in (0, 1), got {d.val_fraction}",
+         "pass --config.data.val_fraction=0.1")
+  if d.path:
+    from jaxtrain import data  # late import: keeps `import jaxtrain.config` light
+
+    _check(bool(data.resolve_files(d.path)), "data.path",
+           f"{d.path!r} matches no file (not a file, a directory with files, or a glob)",
+           "point --config.data.path at your text (file, directory or glob), or leave it empty "
+           "for the Python standard library")
+
+  _positive_int(cfg, "sample.num_samples", minimum=0)
+  _positive_int(cfg, "sample.max_new_tokens", minimum=0)
+  _check(s.temperature >= 0, "sample.temperature", f"must be >= 0 (0 is greedy), got {s.temperature}",
+         "pass --config.sample.temperature=0.8")
+  _positive_int(cfg, "sample.top_k", minimum=0)
+
+  for f in ("data", "fsdp"):
+    v = cfg.mesh[f]
+    _check(isinstance(v, int) and (v == -1 or v >= 1), f"mesh.{f}",
+           f"must be -1 (all devices) or >= 1, got {v!r}", f"pass --config.mesh.{f}=-1")
+  _check(not (cfg.mesh.data == -1 and cfg.mesh.fsdp == -1), "mesh.fsdp",
+         "only one mesh axis can be -1",
+         "pass --config.mesh.fsdp=1 or give mesh.data an explicit size")
+
+
+def validate_for_devices(cfg: ml_collections.ConfigDict, n_devices: int, n_processes: int) -> None:
+  """Checks that need the device count: the mesh and the batch split."""
+  from jaxtrain import sharding
+
+  data, fsdp = sharding.mesh_shape(cfg, n_devices)
+  _check(data * fsdp == n_devices, "mesh.data",
+         f"mesh.data={cfg.mesh.data} x mesh.fsdp={cfg.mesh.fsdp} does not use the {n_devices} "
+         "devices", f"make mesh.data * mesh.fsdp = {n_devices} (or set one of them to -1)")
+  b = cfg.train.batch_size
+  _check(b % n_devices == 0, "train.batch_size",
+         f"{b} does not split evenly over {n_devices} devices",
+         f"pass a multiple of {n_devices}, e.g. --config.train.batch_size={max(n_devices, b - b % n_devices)}")
+  _check(b % n_processes == 0, "train.batch_size",
+         f"{b} does not split evenly over {n_processes} processes",
+         f"pass a multiple of {n_processes}")
+
+
+def default_cache_dir() -> str:
+  return os.environ.get("JAXTRAIN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "jaxtrain")

@@ -1,0 +1,261 @@
+"""Text in, batches out: find the files, tokenize once into a cached memmap, feed random windows.
+
+The token stream is the files concatenated (several files in a fixed pseudo-random order, so the
+held-out tail is a sample of the whole corpus). The last `val_fraction` of it is validation.
+The micro-batch with index i holds `batch_size` windows of `seq_len + 1` tokens at offsets drawn
+from a generator seeded by (seed, i): any batch can be rebuilt from the seed and its index.
+"""
+
+import codecs
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import sysconfig
+from pathlib import Path
+
+import grain
+import ml_collections
+import numpy as np
+
+from jaxtrain import tokenizer as tokenizer_lib
+from jaxtrain.config import default_cache_dir
+from jaxtrain.errors import UserError
+
+_CACHE_VERSION = 1
+_CHUNK_BYTES = 8 << 20
+_TRAIN_STREAM, _EVAL_STREAM = 0, 1
+
+
+def stdlib_dir() -> Path:
+  return Path(sysconfig.get_paths()["stdlib"])
+
+
+def resolve_files(path: str) -> list[Path]:
+  """The files behind `data.path`: one file, every non-hidden file under a directory, or a glob."""
+  if not path:
+    root = stdlib_dir()
+    return sorted(f for f in root.rglob("*.py")
+                  if "site-packages" not in f.parts and "dist-packages" not in f.parts)
+  p = Path(path).expanduser()
+  if p.is_file():
+    return [p]
+  if p.is_dir():
+    return sorted(f for f in p.rglob("*") if f.is_file()
+                  and not any(part.startswith(".") for part in f.relative_to(p).parts))
+  return sorted(Path(f) for f in glob.glob(os.path.expanduser(path), recursive=True)
+                if os.path.isfile(f))
+
+
+def describe(path: str) -> str:
+  return path or f"the Python standard library's .py files in {stdlib_dir()}"
+
+
+@dataclasses.dataclass
+class Corpus:
+  tokens: np.ndarray  # the whole token stream, a read-only memmap
+  tokenizer: object
+  n_train: int
+  fingerprint: str  # sha256 of the token stream: same text and tokenizer, same fingerprint
+  n_files: int
+  n_bytes: int
+  notes: list[str]  # what was skipped or replaced, for the log
+
+  @property
+  def train(self) -> np.ndarray:
+    return self.tokens[:self.n_train]
+
+  @property
+  def val(self) -> np.ndarray:
+    return self.tokens[self.n_train:]
+
+
+class _Counter:
+  """A codec error handler that replaces undecodable bytes with U+FFFD and counts them."""
+
+  def __init__(self):
+    self.count = 0
+    self.name = f"jaxtrain_count_{id(self)}"
+    codecs.register_error(self.name, self._handle)
+
+  def _handle(self, err: UnicodeDecodeError):
+    self.count += err.end - err.start
+    return "\ufffd", err.end
+
+
+def _read_text(path: Path, counter: _Counter, progress=None):
+  """Yields the file's text in chunks; raises _Binary on a NUL byte."""
+  decoder = codecs.getincrementaldecoder("utf-8")(errors=counter.name)
+  with open(path, "rb") as f:
+    while chunk := f.read(_CHUNK_BYTES):
+      if b"\0" in chunk:
+        raise _Binary(path)
+      if progress is not None:
+        progress.update(len(chunk))
+      yield decoder.decode(chunk)
+  yield decoder.decode(b"", final=True)
+
+
+class _Binary(Exception):
+  pass
+
+
+def _ordered(files: list[Path]) -> list[Path]:
+  # A fixed permutation (independent of the run's seed): the validation tail then samples
+  # the whole corpus instead of the files that sort last.
+  if len(files) < 2:
+    return files
+  return [files[i] for i in np.random.default_rng(0).permutation(len(files))]
+
+
+def _cache_key(files: list[Path], tok_name: str) -> str:
+  h = hashlib.sha256(json.dumps({"v": _CACHE_VERSION, "tokenizer": tok_name}).encode())
+  for f in files:
+    st = f.stat()
+    h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+  return h.hexdigest()[:24]
+
+
+def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=print) -> Corpus:
+  """Tokenizes `data.path` once (cached by file names, sizes and mtimes) and maps it."""
+  files = _ordered(resolve_files(data.path))
+  if not files:
+    raise UserError(f"data.path {describe(data.path)!r} matches no file; point --config.data.path "
+                    "at a text file, a directory or a glob")
+  cache_dir = Path(data.cache_dir or default_cache_dir()) / "tokens"
+  key = _cache_key(files, data.tokenizer)
+  bin_path, meta_path = cache_dir / f"{key}.bin", cache_dir / f"{key}.json"
+  if not meta_path.exists():
+    try:
+      cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+      raise UserError(f"cannot create the token cache {cache_dir} ({e.strerror}); pass "
+                      "--config.data.cache_dir=<a writable directory>") from None
+    _tokenize(files, data, bin_path, meta_path, show_progress, log)
+  meta = json.loads(meta_path.read_text())
+  tok = tokenizer_lib.from_json(meta["tokenizer"])
+  n = meta["n_tokens"]
+  tokens = np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(n,))
+  n_val = int(n * data.val_fraction)
+  return Corpus(tokens=tokens, tokenizer=tok, n_train=n - n_val, fingerprint=meta["fingerprint"],
+                n_files=meta["n_files"], n_bytes=meta["n_bytes"], notes=meta["notes"])
+
+
+def _tokenize(files, data, bin_path: Path, meta_path: Path, show_progress: bool, log) -> None:
+  from tqdm.auto import tqdm
+
+  single = len(files) == 1
+  total = sum(f.stat().st_size for f in files)
+  counter = _Counter()
+  notes, binary = [], []
+
+  def texts(desc: str):
+    """Each usable file's text in chunks, once per pass; binary files are skipped (or fatal)."""
+    with tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not show_progress,
+              leave=False) as bar:
+      for f in files:
+        if f in binary:
+          continue
+        try:
+          yield from _read_text(f, counter, bar)
+          if not single:
+            yield "\n"  # files never run into each other
+        except _Binary:
+          if single:
+            raise UserError(f"{f} looks binary (it has NUL bytes), not text; point "
+                            "--config.data.path at UTF-8 text") from None
+          binary.append(f)
+        except OSError as e:
+          raise UserError(f"cannot read {f} ({e.strerror}); fix its permissions or leave it "
+                          "out of --config.data.path") from None
+
+  if data.tokenizer == "char":
+    seen = set()
+    for text in texts("reading"):
+      seen.update(np.unique(tokenizer_lib.CharTokenizer.codepoints(text)).tolist())
+    tok = tokenizer_lib.CharTokenizer("".join(map(chr, seen)))
+    counter.count = 0
+  else:
+    tok = tokenizer_lib.ByteTokenizer()
+
+  sha = hashlib.sha256()
+  n_tokens = 0
+  tmp = bin_path.with_suffix(f".tmp{os.getpid()}")
+  try:
+    with open(tmp, "wb") as out:
+      for text in texts("tokenizing"):
+        ids = tok.encode(text)
+        out.write(ids.tobytes())
+        sha.update(ids.tobytes())
+        n_tokens += len(ids)
+    if n_tokens <= 1 + len(files):
+      raise UserError(f"{describe(data.path)} holds no text (empty files); point "
+                      "--config.data.path at a non-empty UTF-8 text")
+    if binary:
+      notes.append(f"skipped {len(binary)} binary file(s), e.g. {binary[0]}")
+    if counter.count:
+      notes.append(f"replaced {counter.count} byte(s) that are not UTF-8 with U+FFFD")
+    os.replace(tmp, bin_path)
+  finally:
+    tmp.unlink(missing_ok=True)
+  meta = {"tokenizer": tok.to_json(), "dtype": np.dtype(tok.dtype).name, "n_tokens": n_tokens,
+          "fingerprint": sha.hexdigest(), "n_files": len(files) - len(binary), "n_bytes": total,
+          "notes": notes, "source": describe(data.path)}
+  tmp_meta = meta_path.with_suffix(f".tmp{os.getpid()}")
+  tmp_meta.write_text(json.dumps(meta, ensure_ascii=False))
+  os.replace(tmp_meta, meta_path)
+
+
+class WindowBatches:
+  """Random-access micro-batches of random windows: item i is a pure function of (seed, i).
+
+  `rows` picks this process's share of every global batch, so processes never read each
+  other's rows.
+  """
+
+  def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int, stream: int,
+               rows: slice = slice(None)):
+    self.tokens, self.batch_size, self.window = tokens, batch_size, seq_len + 1
+    self.seed, self.stream, self.rows = seed, stream, rows
+    self.n_starts = len(tokens) - self.window + 1
+
+  def __len__(self) -> int:
+    return 2**62  # endless: the loop decides when to stop
+
+  def __getitem__(self, index: int) -> dict:
+    rng = np.random.default_rng([self.seed, self.stream, index])
+    starts_B = rng.integers(0, self.n_starts, size=self.batch_size)[self.rows]
+    return {"tokens": self.tokens[starts_B[:, None] + np.arange(self.window)].astype(np.int32)}
+
+
+def process_rows(batch_size: int, process_index: int, process_count: int) -> slice:
+  per = batch_size // process_count
+  return slice(process_index * per, (process_index + 1) * per)
+
+
+def train_iterator(corpus: Corpus, cfg: ml_collections.ConfigDict, process_index: int = 0,
+                   process_count: int = 1) -> grain.DatasetIterator:
+  """Grain iterator over training micro-batches; its state is the next micro-batch index."""
+  source = WindowBatches(corpus.train, cfg.train.batch_size, cfg.model.seq_len, cfg.seed,
+                         _TRAIN_STREAM, process_rows(cfg.train.batch_size, process_index, process_count))
+  # One reader thread a few batches ahead keeps batch assembly off the step's critical path.
+  options = grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)
+  return iter(grain.MapDataset.source(source).to_iter_dataset(options))
+
+
+def eval_batches(corpus: Corpus, cfg: ml_collections.ConfigDict, process_index: int = 0,
+                 process_count: int = 1) -> list[dict]:
+  """The same `eval_steps` validation batches at every evaluation, so val losses compare."""
+  source = WindowBatches(corpus.val, cfg.train.batch_size, cfg.model.seq_len, cfg.seed,
+                         _EVAL_STREAM, process_rows(cfg.train.batch_size, process_index, process_count))
+  return [source[i] for i in range(cfg.train.eval_steps)]
+
+
+def check_lengths(corpus: Corpus, seq_len: int, val_fraction: float) -> None:
+  window = seq_len + 1
+  if len(corpus.val) < window:
+    need = int(window / val_fraction) + window
+    raise UserError(f"the corpus has {len(corpus.tokens)} tokens: its validation split "
+                    f"({len(corpus.val)}) is shorter than one window of seq_len+1={window}; use "
+                    f"at least ~{need} tokens of text or a smaller --config.model.seq_len")

@@ -1,0 +1,15 @@
+"""User-facing errors: one line that names the problem and the fix, exit status 2."""
+
+
+class UserError(Exception):
+  """Bad input from the user (config, data, workdir). Printed as one line, never a traceback."""
+
+  exit_code = 2
+
+
+class ConfigError(UserError):
+  """A config field with a bad value. The message starts with the field's full name."""
+
+  def __init__(self, field: str, problem: str, fix: str):
+    self.field = field
+    super().__init__(f"config.{field}: {problem}; {fix}")

@@ -1,0 +1,212 @@
+"""Decoder-only, pre-norm transformer in flax NNX, with no biases anywhere.
+
+Switches: RMSNorm or LayerNorm, RoPE or learned positions, SwiGLU or GELU MLP, tied or separate
+output embedding. Attention goes through `jax.nn.dot_product_attention` (causal).
+Shape suffixes: B batch, T time, D d_model, H heads, K head size, F MLP width, V vocab.
+"""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  vocab_size: int
+  n_layers: int
+  n_heads: int
+  d_model: int
+  seq_len: int
+  norm: str = "rmsnorm"
+  pos: str = "rope"
+  mlp: str = "swiglu"
+  mlp_ratio: float = 4.0
+  tie_embeddings: bool = True
+  dropout: float = 0.0
+  rope_theta: float = 10000.0
+  dtype: str = "float32"
+  attention: str = "xla"  # "xla" or "cudnn"; "auto" is resolved by `from_config`
+
+  @classmethod
+  def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "ModelConfig":
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in model.to_dict().items() if k in fields}
+    kwargs["vocab_size"] = vocab_size
+    kwargs["attention"] = resolve_attention(model.attention, model.dtype)
+    return cls(**kwargs)
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.n_heads
+
+  @property
+  def mlp_hidden(self) -> int:
+    if self.mlp == "gelu":
+      return int(self.mlp_ratio * self.d_model)
+    # SwiGLU has three matrices instead of two: 2/3 of the width keeps the parameter count.
+    return 8 * math.ceil(2 / 3 * self.mlp_ratio * self.d_model / 8)
+
+
+def resolve_attention(choice: str, dtype: str) -> str:
+  if choice != "auto":
+    return choice
+  # cuDNN's fused attention exists only on NVIDIA GPUs and only for 16-bit inputs.
+  on_gpu = jax.default_backend() == "gpu"
+  return "cudnn" if on_gpu and dtype in ("bfloat16", "float16") else "xla"
+
+
+def _init(std: float):
+  return nnx.initializers.normal(stddev=std)
+
+
+def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
+  if rate == 0.0 or key is None:
+    return x
+  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
+def _norm(c: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+  dtype = jnp.dtype(c.dtype)
+  if c.norm == "rmsnorm":
+    return nnx.RMSNorm(c.d_model, epsilon=1e-5, dtype=dtype, rngs=rngs)
+  return nnx.LayerNorm(c.d_model, epsilon=1e-5, use_bias=False, dtype=dtype, rngs=rngs)
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+  inv_freq_K = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  angles_TK = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq_K[None, :]
+  return jnp.cos(angles_TK), jnp.sin(angles_TK)
+
+
+def apply_rope(x_BTHK: jax.Array, cos_TK: jax.Array, sin_TK: jax.Array) -> jax.Array:
+  half = x_BTHK.shape[-1] // 2
+  x1, x2 = x_BTHK[..., :half], x_BTHK[..., half:]
+  cos, sin = cos_TK[None, :, None, :].astype(x_BTHK.dtype), sin_TK[None, :, None, :].astype(x_BTHK.dtype)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, c: ModelConfig, rngs: nnx.Rngs):
+    self.c = c
+    dtype = jnp.dtype(c.dtype)
+    out_std = 0.02 / math.sqrt(2 * c.n_layers)  # residual branches add up over 2 per layer
+    self.qkv = nnx.Linear(c.d_model, 3 * c.d_model, use_bias=False, dtype=dtype,
+                          kernel_init=_init(0.02), rngs=rngs)
+    self.out = nnx.Linear(c.d_model, c.d_model, use_bias=False, dtype=dtype,
+                          kernel_init=_init(out_std), rngs=rngs)
+
+  def __call__(self, x_BTD: jax.Array, rope: tuple[jax.Array, jax.Array] | None) -> jax.Array:
+    B, T, D = x_BTD.shape
+    c = self.c
+    qkv_BT3HK = self.qkv(x_BTD).reshape(B, T, 3, c.n_heads, c.head_dim)
+    q_BTHK, k_BTHK, v_BTHK = qkv_BT3HK[:, :, 0], qkv_BT3HK[:, :, 1], qkv_BT3HK[:, :, 2]
+    if rope is not None:
+      q_BTHK, k_BTHK = apply_rope(q_BTHK, *rope), apply_rope(k_BTHK, *rope)
+    y_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True,
+                                          implementation=c.attention)
+    return self.out(y_BTHK.reshape(B, T, D))
+
+
+class MLP(nnx.Module):
+
+  def __init__(self, c: ModelConfig, rngs: nnx.Rngs):
+    self.gated = c.mlp == "swiglu"
+    dtype = jnp.dtype(c.dtype)
+    F = c.mlp_hidden
+    out_std = 0.02 / math.sqrt(2 * c.n_layers)
+    # SwiGLU's gate and up projections are one matrix: one matmul instead of two.
+    self.up = nnx.Linear(c.d_model, 2 * F if self.gated else F, use_bias=False, dtype=dtype,
+                         kernel_init=_init(0.02), rngs=rngs)
+    self.down = nnx.Linear(F, c.d_model, use_bias=False, dtype=dtype,
+                           kernel_init=_init(out_std), rngs=rngs)
+
+  def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    h = self.up(x_BTD)
+    if self.gated:
+      gate_BTF, up_BTF = jnp.split(h, 2, axis=-1)
+      h_BTF = jax.nn.silu(gate_BTF) * up_BTF
+    else:
+      h_BTF = jax.nn.gelu(h, approximate=True)
+    return self.down(h_BTF)
+
+
+class Block(nnx.Module):
+
+  def __init__(self, c: ModelConfig, rngs: nnx.Rngs):
+    self.dropout = c.dropout
+    self.norm1 = _norm(c, rngs)
+    self.attn = Attention(c, rngs)
+    self.norm2 = _norm(c, rngs)
+    self.mlp = MLP(c, rngs)
+
+  def __call__(self, x_BTD, rope, key: jax.Array | None):
+    k1, k2 = jax.random.split(key) if key is not None else (None, None)
+    x_BTD = x_BTD + _dropout(self.attn(self.norm1(x_BTD), rope), self.dropout, k1)
+    return x_BTD + _dropout(self.mlp(self.norm2(x_BTD)), self.dropout, k2)
+
+
+class GPT(nnx.Module):
+
+  def __init__(self, c: ModelConfig, rngs: nnx.Rngs):
+    self.c = c
+    dtype = jnp.dtype(c.dtype)
+    self.wte = nnx.Embed(c.vocab_size, c.d_model, dtype=dtype, embedding_init=_init(0.02), rngs=rngs)
+    if c.pos == "learned":
+      self.wpe = nnx.Param(_init(0.01)(rngs.params(), (c.seq_len, c.d_model), jnp.float32))
+    self.blocks = nnx.List([Block(c, rngs) for _ in range(c.n_layers)])
+    self.norm_f = _norm(c, rngs)
+    if not c.tie_embeddings:
+      self.lm_head = nnx.Linear(c.d_model, c.vocab_size, use_bias=False, dtype=dtype,
+                                kernel_init=_init(0.02), rngs=rngs)
+
+  def __call__(self, tokens_BT: jax.Array, *, dropout_key: jax.Array | None = None) -> jax.Array:
+    """Returns float32 logits for the next token at every position."""
+    c = self.c
+    T = tokens_BT.shape[1]
+    x_BTD = self.wte(tokens_BT)
+    rope = None
+    if c.pos == "learned":
+      x_BTD = x_BTD + self.wpe[:T].astype(x_BTD.dtype)
+    else:
+      rope = rope_tables(T, c.head_dim, c.rope_theta)
+    keys = [None] * (c.n_layers + 1)
+    if dropout_key is not None and c.dropout > 0:
+      keys = list(jax.random.split(dropout_key, c.n_layers + 1))
+    x_BTD = _dropout(x_BTD, c.dropout, keys[0])
+    for block, key in zip(self.blocks, keys[1:]):
+      x_BTD = block(x_BTD, rope, key)
+    x_BTD = self.norm_f(x_BTD)
+    logits_BTV = self.wte.attend(x_BTD) if c.tie_embeddings else self.lm_head(x_BTD)
+    return logits_BTV.astype(jnp.float32)
+
+
+def param_count(c: ModelConfig) -> int:
+  """All parameters, counted from abstract shapes (nothing is allocated)."""
+  abstract = nnx.eval_shape(lambda: GPT(c, nnx.Rngs(0)))
+  return sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+
+def matmul_param_count(c: ModelConfig) -> int:
+  """Parameters that take part in a matmul: attention and MLP kernels, and the output projection.
+
+  Norm scales, position embeddings and the input embedding lookup cost no matmul FLOPs.
+  """
+  F = c.mlp_hidden
+  attn = 4 * c.d_model * c.d_model
+  mlp = (3 if c.mlp == "swiglu" else 2) * c.d_model * F
+  return c.n_layers * (attn + mlp) + c.vocab_size * c.d_model
+
+
+def flops_per_token(c: ModelConfig, training: bool = True) -> int:
+  """Matmul FLOPs per token: 2N forward plus 4*L*T*D for the attention scores and values.
+
+  Training (forward + backward) is 3x the forward pass: 6N + 12*L*T*D.
+  """
+  forward = 2 * matmul_param_count(c) + 4 * c.n_layers * c.seq_len * c.d_model
+  return 3 * forward if training else forward

@@ -1,0 +1,82 @@
+"""The train state and the pure train and eval steps.
+
+`train_step(state, batch) -> (state, metrics)` and `eval_step(state, batch) -> metrics` read
+nothing but their arguments, so a test can call them directly, with or without `jax.jit`.
+A batch is `{"tokens": int32[B, T+1]}`: inputs are tokens[:, :-1], targets tokens[:, 1:].
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import nnx, struct
+
+from jaxtrain import model as model_lib
+from jaxtrain import optim
+
+
+@struct.dataclass
+class TrainState:
+  params: Any  # nested dict of float32 arrays (the NNX Param state as a pure dict)
+  opt_state: optax.OptState
+  step: jax.Array  # int32: optimizer steps taken (micro-batches / grad_accum)
+  rng: jax.Array  # uint32[2]: raw key data for dropout
+  graphdef: nnx.GraphDef = struct.field(pytree_node=False)
+  tx: optax.GradientTransformation = struct.field(pytree_node=False)
+
+  def model(self) -> model_lib.GPT:
+    return nnx.merge(self.graphdef, self.params)
+
+  def arrays(self) -> dict:
+    """What a checkpoint holds: every array of the state, and nothing static."""
+    return {"params": self.params, "opt_state": self.opt_state, "step": self.step, "rng": self.rng}
+
+  def with_arrays(self, arrays: dict) -> "TrainState":
+    return self.replace(**arrays)
+
+
+def init_state(cfg: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig) -> TrainState:
+  """A fresh state from `cfg.seed`: the same seed gives the same params on every platform."""
+  key = jax.random.PRNGKey(cfg.seed)
+  param_key, dropout_key = jax.random.split(key)
+  model = model_lib.GPT(model_cfg, nnx.Rngs(params=param_key))
+  graphdef, params = nnx.split(model, nnx.Param)
+  params = nnx.to_pure_dict(params)
+  tx = optim.make_optimizer(cfg)
+  return TrainState(params=params, opt_state=tx.init(params), step=jnp.array(0, jnp.int32),
+                    rng=dropout_key, graphdef=graphdef, tx=tx)
+
+
+def abstract_state(cfg: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig) -> TrainState:
+  """Shapes and dtypes of `init_state`'s result, without computing anything."""
+  return jax.eval_shape(lambda: init_state(cfg, model_cfg))
+
+
+def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
+  return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT).mean()
+
+
+def loss_fn(params, graphdef: nnx.GraphDef, tokens_BT1: jax.Array,
+            dropout_key: jax.Array | None = None) -> jax.Array:
+  model = nnx.merge(graphdef, params)
+  logits_BTV = model(tokens_BT1[:, :-1], dropout_key=dropout_key)
+  return cross_entropy(logits_BTV, tokens_BT1[:, 1:])
+
+
+def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+  """One micro-batch: gradients, then the optimizer (which applies an update every grad_accum)."""
+  rng, dropout_key = jax.random.split(state.rng)
+  loss, grads = jax.value_and_grad(loss_fn)(state.params, state.graphdef, batch["tokens"],
+                                            dropout_key)
+  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  step = state.step + optim.is_update_step(opt_state).astype(jnp.int32)
+  metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
+             "skipped": optim.skipped_steps(opt_state)}
+  return state.replace(params=params, opt_state=opt_state, step=step, rng=rng), metrics
+
+
+def eval_step(state: TrainState, batch: dict) -> dict:
+  return {"loss": loss_fn(state.params, state.graphdef, batch["tokens"])}

@@ -1,0 +1,238 @@
+"""The training loop. Side effects live here: files, console, checkpoints, signals.
+
+Per optimizer step: `grad_accum` micro-batches through the jitted `train_step`. The previous
+step's metrics are read only after the next step is queued, so the host never stalls the device.
+"""
+
+import dataclasses
+import math
+import time
+
+import jax
+import ml_collections
+import numpy as np
+
+from jaxtrain import checkpoint, config, data, logger, optim, runtime, sample, sharding, steps
+from jaxtrain import model as model_lib
+from jaxtrain import tokenizer as tokenizer_lib
+from jaxtrain import workdir as workdir_lib
+from jaxtrain.errors import ConfigError, UserError
+
+VERSION = "0.1.0"
+
+
+@dataclasses.dataclass
+class RunResult:
+  workdir: str
+  step: int
+  train_loss: float | None
+  val_loss: float | None
+  tokens_per_sec: float | None
+  wall_s: float
+  samples: list[str]
+
+
+class NonFiniteLoss(UserError):
+  exit_code = 3
+
+
+def resolve_vocab(cfg: ml_collections.ConfigDict, tok) -> int:
+  want = cfg.model.vocab_size
+  if want == 0:
+    return tok.vocab_size
+  if want < tok.vocab_size:
+    raise ConfigError("model.vocab_size", f"{want} is smaller than the {tok.name} tokenizer's "
+                      f"{tok.vocab_size} tokens", "pass --config.model.vocab_size=0 (automatic)")
+  return want
+
+
+def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True) -> RunResult:
+  """Trains `cfg` in `cfg.workdir`, resuming from its latest checkpoint if there is one."""
+  t_start = time.time()
+  config.validate(cfg)
+  platform = runtime.setup()
+  process, n_processes = jax.process_index(), jax.process_count()
+  is_main = process == 0
+  out = logger.Console(enabled=is_main and show_progress, headless=cfg.headless)
+  devices = jax.devices()
+  config.validate_for_devices(cfg, len(devices), n_processes)
+  mesh = sharding.make_mesh(cfg, devices)
+  workdir = workdir_lib.prepare(cfg.workdir)
+  out.print(f"jaxtrain {VERSION} | workdir {workdir} | {platform} x{len(devices)} "
+            f"(mesh data={mesh.shape['data']} fsdp={mesh.shape['fsdp']}) | jax {jax.__version__}")
+
+  corpus = data.prepare(cfg.data, show_progress=out.enabled, log=out.print)
+  data.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
+  tok = corpus.tokenizer
+  out.print(f"data: {data.describe(cfg.data.path)}: {corpus.n_files} file(s), "
+            f"{logger.fmt_count(corpus.n_bytes)}B -> {logger.fmt_count(len(corpus.tokens))} "
+            f"{tok.name} tokens (train {logger.fmt_count(len(corpus.train))}, val "
+            f"{logger.fmt_count(len(corpus.val))})")
+  for note in corpus.notes:
+    out.print(f"data: {note}")
+
+  mc = model_lib.ModelConfig.from_config(cfg.model, resolve_vocab(cfg, tok))
+  k, B, T = cfg.train.grad_accum, cfg.train.batch_size, cfg.model.seq_len
+  tokens_per_step = B * k * T
+  out.print(f"model: {logger.fmt_count(model_lib.param_count(mc))} params, "
+            f"{logger.fmt_count(model_lib.flops_per_token(mc))} train FLOPs/token, vocab "
+            f"{mc.vocab_size}, {tokens_per_step} tokens/step ({B} x {T} x {k} micro-batches)")
+
+  abstract = steps.abstract_state(cfg, mc)
+  shardings = sharding.state_shardings(abstract, mesh)
+  ckpts = checkpoint.Checkpoints(str(workdir), cfg.train.keep_checkpoints)
+  train_iter = data.train_iterator(corpus, cfg, process, n_processes)
+  metrics_file = logger.MetricsFile(workdir / "metrics.jsonl", enabled=is_main)
+  run_meta = {"jaxtrain_version": VERSION, "data_fingerprint": corpus.fingerprint,
+              "tokenizer": tok.to_json(), "config": cfg.to_dict()}
+
+  latest = ckpts.latest_step()
+  elapsed_before, best_val = 0.0, math.inf
+  if latest is None:
+    state = sharding.init_sharded(lambda: steps.init_state(cfg, mc), abstract, mesh)
+    out.print("starting a new run at step 0")
+  else:
+    meta = ckpts.read_meta(latest)
+    state = ckpts.restore(latest, abstract, shardings, train_iter)
+    position = train_iter.get_state()["next_index"]
+    if position != latest * k:
+      raise UserError(f"checkpoint {latest} in {ckpts.directory} is inconsistent (data position "
+                      f"{position}, expected {latest * k}); delete that step's directory to fall "
+                      "back to an earlier one")
+    elapsed_before, best_val = meta.get("elapsed_s", 0.0), meta.get("best_val_loss", math.inf)
+    dropped = metrics_file.drop_after(latest)
+    out.print(f"resumed from checkpoint {ckpts.directory / str(latest)} at step {latest}"
+              + (f" (dropped {dropped} metric lines past it)" if dropped else ""))
+  if is_main:
+    workdir_lib.write_json(workdir / "config.json", cfg.to_dict())
+    workdir_lib.write_json(workdir / workdir_lib.RUN_FILE,
+                           {k_: v for k_, v in run_meta.items() if k_ != "config"})
+    tokenizer_lib.save(tok, str(workdir / "tokenizer.json"))
+
+  train_fn, eval_fn = sharding.jit_steps(state, mesh)
+  eval_set = [sharding.global_batch(b, mesh) for b in data.eval_batches(corpus, cfg, process,
+                                                                        n_processes)]
+  schedule = optim.lr_schedule(cfg.optim, cfg.train.max_steps)
+  max_steps = cfg.train.max_steps
+
+  def evaluate(state) -> float:
+    losses = [eval_fn(state, b)["loss"] for b in eval_set]
+    return float(np.mean(jax.device_get(losses)))
+
+  def check(step: int, micro: list[dict]) -> float:
+    """The step's mean micro-batch loss; non-finite stops the run unless skipping is on."""
+    loss = float(np.mean(jax.device_get([m["loss"] for m in micro])))
+    if not math.isfinite(loss):
+      if not cfg.train.skip_nonfinite:
+        raise NonFiniteLoss(
+            f"loss became {loss} at step {step}; stopped, and the last good checkpoint is kept. "
+            "Likely causes: too high a learning rate (lower --config.optim.lr or raise "
+            "optim.warmup_steps) or bad data; --config.train.skip_nonfinite=True drops such steps")
+      skipped = int(jax.device_get(micro[-1]["skipped"]))
+      out.print(f"step {step}: loss {loss}, update dropped ({skipped} dropped so far)")
+    return loss
+
+  step = int(state.step)
+  last_loss, last_val, tok_per_sec = None, None, None
+  if step >= max_steps:
+    out.print(f"this run already reached step {step} (train.max_steps={max_steps}); raise "
+              "--config.train.max_steps to train further")
+  else:
+    out.start(max_steps, step)
+    t_run = time.time()
+    pending = None  # the newest step's metrics, still on the device
+    first = True
+    while step < max_steps:
+      micro = []
+      for _ in range(k):
+        state, m = train_fn(state, sharding.global_batch(next(train_iter), mesh))
+        micro.append(m)
+      step += 1
+      if first:
+        jax.block_until_ready(micro)
+        out.print(f"compiled and ran the first step in {time.time() - t_run:.1f}s")
+        t_mark, step_mark, first = time.perf_counter(), step, False
+      if pending is not None:  # the previous step is done or nearly: reading it costs no stall
+        last_loss = check(*pending)
+      pending = (step, micro)
+
+      evaluate_now = step % cfg.train.eval_every == 0 or step == max_steps
+      save_now = step % cfg.train.checkpoint_every == 0 or step == max_steps
+      if step % cfg.train.log_every == 0 or evaluate_now or save_now:
+        last_loss, pending = check(*pending), None  # waits for this step
+        now = time.perf_counter()
+        sec_per_step = (now - t_mark) / (step - step_mark) if step > step_mark else 0.0
+        if step > step_mark:
+          tok_per_sec = tokens_per_step / sec_per_step
+        t_mark, step_mark = now, step
+        elapsed = elapsed_before + time.time() - t_run
+        lr = float(schedule(step - 1))
+        out.progress(step, max_steps, last_loss, lr, tok_per_sec or 0.0, elapsed,
+                     (max_steps - step) * sec_per_step)
+        grad_norm = float(np.mean(jax.device_get([m["grad_norm"] for m in micro])))
+        metrics_file.write(step=step, loss=last_loss, lr=lr, grad_norm=grad_norm,
+                           tokens_per_sec=tok_per_sec, elapsed_s=round(elapsed, 3))
+      val = None
+      if evaluate_now:
+        val = last_val = evaluate(state)
+        out.print(f"eval step {step}: val loss {val:.4f} | perplexity {math.exp(min(val, 50)):.2f}")
+        metrics_file.write(step=step, val_loss=val, val_ppl=math.exp(min(val, 50)),
+                           elapsed_s=round(elapsed_before + time.time() - t_run, 3))
+        if val < best_val:
+          best_val, save_now = val, True  # the best model so far is always on disk
+      if save_now:
+        meta = dict(run_meta, elapsed_s=elapsed_before + time.time() - t_run,
+                    best_val_loss=best_val if best_val < math.inf else None)
+        ckpts.save(state, train_iter, meta, val_loss=val)
+      if evaluate_now or save_now:
+        t_mark = time.perf_counter()  # eval and save time does not count against tokens/s
+    if pending is not None:
+      last_loss = check(*pending)
+    out.close()
+
+  ckpts.close()
+  samples = _write_samples(cfg, state, corpus, workdir, out) if is_main else []
+  if is_main:
+    png = logger.plot_losses(workdir / "metrics.jsonl", workdir / "loss.png")
+    if png:
+      out.print(f"loss curves: {png}")
+  wall = time.time() - t_start
+  out.print(f"done: step {step} | train loss {_fmt(last_loss)} | val loss {_fmt(last_val)} | "
+            f"wall {logger.fmt_time(wall)} | workdir {workdir}")
+  return RunResult(str(workdir), step, last_loss, last_val, tok_per_sec, wall, samples)
+
+
+def _fmt(x: float | None) -> str:
+  return "-" if x is None else f"{x:.4f}"
+
+
+def _write_samples(cfg, state, corpus, workdir, out) -> list[str]:
+  s = cfg.sample
+  if s.num_samples == 0 or s.max_new_tokens == 0:
+    return []
+  tok = corpus.tokenizer
+  if s.prompt:
+    ids = tok.encode(s.prompt).astype(np.int32)[-cfg.model.seq_len:]
+    prompts = np.tile(ids, (s.num_samples, 1))
+  else:
+    newline = tok.encode("\n")
+    prompts = sample.prompts_from_text(corpus.val, int(newline[0]) if len(newline) else None,
+                                       s.num_samples, min(32, cfg.model.seq_len // 2), cfg.seed)
+  t0 = time.time()
+  ids = sample.generate(state, prompts, s.max_new_tokens, seq_len=cfg.model.seq_len,
+                        temperature=s.temperature, top_k=s.top_k, seed=cfg.seed)
+  texts = []
+  for row, prompt in zip(ids, prompts):
+    texts.append(tok.decode(row[:len(prompt)]) + tok.decode(row[len(prompt):]))
+  step = int(state.step)
+  with open(workdir / "samples.txt", "a", encoding="utf-8") as f:
+    for i, (row, prompt) in enumerate(zip(ids, prompts)):
+      f.write(f"=== step {step} sample {i} (prompt: {len(prompt)} tokens, then "
+              f"{s.max_new_tokens} sampled at temperature {s.temperature}) ===\n")
+      f.write(tok.decode(row[:len(prompt)]) + "\u2502" + tok.decode(row[len(prompt):]) + "\n")
+  out.print(f"samples at step {step} ({time.time() - t0:.1f}s; the prompt ends at \u2502), also in "
+            f"{workdir / 'samples.txt'}:")
+  for i, (row, prompt) in enumerate(zip(ids, prompts)):
+    out.print(f"--- sample {i} ---")
+    out.print(tok.decode(row[:len(prompt)]) + "\u2502" + tok.decode(row[len(prompt):]))
+  return texts

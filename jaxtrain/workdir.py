@@ -1,0 +1,43 @@
+"""The run directory: what marks it as a jaxtrain run, and the files written next to checkpoints."""
+
+import json
+import os
+from pathlib import Path
+
+from jaxtrain.errors import UserError
+
+RUN_FILE = "run.json"  # its presence marks a directory as a jaxtrain run
+
+
+def write_json(path: Path, obj) -> None:
+  """Atomic: a reader sees the old file or the new one, never half of one."""
+  tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+  tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+  os.replace(tmp, path)
+
+
+def read_json(path: Path):
+  return json.loads(path.read_text())
+
+
+def prepare(workdir: str) -> Path:
+  """Creates the workdir, or checks that an existing one is empty or a jaxtrain run."""
+  path = Path(workdir).expanduser()
+  if path.exists() and not path.is_dir():
+    raise UserError(f"workdir {path} is a file, not a directory; pass --config.workdir=<a new "
+                    "directory>")
+  if path.is_dir() and not (path / RUN_FILE).exists():
+    others = [p.name for p in path.iterdir() if not p.name.startswith(".")]
+    if others:
+      raise UserError(f"workdir {path} is not empty and is not a jaxtrain run (no {RUN_FILE}; "
+                      f"holds {', '.join(sorted(others)[:3])}); pass --config.workdir=<a new or "
+                      "empty directory> so nothing there is overwritten")
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+    probe = path / f".write_probe{os.getpid()}"
+    probe.write_text("")
+    probe.unlink()
+  except OSError as e:
+    raise UserError(f"workdir {path} is not writable ({e.strerror}); pass "
+                    "--config.workdir=<a directory you can write to>") from None
+  return path

@@ -1,0 +1,55 @@
+"""Test setup: CPU only, and one XLA compile cache and token cache shared by the whole session.
+
+Subprocess tests inherit the same caches through the environment, so a shape compiled once is
+never compiled again, in this process or another.
+"""
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_CACHE = Path(os.environ.get("JAXTRAIN_TEST_CACHE") or Path(tempfile.gettempdir()) / "jaxtrain-test-cache")
+os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_CACHE / "xla"))
+os.environ["JAXTRAIN_CACHE"] = str(_CACHE)
+
+import jax  # noqa: E402  (after the environment above)
+
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+@pytest.fixture(scope="session")
+def corpus_file(tmp_path_factory) -> Path:
+  """~60 KB of English-like text made from a fixed seed: enough for tiny models to learn."""
+  words = ("the quick brown fox jumps over a lazy dog while seven wise kings count golden "
+           "coins and sing about rivers mountains and the endless sea").split()
+  rng = __import__("numpy").random.default_rng(1234)
+  lines = []
+  for _ in range(1200):
+    n = int(rng.integers(5, 12))
+    lines.append(" ".join(words[i] for i in rng.integers(0, len(words), n)).capitalize() + ".")
+  path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+  path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+  return path
+
+
+@pytest.fixture
+def tiny(corpus_file, tmp_path):
+  """A tiny config on the test corpus, writing into this test's own directory."""
+  from jaxtrain.testing import tiny_config
+
+  return tiny_config(**{"workdir": str(tmp_path / "run"), "data.path": str(corpus_file),
+                        "headless": True})
+
+
+def run_cli(*args: str, timeout: float = 300, env: dict | None = None):
+  """`python -m jaxtrain ARGS` in a subprocess, bounded in time; returns CompletedProcess."""
+  import subprocess
+
+  full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+  return subprocess.run([sys.executable, "-m", "jaxtrain", *args], cwd=ROOT, env=full_env,
+                        capture_output=True, text=True, timeout=timeout)

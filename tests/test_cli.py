@@ -1,0 +1,61 @@
+"""`python -m jaxtrain` as a user runs it: a tiny real run, its outputs, resume, and bad input."""
+
+import json
+
+import pytest
+
+from conftest import run_cli
+
+TINY = ["--config.model.n_layers=2", "--config.model.d_model=32", "--config.model.n_heads=4",
+        "--config.model.seq_len=32", "--config.train.batch_size=8", "--config.train.eval_steps=2",
+        "--config.train.log_every=5", "--config.sample.max_new_tokens=24", "--config.headless=True"]
+
+
+@pytest.mark.slow
+def test_train_evaluate_checkpoint_sample_then_resume(corpus_file, tmp_path):
+  workdir = tmp_path / "run"
+  args = ["--config=configs/nano.py", "--jax_platforms=cpu", f"--config.workdir={workdir}",
+          f"--config.data.path={corpus_file}", "--config.train.eval_every=10",
+          "--config.train.checkpoint_every=10", *TINY]
+  first = run_cli(*args, "--config.train.max_steps=20")
+  assert first.returncode == 0, first.stderr[-2000:]
+  out = first.stdout
+  assert "starting a new run at step 0" in out and "eval step 20: val loss" in out
+  assert "samples at step 20" in out and "Traceback" not in first.stderr
+
+  for name in ("config.json", "run.json", "tokenizer.json", "metrics.jsonl", "samples.txt",
+               "loss.png"):
+    assert (workdir / name).is_file(), name
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["10", "20"]
+  assert json.loads((workdir / "config.json").read_text())["model"]["d_model"] == 32
+  records = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  train_lines = [r for r in records if "loss" in r]
+  eval_lines = [r for r in records if "val_loss" in r]
+  assert [r["step"] for r in train_lines] == [5, 10, 15, 20]
+  assert all({"step", "loss", "lr", "tokens_per_sec", "elapsed_s"} <= r.keys() for r in train_lines)
+  assert [r["step"] for r in eval_lines] == [10, 20]
+  assert all({"step", "val_loss", "elapsed_s"} <= r.keys() for r in eval_lines)
+  assert train_lines[-1]["loss"] < train_lines[0]["loss"]
+
+  second = run_cli(*args, "--config.train.max_steps=30", "--config.sample.num_samples=0")
+  assert second.returncode == 0, second.stderr[-2000:]
+  assert f"resumed from checkpoint {workdir / 'checkpoints' / '20'} at step 20" in second.stdout
+  steps = [json.loads(l)["step"] for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert steps[-1] == 30 and steps.count(20) == 2  # train and eval lines, none repeated
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--config.model.d_model=30", "config.model.d_model: 30 is not divisible by model.n_heads=4"),
+    ("--config.optim.lr=0", "config.optim.lr: must be > 0"),
+    ("--config.model.nlayers=3", "--config.model.nlayers is not a config field; did you mean "
+     "--config.model.n_layers"),
+    ("--config.train.max_steps=abc", "--config.train.max_steps=abc"),
+    ("--config.data.path=/no/such.txt", "config.data.path: '/no/such.txt' matches no file"),
+])
+def test_bad_input_is_one_line_and_exit_2(flag, message, tmp_path):
+  result = run_cli("--config=configs/nano.py", "--jax_platforms=cpu",
+                   f"--config.workdir={tmp_path / 'run'}", flag, timeout=120)
+  assert result.returncode == 2
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+  assert not (tmp_path / "run").exists()  # nothing was created

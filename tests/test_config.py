@@ -1,0 +1,79 @@
+"""Every config field is validated up front, with a message naming the field and the fix."""
+
+import pytest
+
+from jaxtrain import config
+from jaxtrain.errors import ConfigError
+from jaxtrain.testing import tiny_config
+
+BAD = [
+    ({"model.d_model": 30, "model.n_heads": 4}, "model.d_model", "not divisible"),
+    ({"model.d_model": 36, "model.n_heads": 12}, "model.d_model", "even head size"),
+    ({"model.n_layers": 0}, "model.n_layers", "integer >= 1"),
+    ({"model.seq_len": -5}, "model.seq_len", "integer >= 1"),
+    ({"model.norm": "batchnorm"}, "model.norm", "not one of"),
+    ({"model.pos": "alibi"}, "model.pos", "not one of"),
+    ({"model.mlp": "relu"}, "model.mlp", "not one of"),
+    ({"model.dtype": "float64"}, "model.dtype", "not one of"),
+    ({"model.dropout": 1.0}, "model.dropout", "[0, 1)"),
+    ({"train.max_steps": 0}, "train.max_steps", "integer >= 1"),
+    ({"train.batch_size": 0}, "train.batch_size", "integer >= 1"),
+    ({"train.grad_accum": 0}, "train.grad_accum", "integer >= 1"),
+    ({"train.eval_every": -1}, "train.eval_every", "integer >= 1"),
+    ({"train.checkpoint_every": 0}, "train.checkpoint_every", "integer >= 1"),
+    ({"train.keep_checkpoints": 0}, "train.keep_checkpoints", "integer >= 1"),
+    ({"optim.lr": 0.0}, "optim.lr", "must be > 0"),
+    ({"optim.lr": -1e-3}, "optim.lr", "must be > 0"),
+    ({"optim.warmup_steps": -1}, "optim.warmup_steps", "integer >= 0"),
+    ({"optim.weight_decay": -0.1}, "optim.weight_decay", ">= 0"),
+    ({"optim.clip_norm": -1.0}, "optim.clip_norm", ">= 0"),
+    ({"optim.b2": 1.0}, "optim.b2", "[0, 1)"),
+    ({"data.path": "/no/such/file.txt"}, "data.path", "matches no file"),
+    ({"data.tokenizer": "bpe"}, "data.tokenizer", "not one of"),
+    ({"data.val_fraction": 0.0}, "data.val_fraction", "(0, 1)"),
+    ({"sample.temperature": -1.0}, "sample.temperature", ">= 0"),
+    ({"mesh.data": 0}, "mesh.data", "-1 (all devices) or >= 1"),
+    ({"mesh.data": -1, "mesh.fsdp": -1}, "mesh.fsdp", "only one mesh axis"),
+    ({"workdir": " "}, "workdir", "is empty"),
+]
+
+
+@pytest.mark.parametrize("overrides,field,words", BAD, ids=[b[1] + ":" + b[2] for b in BAD])
+def test_bad_field_is_named_with_a_fix(overrides, field, words):
+  cfg = tiny_config(**overrides)
+  with pytest.raises(ConfigError) as e:
+    config.validate(cfg)
+  message = str(e.value)
+  assert e.value.field == field and message.startswith(f"config.{field}: ")
+  assert words in message and "\n" not in message
+  assert "pass" in message or "make" in message or "point" in message or "change" in message
+
+
+def test_the_shipped_configs_are_valid():
+  import importlib.util
+  from pathlib import Path
+
+  for path in sorted(Path(__file__).parents[1].glob("configs/*.py")):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = module.get_config()
+    if path.stem == "shakespeare_char":
+      cfg.data.path = ""  # its default file is the user's to provide
+    config.validate(cfg)
+
+
+def test_batch_must_split_over_devices_and_processes():
+  cfg = tiny_config(**{"train.batch_size": 6})
+  config.validate_for_devices(cfg, n_devices=2, n_processes=1)
+  with pytest.raises(ConfigError, match="train.batch_size: 6 does not split evenly over 4 devices"):
+    config.validate_for_devices(cfg, n_devices=4, n_processes=1)
+  with pytest.raises(ConfigError, match="mesh.data"):
+    config.validate_for_devices(tiny_config(**{"mesh.data": 3}), n_devices=4, n_processes=1)
+
+
+def test_vocab_smaller_than_the_tokenizer_is_rejected():
+  from jaxtrain import tokenizer, train
+
+  with pytest.raises(ConfigError, match="model.vocab_size: 100 is smaller"):
+    train.resolve_vocab(tiny_config(**{"model.vocab_size": 100}), tokenizer.ByteTokenizer())

@@ -1,0 +1,102 @@
+"""Data: tokenizers, the token cache, the split, and batches that depend only on seed and index."""
+
+import numpy as np
+import pytest
+
+from jaxtrain import data, tokenizer
+from jaxtrain.errors import UserError
+from jaxtrain.testing import tiny_config
+
+
+def test_tokenizers_round_trip():
+  text = "héllo wörld\n→ ok"
+  b = tokenizer.ByteTokenizer()
+  assert b.decode(b.encode(text)) == text and b.vocab_size == 256
+  c = tokenizer.CharTokenizer(text)
+  ids = c.encode(text)
+  assert c.decode(ids) == text and ids.max() < c.vocab_size == len(set(text))
+  assert tokenizer.from_json(c.to_json()).chars == c.chars
+  with pytest.raises(UserError, match="not in this run's char vocabulary"):
+    c.encode("Z")
+
+
+def test_prepare_caches_and_splits_off_the_tail(tiny, tmp_path):
+  tiny.data.cache_dir = str(tmp_path / "cache")
+  corpus = data.prepare(tiny.data, show_progress=False)
+  text = open(tiny.data.path, encoding="utf-8").read()
+  assert len(corpus.tokens) == len(text.encode())  # one file: no separator added
+  assert corpus.tokenizer.decode(corpus.val) == text.encode()[corpus.n_train:].decode()
+  assert len(corpus.val) == int(len(corpus.tokens) * tiny.data.val_fraction)
+  cached = list((tmp_path / "cache" / "tokens").iterdir())
+  again = data.prepare(tiny.data, show_progress=False)
+  assert sorted((tmp_path / "cache" / "tokens").iterdir()) == sorted(cached)
+  assert again.fingerprint == corpus.fingerprint
+
+
+def test_char_corpus_vocab_is_the_text_characters(tiny, tmp_path):
+  tiny.data.tokenizer = "char"
+  tiny.data.cache_dir = str(tmp_path / "cache")
+  corpus = data.prepare(tiny.data, show_progress=False)
+  text = open(tiny.data.path, encoding="utf-8").read()
+  assert corpus.tokenizer.vocab_size == len(set(text))
+  assert corpus.tokenizer.decode(corpus.tokens[:200]) == text[:200]
+
+
+def test_directory_corpus_skips_binaries_and_replaces_bad_utf8(tmp_path):
+  root = tmp_path / "texts"
+  root.mkdir()
+  (root / "a.txt").write_text("alpha " * 100)
+  (root / "b.txt").write_bytes(b"caf\xe9 " * 50)  # latin-1, not UTF-8
+  (root / "c.bin").write_bytes(b"\x00\x01\x02" * 100)
+  (root / ".hidden").write_text("never read")
+  cfg = tiny_config(**{"data.path": str(root), "data.cache_dir": str(tmp_path / "cache")})
+  corpus = data.prepare(cfg.data, show_progress=False)
+  assert corpus.n_files == 2
+  assert any("binary" in n for n in corpus.notes) and any("UTF-8" in n for n in corpus.notes)
+  text = corpus.tokenizer.decode(corpus.tokens)
+  assert "alpha" in text and "caf\ufffd" in text and "never read" not in text
+
+
+def test_batches_depend_only_on_seed_and_index(tiny, tmp_path):
+  tiny.data.cache_dir = str(tmp_path / "cache")
+  corpus = data.prepare(tiny.data, show_progress=False)
+  a = data.train_iterator(corpus, tiny)
+  first = [next(a)["tokens"] for _ in range(5)]
+  b = data.train_iterator(corpus, tiny)
+  b.set_state({"next_index": 3})
+  np.testing.assert_array_equal(next(b)["tokens"], first[3])
+  assert a.get_state() == {"next_index": 5}
+  tiny.seed = 1
+  c = data.train_iterator(corpus, tiny)
+  assert not np.array_equal(next(c)["tokens"], first[0])
+  # Every row is a real window of the training split: targets are inputs shifted by one.
+  train = np.asarray(corpus.train)
+  for row in first[0]:
+    start = np.flatnonzero(np.all(np.lib.stride_tricks.sliding_window_view(train, len(row)) == row,
+                                  axis=1))
+    assert len(start) >= 1
+
+
+def test_process_rows_split_the_global_batch(tiny, tmp_path):
+  tiny.data.cache_dir = str(tmp_path / "cache")
+  corpus = data.prepare(tiny.data, show_progress=False)
+  whole = next(data.train_iterator(corpus, tiny))["tokens"]
+  parts = [next(data.train_iterator(corpus, tiny, p, 2))["tokens"] for p in range(2)]
+  np.testing.assert_array_equal(np.concatenate(parts), whole)
+
+
+def test_eval_batches_are_fixed_and_from_validation(tiny, tmp_path):
+  tiny.data.cache_dir = str(tmp_path / "cache")
+  corpus = data.prepare(tiny.data, show_progress=False)
+  a, b = data.eval_batches(corpus, tiny), data.eval_batches(corpus, tiny)
+  assert len(a) == tiny.train.eval_steps
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x["tokens"], y["tokens"])
+  val = corpus.tokenizer.decode(corpus.val)
+  assert corpus.tokenizer.decode(a[0]["tokens"][0]) in val
+
+
+def test_default_corpus_is_the_standard_library():
+  files = data.resolve_files("")
+  assert len(files) > 100 and all(f.suffix == ".py" for f in files)
+  assert any(f.name == "os.py" for f in files)

@@ -1,0 +1,67 @@
+"""The model: causality under every switch, parameter count and FLOPs by hand."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxtrain import model as model_lib
+
+
+def tiny_model_config(**kw) -> model_lib.ModelConfig:
+  base = dict(vocab_size=64, n_layers=2, n_heads=2, d_model=16, seq_len=12)
+  return model_lib.ModelConfig(**{**base, **kw})
+
+
+SWITCHES = list(itertools.product(["rmsnorm", "layernorm"], ["rope", "learned"], ["swiglu", "gelu"],
+                                  [True, False]))
+
+
+@pytest.mark.parametrize("norm,pos,mlp,tie", SWITCHES)
+def test_changing_token_t_leaves_earlier_logits_unchanged(norm, pos, mlp, tie):
+  c = tiny_model_config(norm=norm, pos=pos, mlp=mlp, tie_embeddings=tie)
+  model = model_lib.GPT(c, nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, c.seq_len), 0, c.vocab_size)
+  t = 7
+  changed = tokens.at[:, t].set((tokens[:, t] + 1) % c.vocab_size)
+  a, b = model(tokens), model(changed)
+  assert a.shape == (2, c.seq_len, c.vocab_size) and a.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(a[:, :t]), np.asarray(b[:, :t]))
+  assert not np.allclose(np.asarray(a[:, t:]), np.asarray(b[:, t:]))
+
+
+def test_param_count_matches_the_arrays_and_hand_count():
+  c = tiny_model_config(mlp="gelu", pos="learned", tie_embeddings=False)
+  model = model_lib.GPT(c, nnx.Rngs(0))
+  actual = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  D, V, T, L, F = 16, 64, 12, 2, 64
+  per_layer = 3 * D * D + D * D + D * F + F * D + 2 * D  # qkv, out, up, down, two norm scales
+  by_hand = V * D + T * D + L * per_layer + D + D * V  # wte, wpe, blocks, final norm, lm_head
+  assert actual == by_hand == model_lib.param_count(c)
+
+
+def test_flops_per_token_by_hand():
+  # gelu, tied: N_matmul = L*(4D^2 + 2DF) + VD = 2*(1024 + 2048) + 1024 = 7168
+  c = tiny_model_config(mlp="gelu")
+  assert model_lib.matmul_param_count(c) == 7168
+  attention = 12 * 2 * 12 * 16  # 12 * L * T * D
+  assert model_lib.flops_per_token(c) == 6 * 7168 + attention
+  assert model_lib.flops_per_token(c, training=False) == (6 * 7168 + attention) // 3
+
+
+def test_swiglu_width_keeps_the_mlp_parameter_count_close_to_gelu():
+  g, s = tiny_model_config(mlp="gelu", d_model=96), tiny_model_config(mlp="swiglu", d_model=96)
+  gelu_mlp, swiglu_mlp = 2 * 96 * g.mlp_hidden, 3 * 96 * s.mlp_hidden
+  assert s.mlp_hidden % 8 == 0
+  assert abs(swiglu_mlp - gelu_mlp) / gelu_mlp < 0.05
+
+
+def test_dropout_needs_a_key_and_changes_the_output():
+  c = tiny_model_config(dropout=0.5)
+  model = model_lib.GPT(c, nnx.Rngs(0))
+  tokens = jnp.zeros((1, c.seq_len), jnp.int32)
+  np.testing.assert_array_equal(np.asarray(model(tokens)), np.asarray(model(tokens)))
+  assert not np.allclose(model(tokens), model(tokens, dropout_key=jax.random.PRNGKey(0)))

@@ -1,0 +1,57 @@
+"""A run stopped at step N and resumed to 2N ends bit-for-bit where an uninterrupted run ends."""
+
+import json
+
+import jax
+
+from jaxtrain import checkpoint, data, sharding, steps, train
+from jaxtrain.testing import assert_trees_equal, model_config
+
+
+def _final_arrays(cfg):
+  corpus = data.prepare(cfg.data, show_progress=False)
+  abstract = steps.abstract_state(cfg, model_config(cfg, corpus.tokenizer.vocab_size))
+  mesh = sharding.make_mesh(cfg)
+  ckpts = checkpoint.Checkpoints(cfg.workdir, cfg.train.keep_checkpoints)
+  it = data.train_iterator(corpus, cfg)
+  state = ckpts.restore(ckpts.latest_step(), abstract, sharding.state_shardings(abstract, mesh), it)
+  ckpts.close()
+  return jax.device_get(state.arrays()), it.get_state()
+
+
+def _logged(cfg, key):
+  lines = [json.loads(l) for l in open(f"{cfg.workdir}/metrics.jsonl")]
+  return {r["step"]: r[key] for r in lines if key in r}
+
+
+def test_resume_is_bit_for_bit(tiny, tmp_path):
+  n = 6
+  tiny.train.grad_accum = 2
+  tiny.model.dropout = 0.1
+  tiny.optim.decay_steps = 2 * n  # the schedule must not depend on where the first leg stops
+  tiny.train.log_every = 1
+  tiny.train.eval_every = 3
+  tiny.train.checkpoint_every = 4  # the first leg ends between checkpoint cadences
+  tiny.sample.num_samples = 0
+
+  whole = tiny.copy_and_resolve_references()
+  whole.workdir = str(tmp_path / "whole")
+  whole.train.max_steps = 2 * n
+  r_whole = train.run(whole, show_progress=False)
+
+  legs = tiny.copy_and_resolve_references()
+  legs.workdir = str(tmp_path / "legs")
+  legs.train.max_steps = n
+  r_first = train.run(legs, show_progress=False)
+  assert r_first.step == n
+  legs.train.max_steps = 2 * n
+  r_second = train.run(legs, show_progress=False)
+  assert r_second.step == r_whole.step == 2 * n
+
+  a, a_data = _final_arrays(whole)
+  b, b_data = _final_arrays(legs)
+  assert_trees_equal(a, b)
+  assert a_data == b_data == {"next_index": 2 * n * 2}
+  assert _logged(whole, "loss") == _logged(legs, "loss")  # every logged loss, both legs
+  assert _logged(whole, "val_loss") == _logged(legs, "val_loss")
+  assert r_whole.val_loss == r_second.val_loss
