@@ -1,5 +1,6 @@
 """`python -m jaxtrain --config=configs/nano.py [--config.a.b=v ...] [--jax_platforms=cpu]`."""
 
+import logging as std_logging
 import os
 import sys
 
@@ -44,6 +45,20 @@ def _dotted(d: dict, prefix: str = ""):
       yield prefix + key
 
 
+def _drop_orbax_errors(record: std_logging.LogRecord) -> bool:
+  # The loop turns a failed checkpoint write into one line that says what to do; orbax's own
+  # log of it is a traceback from a background thread.
+  return not ("/orbax/" in record.pathname and record.levelno >= std_logging.ERROR)
+
+
+def _quiet_closed_loop(unraisable) -> None:
+  # After a failed async save, tensorstore's callbacks still post to orbax's closed event loop
+  # from C++ threads; each would print a traceback that says nothing to the user.
+  if unraisable.exc_type is RuntimeError and "Event loop is closed" in str(unraisable.exc_value):
+    return
+  sys.__unraisablehook__(unraisable)
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl's parser, but a bad flag is one line and exit status 2, like every other bad input."""
   for arg in argv:
@@ -70,15 +85,28 @@ def main(argv: list[str]) -> None:
     _fail("no config given; pass --config=configs/nano.py (or another file in configs/)")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax and grain log every save at INFO
+    # A failed background checkpoint write is reported once, as one line, by the loop; asyncio
+    # would also dump its traceback as a "task exception never retrieved".
+    std_logging.getLogger("asyncio").setLevel(std_logging.CRITICAL)
+    std_logging.getLogger("absl").addFilter(_drop_orbax_errors)
+    sys.unraisablehook = _quiet_closed_loop
   from jaxtrain import train  # after flag parsing: --jax_platforms must be set first
 
   try:
-    train.run(cfg)
+    result = train.run(cfg)
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
-    sys.exit(e.exit_code)
-  except KeyboardInterrupt:
+    # Pending saves were already finished or abandoned by the loop. Exiting at once keeps
+    # orbax's background threads from printing tracebacks while the interpreter shuts down.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(e.exit_code)
+  except KeyboardInterrupt:  # before training started: nothing to save yet
+    print("interrupted before the first step; nothing was saved", file=sys.stderr)
     sys.exit(130)
+  if result.stopped_by:
+    print(f"to resume: python -m jaxtrain {' '.join(sys.argv[1:])}")
+  sys.exit(result.exit_code)
 
 
 if __name__ == "__main__":

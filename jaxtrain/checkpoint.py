@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grain
 import jax
+import ml_collections
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
@@ -21,7 +22,7 @@ def _val_loss(metrics: dict) -> float:
 
 class Checkpoints:
 
-  def __init__(self, workdir: str, keep: int):
+  def __init__(self, workdir: str, keep: int = 1, read_only: bool = False):
     self.directory = Path(workdir).absolute() / "checkpoints"
     policy = policies.AnyPreservationPolicy([
         policies.LatestN(n=keep),
@@ -29,9 +30,14 @@ class Checkpoints:
         policies.BestN(get_metric_fn=_val_loss, reverse=True, n=1,
                        keep_checkpoints_without_metrics=False),
     ])
-    options = ocp.CheckpointManagerOptions(preservation_policy=policy, create=True,
-                                           enable_async_checkpointing=True)
+    # cleanup_tmp_directories: a save cut short by a kill leaves a temporary directory; it is
+    # never mistaken for a checkpoint, and the next start removes it.
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=None if read_only else policy, create=not read_only,
+        read_only=read_only, enable_async_checkpointing=True,
+        cleanup_tmp_directories=not read_only)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
+    self._closed = False
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -51,6 +57,11 @@ class Checkpoints:
     metrics = None if val_loss is None else {"val_loss": float(val_loss)}
     self.manager.save(step, args=args, metrics=metrics, force=True)
 
+  def restore_arrays(self, step: int, target) -> dict:
+    """Only the state's arrays, into `target` (a tree of ShapeDtypeStructs with shardings)."""
+    args = ocp.args.Composite(state=ocp.args.StandardRestore(target))
+    return self.manager.restore(step, args=args).state
+
   def read_meta(self, step: int) -> dict:
     return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
 
@@ -65,9 +76,40 @@ class Checkpoints:
     ))
     return state.with_arrays(restored.state)
 
+  def check(self) -> None:
+    """Raises the error of a background save that failed, if any."""
+    self.manager.check_for_errors()
+
   def wait(self) -> None:
     self.manager.wait_until_finished()
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
+    """Waits for pending saves; raises what a failed background write raised."""
+    if not self._closed:
+      self._closed = True
+      self.manager.wait_until_finished()
+      self.manager.close()
+
+
+def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
+  """The train state saved in a run's workdir (its latest step by default), on one device.
+
+  For sampling, evaluation or inspection outside the training loop: no data is needed.
+  """
+  from jaxtrain import model as model_lib
+  from jaxtrain import tokenizer as tokenizer_lib
+
+  ckpts = Checkpoints(workdir, read_only=True)
+  step = ckpts.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f"no checkpoint in {ckpts.directory}")
+  cfg = ml_collections.ConfigDict(ckpts.read_meta(step)["config"])
+  tok = tokenizer_lib.load(str(Path(workdir) / "tokenizer.json"))
+  mc = model_lib.ModelConfig.from_config(cfg.model, cfg.model.vocab_size or tok.vocab_size)
+  abstract = steps.abstract_state(cfg, mc)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                        abstract.arrays())
+  state = abstract.with_arrays(ckpts.restore_arrays(step, target))
+  ckpts.close()
+  return state

@@ -203,3 +203,35 @@ def validate_for_devices(cfg: ml_collections.ConfigDict, n_devices: int, n_proce
 
 def default_cache_dir() -> str:
   return os.environ.get("JAXTRAIN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "jaxtrain")
+
+
+# Changing these changes the train state's shapes or what its numbers mean: no resume across them.
+STATE_FIELDS = (
+    "seed", "model.n_layers", "model.n_heads", "model.d_model", "model.seq_len",
+    "model.vocab_size", "model.norm", "model.pos", "model.mlp", "model.mlp_ratio",
+    "model.tie_embeddings", "model.rope_theta", "data.tokenizer", "data.val_fraction",
+    "train.grad_accum", "train.skip_nonfinite",
+)
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for key, value in d.items():
+    if isinstance(value, dict):
+      out.update(flatten(value, f"{prefix}{key}."))
+    else:
+      out[prefix + key] = value
+  return out
+
+
+def config_changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:
+  """(changes that forbid a resume, harmless changes), each as 'field: old -> new'."""
+  old, new = flatten(saved), flatten(current)
+  breaking, harmless = [], []
+  for field in sorted(new):
+    if field in old and old[field] != new[field]:
+      change = f"{field}: {old[field]!r} -> {new[field]!r}"
+      # Clipping on or off adds or removes an optimizer-state entry; its value alone does not.
+      toggles_clip = field == "optim.clip_norm" and (old[field] == 0) != (new[field] == 0)
+      (breaking if field in STATE_FIELDS or toggles_clip else harmless).append(change)
+  return breaking, harmless

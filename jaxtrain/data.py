@@ -147,6 +147,8 @@ def _tokenize(files, data, bin_path: Path, meta_path: Path, show_progress: bool,
 
   single = len(files) == 1
   total = sum(f.stat().st_size for f in files)
+  if not show_progress:
+    log(f"data: tokenizing {len(files)} file(s), {total / 1e6:.1f} MB, once (then cached)")
   counter = _Counter()
   notes, binary = [], []
 

@@ -39,12 +39,20 @@ class MetricsFile:
     if not self.enabled or not self.path.exists():
       return 0
     lines = self.path.read_text(encoding="utf-8").splitlines()
-    keep = [l for l in lines if l.strip() and json.loads(l).get("step", 0) <= step]
+    keep = [l for l in lines if _step_of(l) is not None and _step_of(l) <= step]
     if len(keep) != len(lines):
       tmp = self.path.with_name(self.path.name + ".tmp")
       tmp.write_text("".join(l + "\n" for l in keep), encoding="utf-8")
       tmp.replace(self.path)
     return len(lines) - len(keep)
+
+
+def _step_of(line: str) -> int | None:
+  """The line's step, or None for a line a kill cut short mid-write."""
+  try:
+    return json.loads(line)["step"]
+  except (ValueError, KeyError, TypeError):
+    return None
 
 
 class Console:

@@ -1,5 +1,6 @@
 """Process-level JAX setup, done once before any other JAX work: compile cache and platform."""
 
+import importlib.util
 import os
 
 import jax
@@ -16,18 +17,24 @@ def enable_compile_cache() -> None:
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+_NO_CUDA = ("this jax has no working CUDA backend{why}; install one with `pip install -e "
+            "'.[cuda12]'` (or '.[cuda13]'; needs an NVIDIA driver), or pass --jax_platforms=cpu")
+
+
 def check_platform() -> str:
   """Touches the backend so a missing one fails here with a fix, not deep inside a step."""
+  wanted = jax.config.jax_platforms or ""
+  wants_gpu = any(p in wanted for p in ("cuda", "gpu"))
+  if wants_gpu and not any(importlib.util.find_spec(m) for m in
+                           ("jax_cuda12_plugin", "jax_cuda13_plugin", "jaxlib.cuda")):
+    raise UserError(f"--jax_platforms={wanted}: " + _NO_CUDA.format(why=" (no CUDA plugin installed)"))
   try:
     return jax.devices()[0].platform
-  except RuntimeError as e:
-    wanted = jax.config.jax_platforms or "the default platform"
-    if any(p in str(wanted) for p in ("cuda", "gpu")):
-      raise UserError(
-          f"--jax_platforms={wanted} but this jax has no working CUDA backend; install one with "
-          "`pip install -e '.[cuda12]'` (or .[cuda13]; needs an NVIDIA driver) or pass --jax_platforms=cpu"
-      ) from None
-    raise UserError(f"jax could not start {wanted} ({str(e).splitlines()[0]}); "
+  except Exception as e:  # jax raises RuntimeError or AssertionError depending on the platform
+    first = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+    if wants_gpu:
+      raise UserError(f"--jax_platforms={wanted}: " + _NO_CUDA.format(why=f" ({first})")) from None
+    raise UserError(f"jax could not start {wanted or 'its default platform'} ({first}); "
                     "pass --jax_platforms=cpu") from None
 
 

@@ -57,6 +57,13 @@ class CharTokenizer:
     return {"name": self.name, "chars": self.chars}
 
 
+def newline_id(tokenizer) -> int | None:
+  """The id of "\n", if the vocabulary has one (a char vocabulary may not)."""
+  if isinstance(tokenizer, CharTokenizer):
+    return tokenizer.chars.index("\n") if "\n" in tokenizer.chars else None
+  return int(tokenizer.encode("\n")[0])
+
+
 def from_json(d: dict):
   if d["name"] == "byte":
     return ByteTokenizer()

@@ -6,19 +6,25 @@ step's metrics are read only after the next step is queued, so the host never st
 
 import dataclasses
 import math
+import os
+import re
+import shutil
 import time
+from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxtrain import checkpoint, config, data, logger, optim, runtime, sample, sharding, steps
+from jaxtrain import checkpoint, config, data, logger, optim, runtime, sample, sharding, signals, steps
 from jaxtrain import model as model_lib
 from jaxtrain import tokenizer as tokenizer_lib
 from jaxtrain import workdir as workdir_lib
 from jaxtrain.errors import ConfigError, UserError
 
 VERSION = "0.1.0"
+MAX_DROPPED_IN_A_ROW = 10  # with skip_nonfinite: past this, skipping is not going to recover
 
 
 @dataclasses.dataclass
@@ -30,6 +36,8 @@ class RunResult:
   tokens_per_sec: float | None
   wall_s: float
   samples: list[str]
+  stopped_by: str | None = None  # "SIGTERM" or "SIGINT" when a signal ended the run early
+  exit_code: int = 0
 
 
 class NonFiniteLoss(UserError):
@@ -48,9 +56,21 @@ def resolve_vocab(cfg: ml_collections.ConfigDict, tok) -> int:
 
 def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True) -> RunResult:
   """Trains `cfg` in `cfg.workdir`, resuming from its latest checkpoint if there is one."""
-  t_start = time.time()
   config.validate(cfg)
   platform = runtime.setup()
+  workdir = Path(cfg.workdir).expanduser()
+  existed = workdir.exists()
+  try:
+    return _run(cfg, platform, show_progress)
+  except UserError:
+    # A run that failed before writing anything leaves no empty directory behind.
+    if not existed and workdir.is_dir() and not any(workdir.iterdir()):
+      workdir.rmdir()
+    raise
+
+
+def _run(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool) -> RunResult:
+  t_start = time.time()
   process, n_processes = jax.process_index(), jax.process_count()
   is_main = process == 0
   out = logger.Console(enabled=is_main and show_progress, headless=cfg.headless)
@@ -61,7 +81,7 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True) -> RunRes
   out.print(f"jaxtrain {VERSION} | workdir {workdir} | {platform} x{len(devices)} "
             f"(mesh data={mesh.shape['data']} fsdp={mesh.shape['fsdp']}) | jax {jax.__version__}")
 
-  corpus = data.prepare(cfg.data, show_progress=out.enabled, log=out.print)
+  corpus = data.prepare(cfg.data, show_progress=out.use_bar, log=out.print)
   data.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
   tok = corpus.tokenizer
   out.print(f"data: {data.describe(cfg.data.path)}: {corpus.n_files} file(s), "
@@ -86,6 +106,24 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True) -> RunRes
   run_meta = {"jaxtrain_version": VERSION, "data_fingerprint": corpus.fingerprint,
               "tokenizer": tok.to_json(), "config": cfg.to_dict()}
 
+  try:
+    return _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, train_iter,
+                  metrics_file, run_meta, t_start)
+  except UserError:
+    try:  # a save that was going well before the error still completes
+      ckpts.close()
+    except Exception:  # the error was the save itself: the previous checkpoint stays the latest
+      pass
+    raise
+
+
+def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, train_iter,
+           metrics_file, run_meta, t_start) -> RunResult:
+  is_main = jax.process_index() == 0
+  process, n_processes = jax.process_index(), jax.process_count()
+  tok = corpus.tokenizer
+  k, B, T = cfg.train.grad_accum, cfg.train.batch_size, cfg.model.seq_len
+  tokens_per_step = B * k * T
   latest = ckpts.latest_step()
   elapsed_before, best_val = 0.0, math.inf
   if latest is None:
@@ -93,13 +131,15 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True) -> RunRes
     out.print("starting a new run at step 0")
   else:
     meta = ckpts.read_meta(latest)
+    _check_resumable(meta, run_meta, cfg, out)
     state = ckpts.restore(latest, abstract, shardings, train_iter)
     position = train_iter.get_state()["next_index"]
     if position != latest * k:
       raise UserError(f"checkpoint {latest} in {ckpts.directory} is inconsistent (data position "
-                      f"{position}, expected {latest * k}); delete that step's directory to fall "
-                      "back to an earlier one")
-    elapsed_before, best_val = meta.get("elapsed_s", 0.0), meta.get("best_val_loss", math.inf)
+                      f"{position}, expected {latest * k}); move that step's directory away to "
+                      "resume from an earlier one")
+    elapsed_before = meta.get("elapsed_s", 0.0)
+    best_val = meta.get("best_val_loss") or math.inf
     dropped = metrics_file.drop_after(latest)
     out.print(f"resumed from checkpoint {ckpts.directory / str(latest)} at step {latest}"
               + (f" (dropped {dropped} metric lines past it)" if dropped else ""))
@@ -114,83 +154,126 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True) -> RunRes
                                                                         n_processes)]
   schedule = optim.lr_schedule(cfg.optim, cfg.train.max_steps)
   max_steps = cfg.train.max_steps
+  checkpoint_bytes = sum(x.nbytes for x in jax.tree.leaves(state.arrays()))
 
   def evaluate(state) -> float:
     losses = [eval_fn(state, b)["loss"] for b in eval_set]
     return float(np.mean(jax.device_get(losses)))
 
+  dropped_in_a_row = 0
+
   def check(step: int, micro: list[dict]) -> float:
     """The step's mean micro-batch loss; non-finite stops the run unless skipping is on."""
-    loss = float(np.mean(jax.device_get([m["loss"] for m in micro])))
-    if not math.isfinite(loss):
-      if not cfg.train.skip_nonfinite:
-        raise NonFiniteLoss(
-            f"loss became {loss} at step {step}; stopped, and the last good checkpoint is kept. "
-            "Likely causes: too high a learning rate (lower --config.optim.lr or raise "
-            "optim.warmup_steps) or bad data; --config.train.skip_nonfinite=True drops such steps")
-      skipped = int(jax.device_get(micro[-1]["skipped"]))
-      out.print(f"step {step}: loss {loss}, update dropped ({skipped} dropped so far)")
+    nonlocal dropped_in_a_row
+    host = jax.device_get(micro)
+    loss = float(np.mean([m["loss"] for m in host]))
+    grad_norm = float(np.mean([m["grad_norm"] for m in host]))
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+      dropped_in_a_row = 0
+      return loss
+    what = f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {grad_norm}"
+    if not cfg.train.skip_nonfinite:
+      raise NonFiniteLoss(
+          f"{what} at step {step}: stopped, and the last good checkpoint is kept. Likely causes: "
+          "too high a learning rate (lower --config.optim.lr or raise optim.warmup_steps) or bad "
+          "data; --config.train.skip_nonfinite=True drops such steps instead")
+    dropped_in_a_row += 1
+    out.print(f"step {step}: {what}, update dropped ({int(host[-1]['skipped'])} dropped so far)")
+    if dropped_in_a_row >= MAX_DROPPED_IN_A_ROW:
+      raise NonFiniteLoss(f"{dropped_in_a_row} steps in a row up to step {step} were non-finite "
+                          "and dropped; stopped. Lower --config.optim.lr or check the data")
     return loss
 
+  def save(state, val: float | None, best: float, elapsed: float) -> None:
+    step = int(state.step)
+    if not bool(_all_finite(state.params)):
+      raise NonFiniteLoss(f"parameters became non-finite by step {step}: stopped without saving "
+                          "them; the last good checkpoint is kept. Lower --config.optim.lr")
+    free, needed = shutil.disk_usage(ckpts.directory).free, 1.1 * checkpoint_bytes + 2**20
+    if free < needed:  # checked before writing anything: the last checkpoint stays whole
+      raise UserError(f"not enough disk space for the checkpoint of step {step} in "
+                      f"{ckpts.directory} (needs ~{logger.fmt_count(needed)}B, "
+                      f"{logger.fmt_count(free)}B free); free some space, then "
+                      f"{_resume_hint(ckpts)}")
+    meta = dict(run_meta, elapsed_s=elapsed, best_val_loss=best if best < math.inf else None)
+    _saving(ckpts, lambda: ckpts.save(state, train_iter, meta, val_loss=val), step)
+
   step = int(state.step)
-  last_loss, last_val, tok_per_sec = None, None, None
+  last_loss, last_val, tok_per_sec, stopped_by = None, None, None, None
   if step >= max_steps:
     out.print(f"this run already reached step {step} (train.max_steps={max_steps}); raise "
               "--config.train.max_steps to train further")
-  else:
-    out.start(max_steps, step)
-    t_run = time.time()
-    pending = None  # the newest step's metrics, still on the device
-    first = True
-    while step < max_steps:
-      micro = []
-      for _ in range(k):
-        state, m = train_fn(state, sharding.global_batch(next(train_iter), mesh))
-        micro.append(m)
-      step += 1
-      if first:
-        jax.block_until_ready(micro)
-        out.print(f"compiled and ran the first step in {time.time() - t_run:.1f}s")
-        t_mark, step_mark, first = time.perf_counter(), step, False
-      if pending is not None:  # the previous step is done or nearly: reading it costs no stall
+  with signals.GracefulStop() as stop:
+    if step < max_steps:
+      out.start(max_steps, step)
+      t_run = time.time()
+      pending = None  # the newest step's metrics, still on the device
+      first = True
+      while step < max_steps:
+        micro = []
+        for _ in range(k):
+          state, m = train_fn(state, sharding.global_batch(next(train_iter), mesh))
+          micro.append(m)
+        step += 1
+        if first:
+          jax.block_until_ready(micro)
+          out.print(f"compiled and ran the first step in {time.time() - t_run:.1f}s")
+          t_mark, step_mark, first = time.perf_counter(), step, False
+        if pending is not None:  # the previous step is done or nearly: reading it costs no stall
+          last_loss = check(*pending)
+        pending = (step, micro)
+
+        evaluate_now = step % cfg.train.eval_every == 0 or step == max_steps
+        save_now = step % cfg.train.checkpoint_every == 0 or step == max_steps
+        if stop.requested:
+          stopped_by = stop.requested
+          save_now = True
+        if step % cfg.train.log_every == 0 or evaluate_now or save_now:
+          last_loss, pending = check(*pending), None  # waits for this step
+          now = time.perf_counter()
+          sec_per_step = (now - t_mark) / (step - step_mark) if step > step_mark else 0.0
+          if step > step_mark:
+            tok_per_sec = tokens_per_step / sec_per_step
+          t_mark, step_mark = now, step
+          elapsed = elapsed_before + time.time() - t_run
+          lr = float(schedule(step - 1))
+          out.progress(step, max_steps, last_loss, lr, tok_per_sec or 0.0, elapsed,
+                       (max_steps - step) * sec_per_step)
+          _saving(ckpts, ckpts.check, step)  # a background write that failed is reported now
+          grad_norm = float(np.mean(jax.device_get([m["grad_norm"] for m in micro])))
+          metrics_file.write(step=step, loss=last_loss, lr=lr, grad_norm=grad_norm,
+                             tokens_per_sec=tok_per_sec, elapsed_s=round(elapsed, 3))
+        val = None
+        if evaluate_now:
+          val = last_val = evaluate(state)
+          out.print(f"eval step {step}: val loss {val:.4f} | perplexity "
+                    f"{math.exp(min(val, 50)):.2f}")
+          metrics_file.write(step=step, val_loss=val, val_ppl=math.exp(min(val, 50)),
+                             elapsed_s=round(elapsed_before + time.time() - t_run, 3))
+          if val < best_val:
+            best_val, save_now = val, True  # the best model so far is always on disk
+        if save_now:
+          stop.saving = True
+          save(state, val, best_val, elapsed_before + time.time() - t_run)
+          if stopped_by:
+            _finish_saving(ckpts, step)
+          stop.saving = False
+        if stopped_by:
+          break
+        if evaluate_now or save_now:
+          t_mark = time.perf_counter()  # eval and save time does not count against tokens/s
+      if pending is not None:
         last_loss = check(*pending)
-      pending = (step, micro)
+      out.close()
+    stop.saving = True
+    _finish_saving(ckpts, step)
+    stop.saving = False
 
-      evaluate_now = step % cfg.train.eval_every == 0 or step == max_steps
-      save_now = step % cfg.train.checkpoint_every == 0 or step == max_steps
-      if step % cfg.train.log_every == 0 or evaluate_now or save_now:
-        last_loss, pending = check(*pending), None  # waits for this step
-        now = time.perf_counter()
-        sec_per_step = (now - t_mark) / (step - step_mark) if step > step_mark else 0.0
-        if step > step_mark:
-          tok_per_sec = tokens_per_step / sec_per_step
-        t_mark, step_mark = now, step
-        elapsed = elapsed_before + time.time() - t_run
-        lr = float(schedule(step - 1))
-        out.progress(step, max_steps, last_loss, lr, tok_per_sec or 0.0, elapsed,
-                     (max_steps - step) * sec_per_step)
-        grad_norm = float(np.mean(jax.device_get([m["grad_norm"] for m in micro])))
-        metrics_file.write(step=step, loss=last_loss, lr=lr, grad_norm=grad_norm,
-                           tokens_per_sec=tok_per_sec, elapsed_s=round(elapsed, 3))
-      val = None
-      if evaluate_now:
-        val = last_val = evaluate(state)
-        out.print(f"eval step {step}: val loss {val:.4f} | perplexity {math.exp(min(val, 50)):.2f}")
-        metrics_file.write(step=step, val_loss=val, val_ppl=math.exp(min(val, 50)),
-                           elapsed_s=round(elapsed_before + time.time() - t_run, 3))
-        if val < best_val:
-          best_val, save_now = val, True  # the best model so far is always on disk
-      if save_now:
-        meta = dict(run_meta, elapsed_s=elapsed_before + time.time() - t_run,
-                    best_val_loss=best_val if best_val < math.inf else None)
-        ckpts.save(state, train_iter, meta, val_loss=val)
-      if evaluate_now or save_now:
-        t_mark = time.perf_counter()  # eval and save time does not count against tokens/s
-    if pending is not None:
-      last_loss = check(*pending)
-    out.close()
-
-  ckpts.close()
+  if stopped_by:
+    out.print(f"{stopped_by}: stopped at step {step}; checkpoint saved in "
+              f"{ckpts.directory / str(step)}. Run the same command again to resume.")
+    return RunResult(str(workdir), step, last_loss, last_val, tok_per_sec, time.time() - t_start,
+                     [], stopped_by, stop.exit_code)
   samples = _write_samples(cfg, state, corpus, workdir, out) if is_main else []
   if is_main:
     png = logger.plot_losses(workdir / "metrics.jsonl", workdir / "loss.png")
@@ -200,6 +283,61 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True) -> RunRes
   out.print(f"done: step {step} | train loss {_fmt(last_loss)} | val loss {_fmt(last_val)} | "
             f"wall {logger.fmt_time(wall)} | workdir {workdir}")
   return RunResult(str(workdir), step, last_loss, last_val, tok_per_sec, wall, samples)
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+  return jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def _saving(ckpts: checkpoint.Checkpoints, action, step: int) -> None:
+  """Runs a checkpoint action; a failed write becomes one line, the last good save intact."""
+  try:
+    action()
+  except (OSError, ValueError, RuntimeError) as e:
+    raise UserError(f"writing a checkpoint (by step {step}) in {ckpts.directory} failed "
+                    f"({_os_reason(e)}); fix the cause (disk space, permissions), then "
+                    f"{_resume_hint(ckpts)}") from None
+
+
+def _os_reason(e: Exception) -> str:
+  """The operating system's words for a failed write, also when tensorstore wraps them."""
+  if getattr(e, "strerror", None):
+    return e.strerror
+  code = re.search(r"os_error_code='?(\d+)", str(e))
+  if code:
+    return f"{os.strerror(int(code.group(1)))}, errno {code.group(1)}"
+  return str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+
+
+def _resume_hint(ckpts: checkpoint.Checkpoints) -> str:
+  latest = ckpts.latest_step()
+  if latest is None:
+    return "run again (no checkpoint was saved yet)"
+  return f"run again to resume from the intact checkpoint of step {latest}"
+
+
+def _finish_saving(ckpts: checkpoint.Checkpoints, step: int) -> None:
+  _saving(ckpts, ckpts.close, step)
+
+
+def _check_resumable(meta: dict, run_meta: dict, cfg: ml_collections.ConfigDict, out) -> None:
+  breaking, harmless = config.config_changes(meta.get("config", {}), run_meta["config"])
+  if meta.get("tokenizer") != run_meta["tokenizer"]:
+    breaking.append("the tokenizer's vocabulary differs from the checkpoint's")
+  if breaking:
+    raise UserError(f"cannot resume {cfg.workdir} with this config: {'; '.join(breaking)}. "
+                    "Change these back, or pass a new --config.workdir to start a fresh run")
+  if meta.get("data_fingerprint") != run_meta["data_fingerprint"]:
+    if not cfg.data.allow_changed:
+      raise UserError(f"the data differs from the data {cfg.workdir} was trained on (fingerprint "
+                      f"now {run_meta['data_fingerprint'][:12]}, then "
+                      f"{str(meta.get('data_fingerprint'))[:12]}); pass "
+                      "--config.data.allow_changed=True to resume on it anyway, or a new "
+                      "--config.workdir")
+    out.print("data: resuming on different data than before (data.allow_changed=True)")
+  if harmless:
+    out.print(f"config changes since the checkpoint: {'; '.join(harmless)}")
 
 
 def _fmt(x: float | None) -> str:
@@ -215,24 +353,20 @@ def _write_samples(cfg, state, corpus, workdir, out) -> list[str]:
     ids = tok.encode(s.prompt).astype(np.int32)[-cfg.model.seq_len:]
     prompts = np.tile(ids, (s.num_samples, 1))
   else:
-    newline = tok.encode("\n")
-    prompts = sample.prompts_from_text(corpus.val, int(newline[0]) if len(newline) else None,
-                                       s.num_samples, min(32, cfg.model.seq_len // 2), cfg.seed)
+    prompts = sample.prompts_from_text(corpus.val, tokenizer_lib.newline_id(tok), s.num_samples,
+                                       min(32, cfg.model.seq_len // 2), cfg.seed)
   t0 = time.time()
   ids = sample.generate(state, prompts, s.max_new_tokens, seq_len=cfg.model.seq_len,
                         temperature=s.temperature, top_k=s.top_k, seed=cfg.seed)
-  texts = []
-  for row, prompt in zip(ids, prompts):
-    texts.append(tok.decode(row[:len(prompt)]) + tok.decode(row[len(prompt):]))
+  texts = [tok.decode(row[:len(p)]) + "\u2502" + tok.decode(row[len(p):])
+           for row, p in zip(ids, prompts)]
   step = int(state.step)
   with open(workdir / "samples.txt", "a", encoding="utf-8") as f:
-    for i, (row, prompt) in enumerate(zip(ids, prompts)):
-      f.write(f"=== step {step} sample {i} (prompt: {len(prompt)} tokens, then "
-              f"{s.max_new_tokens} sampled at temperature {s.temperature}) ===\n")
-      f.write(tok.decode(row[:len(prompt)]) + "\u2502" + tok.decode(row[len(prompt):]) + "\n")
+    for i, text in enumerate(texts):
+      f.write(f"=== step {step} sample {i} (prompt {len(prompts[i])} tokens, then "
+              f"{s.max_new_tokens} sampled at temperature {s.temperature}) ===\n{text}\n")
   out.print(f"samples at step {step} ({time.time() - t0:.1f}s; the prompt ends at \u2502), also in "
             f"{workdir / 'samples.txt'}:")
-  for i, (row, prompt) in enumerate(zip(ids, prompts)):
-    out.print(f"--- sample {i} ---")
-    out.print(tok.decode(row[:len(prompt)]) + "\u2502" + tok.decode(row[len(prompt):]))
+  for i, text in enumerate(texts):
+    out.print(f"--- sample {i} ---\n{text}")
   return texts

@@ -1,0 +1,45 @@
+"""SIGTERM and SIGINT become a request to stop after the current optimizer step and save.
+
+Slurm sends SIGTERM before preemption; people press Ctrl-C. Either way the loop finishes its step,
+writes a checkpoint and exits. Signals that arrive while that checkpoint is being written are
+acknowledged and ignored, so a second Ctrl-C cannot cut the save short (a SIGKILL still can,
+and orbax's write-then-rename leaves the previous checkpoint as the latest complete one).
+"""
+
+import signal
+import sys
+import threading
+
+
+class GracefulStop:
+
+  def __init__(self):
+    self.requested: str | None = None  # "SIGTERM" or "SIGINT" once one arrives
+    self.saving = False
+    self._previous = {}
+
+  def __enter__(self) -> "GracefulStop":
+    if threading.current_thread() is threading.main_thread():  # handlers live on the main thread
+      for sig in (signal.SIGTERM, signal.SIGINT):
+        self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+  def _handle(self, signum, frame) -> None:
+    name = signal.Signals(signum).name
+    if self.saving:
+      print(f"\n{name}: still writing the checkpoint; it finishes in a moment", file=sys.stderr,
+            flush=True)
+    elif self.requested:
+      print(f"\n{name}: already stopping after this step", file=sys.stderr, flush=True)
+    else:
+      self.requested = name
+      print(f"\n{name}: finishing this step, then saving a checkpoint and stopping", file=sys.stderr,
+            flush=True)
+
+  @property
+  def exit_code(self) -> int:
+    return 130 if self.requested == "SIGINT" else 0
