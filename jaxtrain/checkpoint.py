@@ -5,6 +5,7 @@ mid-save never leaves a checkpoint that `latest_step` would pick. Kept: the `kee
 plus the one with the best validation loss.
 """
 
+import json
 from pathlib import Path
 
 import grain
@@ -70,11 +71,21 @@ class Checkpoints:
     """Restores into `state`'s structure with `shardings`; `iterator` is repositioned in place."""
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           state.arrays(), shardings.arrays())
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target),
-        data=grain.checkpoint.CheckpointRestore(iterator),
-    ))
-    return state.with_arrays(restored.state)
+    data_dir = self.directory / str(step) / "data"
+    mine = data_dir / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+    if mine.exists():
+      restored = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target),
+          data=grain.checkpoint.CheckpointRestore(iterator),
+      ))
+      return state.with_arrays(restored.state)
+    # Saved by another number of processes. Every process's iterator stands at the same
+    # micro-batch index (each reads its own rows of the same global batch), so any file will do.
+    saved = sorted(data_dir.glob("process_*-of-*.json"))
+    if not saved:
+      raise FileNotFoundError(f"checkpoint {step} has no data iterator state in {data_dir}")
+    iterator.set_state(json.loads(saved[0].read_text()))
+    return state.with_arrays(self.restore_arrays(step, target))
 
   def check(self) -> None:
     """Raises the error of a background save that failed, if any."""

@@ -82,6 +82,7 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.distributed.coordinator_address = ""  # host:port of process 0; "": single process or Slurm
   cfg.distributed.num_processes = 0  # 0: from the environment (Slurm) or 1
   cfg.distributed.process_id = -1  # -1: from the environment (Slurm) or 0
+  cfg.distributed.timeout_s = 300  # how long to wait for every process to join
   return cfg
 
 
@@ -179,6 +180,22 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     v = cfg.mesh[f]
     _check(isinstance(v, int) and (v == -1 or v >= 1), f"mesh.{f}",
            f"must be -1 (all devices) or >= 1, got {v!r}", f"pass --config.mesh.{f}=-1")
+  dist = cfg.distributed
+  _positive_int(cfg, "distributed.num_processes", minimum=0)
+  _positive_int(cfg, "distributed.timeout_s")
+  _check(isinstance(dist.process_id, int) and dist.process_id >= -1, "distributed.process_id",
+         f"must be -1 (from the environment) or >= 0, got {dist.process_id!r}",
+         "pass --config.distributed.process_id=<0 .. num_processes-1>")
+  if dist.coordinator_address:
+    host, _, port = dist.coordinator_address.rpartition(":")
+    _check(bool(host) and port.isdigit(), "distributed.coordinator_address",
+           f"{dist.coordinator_address!r} is not host:port",
+           "pass e.g. --config.distributed.coordinator_address=10.0.0.1:1234")
+    _check(dist.num_processes >= 1 and 0 <= dist.process_id < dist.num_processes,
+           "distributed.process_id",
+           f"with a coordinator address, num_processes ({dist.num_processes}) and process_id "
+           f"({dist.process_id}) must be set, 0 <= process_id < num_processes",
+           "pass --config.distributed.num_processes=N --config.distributed.process_id=i")
   _check(not (cfg.mesh.data == -1 and cfg.mesh.fsdp == -1), "mesh.fsdp",
          "only one mesh axis can be -1",
          "pass --config.mesh.fsdp=1 or give mesh.data an explicit size")

@@ -4,6 +4,8 @@ import importlib.util
 import os
 
 import jax
+import ml_collections
+import numpy as np
 
 from jaxtrain.config import default_cache_dir
 from jaxtrain.errors import UserError
@@ -38,6 +40,46 @@ def check_platform() -> str:
                     "pass --jax_platforms=cpu") from None
 
 
-def setup() -> str:
+def init_distributed(distributed: ml_collections.ConfigDict) -> None:
+  """Joins a multi-process run: explicit `distributed.*` fields, or Slurm's environment (srun)."""
+  explicit = bool(distributed.coordinator_address) or distributed.num_processes > 1
+  under_srun = int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_STEP_ID" in os.environ
+  if not (explicit or under_srun):
+    return
+  kwargs = {}
+  if distributed.coordinator_address:
+    kwargs["coordinator_address"] = distributed.coordinator_address
+  if distributed.num_processes:
+    kwargs["num_processes"] = distributed.num_processes
+  if distributed.process_id >= 0:
+    kwargs["process_id"] = distributed.process_id
+  try:
+    # CPU collectives go through gloo (jax's default); GPUs use NCCL.
+    jax.distributed.initialize(initialization_timeout=distributed.timeout_s, **kwargs)
+  except Exception as e:
+    first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+    raise UserError(f"joining the multi-process run failed ({first}); check "
+                    "distributed.coordinator_address (host:port of process 0, reachable from every "
+                    "process), num_processes and process_id") from None
+
+
+def any_process(flag: bool) -> bool:
+  """True if `flag` is True on any process (a collective: every process must call it)."""
+  if jax.process_count() == 1:
+    return flag
+  from jax.experimental import multihost_utils
+
+  return bool(np.any(multihost_utils.process_allgather(np.array(flag))))
+
+
+def barrier(name: str) -> None:
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices(name)
+
+
+def setup(cfg: ml_collections.ConfigDict) -> str:
   enable_compile_cache()
+  init_distributed(cfg.distributed)
   return check_platform()

@@ -48,7 +48,7 @@ def generate(state: steps.TrainState, prompts_BP: np.ndarray, n_new: int, *, seq
   L = max(P + n_new, seq_len)
   buf_BL = np.zeros((B, L), np.int32)
   buf_BL[:, :P] = prompts_BP
-  params = jax.device_get(state.params)  # sampling is small: run it outside the training mesh
+  params = jax.device_get(state.params)  # small work: one device, outside the training mesh
   out = _generate(params, state.graphdef, jnp.asarray(buf_BL), P, jax.random.PRNGKey(seed),
                   n_new=n_new, seq_len=seq_len, temperature=float(temperature), top_k=int(top_k))
   return np.asarray(out)[:, :P + n_new]

@@ -57,7 +57,7 @@ def resolve_vocab(cfg: ml_collections.ConfigDict, tok) -> int:
 def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True) -> RunResult:
   """Trains `cfg` in `cfg.workdir`, resuming from its latest checkpoint if there is one."""
   config.validate(cfg)
-  platform = runtime.setup()
+  platform = runtime.setup(cfg)
   workdir = Path(cfg.workdir).expanduser()
   existed = workdir.exists()
   try:
@@ -77,7 +77,9 @@ def _run(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool) -> 
   devices = jax.devices()
   config.validate_for_devices(cfg, len(devices), n_processes)
   mesh = sharding.make_mesh(cfg, devices)
-  workdir = workdir_lib.prepare(cfg.workdir)
+  workdir = workdir_lib.check(cfg.workdir)
+  runtime.barrier("jaxtrain: workdir checked")  # every process looked before any writes
+  workdir_lib.create(workdir)
   out.print(f"jaxtrain {VERSION} | workdir {workdir} | {platform} x{len(devices)} "
             f"(mesh data={mesh.shape['data']} fsdp={mesh.shape['fsdp']}) | jax {jax.__version__}")
 
@@ -190,7 +192,7 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
       raise NonFiniteLoss(f"parameters became non-finite by step {step}: stopped without saving "
                           "them; the last good checkpoint is kept. Lower --config.optim.lr")
     free, needed = shutil.disk_usage(ckpts.directory).free, 1.1 * checkpoint_bytes + 2**20
-    if free < needed:  # checked before writing anything: the last checkpoint stays whole
+    if runtime.any_process(free < needed):  # before writing: the last checkpoint stays whole
       raise UserError(f"not enough disk space for the checkpoint of step {step} in "
                       f"{ckpts.directory} (needs ~{logger.fmt_count(needed)}B, "
                       f"{logger.fmt_count(free)}B free); free some space, then "
@@ -225,8 +227,8 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
 
         evaluate_now = step % cfg.train.eval_every == 0 or step == max_steps
         save_now = step % cfg.train.checkpoint_every == 0 or step == max_steps
-        if stop.requested:
-          stopped_by = stop.requested
+        if runtime.any_process(stop.requested is not None):  # all processes stop at one step
+          stopped_by = stop.requested or "SIGTERM"
           save_now = True
         if step % cfg.train.log_every == 0 or evaluate_now or save_now:
           last_loss, pending = check(*pending), None  # waits for this step
@@ -274,7 +276,9 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
               f"{ckpts.directory / str(step)}. Run the same command again to resume.")
     return RunResult(str(workdir), step, last_loss, last_val, tok_per_sec, time.time() - t_start,
                      [], stopped_by, stop.exit_code)
-  samples = _write_samples(cfg, state, corpus, workdir, out) if is_main else []
+  params = _gather(state.params)  # every process takes part; process 0 samples
+  samples = _write_samples(cfg, state.replace(params=params), corpus, workdir, out) \
+      if is_main else []
   if is_main:
     png = logger.plot_losses(workdir / "metrics.jsonl", workdir / "loss.png")
     if png:
@@ -283,6 +287,15 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
   out.print(f"done: step {step} | train loss {_fmt(last_loss)} | val loss {_fmt(last_val)} | "
             f"wall {logger.fmt_time(wall)} | workdir {workdir}")
   return RunResult(str(workdir), step, last_loss, last_val, tok_per_sec, wall, samples)
+
+
+def _gather(tree):
+  """Host copies of possibly sharded (across processes, too) arrays."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  from jax.experimental import multihost_utils
+
+  return multihost_utils.process_allgather(tree, tiled=True)
 
 
 @jax.jit

@@ -22,6 +22,13 @@ def read_json(path: Path):
 
 def prepare(workdir: str) -> Path:
   """Creates the workdir, or checks that an existing one is empty or a jaxtrain run."""
+  path = check(workdir)
+  create(path)
+  return path
+
+
+def check(workdir: str) -> Path:
+  """Refuses a workdir that is a file or holds something other than a jaxtrain run."""
   path = Path(workdir).expanduser()
   if path.exists() and not path.is_dir():
     raise UserError(f"workdir {path} is a file, not a directory; pass --config.workdir=<a new "
@@ -32,6 +39,10 @@ def prepare(workdir: str) -> Path:
       raise UserError(f"workdir {path} is not empty and is not a jaxtrain run (no {RUN_FILE}; "
                       f"holds {', '.join(sorted(others)[:3])}); pass --config.workdir=<a new or "
                       "empty directory> so nothing there is overwritten")
+  return path
+
+
+def create(path: Path) -> None:
   try:
     path.mkdir(parents=True, exist_ok=True)
     probe = path / f".write_probe{os.getpid()}"
@@ -40,4 +51,3 @@ def prepare(workdir: str) -> Path:
   except OSError as e:
     raise UserError(f"workdir {path} is not writable ({e.strerror}); pass "
                     "--config.workdir=<a directory you can write to>") from None
-  return path

@@ -1,0 +1,47 @@
+"""Run in a fresh process: N virtual CPU devices, the same steps on several meshes.
+
+Prints JSON: for each (data, fsdp) mesh, the largest difference of the final state from the
+same steps on a single device, and how the params ended up sharded.
+"""
+
+import json
+import sys
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", int(sys.argv[1]) if len(sys.argv) > 1 else 4)
+
+import numpy as np  # noqa: E402
+
+from jaxtrain import sharding, steps  # noqa: E402
+from jaxtrain.testing import model_config, random_batch, tiny_config  # noqa: E402
+
+
+def train(data: int, fsdp: int, devices, n_steps: int = 4):
+  cfg = tiny_config(**{"mesh.data": data, "mesh.fsdp": fsdp, "train.batch_size": 8,
+                       "model.d_model": 64, "train.grad_accum": 2})
+  mc = model_config(cfg)
+  mesh = sharding.make_mesh(cfg, devices)
+  abstract = steps.abstract_state(cfg, mc)
+  state = sharding.init_sharded(lambda: steps.init_state(cfg, mc), abstract, mesh)
+  train_fn, _ = sharding.jit_steps(state, mesh)
+  for i in range(n_steps * cfg.train.grad_accum):
+    state, _ = train_fn(state, sharding.global_batch(random_batch(cfg, seed=i), mesh))
+  specs = sorted({str(x.sharding.spec) for x in jax.tree.leaves(state.params)})
+  return jax.device_get(state.arrays()), specs
+
+
+def main() -> None:
+  devices = jax.devices()
+  reference, _ = train(1, 1, devices[:1])
+  report = {"devices": len(devices)}
+  for data, fsdp in [(len(devices), 1), (1, len(devices)), (2, len(devices) // 2)]:
+    arrays, specs = train(data, fsdp, devices)
+    diff = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+               for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(arrays)))
+    report[f"data={data},fsdp={fsdp}"] = {"max_abs_diff": diff, "param_specs": specs}
+  print(json.dumps(report))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,108 @@
+"""Many devices and many processes: the same numbers as one device, and checkpoints that move.
+
+Virtual CPU devices (`--jax_num_cpu_devices`) stand in for GPUs; two processes on 127.0.0.1
+talk through gloo, as a CPU cluster does. Every process is bounded in time and killed if left.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import killharness as kh
+from conftest import ROOT
+
+TOL = 1e-5
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def args_for(workdir, corpus, max_steps: int, devices: int, *extra: str) -> list[str]:
+  return [*kh.cli_args(workdir, corpus, max_steps), f"--jax_num_cpu_devices={devices}",
+          "--config.optim.decay_steps=12", "--config.train.batch_size=8", *extra]
+
+
+def launch(args: list[str], processes: int = 1, timeout: float = 300) -> list[str]:
+  """Runs jaxtrain as `processes` processes of one job; returns each one's output."""
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  extra = [[]]
+  if processes > 1:
+    address = f"127.0.0.1:{free_port()}"
+    extra = [[f"--config.distributed.coordinator_address={address}",
+              f"--config.distributed.num_processes={processes}",
+              f"--config.distributed.process_id={i}"] for i in range(processes)]
+  procs = [subprocess.Popen([sys.executable, "-m", "jaxtrain", *args, *e], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for e in extra]
+  try:
+    outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  for p, text in zip(procs, outputs):
+    assert p.returncode == 0, text[-3000:]
+  return outputs
+
+
+def max_diff(a, b) -> float:
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def test_data_parallel_and_fsdp_match_a_single_device():
+  out = subprocess.run([sys.executable, str(ROOT / "tests" / "multidevice_steps.py"), "4"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, check=True).stdout
+  report = json.loads(out.strip().splitlines()[-1])
+  assert report["devices"] == 4
+  for mesh in ("data=4,fsdp=1", "data=1,fsdp=4", "data=2,fsdp=2"):
+    assert report[mesh]["max_abs_diff"] < TOL, (mesh, report[mesh])
+  assert report["data=4,fsdp=1"]["param_specs"] == ["P()"]  # replicated
+  assert "P('fsdp', None)" in report["data=1,fsdp=4"]["param_specs"]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process_with_four_devices(corpus_file, tmp_path):
+  mesh = ["--config.mesh.data=2", "--config.mesh.fsdp=2"]
+  one = launch(args_for(tmp_path / "one", corpus_file, 8, 4, *mesh))[0]
+  two = launch(args_for(tmp_path / "two", corpus_file, 8, 2, *mesh), processes=2)
+  assert "cpu x4 (mesh data=2 fsdp=2)" in one and "cpu x4 (mesh data=2 fsdp=2)" in two[0]
+  assert "step      8/8" in two[0] and "step " not in two[1]  # process 0 alone reports
+  assert sorted(p.name for p in (tmp_path / "two" / "checkpoints" / "8" / "data").iterdir()
+                if p.suffix == ".json") == ["process_0-of-2.json", "process_1-of-2.json"]
+  a, _ = kh.final_state(tmp_path / "one")
+  b, _ = kh.final_state(tmp_path / "two")
+  assert max_diff(a, b) < TOL
+  la, lb = kh.losses(tmp_path / "one"), kh.losses(tmp_path / "two")
+  assert la.keys() == lb.keys() and max(abs(la[k] - lb[k]) for k in la) < TOL
+
+
+@pytest.mark.slow
+def test_checkpoints_move_between_topologies(corpus_file, tmp_path):
+  """Saved on 4 devices (FSDP) -> resumed on 1; saved on 1 -> resumed on 2 processes -> on 1."""
+  reference = tmp_path / "ref"
+  launch(args_for(reference, corpus_file, 12, 1))
+  ref, ref_position = kh.final_state(reference)
+
+  moved = tmp_path / "moved"
+  launch(args_for(moved, corpus_file, 4, 4, "--config.mesh.fsdp=4"))
+  out = launch(args_for(moved, corpus_file, 8, 1))[0]
+  assert "resumed from checkpoint" in out and "at step 4" in out and "cpu x1" in out
+  out = launch(args_for(moved, corpus_file, 10, 2, "--config.mesh.fsdp=2"), processes=2)[0]
+  assert "at step 8" in out and "cpu x4" in out
+  out = launch(args_for(moved, corpus_file, 12, 1))[0]  # back to one process: data state moves too
+  assert "at step 10" in out
+  arrays, position = kh.final_state(moved)
+  assert position == ref_position
+  assert max_diff(arrays, ref) < TOL
