@@ -14,6 +14,7 @@ MLPS = ("swiglu", "gelu")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION = ("auto", "xla", "cudnn")
 TOKENIZERS = ("byte", "char")
+LOSS_SCALING = ("auto", "dynamic", "off")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -59,6 +60,7 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.optim.b1 = 0.9
   cfg.optim.b2 = 0.95
   cfg.optim.eps = 1e-8
+  cfg.optim.loss_scaling = "auto"  # auto (dynamic for float16, else off) | dynamic | off
 
   cfg.data = ml_collections.ConfigDict()
   cfg.data.path = ""  # a text file, a directory or a glob; "": the Python standard library's .py files
@@ -158,6 +160,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   _check(0.0 <= o.b1 < 1.0, "optim.b1", f"must be in [0, 1), got {o.b1}", "pass --config.optim.b1=0.9")
   _check(0.0 <= o.b2 < 1.0, "optim.b2", f"must be in [0, 1), got {o.b2}", "pass --config.optim.b2=0.95")
   _check(o.eps > 0, "optim.eps", f"must be > 0, got {o.eps}", "pass --config.optim.eps=1e-8")
+  _one_of(o.loss_scaling, LOSS_SCALING, "optim.loss_scaling")
 
   _one_of(d.tokenizer, TOKENIZERS, "data.tokenizer")
   _check(0.0 < d.val_fraction < 1.0, "data.val_fraction", f"must be in (0, 1), got {d.val_fraction}",
@@ -201,9 +204,14 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
          "pass --config.mesh.fsdp=1 or give mesh.data an explicit size")
 
 
-def validate_for_devices(cfg: ml_collections.ConfigDict, n_devices: int, n_processes: int) -> None:
-  """Checks that need the device count: the mesh and the batch split."""
+def validate_for_devices(cfg: ml_collections.ConfigDict, n_devices: int, n_processes: int,
+                         platform: str = "cpu") -> None:
+  """Checks that need the devices: the mesh, the batch split, what the platform can compute."""
   from jaxtrain import sharding
+
+  _check(not (platform == "cpu" and cfg.model.dtype == "float16"), "model.dtype",
+         "float16 is not supported on CPU (XLA has no float16 matmul with float32 accumulation "
+         "there)", "pass --config.model.dtype=bfloat16 on CPU; float16 is for GPUs")
 
   data, fsdp = sharding.mesh_shape(cfg, n_devices)
   _check(data * fsdp == n_devices, "mesh.data",
@@ -227,7 +235,7 @@ STATE_FIELDS = (
     "seed", "model.n_layers", "model.n_heads", "model.d_model", "model.seq_len",
     "model.vocab_size", "model.norm", "model.pos", "model.mlp", "model.mlp_ratio",
     "model.tie_embeddings", "model.rope_theta", "data.tokenizer", "data.val_fraction",
-    "train.grad_accum", "train.skip_nonfinite",
+    "train.grad_accum", "train.skip_nonfinite", "optim.loss_scaling",
 )
 
 
@@ -252,3 +260,9 @@ def config_changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:
       toggles_clip = field == "optim.clip_norm" and (old[field] == 0) != (new[field] == 0)
       (breaking if field in STATE_FIELDS or toggles_clip else harmless).append(change)
   return breaking, harmless
+
+
+def dynamic_loss_scaling(cfg: ml_collections.ConfigDict) -> bool:
+  if cfg.optim.loss_scaling == "auto":
+    return cfg.model.dtype == "float16"
+  return cfg.optim.loss_scaling == "dynamic"

@@ -36,7 +36,8 @@ class ModelConfig:
     fields = {f.name for f in dataclasses.fields(cls)}
     kwargs = {k: v for k, v in model.to_dict().items() if k in fields}
     kwargs["vocab_size"] = vocab_size
-    kwargs["attention"] = resolve_attention(model.attention, model.dtype)
+    kwargs["attention"] = resolve_attention(model.attention, model.dtype, model.seq_len,
+                                            model.n_heads, model.d_model // model.n_heads)[0]
     return cls(**kwargs)
 
   @property
@@ -51,12 +52,28 @@ class ModelConfig:
     return 8 * math.ceil(2 / 3 * self.mlp_ratio * self.d_model / 8)
 
 
-def resolve_attention(choice: str, dtype: str) -> str:
-  if choice != "auto":
-    return choice
-  # cuDNN's fused attention exists only on NVIDIA GPUs and only for 16-bit inputs.
+def resolve_attention(choice: str, dtype: str, seq_len: int, n_heads: int,
+                      head_dim: int) -> tuple[str, str]:
+  """(implementation, why): "auto" takes cuDNN's fused attention where it compiles, else XLA's."""
   on_gpu = jax.default_backend() == "gpu"
-  return "cudnn" if on_gpu and dtype in ("bfloat16", "float16") else "xla"
+  if choice == "cudnn" and not on_gpu:
+    from jaxtrain.errors import ConfigError
+
+    raise ConfigError("model.attention", "cudnn needs an NVIDIA GPU",
+                      "pass --config.model.attention=auto (or xla)")
+  if choice != "auto":
+    return choice, "as configured"
+  if not on_gpu:
+    return "xla", f"{jax.default_backend()} has no cuDNN"
+  if dtype not in ("bfloat16", "float16"):
+    return "xla", "cuDNN attention needs 16-bit inputs"
+  x = jax.ShapeDtypeStruct((1, seq_len, n_heads, head_dim), jnp.dtype(dtype))
+  try:  # shapes cuDNN does not support fail here, at compile time
+    jax.jit(lambda q, k, v: jax.nn.dot_product_attention(
+        q, k, v, is_causal=True, implementation="cudnn")).lower(x, x, x).compile()
+  except Exception as e:  # the reasons vary by cuDNN version: any failure means "not here"
+    return "xla", f"cuDNN attention unavailable ({str(e).splitlines()[0][:100]})"
+  return "cudnn", "cuDNN fused attention"
 
 
 def _init(std: float):

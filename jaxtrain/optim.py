@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from jaxtrain import config
+
 
 def lr_schedule(optim: ml_collections.ConfigDict, max_steps: int) -> optax.Schedule:
   """Linear warmup to `lr` (step 0 already moves), then cosine decay to `lr * min_lr_ratio`."""
@@ -36,13 +38,13 @@ def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformati
       optax.adamw(lr_schedule(o, cfg.train.max_steps), b1=o.b1, b2=o.b2, eps=o.eps,
                   weight_decay=o.weight_decay, mask=decay_mask))
   inner = optax.chain(*parts)
-  if cfg.train.grad_accum == 1 and not cfg.train.skip_nonfinite:
+  # With loss scaling, gradients overflow now and then by design: such steps are dropped.
+  skip = cfg.train.skip_nonfinite or config.dynamic_loss_scaling(cfg)
+  if cfg.train.grad_accum == 1 and not skip:
     return inner
   # MultiSteps averages grad_accum micro-batch gradients, then applies one inner update.
   multi = optax.MultiSteps(inner, every_k_schedule=cfg.train.grad_accum)
-  if cfg.train.skip_nonfinite:
-    return skip_nonfinite_steps(multi)
-  return multi.gradient_transformation()
+  return skip_nonfinite_steps(multi) if skip else multi.gradient_transformation()
 
 
 class SkipState(NamedTuple):

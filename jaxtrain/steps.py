@@ -13,8 +13,13 @@ import ml_collections
 import optax
 from flax import nnx, struct
 
+from jaxtrain import config
 from jaxtrain import model as model_lib
 from jaxtrain import optim
+
+
+INITIAL_LOSS_SCALE = 2.0**15
+LOSS_SCALE_GROWTH = 2.0 ** (1 / 1000)
 
 
 @struct.dataclass
@@ -23,15 +28,19 @@ class TrainState:
   opt_state: optax.OptState
   step: jax.Array  # int32: optimizer steps taken (micro-batches / grad_accum)
   rng: jax.Array  # uint32[2]: raw key data for dropout
+  loss_scale: jax.Array  # float32: the loss is multiplied by it before backprop (1 unless dynamic)
   graphdef: nnx.GraphDef = struct.field(pytree_node=False)
   tx: optax.GradientTransformation = struct.field(pytree_node=False)
+  model_cfg: model_lib.ModelConfig = struct.field(pytree_node=False)
+  dynamic_loss_scale: bool = struct.field(pytree_node=False, default=False)
 
   def model(self) -> model_lib.GPT:
     return nnx.merge(self.graphdef, self.params)
 
   def arrays(self) -> dict:
     """What a checkpoint holds: every array of the state, and nothing static."""
-    return {"params": self.params, "opt_state": self.opt_state, "step": self.step, "rng": self.rng}
+    return {"params": self.params, "opt_state": self.opt_state, "step": self.step, "rng": self.rng,
+            "loss_scale": self.loss_scale}
 
   def with_arrays(self, arrays: dict) -> "TrainState":
     return self.replace(**arrays)
@@ -45,8 +54,11 @@ def init_state(cfg: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig)
   graphdef, params = nnx.split(model, nnx.Param)
   params = nnx.to_pure_dict(params)
   tx = optim.make_optimizer(cfg)
+  dynamic = config.dynamic_loss_scaling(cfg)
+  scale = INITIAL_LOSS_SCALE if dynamic else 1.0
   return TrainState(params=params, opt_state=tx.init(params), step=jnp.array(0, jnp.int32),
-                    rng=dropout_key, graphdef=graphdef, tx=tx)
+                    rng=dropout_key, loss_scale=jnp.array(scale, jnp.float32), graphdef=graphdef,
+                    tx=tx, model_cfg=model_cfg, dynamic_loss_scale=dynamic)
 
 
 def abstract_state(cfg: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig) -> TrainState:
@@ -68,14 +80,27 @@ def loss_fn(params, graphdef: nnx.GraphDef, tokens_BT1: jax.Array,
 def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
   """One micro-batch: gradients, then the optimizer (which applies an update every grad_accum)."""
   rng, dropout_key = jax.random.split(state.rng)
-  loss, grads = jax.value_and_grad(loss_fn)(state.params, state.graphdef, batch["tokens"],
-                                            dropout_key)
+  scale = state.loss_scale
+
+  def scaled_loss(params):
+    return loss_fn(params, state.graphdef, batch["tokens"], dropout_key) * scale
+
+  scaled, grads = jax.value_and_grad(scaled_loss)(state.params)
+  loss = scaled / scale
+  grads = jax.tree.map(lambda g: g / scale, grads)
+  grad_norm = optax.tree.norm(grads)
   updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   step = state.step + optim.is_update_step(opt_state).astype(jnp.int32)
-  metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
-             "skipped": optim.skipped_steps(opt_state)}
-  return state.replace(params=params, opt_state=opt_state, step=step, rng=rng), metrics
+  if state.dynamic_loss_scale:
+    # Halve on overflow (the optimizer drops that step), else creep up, doubling over ~1000
+    # good steps, so that small float16 gradients do not flush to zero.
+    scale = jnp.clip(jnp.where(jnp.isfinite(grad_norm), scale * LOSS_SCALE_GROWTH, scale / 2),
+                     1.0, 2.0**24)
+  metrics = {"loss": loss, "grad_norm": grad_norm, "skipped": optim.skipped_steps(opt_state),
+             "loss_scale": scale}
+  return state.replace(params=params, opt_state=opt_state, step=step, rng=rng,
+                       loss_scale=scale), metrics
 
 
 def eval_step(state: TrainState, batch: dict) -> dict:

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxtrain import checkpoint, config, data, logger, optim, runtime, sample, sharding, signals, steps
+from jaxtrain import (checkpoint, config, data, estimate, logger, optim, runtime, sample, sharding,
+                      signals, steps)
 from jaxtrain import model as model_lib
 from jaxtrain import tokenizer as tokenizer_lib
 from jaxtrain import workdir as workdir_lib
@@ -75,7 +76,7 @@ def _run(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool) -> 
   is_main = process == 0
   out = logger.Console(enabled=is_main and show_progress, headless=cfg.headless)
   devices = jax.devices()
-  config.validate_for_devices(cfg, len(devices), n_processes)
+  config.validate_for_devices(cfg, len(devices), n_processes, platform)
   mesh = sharding.make_mesh(cfg, devices)
   workdir = workdir_lib.check(cfg.workdir)
   runtime.barrier("jaxtrain: workdir checked")  # every process looked before any writes
@@ -99,6 +100,14 @@ def _run(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool) -> 
   out.print(f"model: {logger.fmt_count(model_lib.param_count(mc))} params, "
             f"{logger.fmt_count(model_lib.flops_per_token(mc))} train FLOPs/token, vocab "
             f"{mc.vocab_size}, {tokens_per_step} tokens/step ({B} x {T} x {k} micro-batches)")
+
+  impl, why = model_lib.resolve_attention(cfg.model.attention, mc.dtype, T, mc.n_heads,
+                                          mc.head_dim)
+  out.print(f"compute: {mc.dtype} (params and optimizer float32), attention {impl} ({why})")
+  line, warning = estimate.memory_report(cfg, mc, devices, mesh.shape["fsdp"])
+  out.print(line)
+  if warning:
+    out.print(f"WARNING: {warning}")
 
   abstract = steps.abstract_state(cfg, mc)
   shardings = sharding.state_shardings(abstract, mesh)
@@ -174,13 +183,18 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
       dropped_in_a_row = 0
       return loss
     what = f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {grad_norm}"
-    if not cfg.train.skip_nonfinite:
+    overflow = config.dynamic_loss_scaling(cfg) and math.isfinite(loss)  # loss scaling handles it
+    if not cfg.train.skip_nonfinite and not overflow:
       raise NonFiniteLoss(
           f"{what} at step {step}: stopped, and the last good checkpoint is kept. Likely causes: "
           "too high a learning rate (lower --config.optim.lr or raise optim.warmup_steps) or bad "
           "data; --config.train.skip_nonfinite=True drops such steps instead")
     dropped_in_a_row += 1
-    out.print(f"step {step}: {what}, update dropped ({int(host[-1]['skipped'])} dropped so far)")
+    if overflow:
+      out.print(f"step {step}: gradients overflowed; step dropped, loss scale now "
+                f"{float(host[-1]['loss_scale']):g}")
+    else:
+      out.print(f"step {step}: {what}, update dropped ({int(host[-1]['skipped'])} dropped so far)")
     if dropped_in_a_row >= MAX_DROPPED_IN_A_ROW:
       raise NonFiniteLoss(f"{dropped_in_a_row} steps in a row up to step {step} were non-finite "
                           "and dropped; stopped. Lower --config.optim.lr or check the data")
@@ -202,6 +216,8 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
 
   step = int(state.step)
   last_loss, last_val, tok_per_sec, stopped_by = None, None, None, None
+  flops_per_token = model_lib.flops_per_token(mc)
+  speed_reported = False
   if step >= max_steps:
     out.print(f"this run already reached step {step} (train.max_steps={max_steps}); raise "
               "--config.train.max_steps to train further")
@@ -239,12 +255,23 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
           t_mark, step_mark = now, step
           elapsed = elapsed_before + time.time() - t_run
           lr = float(schedule(step - 1))
+          mfu = None
+          if tok_per_sec:
+            peak, peak_source = estimate.peak_flops(jax.devices()[0], mc.dtype)
+            mfu = tok_per_sec * flops_per_token / (peak * len(jax.devices()))
+            if not speed_reported:
+              speed_reported = True
+              out.print(f"speed: {logger.fmt_count(tok_per_sec)} tokens/s, "
+                        f"{logger.fmt_count(tok_per_sec * flops_per_token)}FLOP/s = {mfu:.1%} "
+                        f"MFU (of {logger.fmt_count(peak)}FLOP/s per device, {peak_source}); "
+                        f"ETA for the remaining {max_steps - step} steps: "
+                        f"{logger.fmt_time((max_steps - step) * sec_per_step)}")
           out.progress(step, max_steps, last_loss, lr, tok_per_sec or 0.0, elapsed,
                        (max_steps - step) * sec_per_step)
           _saving(ckpts, ckpts.check, step)  # a background write that failed is reported now
           grad_norm = float(np.mean(jax.device_get([m["grad_norm"] for m in micro])))
           metrics_file.write(step=step, loss=last_loss, lr=lr, grad_norm=grad_norm,
-                             tokens_per_sec=tok_per_sec, elapsed_s=round(elapsed, 3))
+                             tokens_per_sec=tok_per_sec, mfu=mfu, elapsed_s=round(elapsed, 3))
         val = None
         if evaluate_now:
           val = last_val = evaluate(state)

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxtrain import steps
 from jaxtrain.testing import (assert_trees_close, assert_trees_equal, init, random_batch,
@@ -101,3 +102,49 @@ def test_nonfinite_step_is_dropped_when_skipping_is_on():
   assert int(s2.step) == 3 and int(m["skipped"]) == 1
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(s2.params))
   assert not np.array_equal(s2.params["norm_f"]["scale"], good.params["norm_f"]["scale"])
+
+
+def test_bfloat16_compute_learns_and_keeps_float32_master_weights():
+  cfg = tiny_config(**{"model.dtype": "bfloat16", "optim.lr": 1e-2, "optim.warmup_steps": 0})
+  state, batch = init(cfg), random_batch(cfg)
+  first = float(eval_step(state, batch)["loss"])
+  for _ in range(60):
+    state, m = train_step(state, batch)
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))
+  assert m["loss"].dtype == jnp.float32
+  assert float(eval_step(state, batch)["loss"]) < 0.7 * first
+
+
+def test_dynamic_loss_scale_halves_on_overflow_and_the_step_is_dropped():
+  # float16 is GPU-only; the same loss scaling runs here with bfloat16 compute.
+  cfg = tiny_config(**{"model.dtype": "bfloat16", "optim.loss_scaling": "dynamic",
+                       "train.grad_accum": 2, "train.batch_size": 4})
+  fresh = init(cfg)
+  assert float(fresh.loss_scale) == steps.INITIAL_LOSS_SCALE and fresh.dynamic_loss_scale
+  grown, m = train_step(fresh, random_batch(cfg))  # a good micro-step: the scale creeps up
+  np.testing.assert_allclose(float(grown.loss_scale),
+                             steps.INITIAL_LOSS_SCALE * steps.LOSS_SCALE_GROWTH, rtol=1e-6)
+  np.testing.assert_allclose(float(m["loss"]), float(eval_step(fresh, random_batch(cfg))["loss"]),
+                             rtol=2e-2)  # the reported loss is unscaled
+
+  state = fresh.replace(loss_scale=jnp.array(2.0**127, jnp.float32))  # loss * scale overflows
+  before = state.params
+  for i in range(2):  # one optimizer step of two micro-batches
+    state, m = train_step(state, random_batch(cfg, seed=i))
+  assert float(state.loss_scale) == 2.0**24  # halved, then clamped to the ceiling
+  assert int(m["skipped"]) == 1 and int(state.step) == 1
+  assert_trees_equal(state.params, before)
+  for i in range(4):  # at a scale that fits, learning resumes
+    state, m = train_step(state, random_batch(cfg, seed=10 + i))
+  assert np.isfinite(float(m["grad_norm"])) and int(m["skipped"]) == 1
+  assert not np.array_equal(state.params["norm_f"]["scale"], before["norm_f"]["scale"])
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))
+
+
+def test_float16_is_refused_on_cpu():
+  from jaxtrain import config
+  from jaxtrain.errors import ConfigError
+
+  with pytest.raises(ConfigError, match="model.dtype: float16 is not supported on CPU"):
+    config.validate_for_devices(tiny_config(**{"model.dtype": "float16"}), 1, 1, "cpu")
+  config.validate_for_devices(tiny_config(**{"model.dtype": "float16"}), 1, 1, "gpu")

@@ -1,0 +1,368 @@
+"""Shared pieces of the CPU benchmarks: shapes, machine facts, background load, matmul peak,
+worker processes and report files.
+
+Nothing here imports jax or torch at module level: a worker process imports only the framework
+it times, and the parent imports neither.
+"""
+
+import dataclasses
+import os
+import platform
+import re
+import statistics
+import subprocess
+import threading
+import time
+import traceback
+from importlib import metadata
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+  name: str
+  n_layers: int
+  n_heads: int
+  d_model: int
+  seq_len: int
+  batch_size: int
+  vocab_size: int
+
+  @property
+  def tokens_per_step(self) -> int:
+    return self.batch_size * self.seq_len
+
+  def describe(self) -> str:
+    return (f"{self.n_layers} layers x {self.d_model} wide, {self.n_heads} heads, T={self.seq_len}, "
+            f"B={self.batch_size}, vocab {self.vocab_size}")
+
+
+SHAPES = {
+    "tiny": Shape("tiny", n_layers=2, n_heads=2, d_model=32, seq_len=16, batch_size=4, vocab_size=65),
+    # nanoGPT's shakespeare_char CPU shape, and its GPU shape.
+    "small": Shape("small", n_layers=4, n_heads=4, d_model=128, seq_len=64, batch_size=12, vocab_size=65),
+    "large": Shape("large", n_layers=6, n_heads=6, d_model=384, seq_len=256, batch_size=64, vocab_size=65),
+}
+
+
+def gpt2_config(shape: Shape):
+  """The jaxtrain config of the GPT-2 layout at `shape`: LayerNorm, learned positions, GELU, tied."""
+  from jaxtrain.config import default_config
+
+  cfg = default_config()
+  for field in ("n_layers", "n_heads", "d_model", "seq_len", "vocab_size"):
+    cfg.model[field] = getattr(shape, field)
+  cfg.model.norm, cfg.model.pos, cfg.model.mlp = "layernorm", "learned", "gelu"
+  cfg.model.tie_embeddings, cfg.model.dropout, cfg.model.dtype = True, 0.0, "float32"
+  cfg.train.batch_size, cfg.train.grad_accum = shape.batch_size, 1
+  return cfg
+
+
+@dataclasses.dataclass(frozen=True)
+class Hyper:
+  """The optimizer settings both frameworks train with, read from one jaxtrain config."""
+  lr: float
+  min_lr_ratio: float
+  warmup_steps: int
+  decay_steps: int
+  max_steps: int
+  weight_decay: float
+  clip_norm: float
+  b1: float
+  b2: float
+  eps: float
+
+  @classmethod
+  def from_config(cls, cfg) -> "Hyper":
+    o = cfg.optim
+    return cls(lr=o.lr, min_lr_ratio=o.min_lr_ratio, warmup_steps=o.warmup_steps,
+               decay_steps=o.decay_steps, max_steps=cfg.train.max_steps,
+               weight_decay=o.weight_decay, clip_norm=o.clip_norm, b1=o.b1, b2=o.b2, eps=o.eps)
+
+
+def token_batches(shape: Shape, seed: int, n: int = 8) -> list[np.ndarray]:
+  """`n` batches of uniform random tokens, int32[B, T+1]; the same for every framework."""
+  rng = np.random.default_rng(seed)
+  return [rng.integers(0, shape.vocab_size, (shape.batch_size, shape.seq_len + 1)).astype(np.int32)
+          for _ in range(n)]
+
+
+# ---- statistics ----------------------------------------------------------------------------
+
+def summarize(times_s: list[float]) -> dict:
+  q = np.percentile(times_s, [10, 50, 90])
+  return {"n": len(times_s), "median_s": float(q[1]), "p10_s": float(q[0]), "p90_s": float(q[2]),
+          "min_s": min(times_s), "max_s": max(times_s)}
+
+
+# ---- machine -------------------------------------------------------------------------------
+
+def available_cores() -> int:
+  return len(os.sched_getaffinity(0))
+
+
+def pin_cores(threads: int) -> None:
+  """Restricts this process to its first `threads` cores (before the framework starts its pool).
+
+  XLA sizes its CPU thread pool from the affinity mask, so this is the one knob both frameworks
+  obey; torch also gets torch.set_num_threads.
+  """
+  cores = sorted(os.sched_getaffinity(0))
+  if threads < len(cores):
+    os.sched_setaffinity(0, cores[:threads])
+
+
+def _version(package: str) -> str | None:
+  try:
+    return metadata.version(package)
+  except metadata.PackageNotFoundError:
+    return None
+
+
+def machine_info() -> dict:
+  cpuinfo = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+  model = re.search(r"^model name\s*:\s*(.*)$", cpuinfo, re.M)
+  flags = set((re.search(r"^flags\s*:\s*(.*)$", cpuinfo, re.M) or ["", ""])[1].split())
+  lscpu_model = None
+  try:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    found = re.search(r"^Model name:\s*(.*)$", out, re.M)
+    lscpu_model = found.group(1).strip() if found else None
+  except (OSError, subprocess.SubprocessError):
+    pass
+  mem = re.search(r"^MemTotal:\s*(\d+) kB", open("/proc/meminfo").read(), re.M)
+  # A VM may name the CPU just "AMD EPYC"; family/model/stepping still tell the generation.
+  ids = {k: re.search(rf"^{k}\s*:\s*(\S+)", cpuinfo, re.M) for k in ("cpu family", "model", "stepping")}
+  return {
+      "cpu_model": model.group(1).strip() if model else platform.processor(),
+      "lscpu_model": lscpu_model,
+      "cpu_family_model_stepping": "/".join(m.group(1) if m else "?" for m in ids.values()),
+      "cpu_flags": {f: f in flags for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")},
+      "cpu_count": os.cpu_count(),
+      "cores_available": available_cores(),
+      "mem_gib": round(int(mem.group(1)) / 2**20, 1) if mem else None,
+      "python": platform.python_version(),
+      "platform": platform.platform(),
+      "versions": {p: _version(p) for p in ("jax", "jaxlib", "flax", "optax", "numpy", "torch")},
+      "env": {k: os.environ[k] for k in ("XLA_FLAGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                         "JAX_PLATFORMS") if k in os.environ},
+  }
+
+
+# ---- background load -----------------------------------------------------------------------
+
+def _process_ticks(pid: int) -> int:
+  """utime + stime of every thread of `pid` (0 once it is gone)."""
+  try:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+  except OSError:
+    return 0
+  return int(fields[11]) + int(fields[12])
+
+
+def cpu_snapshot(pids: list[int]) -> dict:
+  """CPU ticks since boot: machine-wide busy, steal and total, and each of `pids`' own."""
+  user, nice, system, idle, iowait, irq, softirq, steal = map(int, open("/proc/stat").readline().split()[1:9])
+  busy = user + nice + system + irq + softirq
+  return {"busy": busy, "steal": steal, "total": busy + idle + iowait + steal,
+          "own": {p: _process_ticks(p) for p in pids}}
+
+
+def cpu_share(before: dict, after: dict) -> dict | None:
+  """Percent of the whole machine (all cores) between two snapshots: busy, ours, others', steal.
+
+  The benchmark keeps the cores busy itself, so busy% alone says little; `other_pct` is what
+  every process but ours used. A process that started in between counts from zero.
+  """
+  dt = after["total"] - before["total"]
+  if dt <= 0:
+    return None
+  own = sum(max(t - before["own"].get(p, 0), 0) for p, t in after["own"].items() if t)
+  busy = 100 * (after["busy"] - before["busy"]) / dt
+  own_pct = min(100 * own / dt, busy)
+  return {"busy_pct": round(busy, 1), "own_pct": round(own_pct, 1),
+          "other_pct": round(busy - own_pct, 1),
+          "steal_pct": round(100 * (after["steal"] - before["steal"]) / dt, 1)}
+
+
+class LoadSampler:
+  """`cpu_share` of our `pids()` every `interval_s`, in a background thread, for the whole run.
+
+  `label` tags the samples that follow it.
+  """
+
+  def __init__(self, pids: Callable[[], list[int]], interval_s: float = 0.5):
+    self.pids, self.interval_s = pids, interval_s
+    self.label = "setup"
+    self.samples: list[dict] = []
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._loop, daemon=True)
+    self._t0 = time.time()
+
+  def __enter__(self) -> "LoadSampler":
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._stop.set()
+    self._thread.join()
+
+  def _loop(self) -> None:
+    before = cpu_snapshot(self.pids())
+    while not self._stop.wait(self.interval_s):
+      after = cpu_snapshot(self.pids())
+      share = cpu_share(before, after)
+      if share:
+        self.samples.append({"t_s": round(time.time() - self._t0, 2), "label": self.label, **share})
+      before = after
+
+  def summary(self) -> dict:
+    def stats(samples):
+      out = {"samples": len(samples)}
+      for key in ("busy_pct", "own_pct", "other_pct", "steal_pct"):
+        values = [s[key] for s in samples]
+        out[key] = {"mean": round(statistics.fmean(values), 1) if values else None,
+                    "max": max(values) if values else None}
+      return out
+
+    labels = sorted({s["label"] for s in self.samples})
+    return {"interval_s": self.interval_s, "all": stats(self.samples),
+            "by_label": {l: stats([s for s in self.samples if s["label"] == l]) for l in labels}}
+
+
+# ---- matmul peak ---------------------------------------------------------------------------
+
+def measure_matmul_peak(dtype: str = "float32", n: int = 2048, repeats: int = 10) -> dict:
+  """Median time of a jitted jnp.dot of two n x n matrices, and its FLOP rate (2*n^3 FLOPs)."""
+  import jax
+  import jax.numpy as jnp
+
+  ka, kb = jax.random.split(jax.random.PRNGKey(0))
+  a = jax.random.normal(ka, (n, n), jnp.float32).astype(dtype)
+  b = jax.random.normal(kb, (n, n), jnp.float32).astype(dtype)
+  dot = jax.jit(jnp.dot)
+  return _time_matmul(lambda: jax.block_until_ready(dot(a, b)), "jax", dtype, n, repeats)
+
+
+def torch_matmul_peak(dtype: str = "float32", n: int = 2048, repeats: int = 10) -> dict:
+  """The same measurement with torch.mm (which runs synchronously on the CPU)."""
+  import torch
+
+  gen = torch.Generator().manual_seed(0)
+  a = torch.randn(n, n, generator=gen).to(getattr(torch, dtype))
+  b = torch.randn(n, n, generator=gen).to(getattr(torch, dtype))
+  return _time_matmul(lambda: torch.mm(a, b), "torch", dtype, n, repeats)
+
+
+def _time_matmul(run: Callable[[], Any], framework: str, dtype: str, n: int, repeats: int) -> dict:
+  for _ in range(2):  # compile, first-touch of buffers, thread-pool start
+    run()
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    run()
+    times.append(time.perf_counter() - t0)
+  median = statistics.median(times)
+  return {"framework": framework, "dtype": dtype, "n": n, "repeats": repeats, "median_s": median,
+          "gflops": 2 * n**3 / median / 1e9, "times_s": times}
+
+
+# ---- worker processes ----------------------------------------------------------------------
+
+class WorkerError(RuntimeError):
+  pass
+
+
+def _serve(conn, factory: Callable, args: tuple) -> None:
+  try:
+    handler = factory(*args)
+    conn.send(("ok", None))
+  except BaseException:
+    conn.send(("error", traceback.format_exc()))
+    return
+  while True:
+    name, kwargs = conn.recv()
+    if name == "close":
+      return
+    try:
+      conn.send(("ok", getattr(handler, name)(**kwargs)))
+    except BaseException:
+      conn.send(("error", traceback.format_exc()))
+
+
+class Worker:
+  """`factory(*args)` built in its own spawned process; `call(name, **kw)` runs its method there.
+
+  One process per framework keeps their thread pools and allocators from meeting.
+  """
+
+  def __init__(self, label: str, factory: Callable, *args):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    self.label = label
+    self._conn, child = ctx.Pipe()
+    self._proc = ctx.Process(target=_serve, args=(child, factory, args), daemon=True, name=label)
+    self._proc.start()
+    child.close()
+    self._reply()
+
+  @property
+  def pid(self) -> int:
+    return self._proc.pid
+
+  def _reply(self):
+    while not self._conn.poll(0.5):
+      if not self._proc.is_alive():
+        raise WorkerError(f"the {self.label} worker died (exit code {self._proc.exitcode})")
+    status, value = self._conn.recv()
+    if status == "error":
+      raise WorkerError(f"the {self.label} worker failed:\n{value}")
+    return value
+
+  def call(self, name: str, **kwargs):
+    self._conn.send((name, kwargs))
+    return self._reply()
+
+  def close(self) -> None:
+    if self._proc.is_alive():
+      try:
+        self._conn.send(("close", {}))
+      except OSError:
+        pass
+      self._proc.join(timeout=30)
+    if self._proc.is_alive():
+      self._proc.terminate()
+      self._proc.join()
+
+
+# ---- report files --------------------------------------------------------------------------
+
+def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
+  lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+  lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def bar_chart(path: str, values: dict[str, dict[str, float]], ylabel: str, title: str) -> None:
+  """One panel per group (own y scale: shapes differ by orders of magnitude), one bar per series."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  groups = list(values)
+  fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups) + 1, 3.6), squeeze=False)
+  for ax, group in zip(axes[0], groups):
+    names, heights = list(values[group]), list(values[group].values())
+    bars = ax.bar(names, heights, color=[f"C{i}" for i in range(len(names))])
+    ax.bar_label(bars, labels=[f"{h:,.0f}" for h in heights], fontsize=8)
+    ax.set_title(group)
+    ax.margins(y=0.15)
+  axes[0][0].set_ylabel(ylabel)
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)

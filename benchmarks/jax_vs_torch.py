@@ -1,0 +1,368 @@
+"""CPU training speed, side by side: jaxtrain against a PyTorch reference of the same model.
+
+  python benchmarks/jax_vs_torch.py --shapes=small,large --rounds=3 --steps=10
+
+Each framework lives in its own worker process (own thread pool, pinned to the same cores). After
+warm-up they take turns, one block of `--steps` timed steps at a time, for `--rounds` rounds, so
+background load that comes and goes hits both alike. Both train on the same token batches from
+the same initial parameters (jaxtrain's, copied into torch), so their losses must agree. The f32
+matmul peak is measured in the same run and in the same workers; MFU is against the higher of the
+two. Writes jax_vs_torch.{json,md,png} to --out and prints the table.
+"""
+
+import argparse
+import dataclasses
+import datetime
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# jaxtrain from the checkout (installed or not), and this directory's modules however we start.
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
+
+import common  # noqa: E402  (after the path above)
+
+NAME = "jax_vs_torch"
+SEED = 0
+TORCH_HINT = ("PyTorch is not installed, so only the jaxtrain side runs. For a CPU build: "
+              "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu "
+              "(or pip install torch)")
+INIT_LOSS_TOLERANCE = 0.3  # ~ln(vocab): logits start near zero (std ~0.02*sqrt(d_model))
+SAME_PARAMS_LOSS_TOLERANCE = 1e-4
+
+
+class JaxSide:
+  """jaxtrain's own init_state and train_step, jitted with the state donated (on one device this
+  is what jaxtrain.sharding.jit_steps compiles for a run)."""
+
+  def __init__(self, threads: int):
+    common.pin_cores(threads)
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    from jaxtrain import runtime
+
+    runtime.enable_compile_cache()
+
+  def peak(self, n: int, repeats: int) -> dict:
+    return common.measure_matmul_peak("float32", n, repeats)
+
+  def setup(self, shape: common.Shape) -> dict:
+    import jax
+    from jaxtrain import model as model_lib
+    from jaxtrain import steps
+
+    cfg = common.gpt2_config(shape)
+    model_cfg = model_lib.ModelConfig.from_config(cfg.model, shape.vocab_size)
+    self.state = steps.init_state(cfg, model_cfg)
+    self.step_fn = jax.jit(steps.train_step, donate_argnums=0)
+    self.batches = [{"tokens": jax.device_put(b)} for b in common.token_batches(shape, SEED)]
+    self.i = 0
+    init_loss = float(jax.jit(steps.eval_step)(self.state, self.batches[0])["loss"])
+    return {"param_count": model_lib.param_count(model_cfg),
+            "flops_per_token": model_lib.flops_per_token(model_cfg), "init_loss": init_loss,
+            "params": jax.device_get(self.state.params)}
+
+  def run(self, n: int) -> dict:
+    import jax
+
+    times = []
+    for _ in range(n):
+      batch = self.batches[self.i % len(self.batches)]
+      self.i += 1
+      t0 = time.perf_counter()
+      self.state, metrics = self.step_fn(self.state, batch)
+      jax.block_until_ready((self.state, metrics))
+      times.append(time.perf_counter() - t0)
+    return {"times_s": times, "loss": float(metrics["loss"])}
+
+
+class TorchSide:
+  """benchmarks/torch_reference.py in eager mode, torch.set_num_threads(threads)."""
+
+  def __init__(self, threads: int):
+    common.pin_cores(threads)
+    import torch
+
+    torch.set_num_threads(threads)
+
+  def peak(self, n: int, repeats: int) -> dict:
+    return common.torch_matmul_peak("float32", n, repeats)
+
+  def setup(self, shape: common.Shape, hyper: common.Hyper, jax_params: dict) -> dict:
+    import torch
+    import torch_reference as ref
+
+    torch.manual_seed(SEED)
+    self.model = ref.GPT(shape)
+    self.hyper = hyper
+    self.batches = [torch.from_numpy(b).long() for b in common.token_batches(shape, SEED)]
+    self.i = 0
+    with torch.no_grad():
+      own_init_loss = ref.loss_fn(self.model, self.batches[0]).item()
+      ref.load_jaxtrain_params(self.model, jax_params)
+      init_loss = ref.loss_fn(self.model, self.batches[0]).item()
+    self.opt = ref.make_optimizer(self.model, hyper)
+    return {"param_count": ref.param_count(self.model), "own_init_loss": own_init_loss,
+            "init_loss": init_loss, "num_threads": torch.get_num_threads()}
+
+  def run(self, n: int) -> dict:
+    import torch_reference as ref
+
+    times = []
+    for _ in range(n):
+      batch = self.batches[self.i % len(self.batches)]
+      t0 = time.perf_counter()
+      loss = ref.train_step(self.model, self.opt, batch, self.i, self.hyper)
+      times.append(time.perf_counter() - t0)
+      self.i += 1
+    return {"times_s": times, "loss": loss.item()}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--shapes", default="small,large",
+                 help=f"comma list of {', '.join(common.SHAPES)} (default: small,large)")
+  p.add_argument("--steps", type=int, default=10, help="timed steps per framework per round")
+  p.add_argument("--warmup", type=int, default=2, help="untimed steps first (jax compiles here)")
+  p.add_argument("--rounds", type=int, default=3, help="alternations of jax and torch blocks")
+  p.add_argument("--threads", type=int, default=common.available_cores(),
+                 help="cores (and threads) each framework gets (default: all available)")
+  p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="output directory")
+  p.add_argument("--no-torch", action="store_true", help="time the jaxtrain side only")
+  p.add_argument("--peak-size", type=int, default=2048, help="n of the n x n f32 matmul peak")
+  p.add_argument("--peak-repeats", type=int, default=10)
+  args = p.parse_args(argv)
+  args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+  unknown = [s for s in args.shapes if s not in common.SHAPES]
+  if unknown or not args.shapes:
+    p.error(f"--shapes: unknown {unknown}; choose from {', '.join(common.SHAPES)}")
+  for name in ("steps", "rounds", "threads", "peak_size", "peak_repeats"):
+    if getattr(args, name) < 1:
+      p.error(f"--{name.replace('_', '-')} must be >= 1")
+  if args.warmup < 0:
+    p.error("--warmup must be >= 0")
+  if args.warmup == 0:
+    print("note: --warmup=0: jax's first timed step includes compiling", file=sys.stderr)
+  return args
+
+
+def log(msg: str) -> None:
+  print(msg, flush=True)
+
+
+def _pct(cpu: dict | None) -> str:
+  return "n/a (too short to see)" if cpu is None else f"{cpu['other_pct']:.0f}%"
+
+
+def check(ok: bool, msg: str) -> None:
+  if not ok:
+    raise SystemExit(f"error: {msg}")
+
+
+def _other_pct(rounds: list[dict]) -> float | None:
+  """Others' share of the machine during these timed blocks, weighted by block length."""
+  timed = [(r["cpu"]["other_pct"], r["total_s"]) for r in rounds if r["cpu"]]
+  total = sum(t for _, t in timed)
+  return round(sum(p * t for p, t in timed) / total, 1) if total else None
+
+
+def bench_shape(shape: common.Shape, workers: dict, args, sampler: common.LoadSampler) -> dict:
+  log(f"\n== {shape.name}: {shape.describe()}")
+  sampler.label = f"{shape.name}/setup"
+  hyper = common.Hyper.from_config(common.gpt2_config(shape))
+  jx = workers["jax"].call("setup", shape=shape)
+  ln_v = math.log(shape.vocab_size)
+  log(f"  jax:   {jx['param_count']:,} params, {jx['flops_per_token'] / 1e6:.2f} MFLOP/token, "
+      f"initial loss {jx['init_loss']:.4f} (ln {shape.vocab_size} = {ln_v:.4f})")
+  check(abs(jx["init_loss"] - ln_v) < INIT_LOSS_TOLERANCE, f"jax initial loss {jx['init_loss']}")
+  infos = {"jax": {k: v for k, v in jx.items() if k != "params"}}
+  if "torch" in workers:
+    th = workers["torch"].call("setup", shape=shape, hyper=hyper, jax_params=jx["params"])
+    infos["torch"] = th
+    log(f"  torch: {th['param_count']:,} params, initial loss {th['own_init_loss']:.4f} with its own "
+        f"init, {th['init_loss']:.4f} with jaxtrain's params "
+        f"(|diff| {abs(th['init_loss'] - jx['init_loss']):.1e}), {th['num_threads']} threads")
+    check(th["param_count"] == jx["param_count"],
+          f"parameter counts differ: jax {jx['param_count']}, torch {th['param_count']}")
+    check(abs(th["own_init_loss"] - ln_v) < INIT_LOSS_TOLERANCE,
+          f"torch initial loss {th['own_init_loss']}")
+    check(abs(th["init_loss"] - jx["init_loss"]) < SAME_PARAMS_LOSS_TOLERANCE,
+          f"same params, different loss: jax {jx['init_loss']}, torch {th['init_loss']}")
+
+  times = {fw: [] for fw in workers}
+  rounds = {fw: [] for fw in workers}
+  if args.warmup:
+    for fw, w in workers.items():
+      sampler.label = f"{shape.name}/warmup"
+      t0 = time.perf_counter()
+      w.call("run", n=args.warmup)
+      infos[fw]["warmup_s"] = time.perf_counter() - t0
+      log(f"  warm-up {fw:5s} {args.warmup} steps: {infos[fw]['warmup_s']:.1f} s"
+          + (" (includes compiling)" if fw == "jax" else ""))
+  for r in range(args.rounds):
+    order = list(workers) if r % 2 == 0 else list(workers)[::-1]  # neither always goes first
+    for fw in order:
+      sampler.label = f"{shape.name}/{fw}"
+      before = common.cpu_snapshot(sampler.pids())
+      res = workers[fw].call("run", n=args.steps)
+      cpu = common.cpu_share(before, common.cpu_snapshot(sampler.pids()))
+      times[fw] += res["times_s"]
+      median = common.summarize(res["times_s"])["median_s"]
+      rounds[fw].append({"median_s": median, "total_s": sum(res["times_s"]), "loss": res["loss"],
+                         "cpu": cpu})
+      log(f"  round {r + 1}/{args.rounds} {fw:5s} {args.steps} steps: median "
+          f"{median * 1e3:8.1f} ms/step, last loss {res['loss']:.4f}, other processes "
+          f"{_pct(cpu)} of the machine")
+    sampler.label = f"{shape.name}/between"
+
+  out = {"shape": dataclasses.asdict(shape), "hyper": dataclasses.asdict(hyper),
+         "param_count": jx["param_count"], "flops_per_token": jx["flops_per_token"],
+         "tokens_per_step": shape.tokens_per_step, "frameworks": {}}
+  for fw in workers:
+    stats = common.summarize(times[fw])
+    out["frameworks"][fw] = dict(infos[fw], step_times_s=times[fw], rounds=rounds[fw],
+                                 stats=stats, other_pct=_other_pct(rounds[fw]),
+                                 tokens_per_s=shape.tokens_per_step / stats["median_s"])
+  return out
+
+
+def add_mfu(results: list[dict], peak_gflops: float) -> None:
+  for res in results:
+    fws = res["frameworks"]
+    for fw in fws.values():
+      fw["mfu"] = res["flops_per_token"] * fw["tokens_per_s"] / (peak_gflops * 1e9)
+    if "torch" in fws:
+      res["jax_over_torch_speed"] = fws["jax"]["tokens_per_s"] / fws["torch"]["tokens_per_s"]
+
+
+def table(results: list[dict]) -> str:
+  rows = []
+  for res in results:
+    for name, fw in res["frameworks"].items():
+      medians = [r["median_s"] * 1e3 for r in fw["rounds"]]
+      ratio = res.get("jax_over_torch_speed")
+      rows.append([res["shape"]["name"], name, f"{fw['stats']['median_s'] * 1e3:.1f}",
+                   f"{min(medians):.1f}-{max(medians):.1f}", f"{fw['tokens_per_s']:,.0f}",
+                   f"{100 * fw['mfu']:.1f}",
+                   "-" if ratio is None else (f"{ratio:.2f}" if name == "jax" else "1 (ref)"),
+                   "?" if fw["other_pct"] is None else f"{fw['other_pct']:.0f}"])
+  return common.markdown_table(["shape", "framework", "median step ms", "round medians ms",
+                                "tokens/s", "MFU %", "jax/torch speed", "others' CPU %"], rows)
+
+
+def load_line(load: dict) -> str:
+  a = load["sampler"]["all"]
+  return (f"loadavg {load['loadavg_before'][0]:.2f} just before the run, "
+          f"{load['loadavg_after'][0]:.2f} after; sampled every {load['sampler']['interval_s']} s "
+          f"over the run: machine busy {a['busy_pct']['mean']}%, ours {a['own_pct']['mean']}%, "
+          f"other processes {a['other_pct']['mean']}% (max {a['other_pct']['max']}%), "
+          f"steal {a['steal_pct']['mean']}%")
+
+
+def markdown(report: dict) -> str:
+  m, peak = report["machine"], report["matmul_peak"]
+  peaks = ", ".join(f"{fw} {p['gflops']:.1f}" for fw, p in peak["by_framework"].items())
+  lines = [
+      f"# jaxtrain vs PyTorch, CPU training step ({report['timestamp']})", "",
+      f"- machine: {m['cpu_model']} (lscpu: {m['lscpu_model']}; family/model/stepping "
+      f"{m['cpu_family_model_stepping']}), {m['cores_available']} cores "
+      f"available, avx2={m['cpu_flags']['avx2']}, avx512f={m['cpu_flags']['avx512f']}, "
+      f"{m['mem_gib']} GiB; python {m['python']}, "
+      + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
+      f"- threads per framework: {report['args']['threads']}; warm-up {report['args']['warmup']}, "
+      f"{report['args']['rounds']} rounds x {report['args']['steps']} steps each, alternating",
+      f"- f32 matmul peak ({peak['n']}^3, GFLOP/s, best of the runs before and after): {peaks}; "
+      f"MFU uses {peak['gflops']:.1f}",
+      f"- load: {load_line(report['load'])}", "",
+      table(report["results"]), "",
+      "jax/torch speed: jaxtrain tokens/s over PyTorch tokens/s (above 1: jaxtrain is faster). "
+      "MFU: flops_per_token (6N + 12*L*T*D) x tokens/s over the matmul peak. others' CPU: share "
+      "of the whole machine that other processes used during that row's timed blocks (with 2 "
+      "cores, 50 = one core busy elsewhere); a row with a high value is not a clean measurement.",
+      "",
+  ]
+  for res in report["results"]:
+    losses = ", ".join(f"{fw} {v['rounds'][-1]['loss']:.4f}" for fw, v in res["frameworks"].items())
+    lines.append(f"- {res['shape']['name']}: {res['param_count']:,} params, "
+                 f"{res['flops_per_token'] / 1e6:.2f} MFLOP/token; last loss: {losses}")
+  if report.get("torch_skipped"):
+    lines += ["", f"Note: {report['torch_skipped']}"]
+  return "\n".join(lines) + "\n"
+
+
+def measure_peaks(workers: dict, peaks: dict, args, sampler: common.LoadSampler,
+                  when: str) -> None:
+  sampler.label = "peak"
+  for fw, w in workers.items():
+    before = common.cpu_snapshot(sampler.pids())
+    run = w.call("peak", n=args.peak_size, repeats=args.peak_repeats)
+    run.update(when=when, cpu=common.cpu_share(before, common.cpu_snapshot(sampler.pids())))
+    peaks[fw].append(run)
+    log(f"f32 matmul {args.peak_size}^3 with {fw} ({when}): {run['gflops']:.1f} GFLOP/s (median "
+        f"of {args.peak_repeats}), other processes {_pct(run['cpu'])} of the machine")
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = parse_args(argv)
+  loadavg_before = os.getloadavg()  # before we start anything: the machine as we found it
+  use_torch = not args.no_torch
+  torch_skipped = None
+  if use_torch and importlib.util.find_spec("torch") is None:
+    torch_skipped, use_torch = TORCH_HINT, False
+    log(TORCH_HINT)
+  out_dir = Path(args.out)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  machine = common.machine_info()
+  log(f"{machine['cpu_model']}, {machine['cores_available']} cores, {args.threads} threads per "
+      f"framework; loadavg {loadavg_before[0]:.2f} {loadavg_before[1]:.2f} {loadavg_before[2]:.2f}")
+
+  workers: dict[str, common.Worker] = {}
+  sampler = common.LoadSampler(lambda: [os.getpid()] + [w.pid for w in list(workers.values())])
+  try:
+    with sampler:
+      log("starting workers" + (" (jax, torch)" if use_torch else " (jax)"))
+      workers["jax"] = common.Worker("jax", JaxSide, args.threads)
+      if use_torch:
+        workers["torch"] = common.Worker("torch", TorchSide, args.threads)
+      peaks = {fw: [] for fw in workers}
+      measure_peaks(workers, peaks, args, sampler, "before")
+      results = [bench_shape(common.SHAPES[s], workers, args, sampler) for s in args.shapes]
+      measure_peaks(workers, peaks, args, sampler, "after")
+      sampler.label = "done"
+  finally:
+    for w in workers.values():
+      w.close()
+  loadavg_after = os.getloadavg()
+
+  # Background load only ever slows a matmul down: the best measurement is the closest to peak.
+  best = {fw: max(runs, key=lambda r: r["gflops"]) for fw, runs in peaks.items()}
+  peak_fw = max(best, key=lambda fw: best[fw]["gflops"])
+  add_mfu(results, best[peak_fw]["gflops"])
+  report = {
+      "benchmark": NAME, "timestamp": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+      "args": vars(args), "machine": machine, "torch_skipped": torch_skipped,
+      "matmul_peak": {"dtype": "float32", "n": args.peak_size, "gflops": best[peak_fw]["gflops"],
+                      "from": peak_fw, "by_framework": best, "all": peaks},
+      "load": {"loadavg_before": loadavg_before, "loadavg_after": loadavg_after,
+               "sampler": sampler.summary(), "samples": sampler.samples},
+      "results": results,
+  }
+  (out_dir / f"{NAME}.json").write_text(json.dumps(report, indent=1) + "\n")
+  md = markdown(report)
+  (out_dir / f"{NAME}.md").write_text(md)
+  common.bar_chart(str(out_dir / f"{NAME}.png"),
+                   {r["shape"]["name"]: {fw: v["tokens_per_s"] for fw, v in r["frameworks"].items()}
+                    for r in results},
+                   ylabel="tokens/s (median step)",
+                   title=f"training tokens/s, {machine['cores_available']}-core CPU, f32")
+  log("\n" + md)
+  log(f"wrote {out_dir / NAME}.json, .md and .png")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,166 @@
+"""What a run will cost before it starts: memory against what the machine has, and FLOP peaks.
+
+The memory estimate counts, in bytes: float32 params, gradients and AdamW's two moments (plus
+the accumulation buffer with grad_accum > 1), and what one micro-batch keeps for the backward
+pass: per layer and token 16*D + 4*F values (norms, q/k/v, attention output, residuals, MLP) plus
+3*H*T for dense attention (scores, probabilities and their gradient; none with cuDNN's flash
+attention), and 2*V float32 values for the logits and their gradient. The coefficients were fit
+to XLA's own buffer plan (`compiled.memory_analysis()`) of this train step on CPU; a check in the
+tests keeps the estimate within 30% of that plan.
+"""
+
+import dataclasses
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from jaxtrain import model as model_lib
+from jaxtrain.config import default_cache_dir
+
+# Dense (no sparsity) tensor-core peaks in TFLOP/s from the vendors' datasheets; "float32" is
+# TF32 on Ampere and later, which is what XLA uses for float32 matmuls at default precision.
+GPU_PEAK_TFLOPS = {
+    "H200": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
+    "H100 SXM": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
+    "H100 PCIe": {"bfloat16": 756.0, "float16": 756.0, "float32": 378.0},
+    "H100": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
+    "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 156.0},
+    "L40S": {"bfloat16": 362.1, "float16": 362.1, "float32": 183.0},
+    "A10": {"bfloat16": 125.0, "float16": 125.0, "float32": 62.5},
+    "L4": {"bfloat16": 121.0, "float16": 121.0, "float32": 60.0},
+    "RTX 4090": {"bfloat16": 165.2, "float16": 165.2, "float32": 82.6},
+    "RTX 3090": {"bfloat16": 71.0, "float16": 71.0, "float32": 35.6},
+    "V100": {"bfloat16": 0.0, "float16": 125.0, "float32": 15.7},
+    "T4": {"bfloat16": 0.0, "float16": 65.0, "float32": 8.1},
+}
+
+
+def published_peak(device_kind: str, dtype: str) -> float | None:
+  """FLOP/s for a GPU whose name contains a known model (longest name wins), else None."""
+  for name in sorted(GPU_PEAK_TFLOPS, key=len, reverse=True):
+    if name.replace(" ", "").lower() in device_kind.replace(" ", "").lower():
+      peak = GPU_PEAK_TFLOPS[name].get(dtype, 0.0)
+      return peak * 1e12 if peak else None
+  return None
+
+
+@dataclasses.dataclass
+class Memory:
+  params: int
+  grads: int
+  optimizer: int
+  accumulation: int
+  activations: int
+  logits: int
+
+  @property
+  def total(self) -> int:
+    return (self.params + self.grads + self.optimizer + self.accumulation + self.activations
+            + self.logits)
+
+
+def memory_estimate(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int,
+                    n_devices: int = 1, fsdp: int = 1) -> Memory:
+  """Bytes per device for one train step (see the module docstring for what is counted)."""
+  n = model_lib.param_count(mc)
+  act_bytes = jnp.dtype(mc.dtype).itemsize
+  B = max(batch_size // n_devices, 1)  # rows on each device
+  T, D, H, L, V, F = mc.seq_len, mc.d_model, mc.n_heads, mc.n_layers, mc.vocab_size, mc.mlp_hidden
+  scores = 0 if mc.attention == "cudnn" else 3 * H * T  # flash attention keeps no T x T scores
+  per_token_layer = 16 * D + 4 * F + scores
+  state = lambda count: count * 4 // fsdp  # float32, split over the fsdp axis
+  return Memory(
+      params=state(n), grads=state(n), optimizer=state(2 * n),
+      accumulation=state(n) if grad_accum > 1 else 0,
+      activations=B * T * L * per_token_layer * act_bytes,
+      logits=B * T * 2 * V * 4,
+  )
+
+
+def available_memory(device: jax.Device) -> tuple[int | None, str]:
+  """(bytes, what) the device can hold: the accelerator's memory, or the host's free RAM."""
+  if device.platform != "cpu":
+    stats = device.memory_stats() or {}
+    if "bytes_limit" in stats:
+      return stats["bytes_limit"], f"{device.device_kind} memory"
+  try:
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "available RAM"
+  except (ValueError, OSError):
+    return None, "RAM"
+
+
+def fmt_bytes(n: float) -> str:
+  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if n >= scale:
+      return f"{n / scale:.2f} {unit}"
+  return f"{n:.0f} B"
+
+
+def memory_report(cfg: ml_collections.ConfigDict, mc: model_lib.ModelConfig,
+                  devices: list, fsdp: int) -> tuple[str, str | None]:
+  """(one line of the estimate, a warning naming the knobs if it will not fit, else None)."""
+  m = memory_estimate(mc, cfg.train.batch_size, cfg.train.grad_accum, len(devices), fsdp)
+  have, what = available_memory(devices[0])
+  line = (f"memory per device: ~{fmt_bytes(m.total)} = params {fmt_bytes(m.params)} + grads "
+          f"{fmt_bytes(m.grads)} + AdamW {fmt_bytes(m.optimizer)}"
+          + (f" + accumulation {fmt_bytes(m.accumulation)}" if m.accumulation else "")
+          + f" + activations {fmt_bytes(m.activations)} + logits {fmt_bytes(m.logits)}"
+          + (f"; {fmt_bytes(have)} {what}" if have else ""))
+  warning = None
+  if have and m.total > have:
+    knobs = ["lower train.batch_size (raise train.grad_accum to keep the tokens per step)",
+             "lower model.seq_len"]
+    if mc.dtype == "float32":
+      knobs.append("use model.dtype=bfloat16 for smaller activations")
+    if len(devices) > 1:
+      knobs.append("split the state over devices with mesh.fsdp")
+    warning = (f"this run needs ~{fmt_bytes(m.total)} per device but {fmt_bytes(have)} {what} "
+               f"is free: it will probably run out of memory. To fit: {'; '.join(knobs)}")
+  return line, warning
+
+
+def measured_matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5) -> float:
+  """This device's matmul FLOP/s (median of `repeats` n^3 products), cached per machine."""
+  device = jax.devices()[0]
+  n = n or (2048 if device.platform == "cpu" else 8192)
+  key = f"{device.platform}-{device.device_kind}-{os.cpu_count()}-{dtype}-{n}".replace(" ", "_")
+  path = os.path.join(default_cache_dir(), "peaks.json")
+  try:
+    with open(path) as f:
+      cached = json.load(f)
+  except (OSError, ValueError):
+    cached = {}
+  if key in cached:
+    return cached[key]
+  a = jnp.ones((n, n), jnp.dtype(dtype))
+  matmul = jax.jit(lambda x: x @ x)
+  matmul(a).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    matmul(a).block_until_ready()
+    times.append(time.perf_counter() - t)
+  peak = 2 * n**3 / sorted(times)[len(times) // 2]
+  cached[key] = peak
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+      json.dump(cached, f)
+    os.replace(tmp, path)
+  except OSError:
+    pass  # a read-only cache only costs a re-measurement next time
+  return peak
+
+
+def peak_flops(device: jax.Device, dtype: str) -> tuple[float, str]:
+  """(FLOP/s, source) for MFU: the datasheet peak of a known GPU, else a measured matmul peak."""
+  if device.platform == "gpu":
+    published = published_peak(device.device_kind, dtype)
+    if published:
+      return published, f"{device.device_kind} datasheet {dtype}"
+  return measured_matmul_peak(dtype), f"measured {dtype} matmul on this {device.platform}"

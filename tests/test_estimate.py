@@ -1,0 +1,66 @@
+"""The memory estimate and peak tables: hand-computed values, and a check against XLA's plan."""
+
+import jax
+import pytest
+
+from jaxtrain import estimate, steps
+from jaxtrain import model as model_lib
+from jaxtrain.testing import model_config, tiny_config
+
+
+def test_memory_estimate_by_hand():
+  c = model_lib.ModelConfig(vocab_size=64, n_layers=2, n_heads=2, d_model=16, seq_len=12,
+                            mlp="gelu", pos="learned", tie_embeddings=False)
+  n = model_lib.param_count(c)
+  m = estimate.memory_estimate(c, batch_size=4, grad_accum=2, n_devices=2)
+  assert (m.params, m.grads, m.optimizer, m.accumulation) == (4 * n, 4 * n, 8 * n, 4 * n)
+  B, T, L, D, F, H, V = 2, 12, 2, 16, 64, 2, 64  # two rows on each of the two devices
+  assert m.activations == B * T * L * (16 * D + 4 * F + 3 * H * T) * 4
+  assert m.logits == B * T * 2 * V * 4
+  assert m.total == 20 * n + m.activations + m.logits
+  half = estimate.memory_estimate(c, batch_size=4, grad_accum=1, n_devices=2, fsdp=2)
+  assert half.params == 2 * n and half.accumulation == 0
+  bf16 = estimate.memory_estimate(model_lib.ModelConfig(**{**c.__dict__, "dtype": "bfloat16"}), 4, 1, 2)
+  assert bf16.activations == m.activations // 2 and bf16.logits == m.logits
+
+
+@pytest.mark.parametrize("overrides", [{}, {"model.d_model": 64, "model.seq_len": 64},
+                                       {"model.mlp": "gelu", "model.pos": "learned"}])
+def test_estimate_is_close_to_xlas_buffer_plan(overrides):
+  cfg = tiny_config(**overrides)
+  mc = model_config(cfg)
+  state = jax.eval_shape(lambda: steps.init_state(cfg, mc))
+  batch = {"tokens": jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.model.seq_len + 1), "int32")}
+  plan = jax.jit(steps.train_step, donate_argnums=0).lower(state, batch).compile().memory_analysis()
+  xla = plan.temp_size_in_bytes + plan.argument_size_in_bytes
+  ours = estimate.memory_estimate(mc, cfg.train.batch_size, cfg.train.grad_accum).total
+  assert 0.7 < ours / xla < 1.3, (ours, xla)
+
+
+def test_report_warns_with_the_knobs_when_it_will_not_fit():
+  cfg = tiny_config(**{"model.d_model": 4096, "model.n_heads": 32, "model.n_layers": 48,
+                       "model.seq_len": 4096, "train.batch_size": 64})
+  mc = model_config(cfg)
+  line, warning = estimate.memory_report(cfg, mc, jax.devices(), fsdp=1)
+  assert line.startswith("memory per device: ~") and "params" in line and "activations" in line
+  assert warning and "train.batch_size" in warning and "model.seq_len" in warning
+  assert "model.dtype=bfloat16" in warning
+  _, fine = estimate.memory_report(tiny_config(), model_config(tiny_config()), jax.devices(), 1)
+  assert fine is None
+
+
+def test_published_peaks():
+  assert estimate.published_peak("NVIDIA H100 80GB HBM3", "bfloat16") == 989.4e12
+  assert estimate.published_peak("NVIDIA H100 PCIe", "bfloat16") == 756e12
+  assert estimate.published_peak("NVIDIA A100-SXM4-40GB", "float32") == 156e12
+  assert estimate.published_peak("NVIDIA GeForce RTX 4090", "bfloat16") == 165.2e12
+  assert estimate.published_peak("cpu", "float32") is None
+  assert estimate.published_peak("Tesla T4", "bfloat16") is None  # no bf16 tensor cores
+
+
+def test_attention_choice():
+  assert model_lib.resolve_attention("auto", "bfloat16", 64, 4, 32)[0] == "xla"  # on CPU
+  from jaxtrain.errors import ConfigError
+
+  with pytest.raises(ConfigError, match="model.attention: cudnn needs an NVIDIA GPU"):
+    model_lib.resolve_attention("cudnn", "bfloat16", 64, 4, 32)
