@@ -88,6 +88,29 @@ def default_config() -> ml_collections.ConfigDict:
   return cfg
 
 
+def override(cfg: ml_collections.ConfigDict, **dotted) -> ml_collections.ConfigDict:
+  """Sets fields by dotted name, in place: `override(cfg, **{"train.max_steps": 100})`."""
+  for key, value in dotted.items():
+    node = cfg
+    *path, leaf = key.split(".")
+    for part in path:
+      node = node[part]
+    node[leaf] = value
+  return cfg
+
+
+def load_config(path: str, **dotted) -> ml_collections.ConfigDict:
+  """The ConfigDict of a config file (e.g. "configs/nano.py"), with dotted overrides applied."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(f"jaxtrain_config_{abs(hash(path))}", path)
+  if spec is None or not os.path.isfile(path):
+    raise FileNotFoundError(f"no config file at {path}")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return override(module.get_config(), **dotted)
+
+
 def _check(ok: bool, field: str, problem: str, fix: str) -> None:
   if not ok:
     from jaxtrain.errors import ConfigError

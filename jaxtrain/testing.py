@@ -6,7 +6,7 @@ import numpy as np
 
 from jaxtrain import model as model_lib
 from jaxtrain import steps
-from jaxtrain.config import default_config
+from jaxtrain.config import default_config, override
 
 
 def tiny_config(**overrides) -> ml_collections.ConfigDict:
@@ -30,13 +30,7 @@ def tiny_config(**overrides) -> ml_collections.ConfigDict:
   cfg.optim.lr = 3e-3
   cfg.sample.num_samples = 1
   cfg.sample.max_new_tokens = 16
-  for key, value in overrides.items():
-    node = cfg
-    *path, leaf = key.split(".")
-    for part in path:
-      node = node[part]
-    node[leaf] = value
-  return cfg
+  return override(cfg, **overrides)
 
 
 def model_config(cfg: ml_collections.ConfigDict, vocab_size: int = 256) -> model_lib.ModelConfig:
