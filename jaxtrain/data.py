@@ -35,17 +35,25 @@ def stdlib_dir() -> Path:
 def resolve_files(path: str) -> list[Path]:
   """The files behind `data.path`: one file, every non-hidden file under a directory, or a glob."""
   if not path:
-    root = stdlib_dir()
-    return sorted(f for f in root.rglob("*.py")
-                  if "site-packages" not in f.parts and "dist-packages" not in f.parts)
+    return _walk(stdlib_dir(), suffix=".py", skip=("site-packages", "dist-packages"))
   p = Path(path).expanduser()
   if p.is_file():
     return [p]
   if p.is_dir():
-    return sorted(f for f in p.rglob("*") if f.is_file()
-                  and not any(part.startswith(".") for part in f.relative_to(p).parts))
+    return _walk(p)
   return sorted(Path(f) for f in glob.glob(os.path.expanduser(path), recursive=True)
                 if os.path.isfile(f))
+
+
+def _walk(root: Path, suffix: str = "", skip: tuple[str, ...] = ()) -> list[Path]:
+  """Non-hidden files under `root`, sorted (os.walk: several times faster than Path.rglob)."""
+  root = root.absolute()
+  found = []
+  for folder, dirs, files in os.walk(root):
+    dirs[:] = [d for d in dirs if not d.startswith(".") and d not in skip]
+    found.extend(os.path.join(folder, f) for f in files
+                 if f.endswith(suffix) and not f.startswith("."))
+  return [Path(f) for f in sorted(found)]
 
 
 def describe(path: str) -> str:
@@ -112,8 +120,8 @@ def _ordered(files: list[Path]) -> list[Path]:
 def _cache_key(files: list[Path], tok_name: str) -> str:
   h = hashlib.sha256(json.dumps({"v": _CACHE_VERSION, "tokenizer": tok_name}).encode())
   for f in files:
-    st = f.stat()
-    h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    st = os.stat(f)
+    h.update(f"{os.path.abspath(f)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
   return h.hexdigest()[:24]
 
 

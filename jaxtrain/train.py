@@ -163,7 +163,7 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
   train_fn, eval_fn = sharding.jit_steps(state, mesh)
   eval_set = [sharding.global_batch(b, mesh) for b in data.eval_batches(corpus, cfg, process,
                                                                         n_processes)]
-  schedule = optim.lr_schedule(cfg.optim, cfg.train.max_steps)
+  schedule = jax.jit(optim.lr_schedule(cfg.optim, cfg.train.max_steps))  # one compile, not ten
   max_steps = cfg.train.max_steps
   checkpoint_bytes = sum(x.nbytes for x in jax.tree.leaves(state.arrays()))
 
