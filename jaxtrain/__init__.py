@@ -30,7 +30,9 @@ _EXPORTS = {
     "split_batch": "jaxtrain.testing", "assert_trees_equal": "jaxtrain.testing",
     "assert_trees_close": "jaxtrain.testing",
     # runs
-    "run": "jaxtrain.train", "load_state": "jaxtrain.checkpoint", "generate": "jaxtrain.sample",
+    "run": "jaxtrain.train", "RunResult": "jaxtrain.train", "load_state": "jaxtrain.checkpoint",
+    "load_tokenizer": "jaxtrain.checkpoint", "Checkpoints": "jaxtrain.checkpoint",
+    "generate": "jaxtrain.sample",
     "memory_estimate": "jaxtrain.estimate",
 }
 

@@ -46,15 +46,15 @@ class Checkpoints:
   def all_steps(self) -> list[int]:
     return list(self.manager.all_steps())
 
-  def save(self, state: steps.TrainState, iterator: grain.DatasetIterator, meta: dict,
-           val_loss: float | None = None) -> None:
+  def save(self, state: steps.TrainState, iterator: grain.DatasetIterator | None = None,
+           meta: dict | None = None, val_loss: float | None = None) -> None:
     """Starts an async save of `state` at its step; returns once the arrays are copied."""
     step = int(state.step)
-    args = ocp.args.Composite(
-        state=ocp.args.StandardSave(state.arrays()),
-        data=grain.checkpoint.CheckpointSave(iterator),
-        meta=ocp.args.JsonSave(meta),
-    )
+    items = {"state": ocp.args.StandardSave(state.arrays()),
+             "meta": ocp.args.JsonSave(meta or {})}
+    if iterator is not None:
+      items["data"] = grain.checkpoint.CheckpointSave(iterator)
+    args = ocp.args.Composite(**items)
     metrics = None if val_loss is None else {"val_loss": float(val_loss)}
     self.manager.save(step, args=args, metrics=metrics, force=True)
 
@@ -66,11 +66,17 @@ class Checkpoints:
   def read_meta(self, step: int) -> dict:
     return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
 
-  def restore(self, step: int, state: steps.TrainState, shardings: steps.TrainState,
-              iterator: grain.DatasetIterator) -> steps.TrainState:
-    """Restores into `state`'s structure with `shardings`; `iterator` is repositioned in place."""
+  def restore(self, step: int, state: steps.TrainState, shardings: steps.TrainState | None = None,
+              iterator: grain.DatasetIterator | None = None) -> steps.TrainState:
+    """Restores into `state`'s structure (and `shardings`, default: one device); an `iterator`
+    is repositioned in place."""
+    if shardings is None:
+      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      shardings = jax.tree.map(lambda _: device, state)
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           state.arrays(), shardings.arrays())
+    if iterator is None:
+      return state.with_arrays(self.restore_arrays(step, target))
     data_dir = self.directory / str(step) / "data"
     mine = data_dir / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
     if mine.exists():
@@ -100,6 +106,13 @@ class Checkpoints:
       self._closed = True
       self.manager.wait_until_finished()
       self.manager.close()
+
+
+def load_tokenizer(workdir: str):
+  """The tokenizer a run in `workdir` trained with: `.encode(text)`, `.decode(ids)`."""
+  from jaxtrain import tokenizer as tokenizer_lib
+
+  return tokenizer_lib.load(str(Path(workdir) / "tokenizer.json"))
 
 
 def load_state(workdir: str, step: int | None = None) -> steps.TrainState:

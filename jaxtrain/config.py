@@ -118,14 +118,15 @@ def _check(ok: bool, field: str, problem: str, fix: str) -> None:
     raise ConfigError(field, problem, fix)
 
 
-def _get(cfg: ml_collections.ConfigDict, field: str):
+def get(cfg: ml_collections.ConfigDict, field: str):
+  """The value of a dotted field name: `get(cfg, "train.max_steps")`."""
   for part in field.split("."):
     cfg = cfg[part]
   return cfg
 
 
 def _positive_int(cfg: ml_collections.ConfigDict, field: str, minimum: int = 1) -> None:
-  value = _get(cfg, field)
+  value = get(cfg, field)
   _check(
       isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
       field,

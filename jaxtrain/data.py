@@ -151,7 +151,7 @@ def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=pri
 
 
 def _tokenize(files, data, bin_path: Path, meta_path: Path, show_progress: bool, log) -> None:
-  from tqdm.auto import tqdm
+  from tqdm import tqdm  # the terminal bar: tqdm.auto would want ipywidgets in notebooks
 
   single = len(files) == 1
   total = sum(f.stat().st_size for f in files)

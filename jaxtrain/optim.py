@@ -1,5 +1,6 @@
 """AdamW with linear warmup, cosine decay, global-norm clipping and gradient accumulation."""
 
+import json
 from typing import NamedTuple
 
 import jax
@@ -31,7 +32,22 @@ def decay_mask(params):
   return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
+# Everything the optimizer depends on. Equal settings give the same (identical) optimizer object:
+# it is a static part of the train state, and jax.jit compiles once per distinct object.
+_FIELDS = ("optim", "train.grad_accum", "train.max_steps", "train.skip_nonfinite", "model.dtype")
+_BUILT: dict[str, optax.GradientTransformation] = {}
+
+
 def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  values = {f: config.get(cfg, f) for f in _FIELDS}
+  key = json.dumps({f: v.to_dict() if isinstance(v, ml_collections.ConfigDict) else v
+                    for f, v in values.items()}, sort_keys=True)
+  if key not in _BUILT:
+    _BUILT[key] = _build(cfg)
+  return _BUILT[key]
+
+
+def _build(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
   o = cfg.optim
   parts = [optax.clip_by_global_norm(o.clip_norm)] if o.clip_norm > 0 else []
   parts.append(
