@@ -340,6 +340,15 @@ class Worker:
 
 # ---- report files --------------------------------------------------------------------------
 
+def load_line(load: dict) -> str:
+  a = load["sampler"]["all"]
+  return (f"loadavg {load['loadavg_before'][0]:.2f} just before the run, "
+          f"{load['loadavg_after'][0]:.2f} after; sampled every {load['sampler']['interval_s']} s "
+          f"over the run: machine busy {a['busy_pct']['mean']}%, ours {a['own_pct']['mean']}%, "
+          f"other processes {a['other_pct']['mean']}% (max {a['other_pct']['max']}%), "
+          f"steal {a['steal_pct']['mean']}%")
+
+
 def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
   lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
   lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

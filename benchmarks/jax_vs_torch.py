@@ -254,15 +254,6 @@ def table(results: list[dict]) -> str:
                                 "tokens/s", "MFU %", "jax/torch speed", "others' CPU %"], rows)
 
 
-def load_line(load: dict) -> str:
-  a = load["sampler"]["all"]
-  return (f"loadavg {load['loadavg_before'][0]:.2f} just before the run, "
-          f"{load['loadavg_after'][0]:.2f} after; sampled every {load['sampler']['interval_s']} s "
-          f"over the run: machine busy {a['busy_pct']['mean']}%, ours {a['own_pct']['mean']}%, "
-          f"other processes {a['other_pct']['mean']}% (max {a['other_pct']['max']}%), "
-          f"steal {a['steal_pct']['mean']}%")
-
-
 def markdown(report: dict) -> str:
   m, peak = report["machine"], report["matmul_peak"]
   peaks = ", ".join(f"{fw} {p['gflops']:.1f}" for fw, p in peak["by_framework"].items())
@@ -277,7 +268,7 @@ def markdown(report: dict) -> str:
       f"{report['args']['rounds']} rounds x {report['args']['steps']} steps each, alternating",
       f"- f32 matmul peak ({peak['n']}^3, GFLOP/s, best of the runs before and after): {peaks}; "
       f"MFU uses {peak['gflops']:.1f}",
-      f"- load: {load_line(report['load'])}", "",
+      f"- load: {common.load_line(report['load'])}", "",
       table(report["results"]), "",
       "jax/torch speed: jaxtrain tokens/s over PyTorch tokens/s (above 1: jaxtrain is faster). "
       "MFU: flops_per_token (6N + 12*L*T*D) x tokens/s over the matmul peak. others' CPU: share "

@@ -87,10 +87,15 @@ def available_memory(device: jax.Device) -> tuple[int | None, str]:
     stats = device.memory_stats() or {}
     if "bytes_limit" in stats:
       return stats["bytes_limit"], f"{device.device_kind} memory"
-  try:
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "available RAM"
-  except (ValueError, OSError):
-    return None, "RAM"
+  try:  # MemAvailable counts reclaimable page cache; free pages alone undercount a busy host
+    with open("/proc/meminfo") as f:
+      fields = dict(line.split(":", 1) for line in f)
+    return int(fields["MemAvailable"].split()[0]) * 1024, "available RAM"
+  except (OSError, KeyError, ValueError):
+    try:
+      return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free RAM"
+    except (ValueError, OSError):
+      return None, "RAM"
 
 
 def fmt_bytes(n: float) -> str:

@@ -1,0 +1,92 @@
+"""benchmarks/cpu_vs_gpu.py and benchmarks/scaling.py run end to end at tiny settings on the CPU."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+def run_benchmark(script: str, *args: str, timeout: float = 240) -> str:
+  result = subprocess.run([sys.executable, f"benchmarks/{script}", *args], cwd=ROOT,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True,
+                          text=True, timeout=timeout)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  return result.stdout
+
+
+def check_machine_and_load(report: dict) -> None:
+  m = report["machine"]
+  assert m["cpu_model"] and m["cores_available"] >= 1 and m["versions"]["jax"]
+  load = report["load"]
+  assert len(load["loadavg_before"]) == 3 and len(load["loadavg_after"]) == 3
+  assert {"busy_pct", "own_pct", "other_pct", "steal_pct"} <= set(load["sampler"]["all"])
+
+
+@pytest.mark.slow
+def test_cpu_vs_gpu_writes_a_cpu_row_with_speed_mfu_and_memory(tmp_path):
+  stdout = run_benchmark("cpu_vs_gpu.py", "--configs=nano", "--platforms=cpu", "--steps=2",
+                         "--warmup=1", "--batch-size=4", "--peak-size=512", "--peak-repeats=3",
+                         f"--out={tmp_path}")
+  assert "== nano on cpu" in stdout and "compiled in" in stdout
+
+  report = json.loads((tmp_path / "cpu_vs_gpu.json").read_text())
+  check_machine_and_load(report)
+  cpu = report["platforms"]["cpu"]
+  assert cpu["available"] and {"float32", "bfloat16"} <= set(cpu["matmul_peak"])
+  assert all(p["gflops"] > 0 for p in cpu["matmul_peak"].values())
+  [row] = report["results"]
+  assert (row["platform"], row["config"], row["status"]) == ("cpu", "nano", "ok")
+  assert (row["batch_size"], row["seq_len"]) == (4, 128) and len(row["step_times_s"]) == 2
+  assert row["compile_s"] > 0 and row["tokens_per_s"] > 0
+  assert 0 < row["mfu_measured"] < 1 and row["mfu_published"] is None  # no datasheet for CPUs
+  memory = row["memory"]
+  assert memory["host_peak_bytes"] > memory["host_before_bytes"] > 0
+  assert memory["device_peak_bytes"] is None and row["estimate_bytes"] > 0
+  assert report["speedups"] == [] and report["gpu"]["name"] is None
+
+  md = (tmp_path / "cpu_vs_gpu.md").read_text()
+  assert "| nano | cpu |" in md and "other processes" in md
+  assert f"- GPU: {report['gpu']['note']}" in md  # no GPU ran, and the report says why
+  if importlib.util.find_spec("jax_cuda12_plugin") is None:
+    assert "no GPU platform available on this machine" in md
+  assert (tmp_path / "cpu_vs_gpu.png").stat().st_size > 0
+
+
+TINY_CONFIG = """
+from jaxtrain.config import default_config, override
+
+
+def get_config():
+  return override(default_config(), **{"model.n_layers": 2, "model.d_model": 32,
+                                       "model.seq_len": 32, "train.batch_size": 4})
+"""
+
+
+@pytest.mark.slow
+def test_scaling_over_one_and_two_virtual_devices(tmp_path):
+  config = tmp_path / "tiny.py"  # compiles three times faster than nano: three rows to compile
+  config.write_text(TINY_CONFIG)
+  run_benchmark("scaling.py", f"--configs={config}", "--platforms=cpu", "--devices=1,2",
+                "--modes=dp,fsdp", "--steps=2", "--warmup=1", f"--out={tmp_path}")
+
+  report = json.loads((tmp_path / "scaling.json").read_text())
+  check_machine_and_load(report)
+  rows = {(r["mode"], r["devices"]): r for r in report["results"]}
+  assert set(rows) == {("single", 1), ("dp", 2), ("fsdp", 2)}
+  assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in rows.values())
+  assert rows[("single", 1)]["speedup_vs_1"] == 1.0
+  assert rows[("dp", 2)]["mesh"] == {"data": 2, "fsdp": 1}
+  assert rows[("fsdp", 2)]["mesh"] == {"data": 1, "fsdp": 2}
+  # Same batches from the same init: sharding changes only the order of sums.
+  assert all(r["loss_diff_vs_1"] < 1e-4 for r in rows.values())
+  assert rows[("fsdp", 2)]["estimate_bytes"] < rows[("single", 1)]["estimate_bytes"]
+
+  md = (tmp_path / "scaling.md").read_text()
+  assert "| tiny | cpu | fsdp | 2 |" in md and "virtual devices" in md
+  assert "- gpu: not run: no GPU" in md
+  assert (tmp_path / "scaling.png").stat().st_size > 0
