@@ -121,6 +121,18 @@ def _version(package: str) -> str | None:
     return None
 
 
+def use_jaxtrain_environment() -> str | None:
+  """The process environment `python -m jaxtrain` runs under (huge pages for large buffers, see
+  jaxtrain/hugepages.py), applied here so that every worker this benchmark spawns inherits it.
+  Returns GLIBC_TUNABLES as the workers will see it, for the report."""
+  from jaxtrain import hugepages
+
+  env = hugepages.environment()
+  if env is not None:
+    os.environ["GLIBC_TUNABLES"] = env["GLIBC_TUNABLES"]
+  return os.environ.get("GLIBC_TUNABLES")
+
+
 def machine_info() -> dict:
   cpuinfo = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
   model = re.search(r"^model name\s*:\s*(.*)$", cpuinfo, re.M)
@@ -146,7 +158,7 @@ def machine_info() -> dict:
       "python": platform.python_version(),
       "platform": platform.platform(),
       "versions": {p: _version(p) for p in ("jax", "jaxlib", "flax", "optax", "numpy", "torch")},
-      "env": {k: os.environ[k] for k in ("XLA_FLAGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+      "env": {k: os.environ[k] for k in ("XLA_FLAGS", "GLIBC_TUNABLES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                          "JAX_PLATFORMS") if k in os.environ},
   }
 

@@ -329,11 +329,21 @@ def bench_row(platform: str, pinfo: dict, name: str, steps: int, warmup: int, ar
   row = {"platform": platform, "device": pinfo["device_name"], "config": config_name(name),
          "steps": steps, "warmup": warmup}
   worker = None
+  # On CPU, jaxtrain splits the cores into several XLA devices (mesh.cpu_devices): measure that.
+  n_devices = 1
+  if platform == "cpu":
+    from jaxtrain import config, runtime
+
+    cfg = config.load_config(config_path(name), **overrides)
+    if args.cpu_devices:
+      cfg.mesh.cpu_devices = args.cpu_devices
+    n_devices = runtime.cpu_device_count(cfg)
   try:
     worker = common.Worker(f"{platform}-{row['config']}", StepWorker, platform,
-                           args.compile_cache)
+                           args.compile_cache, n_devices if platform == "cpu" else 0)
     active.append(worker)
-    row.update(measure(worker, {"config_path": config_path(name), "overrides": overrides},
+    row.update(measure(worker, {"config_path": config_path(name), "overrides": overrides,
+                                "n_devices": n_devices},
                        steps, warmup, sampler, f"{platform}/{row['config']}"))
   except common.WorkerError as e:
     log(f"  failed: {reason(e)}")
@@ -486,6 +496,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                  help="n of the n x n matmul peak (default: 2048 CPU, 8192 GPU)")
   p.add_argument("--peak-repeats", type=int, default=None,
                  help="timed matmuls for the peak (default: 5 CPU, 10 GPU)")
+  p.add_argument("--cpu-devices", type=int, default=0,
+                 help="XLA devices the CPU is split into (jaxtrain's mesh.cpu_devices; 0: its auto "
+                      "choice for each config's batch)")
   p.add_argument("--compile-cache", action="store_true",
                  help="use jaxtrain's persistent compile cache (compile times may be cache hits)")
   p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="output directory")
@@ -536,6 +549,7 @@ def gpu_summary(platforms: dict, args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(argv)
+  common.use_jaxtrain_environment()
   loadavg_before = os.getloadavg()  # before we start anything: the machine as we found it
   out_dir = Path(args.out)
   out_dir.mkdir(parents=True, exist_ok=True)

@@ -37,12 +37,15 @@ SAME_PARAMS_LOSS_TOLERANCE = 1e-4
 
 
 class JaxSide:
-  """jaxtrain's own init_state and train_step, jitted with the state donated (on one device this
-  is what jaxtrain.sharding.jit_steps compiles for a run)."""
+  """jaxtrain as a run uses it: the host's cores split into `cpu_devices` XLA devices
+  (`mesh.cpu_devices`, data parallel), and `sharding.jit_steps`' train step, state donated."""
 
-  def __init__(self, threads: int):
+  def __init__(self, threads: int, cpu_devices: int):
     common.pin_cores(threads)
     os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", cpu_devices)  # before anything starts the backend
     from jaxtrain import runtime
 
     runtime.enable_compile_cache()
@@ -53,18 +56,21 @@ class JaxSide:
   def setup(self, shape: common.Shape) -> dict:
     import jax
     from jaxtrain import model as model_lib
-    from jaxtrain import steps
+    from jaxtrain import sharding, steps
 
     cfg = common.gpt2_config(shape)
     model_cfg = model_lib.ModelConfig.from_config(cfg.model, shape.vocab_size)
-    self.state = steps.init_state(cfg, model_cfg)
-    self.step_fn = jax.jit(steps.train_step, donate_argnums=0)
-    self.batches = [{"tokens": jax.device_put(b)} for b in common.token_batches(shape, SEED)]
+    self.mesh = sharding.make_mesh(cfg)
+    abstract = steps.abstract_state(cfg, model_cfg)
+    self.state = sharding.init_sharded(lambda: steps.init_state(cfg, model_cfg), abstract, self.mesh)
+    self.step_fn, eval_fn = sharding.jit_steps(self.state, self.mesh)
+    self.batches = [sharding.global_batch({"tokens": b}, self.mesh)
+                    for b in common.token_batches(shape, SEED)]
     self.i = 0
-    init_loss = float(jax.jit(steps.eval_step)(self.state, self.batches[0])["loss"])
+    init_loss = float(eval_fn(self.state, self.batches[0])["loss"])
     return {"param_count": model_lib.param_count(model_cfg),
             "flops_per_token": model_lib.flops_per_token(model_cfg), "init_loss": init_loss,
-            "params": jax.device_get(self.state.params)}
+            "params": jax.device_get(self.state.params), "cpu_devices": len(jax.devices())}
 
   def run(self, n: int) -> dict:
     import jax
@@ -129,6 +135,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   p.add_argument("--steps", type=int, default=10, help="timed steps per framework per round")
   p.add_argument("--warmup", type=int, default=2, help="untimed steps first (jax compiles here)")
   p.add_argument("--rounds", type=int, default=3, help="alternations of jax and torch blocks")
+  p.add_argument("--cpu-devices", type=int, default=0,
+                 help="XLA CPU devices for jaxtrain (its mesh.cpu_devices); 0: jaxtrain's auto "
+                      "choice for the first shape's batch")
   p.add_argument("--threads", type=int, default=common.available_cores(),
                  help="cores (and threads) each framework gets (default: all available)")
   p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="output directory")
@@ -264,6 +273,9 @@ def markdown(report: dict) -> str:
       f"available, avx2={m['cpu_flags']['avx2']}, avx512f={m['cpu_flags']['avx512f']}, "
       f"{m['mem_gib']} GiB; python {m['python']}, "
       + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
+      f"- jaxtrain on {report['args']['cpu_devices']} XLA CPU device(s) (mesh.cpu_devices, data "
+      "parallel); both frameworks' processes started with GLIBC_TUNABLES="
+      f"{report['machine']['env'].get('GLIBC_TUNABLES', '(unset)')}",
       f"- threads per framework: {report['args']['threads']}; warm-up {report['args']['warmup']}, "
       f"{report['args']['rounds']} rounds x {report['args']['steps']} steps each, alternating",
       f"- f32 matmul peak ({peak['n']}^3, GFLOP/s, best of the runs before and after): {peaks}; "
@@ -299,7 +311,14 @@ def measure_peaks(workers: dict, peaks: dict, args, sampler: common.LoadSampler,
 
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(argv)
+  common.use_jaxtrain_environment()  # both frameworks' workers start under it
   loadavg_before = os.getloadavg()  # before we start anything: the machine as we found it
+  if args.cpu_devices == 0:  # jaxtrain's own choice, for a batch every shape here splits evenly
+    from jaxtrain import runtime
+
+    cfg = common.gpt2_config(common.SHAPES[args.shapes[0]])
+    cfg.train.batch_size = math.gcd(*(common.SHAPES[s].batch_size for s in args.shapes))
+    args.cpu_devices = runtime.cpu_device_count(cfg, cores=args.threads)
   use_torch = not args.no_torch
   torch_skipped = None
   if use_torch and importlib.util.find_spec("torch") is None:
@@ -316,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     with sampler:
       log("starting workers" + (" (jax, torch)" if use_torch else " (jax)"))
-      workers["jax"] = common.Worker("jax", JaxSide, args.threads)
+      workers["jax"] = common.Worker("jax", JaxSide, args.threads, args.cpu_devices)
       if use_torch:
         workers["torch"] = common.Worker("torch", TorchSide, args.threads)
       peaks = {fw: [] for fw in workers}

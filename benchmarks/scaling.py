@@ -191,6 +191,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(argv)
+  common.use_jaxtrain_environment()
   loadavg_before = os.getloadavg()
   out_dir = Path(args.out)
   out_dir.mkdir(parents=True, exist_ok=True)

@@ -4,11 +4,16 @@ import logging as std_logging
 import os
 import sys
 
-import jax
-from absl import app, flags, logging
-from ml_collections import config_flags
+from jaxtrain import hugepages
 
-from jaxtrain.errors import UserError
+if __name__ == "__main__":
+  hugepages.reexec()  # first of all: glibc reads its tunables only when a process starts
+
+import jax  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from jaxtrain.errors import UserError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
                                           lock_config=True)

@@ -79,6 +79,7 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.mesh = ml_collections.ConfigDict()
   cfg.mesh.data = -1  # data-parallel axis size; -1: all devices left after the other axes
   cfg.mesh.fsdp = 1  # params and optimizer state sharded over this many devices
+  cfg.mesh.cpu_devices = 0  # on CPU: XLA devices to split the cores into; 0: auto; 1: one
 
   cfg.distributed = ml_collections.ConfigDict()
   cfg.distributed.coordinator_address = ""  # host:port of process 0; "": single process or Slurm
@@ -207,6 +208,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     v = cfg.mesh[f]
     _check(isinstance(v, int) and (v == -1 or v >= 1), f"mesh.{f}",
            f"must be -1 (all devices) or >= 1, got {v!r}", f"pass --config.mesh.{f}=-1")
+  _positive_int(cfg, "mesh.cpu_devices", minimum=0)
   dist = cfg.distributed
   _positive_int(cfg, "distributed.num_processes", minimum=0)
   _positive_int(cfg, "distributed.timeout_s")

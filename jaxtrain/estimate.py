@@ -39,6 +39,9 @@ GPU_PEAK_TFLOPS = {
 }
 
 
+_PEAK_MAX_AGE_S = 7 * 24 * 3600
+
+
 def published_peak(device_kind: str, dtype: str) -> float | None:
   """FLOP/s for a GPU whose name contains a known model (longest name wins), else None."""
   for name in sorted(GPU_PEAK_TFLOPS, key=len, reverse=True):
@@ -129,7 +132,11 @@ def memory_report(cfg: ml_collections.ConfigDict, mc: model_lib.ModelConfig,
 
 
 def measured_matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5) -> float:
-  """This device's matmul FLOP/s (median of `repeats` n^3 products), cached per machine."""
+  """This device's matmul FLOP/s (median of `repeats` n^3 products), measured about once a week.
+
+  The measurement (~1 s on a laptop CPU) is cached per machine; a re-measurement keeps the
+  higher value, so a reading taken while the machine was busy does not stick.
+  """
   device = jax.devices()[0]
   n = n or (2048 if device.platform == "cpu" else 8192)
   key = f"{device.platform}-{device.device_kind}-{os.cpu_count()}-{dtype}-{n}".replace(" ", "_")
@@ -139,8 +146,9 @@ def measured_matmul_peak(dtype: str = "float32", n: int | None = None, repeats: 
       cached = json.load(f)
   except (OSError, ValueError):
     cached = {}
-  if key in cached:
-    return cached[key]
+  entry = cached.get(key)
+  if isinstance(entry, dict) and time.time() - entry["time"] < _PEAK_MAX_AGE_S:
+    return entry["flops"]
   a = jnp.ones((n, n), jnp.dtype(dtype))
   matmul = jax.jit(lambda x: x @ x)
   matmul(a).block_until_ready()
@@ -150,7 +158,9 @@ def measured_matmul_peak(dtype: str = "float32", n: int | None = None, repeats: 
     matmul(a).block_until_ready()
     times.append(time.perf_counter() - t)
   peak = 2 * n**3 / sorted(times)[len(times) // 2]
-  cached[key] = peak
+  if isinstance(entry, dict):
+    peak = max(peak, entry["flops"])
+  cached[key] = {"flops": peak, "time": time.time()}
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
@@ -160,6 +170,14 @@ def measured_matmul_peak(dtype: str = "float32", n: int | None = None, repeats: 
   except OSError:
     pass  # a read-only cache only costs a re-measurement next time
   return peak
+
+
+def peak_units(devices: list) -> int:
+  """How many times `peak_flops` the devices have together: CPU devices of one host share its
+  cores (one measured peak per host); each accelerator has its own."""
+  if devices[0].platform == "cpu":
+    return len({d.process_index for d in devices})
+  return len(devices)
 
 
 def peak_flops(device: jax.Device, dtype: str) -> tuple[float, str]:

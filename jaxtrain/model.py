@@ -1,7 +1,8 @@
 """Decoder-only, pre-norm transformer in flax NNX, with no biases anywhere.
 
 Switches: RMSNorm or LayerNorm, RoPE or learned positions, SwiGLU or GELU MLP, tied or separate
-output embedding. Attention goes through `jax.nn.dot_product_attention` (causal).
+output embedding. Linear layers and attention use `ops`' backward passes (fast on CPU);
+on GPUs with 16-bit compute, attention can go to cuDNN's fused kernel instead.
 Shape suffixes: B batch, T time, D d_model, H heads, K head size, F MLP width, V vocab.
 """
 
@@ -12,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
+
+from jaxtrain import ops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +32,7 @@ class ModelConfig:
   dropout: float = 0.0
   rope_theta: float = 10000.0
   dtype: str = "float32"
-  attention: str = "xla"  # "xla" or "cudnn"; "auto" is resolved by `from_config`
+  attention: str = "xla"  # "xla" (jaxtrain's, in XLA ops) or "cudnn"; "auto" resolved by from_config
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "ModelConfig":
@@ -76,6 +79,17 @@ def resolve_attention(choice: str, dtype: str, seq_len: int, n_heads: int,
   return "cudnn", "cuDNN fused attention"
 
 
+class Dense(nnx.Module):
+  """A bias-free linear layer whose backward pass is `ops.dense`'s (params stay float32)."""
+
+  def __init__(self, d_in: int, d_out: int, *, dtype, kernel_init, rngs: nnx.Rngs):
+    self.kernel = nnx.Param(kernel_init(rngs.params(), (d_in, d_out), jnp.float32))
+    self.dtype = dtype
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return ops.dense(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+
+
 def _init(std: float):
   return nnx.initializers.normal(stddev=std)
 
@@ -113,9 +127,9 @@ class Attention(nnx.Module):
     self.c = c
     dtype = jnp.dtype(c.dtype)
     out_std = 0.02 / math.sqrt(2 * c.n_layers)  # residual branches add up over 2 per layer
-    self.qkv = nnx.Linear(c.d_model, 3 * c.d_model, use_bias=False, dtype=dtype,
+    self.qkv = Dense(c.d_model, 3 * c.d_model, dtype=dtype,
                           kernel_init=_init(0.02), rngs=rngs)
-    self.out = nnx.Linear(c.d_model, c.d_model, use_bias=False, dtype=dtype,
+    self.out = Dense(c.d_model, c.d_model, dtype=dtype,
                           kernel_init=_init(out_std), rngs=rngs)
 
   def __call__(self, x_BTD: jax.Array, rope: tuple[jax.Array, jax.Array] | None) -> jax.Array:
@@ -125,8 +139,12 @@ class Attention(nnx.Module):
     q_BTHK, k_BTHK, v_BTHK = qkv_BT3HK[:, :, 0], qkv_BT3HK[:, :, 1], qkv_BT3HK[:, :, 2]
     if rope is not None:
       q_BTHK, k_BTHK = apply_rope(q_BTHK, *rope), apply_rope(k_BTHK, *rope)
-    y_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True,
-                                          implementation=c.attention)
+    if c.attention == "cudnn":
+      y_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True,
+                                            implementation="cudnn")
+    else:  # heads first: each head's attention is then a batch of plain matmuls
+      heads = lambda x: jnp.transpose(x, (0, 2, 1, 3))  # BTHK <-> BHTK
+      y_BTHK = heads(ops.causal_attention(heads(q_BTHK), heads(k_BTHK), heads(v_BTHK)))
     return self.out(y_BTHK.reshape(B, T, D))
 
 
@@ -138,9 +156,9 @@ class MLP(nnx.Module):
     F = c.mlp_hidden
     out_std = 0.02 / math.sqrt(2 * c.n_layers)
     # SwiGLU's gate and up projections are one matrix: one matmul instead of two.
-    self.up = nnx.Linear(c.d_model, 2 * F if self.gated else F, use_bias=False, dtype=dtype,
+    self.up = Dense(c.d_model, 2 * F if self.gated else F, dtype=dtype,
                          kernel_init=_init(0.02), rngs=rngs)
-    self.down = nnx.Linear(F, c.d_model, use_bias=False, dtype=dtype,
+    self.down = Dense(F, c.d_model, dtype=dtype,
                            kernel_init=_init(out_std), rngs=rngs)
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
@@ -179,7 +197,7 @@ class GPT(nnx.Module):
     self.blocks = nnx.List([Block(c, rngs) for _ in range(c.n_layers)])
     self.norm_f = _norm(c, rngs)
     if not c.tie_embeddings:
-      self.lm_head = nnx.Linear(c.d_model, c.vocab_size, use_bias=False, dtype=dtype,
+      self.lm_head = Dense(c.d_model, c.vocab_size, dtype=dtype,
                                 kernel_init=_init(0.02), rngs=rngs)
 
   def __call__(self, tokens_BT: jax.Array, *, dropout_key: jax.Array | None = None) -> jax.Array:

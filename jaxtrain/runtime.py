@@ -79,7 +79,35 @@ def barrier(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
+def cpu_device_count(cfg: ml_collections.ConfigDict, cores: int | None = None) -> int:
+  """How many XLA devices to split this host's CPU cores into (`mesh.cpu_devices`, 0: auto).
+
+  One XLA CPU device runs its program's large matmuls on every core, but its many small
+  matmuls and elementwise ops keep about one core busy; two devices' programs run side by side
+  (data parallel, 1.5x faster for nano-sized models on 2 cores). Auto: the most devices, up to
+  the core count, that split this process's share of the batch evenly.
+  """
+  if cfg.mesh.cpu_devices:
+    return cfg.mesh.cpu_devices
+  cores = cores or len(os.sched_getaffinity(0))
+  rows = cfg.train.batch_size // max(cfg.distributed.num_processes, 1)
+  return max(d for d in range(1, min(cores, rows) + 1) if rows % d == 0)
+
+
+def split_cpu(cfg: ml_collections.ConfigDict) -> None:
+  """Applies `cpu_device_count` when the run is on CPU and nothing has started a backend yet."""
+  from jax._src import xla_bridge
+
+  if xla_bridge.backends_are_initialized() or jax.config.jax_num_cpu_devices != -1:
+    return  # too late to change, or --jax_num_cpu_devices was given: that wins
+  platforms = (jax.config.jax_platforms or "").split(",")[0]
+  has_cuda = any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+  if platforms == "cpu" or (not platforms and not has_cuda):
+    jax.config.update("jax_num_cpu_devices", cpu_device_count(cfg))
+
+
 def setup(cfg: ml_collections.ConfigDict) -> str:
   enable_compile_cache()
+  split_cpu(cfg)
   init_distributed(cfg.distributed)
   return check_platform()

@@ -30,15 +30,16 @@ class GracefulStop:
 
   def _handle(self, signum, frame) -> None:
     name = signal.Signals(signum).name
+    first = self.requested is None
+    self.requested = self.requested or name  # also during a routine save: stop right after it
     if self.saving:
-      print(f"\n{name}: still writing the checkpoint; it finishes in a moment", file=sys.stderr,
-            flush=True)
-    elif self.requested:
-      print(f"\n{name}: already stopping after this step", file=sys.stderr, flush=True)
+      message = ("a checkpoint is being written; stopping as soon as it is complete" if first
+                 else "still writing the checkpoint; it finishes in a moment")
+    elif first:
+      message = "finishing this step, then saving a checkpoint and stopping"
     else:
-      self.requested = name
-      print(f"\n{name}: finishing this step, then saving a checkpoint and stopping", file=sys.stderr,
-            flush=True)
+      message = "already stopping after this step"
+    print(f"\n{name}: {message}", file=sys.stderr, flush=True)
 
   @property
   def exit_code(self) -> int:

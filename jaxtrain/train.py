@@ -258,12 +258,13 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
           mfu = None
           if tok_per_sec:
             peak, peak_source = estimate.peak_flops(jax.devices()[0], mc.dtype)
-            mfu = tok_per_sec * flops_per_token / (peak * len(jax.devices()))
+            mfu = tok_per_sec * flops_per_token / (peak * estimate.peak_units(jax.devices()))
             if not speed_reported:
               speed_reported = True
               out.print(f"speed: {logger.fmt_count(tok_per_sec)} tokens/s, "
                         f"{logger.fmt_count(tok_per_sec * flops_per_token)}FLOP/s = {mfu:.1%} "
-                        f"MFU (of {logger.fmt_count(peak)}FLOP/s per device, {peak_source}); "
+                        f"MFU (of {logger.fmt_count(peak)}FLOP/s x {estimate.peak_units(jax.devices())}, "
+                        f"{peak_source}); "
                         f"ETA for the remaining {max_steps - step} steps: "
                         f"{logger.fmt_time((max_steps - step) * sec_per_step)}")
           out.progress(step, max_steps, last_loss, lr, tok_per_sec or 0.0, elapsed,

@@ -17,7 +17,7 @@ import pytest
 import killharness as kh
 from conftest import ROOT, run_cli
 
-MAX_STEPS = 24
+MAX_STEPS = 60  # long enough that a signal sent just after the first step lands mid-run
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +43,9 @@ def test_sigkill_at_random_moments_then_resume_is_bit_for_bit(corpus_file, tmp_p
     kills.append(kh.kill_once(args, workdir / "checkpoints", moment))
   assert sum(k.get("killed", False) for k in kills) >= 3, kills
   assert any(k.get("mid_write") for k in kills), kills  # at least one save was cut short
+  saved = any(p.name.isdigit() for p in (workdir / "checkpoints").iterdir())
   final = kh.complete(args)
-  assert "resumed from checkpoint" in final.text()
+  assert ("resumed from checkpoint" in final.text()) == saved
   assert not any(kh.TMP_MARK in p.name for p in (workdir / "checkpoints").iterdir())
   assert_equals_reference(workdir, reference)
 
@@ -60,7 +61,7 @@ def test_sigterm_saves_prints_how_to_resume_and_exits_0(corpus_file, tmp_path, r
   workdir = tmp_path / "term"
   args = kh.cli_args(workdir, corpus_file, MAX_STEPS)
   run = _start(args)
-  time.sleep(0.3)
+  time.sleep(0.05)
   run.proc.send_signal(signal.SIGTERM)
   assert run.wait(60) == 0, run.text()
   text = run.text()
@@ -77,7 +78,7 @@ def test_repeated_ctrl_c_while_saving_leaves_a_whole_checkpoint(corpus_file, tmp
   workdir = tmp_path / "int"
   args = kh.cli_args(workdir, corpus_file, MAX_STEPS)
   run = _start(args)
-  time.sleep(0.3)
+  time.sleep(0.05)
   for _ in range(20):  # the first asks to stop; the rest land while the checkpoint is written
     if run.proc.poll() is not None:
       break
@@ -260,3 +261,18 @@ def test_out_of_disk_space(corpus_file, tmp_path):
     assert "not enough disk space for the checkpoint" in line and "free some space" in line
   finally:
     subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+def test_a_signal_during_a_routine_save_still_stops_the_run():
+  from jaxtrain import signals
+
+  with signals.GracefulStop() as stop:
+    stop.saving = True  # a periodic checkpoint is being written when Ctrl-C comes
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)  # the handler runs on this (the main) thread
+    assert stop.requested == "SIGINT" and stop.exit_code == 130
+    stop.saving = False
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.05)
+    assert stop.requested == "SIGINT"  # the first signal decides how the run ends
+  assert signal.getsignal(signal.SIGINT) is not stop._handle  # handlers are put back

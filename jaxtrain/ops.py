@@ -1,0 +1,72 @@
+"""Matmul-shaped ops with hand-written backward passes, laid out for XLA's CPU backend.
+
+Autodiff of `x @ w` asks for `dy @ w.T` and `x.T @ dy`; XLA:CPU then either runs a slower
+transposed-operand matmul or fuses the transpose into a neighbouring elementwise op, which
+writes its output in a strided order (the GELU backward, for one, ran 10x slower that way).
+Here every backward product is a plain row-major matmul: the operand that must be transposed
+is transposed on its own, behind an optimization barrier so XLA cannot fold it back, and it is
+always the smaller one (a weight, or q/k/v rather than the T x T attention scores).
+Same math as autodiff; results differ only in float rounding. Measured in benchmarks/README.md.
+"""
+
+import jax
+import jax.numpy as jnp
+
+
+def _transposed(x: jax.Array) -> jax.Array:
+  """`x` with its last two axes swapped, materialized as its own row-major array."""
+  return jax.lax.optimization_barrier(jnp.swapaxes(x, -1, -2))
+
+
+@jax.custom_vjp
+def dense(x_ND: jax.Array, w_DF: jax.Array) -> jax.Array:
+  """`x @ w` over the last axis of x (any leading axes)."""
+  return x_ND @ w_DF
+
+
+def _dense_fwd(x, w):
+  return x @ w, (x, w)
+
+
+def _dense_bwd(residuals, dy):
+  x, w = residuals
+  x_ND, dy_NF = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+  dx = (dy_NF @ _transposed(w)).reshape(x.shape)
+  if x_ND.shape[1] <= dy_NF.shape[1]:  # transpose whichever of x and dy is narrower
+    dw = _transposed(x_ND) @ dy_NF
+  else:
+    dw = jnp.swapaxes(_transposed(dy_NF) @ x_ND, 0, 1)
+  return dx, dw.astype(w.dtype)
+
+
+dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+@jax.custom_vjp
+def causal_attention(q_BHTK: jax.Array, k_BHTK: jax.Array, v_BHTK: jax.Array) -> jax.Array:
+  """Softmax attention where position t sees positions <= t; the softmax runs in float32."""
+  return _attention_fwd(q_BHTK, k_BHTK, v_BHTK)[0]
+
+
+def _attention_fwd(q, k, v):
+  T, K = q.shape[-2], q.shape[-1]
+  scores_BHTS = ((q * K**-0.5) @ _transposed(k)).astype(jnp.float32)
+  causal_TS = jnp.tril(jnp.ones((T, T), bool))
+  probs_BHTS = jax.nn.softmax(jnp.where(causal_TS, scores_BHTS, -jnp.inf), axis=-1)
+  probs_BHTS = probs_BHTS.astype(q.dtype)
+  return probs_BHTS @ v, (q, k, v, probs_BHTS)
+
+
+def _attention_bwd(residuals, dout_BHTK):
+  q, k, v, probs = residuals
+  scale = q.shape[-1] ** -0.5
+  dv = _transposed(_transposed(dout_BHTK) @ probs)  # dv^T = dout^T probs: no T x T transpose
+  dprobs = (dout_BHTK @ _transposed(v)).astype(jnp.float32)
+  p32 = probs.astype(jnp.float32)
+  dscores = (p32 * (dprobs - jnp.sum(dprobs * p32, axis=-1, keepdims=True))).astype(q.dtype)
+  dq = (dscores @ k) * scale
+  dk = _transposed(_transposed(q) @ dscores) * scale  # dk^T = q^T dscores
+  return dq, dk, dv
+
+
+causal_attention.defvjp(_attention_fwd, _attention_bwd)
