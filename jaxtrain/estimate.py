@@ -67,9 +67,9 @@ class Memory:
 
 
 def memory_estimate(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int,
-                    n_devices: int = 1, fsdp: int = 1) -> Memory:
+                    n_devices: int = 1, fsdp: int = 1, n_params: int | None = None) -> Memory:
   """Bytes per device for one train step (see the module docstring for what is counted)."""
-  n = model_lib.param_count(mc)
+  n = n_params or model_lib.param_count(mc)
   act_bytes = jnp.dtype(mc.dtype).itemsize
   B = max(batch_size // n_devices, 1)  # rows on each device
   T, D, H, L, V, F = mc.seq_len, mc.d_model, mc.n_heads, mc.n_layers, mc.vocab_size, mc.mlp_hidden
@@ -108,10 +108,10 @@ def fmt_bytes(n: float) -> str:
   return f"{n:.0f} B"
 
 
-def memory_report(cfg: ml_collections.ConfigDict, mc: model_lib.ModelConfig,
-                  devices: list, fsdp: int) -> tuple[str, str | None]:
+def memory_report(cfg: ml_collections.ConfigDict, mc: model_lib.ModelConfig, devices: list,
+                  fsdp: int, n_params: int | None = None) -> tuple[str, str | None]:
   """(one line of the estimate, a warning naming the knobs if it will not fit, else None)."""
-  m = memory_estimate(mc, cfg.train.batch_size, cfg.train.grad_accum, len(devices), fsdp)
+  m = memory_estimate(mc, cfg.train.batch_size, cfg.train.grad_accum, len(devices), fsdp, n_params)
   have, what = available_memory(devices[0])
   line = (f"memory per device: ~{fmt_bytes(m.total)} = params {fmt_bytes(m.params)} + grads "
           f"{fmt_bytes(m.grads)} + AdamW {fmt_bytes(m.optimizer)}"

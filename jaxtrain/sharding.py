@@ -6,12 +6,14 @@ is split over `fsdp` along its largest axis that divides evenly, if it is big en
 it; everything else (scalars, norm scales, small or indivisible arrays) is replicated.
 """
 
+import functools
+
 import jax
 import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxtrain import steps
+from jaxtrain import aot, steps
 
 BATCH_AXES = ("data", "fsdp")
 MIN_SHARD_SIZE = 2**10  # arrays with fewer elements are replicated: splitting them costs more
@@ -63,23 +65,73 @@ def global_batch(batch: dict, mesh: Mesh) -> dict:
   return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
 
 
-def jit_steps(state: steps.TrainState, mesh: Mesh):
-  """`train_step` and `eval_step`, jitted with explicit shardings; the state is donated."""
+def jit_steps(state: steps.TrainState, mesh: Mesh, cache_key: dict | None = None):
+  """`train_step` and `eval_step`, jitted with explicit shardings; the state is donated.
+
+  With a `cache_key` (what else determines the programs: the config), their lowering is cached
+  on disk (`aot`), so that a restart skips tracing the model.
+  """
   shardings = state_shardings(state, mesh)
   batch = {"tokens": batch_sharding(mesh)}
   rep = replicated(mesh)
-  train = jax.jit(steps.train_step, in_shardings=(shardings, batch),
-                  out_shardings=(shardings, rep), donate_argnums=0)
-  evaluate = jax.jit(steps.eval_step, in_shardings=(shardings, batch), out_shardings=rep)
+  if cache_key is None:
+    train = jax.jit(steps.train_step, in_shardings=(shardings, batch),
+                    out_shardings=(shardings, rep), donate_argnums=0)
+    evaluate = jax.jit(steps.eval_step, in_shardings=(shardings, batch), out_shardings=rep)
+    return train, evaluate
+  return _flat_steps(state, mesh, shardings, rep, cache_key)
+
+
+def _flat_steps(state, mesh, shardings, rep, cache_key):
+  """The same two steps as programs over flat lists of arrays, as `aot.cached_jit` needs."""
+  array_shardings, tree = jax.tree.flatten(shardings.arrays())
+  n = len(array_shardings)
+  specs = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+           for x, s in zip(jax.tree.leaves(state.arrays()), array_shardings)]
+  tokens = cache_key["batch_shape"]
+  specs.append(jax.ShapeDtypeStruct(tuple(tokens), "int32", sharding=batch_sharding(mesh)))
+  in_shardings = [*array_shardings, batch_sharding(mesh)]
+
+  def train_flat(*leaves):
+    new, metrics = steps.train_step(state.with_arrays(jax.tree.unflatten(tree, leaves[:n])),
+                                    {"tokens": leaves[n]})
+    return (*jax.tree.leaves(new.arrays()), *(metrics[k] for k in steps.TRAIN_METRICS))
+
+  def eval_flat(*leaves):
+    metrics = steps.eval_step(state.with_arrays(jax.tree.unflatten(tree, leaves[:n])),
+                              {"tokens": leaves[n]})
+    return tuple(metrics[k] for k in steps.EVAL_METRICS)
+
+  train_call = aot.cached_jit("train_step", train_flat, specs, in_shardings,
+                              [*array_shardings, *[rep] * len(steps.TRAIN_METRICS)], cache_key,
+                              donate=n)
+  # Evaluation comes later in a run: it is not compiled before the first train step.
+  eval_call = functools.cache(lambda: aot.cached_jit("eval_step", eval_flat, specs, in_shardings,
+                                                     [rep] * len(steps.EVAL_METRICS), cache_key))
+
+  def train(state_: steps.TrainState, batch: dict):
+    out = train_call(*jax.tree.leaves(state_.arrays()), batch["tokens"])
+    return (state_.with_arrays(jax.tree.unflatten(tree, out[:n])),
+            dict(zip(steps.TRAIN_METRICS, out[n:])))
+
+  def evaluate(state_: steps.TrainState, batch: dict):
+    return dict(zip(steps.EVAL_METRICS,
+                    eval_call()(*jax.tree.leaves(state_.arrays()), batch["tokens"])))
+
   return train, evaluate
 
 
-def init_sharded(init_fn, abstract: steps.TrainState, mesh: Mesh) -> steps.TrainState:
+def init_sharded(init_fn, abstract: steps.TrainState, mesh: Mesh,
+                 cache_key: dict | None = None) -> steps.TrainState:
   """Runs `init_fn` so that every array is created directly with its final sharding.
 
   Only the arrays come out of the jitted call; the static parts (graphdef, optimizer) are the
   abstract state's, so every state of a run shares them and the jitted steps compile once.
   """
-  arrays = jax.jit(lambda: init_fn().arrays(),
-                   out_shardings=state_shardings(abstract, mesh).arrays())()
-  return abstract.with_arrays(arrays)
+  array_shardings, tree = jax.tree.flatten(state_shardings(abstract, mesh).arrays())
+  if cache_key is None:
+    arrays = jax.jit(lambda: init_fn().arrays(), out_shardings=tree.unflatten(array_shardings))()
+    return abstract.with_arrays(arrays)
+  init_call = aot.cached_jit("init_state", lambda: tuple(jax.tree.leaves(init_fn().arrays())),
+                             [], [], array_shardings, cache_key)
+  return abstract.with_arrays(jax.tree.unflatten(tree, init_call()))

@@ -18,6 +18,8 @@ from jaxtrain import model as model_lib
 from jaxtrain import optim
 
 
+TRAIN_METRICS = ("loss", "grad_norm", "skipped", "loss_scale")  # what train_step reports
+EVAL_METRICS = ("loss",)
 INITIAL_LOSS_SCALE = 2.0**15
 LOSS_SCALE_GROWTH = 2.0 ** (1 / 1000)
 

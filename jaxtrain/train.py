@@ -4,6 +4,7 @@ Per optimizer step: `grad_accum` micro-batches through the jitted `train_step`. 
 step's metrics are read only after the next step is queued, so the host never stalls the device.
 """
 
+import concurrent.futures
 import dataclasses
 import math
 import os
@@ -97,19 +98,20 @@ def _run(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool) -> 
   mc = model_lib.ModelConfig.from_config(cfg.model, resolve_vocab(cfg, tok))
   k, B, T = cfg.train.grad_accum, cfg.train.batch_size, cfg.model.seq_len
   tokens_per_step = B * k * T
-  out.print(f"model: {logger.fmt_count(model_lib.param_count(mc))} params, "
+  abstract = steps.abstract_state(cfg, mc)
+  n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
+  out.print(f"model: {logger.fmt_count(n_params)} params, "
             f"{logger.fmt_count(model_lib.flops_per_token(mc))} train FLOPs/token, vocab "
             f"{mc.vocab_size}, {tokens_per_step} tokens/step ({B} x {T} x {k} micro-batches)")
 
   impl, why = model_lib.resolve_attention(cfg.model.attention, mc.dtype, T, mc.n_heads,
                                           mc.head_dim)
   out.print(f"compute: {mc.dtype} (params and optimizer float32), attention {impl} ({why})")
-  line, warning = estimate.memory_report(cfg, mc, devices, mesh.shape["fsdp"])
+  line, warning = estimate.memory_report(cfg, mc, devices, mesh.shape["fsdp"], n_params)
   out.print(line)
   if warning:
     out.print(f"WARNING: {warning}")
 
-  abstract = steps.abstract_state(cfg, mc)
   shardings = sharding.state_shardings(abstract, mesh)
   ckpts = checkpoint.Checkpoints(str(workdir), cfg.train.keep_checkpoints)
   train_iter = data.train_iterator(corpus, cfg, process, n_processes)
@@ -136,11 +138,13 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
   k, B, T = cfg.train.grad_accum, cfg.train.batch_size, cfg.model.seq_len
   tokens_per_step = B * k * T
   latest = ckpts.latest_step()
-  elapsed_before, best_val = 0.0, math.inf
-  if latest is None:
-    state = sharding.init_sharded(lambda: steps.init_state(cfg, mc), abstract, mesh)
-    out.print("starting a new run at step 0")
-  else:
+
+  def prepare_state() -> tuple[steps.TrainState, float, float]:
+    """(state, training seconds so far, best val loss so far): a fresh start or the latest save."""
+    if latest is None:
+      state = sharding.init_sharded(lambda: steps.init_state(cfg, mc), abstract, mesh, program_key)
+      out.print("starting a new run at step 0")
+      return state, 0.0, math.inf
     meta = ckpts.read_meta(latest)
     _check_resumable(meta, run_meta, cfg, out)
     state = ckpts.restore(latest, abstract, shardings, train_iter)
@@ -149,18 +153,28 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
       raise UserError(f"checkpoint {latest} in {ckpts.directory} is inconsistent (data position "
                       f"{position}, expected {latest * k}); move that step's directory away to "
                       "resume from an earlier one")
-    elapsed_before = meta.get("elapsed_s", 0.0)
-    best_val = meta.get("best_val_loss") or math.inf
     dropped = metrics_file.drop_after(latest)
     out.print(f"resumed from checkpoint {ckpts.directory / str(latest)} at step {latest}"
               + (f" (dropped {dropped} metric lines past it)" if dropped else ""))
+    return state, meta.get("elapsed_s", 0.0), meta.get("best_val_loss") or math.inf
+
+  # Everything besides shapes that the init, train and eval programs depend on (aot's cache key).
+  program_key = {"model": cfg.model.to_dict(), "optim": cfg.optim.to_dict(), "seed": cfg.seed,
+                 "train": {f: cfg.train[f] for f in ("grad_accum", "max_steps", "skip_nonfinite")},
+                 "model_config": repr(mc), "batch_shape": [B, T + 1]}
+  t_compile = time.time()
+  # Two compiles (init or restore, and the train step) run side by side: XLA compiles, and orbax
+  # reads, without holding the GIL. A cold start saves about one compile's time.
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    pending = pool.submit(prepare_state)
+    train_fn, eval_fn = sharding.jit_steps(abstract, mesh, program_key)
+    state, elapsed_before, best_val = pending.result()
   if is_main:
     workdir_lib.write_json(workdir / "config.json", cfg.to_dict())
     workdir_lib.write_json(workdir / workdir_lib.RUN_FILE,
                            {k_: v for k_, v in run_meta.items() if k_ != "config"})
     tokenizer_lib.save(tok, str(workdir / "tokenizer.json"))
 
-  train_fn, eval_fn = sharding.jit_steps(state, mesh)
   eval_set = [sharding.global_batch(b, mesh) for b in data.eval_batches(corpus, cfg, process,
                                                                         n_processes)]
   schedule = jax.jit(optim.lr_schedule(cfg.optim, cfg.train.max_steps))  # one compile, not ten
@@ -235,7 +249,7 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
         step += 1
         if first:
           jax.block_until_ready(micro)
-          out.print(f"compiled and ran the first step in {time.time() - t_run:.1f}s")
+          out.print(f"compiled and ran the first step in {time.time() - t_compile:.1f}s")
           t_mark, step_mark, first = time.perf_counter(), step, False
         if pending is not None:  # the previous step is done or nearly: reading it costs no stall
           last_loss = check(*pending)
