@@ -95,8 +95,9 @@ def main(argv: list[str]) -> None:
     # would also dump its traceback as a "task exception never retrieved".
     std_logging.getLogger("asyncio").setLevel(std_logging.CRITICAL)
     std_logging.getLogger("absl").addFilter(_drop_orbax_errors)
-    # A compile-cache entry that cannot be written only means compiling again next time.
-    warnings.filterwarnings("ignore", message="Error writing persistent compilation cache entry")
+    # A compile-cache entry that cannot be written (or read back whole) only means compiling
+    # again: jax then does so by itself.
+    warnings.filterwarnings("ignore", message="Error (writing|reading) persistent compilation cache")
     sys.unraisablehook = _quiet_closed_loop
   from jaxtrain import train  # after flag parsing: --jax_platforms must be set first
 

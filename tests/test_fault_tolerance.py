@@ -225,8 +225,9 @@ def test_cuda_platform_without_a_gpu_backend(corpus_file, tmp_path):
     assert "no working CUDA backend" in line and "pip install" in line
 
 
-def _run_with_file_size_limit(args: list[str], limit: int) -> subprocess.CompletedProcess:
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
+def _run_with_file_size_limit(args: list[str], limit: int, cache: Path) -> subprocess.CompletedProcess:
+  # Its own compile cache: jax writes cache entries in place, and a capped one stays truncated.
+  env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=str(cache))
   return subprocess.run([sys.executable, "-m", "jaxtrain", *args], cwd=ROOT, env=env, text=True,
                         capture_output=True, timeout=300,
                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
@@ -238,7 +239,8 @@ def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(corpus_file, tm
   args = kh.cli_args(workdir, corpus_file, 3)
   kh.complete(args)  # step 3 saved normally
   args = [a for a in args if "max_steps" not in a]
-  result = _run_with_file_size_limit([*args, "--config.train.max_steps=12"], 32 * 1024)
+  result = _run_with_file_size_limit([*args, "--config.train.max_steps=12"], 32 * 1024,
+                                     tmp_path / "xla")
   line = _one_line_error(result)
   assert "writing a checkpoint" in line and "failed (File too large" in line
   assert "resume from the intact checkpoint of step 3" in line
