@@ -37,17 +37,21 @@ SAME_PARAMS_LOSS_TOLERANCE = 1e-4
 
 
 class JaxSide:
-  """jaxtrain as a run uses it: the host's cores split into `cpu_devices` XLA devices
-  (`mesh.cpu_devices`, data parallel), and `sharding.jit_steps`' train step, state donated."""
+  """jaxtrain as a run of `shape` uses it: the CPU set up by jaxtrain's own rules
+  (`runtime.split_cpu`: cores split into XLA devices, matmul threading), and
+  `sharding.jit_steps`' train step with the state donated. One worker per shape: those rules
+  are process-wide and must be applied before jax starts its backend."""
 
-  def __init__(self, threads: int, cpu_devices: int):
+  def __init__(self, threads: int, shape: common.Shape, cpu_devices: int):
     common.pin_cores(threads)
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
 
-    jax.config.update("jax_num_cpu_devices", cpu_devices)  # before anything starts the backend
     from jaxtrain import runtime
 
+    cfg = common.gpt2_config(shape)
+    cfg.mesh.cpu_devices = cpu_devices  # 0: jaxtrain's automatic choice
+    runtime.split_cpu(cfg)
     runtime.enable_compile_cache()
 
   def peak(self, n: int, repeats: int) -> dict:
@@ -70,20 +74,24 @@ class JaxSide:
     init_loss = float(eval_fn(self.state, self.batches[0])["loss"])
     return {"param_count": model_lib.param_count(model_cfg),
             "flops_per_token": model_lib.flops_per_token(model_cfg), "init_loss": init_loss,
-            "params": jax.device_get(self.state.params), "cpu_devices": len(jax.devices())}
+            "params": jax.device_get(self.state.params), "cpu_devices": len(jax.devices()),
+            "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
   def run(self, n: int) -> dict:
     import jax
 
-    times = []
+    # Back to back, as jaxtrain's loop runs them: it queues the next step before it reads the
+    # previous one's metrics, so the host never waits on the device between steps. Timed as a
+    # block (the per-step figure is the block's mean).
+    jax.block_until_ready(self.state)
+    t0 = time.perf_counter()
     for _ in range(n):
       batch = self.batches[self.i % len(self.batches)]
       self.i += 1
-      t0 = time.perf_counter()
       self.state, metrics = self.step_fn(self.state, batch)
-      jax.block_until_ready((self.state, metrics))
-      times.append(time.perf_counter() - t0)
-    return {"times_s": times, "loss": float(metrics["loss"])}
+    jax.block_until_ready((self.state, metrics))
+    per_step = (time.perf_counter() - t0) / n
+    return {"times_s": [per_step] * n, "loss": float(metrics["loss"])}
 
 
 class TorchSide:
@@ -135,9 +143,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   p.add_argument("--steps", type=int, default=10, help="timed steps per framework per round")
   p.add_argument("--warmup", type=int, default=2, help="untimed steps first (jax compiles here)")
   p.add_argument("--rounds", type=int, default=3, help="alternations of jax and torch blocks")
+  p.add_argument("--pause", type=float, default=0.5,
+                 help="seconds of quiet before each round, so neither framework's idle threads "
+                      "spin into the other's round")
   p.add_argument("--cpu-devices", type=int, default=0,
-                 help="XLA CPU devices for jaxtrain (its mesh.cpu_devices); 0: jaxtrain's auto "
-                      "choice for the first shape's batch")
+                 help="XLA CPU devices for jaxtrain (its mesh.cpu_devices); 0: jaxtrain's own "
+                      "choice for each shape")
   p.add_argument("--threads", type=int, default=common.available_cores(),
                  help="cores (and threads) each framework gets (default: all available)")
   p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="output directory")
@@ -215,6 +226,9 @@ def bench_shape(shape: common.Shape, workers: dict, args, sampler: common.LoadSa
   for r in range(args.rounds):
     order = list(workers) if r % 2 == 0 else list(workers)[::-1]  # neither always goes first
     for fw in order:
+      # The other framework's worker threads spin a while after its last step before they
+      # sleep: each round starts once they have gone quiet, as they would in a real run.
+      time.sleep(args.pause)
       sampler.label = f"{shape.name}/{fw}"
       before = common.cpu_snapshot(sampler.pids())
       res = workers[fw].call("run", n=args.steps)
@@ -273,11 +287,16 @@ def markdown(report: dict) -> str:
       f"available, avx2={m['cpu_flags']['avx2']}, avx512f={m['cpu_flags']['avx512f']}, "
       f"{m['mem_gib']} GiB; python {m['python']}, "
       + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
-      f"- jaxtrain on {report['args']['cpu_devices']} XLA CPU device(s) (mesh.cpu_devices, data "
-      "parallel); both frameworks' processes started with GLIBC_TUNABLES="
+      "- jaxtrain with its own CPU setup per shape: "
+      + "; ".join(f"{r['shape']['name']}: {r['frameworks']['jax']['cpu_devices']} XLA CPU devices"
+                  + (", single-threaded matmuls" if "multi_thread_eigen=false"
+                     in r["frameworks"]["jax"]["xla_flags"] else "")
+                  for r in report["results"])
+      + "; both frameworks' processes started with GLIBC_TUNABLES="
       f"{report['machine']['env'].get('GLIBC_TUNABLES', '(unset)')}",
       f"- threads per framework: {report['args']['threads']}; warm-up {report['args']['warmup']}, "
-      f"{report['args']['rounds']} rounds x {report['args']['steps']} steps each, alternating",
+      f"{report['args']['rounds']} rounds x {report['args']['steps']} steps each, alternating, "
+      f"{report['args']['pause']} s pause before each round",
       f"- f32 matmul peak ({peak['n']}^3, GFLOP/s, best of the runs before and after): {peaks}; "
       f"MFU uses {peak['gflops']:.1f}",
       f"- load: {common.load_line(report['load'])}", "",
@@ -313,12 +332,6 @@ def main(argv: list[str] | None = None) -> int:
   args = parse_args(argv)
   common.use_jaxtrain_environment()  # both frameworks' workers start under it
   loadavg_before = os.getloadavg()  # before we start anything: the machine as we found it
-  if args.cpu_devices == 0:  # jaxtrain's own choice, for a batch every shape here splits evenly
-    from jaxtrain import runtime
-
-    cfg = common.gpt2_config(common.SHAPES[args.shapes[0]])
-    cfg.train.batch_size = math.gcd(*(common.SHAPES[s].batch_size for s in args.shapes))
-    args.cpu_devices = runtime.cpu_device_count(cfg, cores=args.threads)
   use_torch = not args.no_torch
   torch_skipped = None
   if use_torch and importlib.util.find_spec("torch") is None:
@@ -335,12 +348,18 @@ def main(argv: list[str] | None = None) -> int:
   try:
     with sampler:
       log("starting workers" + (" (jax, torch)" if use_torch else " (jax)"))
-      workers["jax"] = common.Worker("jax", JaxSide, args.threads, args.cpu_devices)
+      shapes = [common.SHAPES[s] for s in args.shapes]
+      workers["jax"] = common.Worker("jax", JaxSide, args.threads, shapes[0], args.cpu_devices)
       if use_torch:
         workers["torch"] = common.Worker("torch", TorchSide, args.threads)
       peaks = {fw: [] for fw in workers}
       measure_peaks(workers, peaks, args, sampler, "before")
-      results = [bench_shape(common.SHAPES[s], workers, args, sampler) for s in args.shapes]
+      results = []
+      for i, shape in enumerate(shapes):
+        if i:  # a fresh jax worker, set up for this shape
+          workers["jax"].close()
+          workers["jax"] = common.Worker("jax", JaxSide, args.threads, shape, args.cpu_devices)
+        results.append(bench_shape(shape, workers, args, sampler))
       measure_peaks(workers, peaks, args, sampler, "after")
       sampler.label = "done"
   finally:

@@ -1,5 +1,6 @@
 """Process-level JAX setup, done once before any other JAX work: compile cache and platform."""
 
+import dataclasses
 import importlib.util
 import os
 
@@ -103,7 +104,26 @@ def split_cpu(cfg: ml_collections.ConfigDict) -> None:
   platforms = (jax.config.jax_platforms or "").split(",")[0]
   has_cuda = any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
   if platforms == "cpu" or (not platforms and not has_cuda):
-    jax.config.update("jax_num_cpu_devices", cpu_device_count(cfg))
+    n = cpu_device_count(cfg)
+    jax.config.update("jax_num_cpu_devices", n)
+    flags = os.environ.get("XLA_FLAGS", "")
+    if n > 1 and _flops_per_device_step(cfg, n) < SMALL_STEP_FLOPS and "multi_thread_eigen" not in flags:
+      # Small steps: each device's matmuls on one thread. Devices that each spread small
+      # matmuls over every core keep waiting on each other (nano-sized, 2 cores: 1.25x faster).
+      os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
+
+
+SMALL_STEP_FLOPS = 1e11  # measured crossover on 2 cores: below it single-threaded matmuls win
+
+
+def _flops_per_device_step(cfg: ml_collections.ConfigDict, n_devices: int) -> float:
+  from jaxtrain import model as model_lib
+
+  # Built directly: ModelConfig.from_config would ask which backend runs, and so start it.
+  fields = {f.name for f in dataclasses.fields(model_lib.ModelConfig)} - {"vocab_size", "attention"}
+  mc = model_lib.ModelConfig(vocab_size=cfg.model.vocab_size or 256, attention="xla",
+                             **{f: cfg.model[f] for f in fields})
+  return model_lib.flops_per_token(mc) * cfg.train.batch_size * cfg.model.seq_len / n_devices
 
 
 def setup(cfg: ml_collections.ConfigDict) -> str:
