@@ -1,4 +1,4 @@
-"""nano: ~1M-parameter byte-level model on the Python standard library's source, CPU-sized.
+"""nano: ~1M-parameter (1.02M) byte-level model on the Python standard library's source, CPU-sized.
 
 python -m jaxtrain --config=configs/nano.py --jax_platforms=cpu
 """
@@ -11,7 +11,7 @@ def get_config():
   cfg.workdir = "runs/nano"
   cfg.seed = 0
 
-  cfg.model.n_layers = 4
+  cfg.model.n_layers = 5
   cfg.model.n_heads = 4
   cfg.model.d_model = 128
   cfg.model.seq_len = 128
