@@ -27,6 +27,16 @@ from jaxtrain.errors import ConfigError, UserError
 
 VERSION = "0.1.0"
 MAX_DROPPED_IN_A_ROW = 10  # with skip_nonfinite: past this, skipping is not going to recover
+# Dispatches queued ahead of the device within one step (micro-batches, eval batches). XLA:CPU
+# deadlocked in a cross-device all-reduce with ~100 multi-device steps queued (64 ran fine); a
+# few ahead already keep the device busy.
+MAX_IN_FLIGHT = 4
+
+
+def _throttle(results: list) -> None:
+  """Waits for the dispatch MAX_IN_FLIGHT back, so no more than that many are queued."""
+  if len(results) > MAX_IN_FLIGHT:
+    jax.block_until_ready(results[-MAX_IN_FLIGHT - 1])
 
 
 @dataclasses.dataclass
@@ -182,7 +192,10 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
   checkpoint_bytes = sum(x.nbytes for x in jax.tree.leaves(state.arrays()))
 
   def evaluate(state) -> float:
-    losses = [eval_fn(state, b)["loss"] for b in eval_set]
+    losses = []
+    for b in eval_set:
+      losses.append(eval_fn(state, b)["loss"])
+      _throttle(losses)
     return float(np.mean(jax.device_get(losses)))
 
   dropped_in_a_row = 0
@@ -246,6 +259,7 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
         for _ in range(k):
           state, m = train_fn(state, sharding.global_batch(next(train_iter), mesh))
           micro.append(m)
+          _throttle(micro)
         step += 1
         if first:
           jax.block_until_ready(micro)
