@@ -113,21 +113,29 @@ def memory_report(cfg: ml_collections.ConfigDict, mc: model_lib.ModelConfig, dev
   """(one line of the estimate, a warning naming the knobs if it will not fit, else None)."""
   m = memory_estimate(mc, cfg.train.batch_size, cfg.train.grad_accum, len(devices), fsdp, n_params)
   have, what = available_memory(devices[0])
+  # CPU devices of one process all live in its host's RAM; an accelerator has its own memory
+  sharing = sum(d.process_index == devices[0].process_index for d in devices) \
+      if devices[0].platform == "cpu" else 1
+  need = m.total * sharing
   line = (f"memory per device: ~{fmt_bytes(m.total)} = params {fmt_bytes(m.params)} + grads "
           f"{fmt_bytes(m.grads)} + AdamW {fmt_bytes(m.optimizer)}"
           + (f" + accumulation {fmt_bytes(m.accumulation)}" if m.accumulation else "")
           + f" + activations {fmt_bytes(m.activations)} + logits {fmt_bytes(m.logits)}"
+          + (f"; x {sharing} CPU devices = ~{fmt_bytes(need)}" if sharing > 1 else "")
           + (f"; {fmt_bytes(have)} {what}" if have else ""))
   warning = None
-  if have and m.total > have:
+  if have and need > have:
     knobs = ["lower train.batch_size (raise train.grad_accum to keep the tokens per step)",
              "lower model.seq_len"]
     if mc.dtype == "float32":
       knobs.append("use model.dtype=bfloat16 for smaller activations")
     if len(devices) > 1:
       knobs.append("split the state over devices with mesh.fsdp")
-    warning = (f"this run needs ~{fmt_bytes(m.total)} per device but {fmt_bytes(have)} {what} "
-               f"is free: it will probably run out of memory. To fit: {'; '.join(knobs)}")
+    if sharing > 1:
+      knobs.append("use fewer CPU devices (mesh.cpu_devices)")
+    needs = f"~{fmt_bytes(need)}" + (f" ({sharing} CPU devices)" if sharing > 1 else " per device")
+    warning = (f"this run needs {needs} but {fmt_bytes(have)} {what} is free: it will probably "
+               f"run out of memory. To fit: {'; '.join(knobs)}")
   return line, warning
 
 

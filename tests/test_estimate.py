@@ -4,6 +4,7 @@ import jax
 import pytest
 
 from jaxtrain import estimate, steps
+from jaxtrain.config import override
 from jaxtrain import model as model_lib
 from jaxtrain.testing import model_config, tiny_config
 
@@ -47,6 +48,21 @@ def test_report_warns_with_the_knobs_when_it_will_not_fit():
   assert "model.dtype=bfloat16" in warning
   _, fine = estimate.memory_report(tiny_config(), model_config(tiny_config()), jax.devices(), 1)
   assert fine is None
+
+
+def test_cpu_devices_share_the_hosts_ram():
+  """Per device it fits, but four CPU devices in one process need four times that of one RAM."""
+  have, _ = estimate.available_memory(jax.devices()[0])
+  cfg = tiny_config(**{"model.d_model": 512, "model.n_heads": 8, "model.seq_len": 1024})
+  per_row = estimate.memory_estimate(model_config(cfg), 1, 1).activations
+  batch = 4 * max(1, int(2 * have / per_row) // 4)  # activations of ~half the RAM per device
+  cfg = override(cfg, **{"train.batch_size": batch})
+  mc, four = model_config(cfg), [jax.devices()[0]] * 4  # four CPU devices of this process
+  per_device = estimate.memory_estimate(mc, batch, 1, 4).total
+  assert per_device < have < 4 * per_device
+  line, warning = estimate.memory_report(cfg, mc, four, fsdp=1)
+  assert "x 4 CPU devices" in line
+  assert warning and "(4 CPU devices)" in warning and "mesh.cpu_devices" in warning
 
 
 def test_published_peaks():
