@@ -5,7 +5,6 @@ Every run here is a real `python -m jaxtrain` subprocess, bounded in time.
 
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -228,9 +227,13 @@ def test_cuda_platform_without_a_gpu_backend(corpus_file, tmp_path):
 def _run_with_file_size_limit(args: list[str], limit: int, cache: Path) -> subprocess.CompletedProcess:
   # Its own compile cache: jax writes cache entries in place, and a capped one stays truncated.
   env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=str(cache))
-  return subprocess.run([sys.executable, "-m", "jaxtrain", *args], cwd=ROOT, env=env, text=True,
-                        capture_output=True, timeout=300,
-                        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+  # The limit is set by a small launcher that then execs jaxtrain: a preexec_fn would fork this
+  # multithreaded (jax) process.
+  launcher = ("import os, resource, sys; "
+              f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
+              "os.execv(sys.executable, [sys.executable, '-m', 'jaxtrain', *sys.argv[1:]])")
+  return subprocess.run([sys.executable, "-c", launcher, *args], cwd=ROOT, env=env, text=True,
+                        capture_output=True, timeout=300)
 
 
 def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(corpus_file, tmp_path):
