@@ -352,6 +352,12 @@ class Worker:
 
 # ---- report files --------------------------------------------------------------------------
 
+def cpu_line(m: dict) -> str:
+  """The report's CPU line, from `machine_info()`."""
+  return (f"CPU: {m['cpu_model']} (lscpu: {m['lscpu_model']}), {m['cores_available']} cores "
+          f"available of {m['cpu_count']}, {m['mem_gib']} GiB RAM")
+
+
 def load_line(load: dict) -> str:
   a = load["sampler"]["all"]
   return (f"loadavg {load['loadavg_before'][0]:.2f} just before the run, "

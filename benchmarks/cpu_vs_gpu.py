@@ -431,8 +431,7 @@ def markdown(report: dict) -> str:
   m = report["machine"]
   lines = [
       f"# Training step: CPU vs GPU ({report['timestamp']})", "",
-      f"- CPU: {m['cpu_model']} (lscpu: {m['lscpu_model']}), {m['cores_available']} cores "
-      f"available of {m['cpu_count']}, {m['mem_gib']} GiB RAM",
+      f"- {common.cpu_line(m)}",
       f"- GPU: {report['gpu']['name'] or report['gpu']['note']}",
       f"- software: python {m['python']}, "
       + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v and k != "torch"),

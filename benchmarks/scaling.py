@@ -118,8 +118,7 @@ def markdown(report: dict) -> str:
   m = report["machine"]
   lines = [
       f"# Scaling over devices: data parallel and FSDP ({report['timestamp']})", "",
-      f"- CPU: {m['cpu_model']} (lscpu: {m['lscpu_model']}), {m['cores_available']} cores "
-      f"available of {m['cpu_count']}, {m['mem_gib']} GiB RAM; jax {m['versions']['jax']}",
+      f"- {common.cpu_line(m)}; jax {m['versions']['jax']}",
       "- data: random int32 tokens [B, T+1]; the same global batch B for every device count "
       "(each device gets B/N rows); grad_accum forced to 1",
       f"- steps: {report['args']['warmup']} warm-up + {report['args']['steps']} timed per row; "
