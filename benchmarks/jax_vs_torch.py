@@ -80,15 +80,20 @@ class JaxSide:
   def run(self, n: int) -> dict:
     import jax
 
-    # Back to back, as jaxtrain's loop runs them: it queues the next step before it reads the
-    # previous one's metrics, so the host never waits on the device between steps. Timed as a
-    # block (the per-step figure is the block's mean).
+    # As jaxtrain's loop runs them: it queues the next step before it reads the previous one's
+    # metrics, so the host never waits on the device between steps, and no more than two steps
+    # are queued (XLA:CPU can deadlock in the cross-device all-reduce with dozens queued).
+    # Timed as a block (the per-step figure is the block's mean).
     jax.block_until_ready(self.state)
     t0 = time.perf_counter()
+    metrics = None
     for _ in range(n):
       batch = self.batches[self.i % len(self.batches)]
       self.i += 1
+      previous = metrics
       self.state, metrics = self.step_fn(self.state, batch)
+      if previous is not None:
+        jax.block_until_ready(previous)
     jax.block_until_ready((self.state, metrics))
     per_step = (time.perf_counter() - t0) / n
     return {"times_s": [per_step] * n, "loss": float(metrics["loss"])}

@@ -217,7 +217,11 @@ class GPT(nnx.Module):
     for block, key in zip(self.blocks, keys[1:]):
       x_BTD = block(x_BTD, rope, key)
     x_BTD = self.norm_f(x_BTD)
-    logits_BTV = self.wte.attend(x_BTD) if c.tie_embeddings else self.lm_head(x_BTD)
+    if c.tie_embeddings:
+      dtype = jnp.dtype(c.dtype)
+      logits_BTV = ops.dense_transposed(x_BTD.astype(dtype), self.wte.embedding[...].astype(dtype))
+    else:
+      logits_BTV = self.lm_head(x_BTD)
     return logits_BTV.astype(jnp.float32)
 
 

@@ -18,6 +18,12 @@ def _transposed(x: jax.Array) -> jax.Array:
   return jax.lax.optimization_barrier(jnp.swapaxes(x, -1, -2))
 
 
+def _transpose_of_product(x: jax.Array) -> jax.Array:
+  """The transpose of a matmul's result `x`, kept a transpose: without the barrier, XLA folds
+  it into the matmul, which then reads its larger operand transposed."""
+  return jnp.swapaxes(jax.lax.optimization_barrier(x), -1, -2)
+
+
 @jax.custom_vjp
 def dense(x_ND: jax.Array, w_DF: jax.Array) -> jax.Array:
   """`x @ w` over the last axis of x (any leading axes)."""
@@ -42,6 +48,11 @@ def _dense_bwd(residuals, dy):
 dense.defvjp(_dense_fwd, _dense_bwd)
 
 
+def dense_transposed(x_ND: jax.Array, w_FD: jax.Array) -> jax.Array:
+  """`x @ w.T` (a tied embedding's logits), as a plain matmul with `w` transposed on its own."""
+  return dense(x_ND, _transposed(w_FD))
+
+
 @jax.custom_vjp
 def causal_attention(q_BHTK: jax.Array, k_BHTK: jax.Array, v_BHTK: jax.Array) -> jax.Array:
   """Softmax attention where position t sees positions <= t; the softmax runs in float32."""
@@ -60,12 +71,12 @@ def _attention_fwd(q, k, v):
 def _attention_bwd(residuals, dout_BHTK):
   q, k, v, probs = residuals
   scale = q.shape[-1] ** -0.5
-  dv = _transposed(_transposed(dout_BHTK) @ probs)  # dv^T = dout^T probs: no T x T transpose
+  dv = _transpose_of_product(_transposed(dout_BHTK) @ probs)  # dv^T = dout^T probs: no T x T transpose
   dprobs = (dout_BHTK @ _transposed(v)).astype(jnp.float32)
   p32 = probs.astype(jnp.float32)
   dscores = (p32 * (dprobs - jnp.sum(dprobs * p32, axis=-1, keepdims=True))).astype(q.dtype)
   dq = (dscores @ k) * scale
-  dk = _transposed(_transposed(q) @ dscores) * scale  # dk^T = q^T dscores
+  dk = _transpose_of_product(_transposed(q) @ dscores) * scale  # dk^T = q^T dscores
   return dq, dk, dv
 
 

@@ -52,7 +52,9 @@ def test_grad_accumulation_equals_one_big_batch():
     for micro in split_batch(batch, k):
       s_acc, _ = train_step(s_acc, micro)
   assert int(s_big.step) == int(s_acc.step) == 2
-  assert_trees_close(s_big.params, s_acc.params, atol=1e-6)
+  # Rounding differs (4 sums of 4 rows vs one of 16), and Adam divides by sqrt(v): for a
+  # gradient near zero that can move an update by ~1e-6. A wrong average moves them by ~lr.
+  assert_trees_close(s_big.params, s_acc.params, atol=1e-5)
 
 
 def test_micro_steps_do_not_advance_the_optimizer_step():
