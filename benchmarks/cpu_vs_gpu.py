@@ -114,7 +114,7 @@ class StepWorker:
   def setup(self, config_path: str, overrides: dict, n_devices: int = 1) -> dict:
     """Builds the state and batches on an n-device mesh and compiles the train step."""
     import numpy as np
-    from jaxtrain import config, estimate, sharding, steps
+    from jaxtrain import config, estimate, runtime, sharding, steps
     from jaxtrain import model as model_lib
 
     self.state = self.batches = self.step_fn = None  # a previous setup's buffers go first
@@ -143,6 +143,7 @@ class StepWorker:
     self.rss_before = _rss_bytes()
     abstract = steps.abstract_state(cfg, mc)
     state = sharding.init_sharded(lambda: steps.init_state(cfg, mc), abstract, self.mesh)
+    runtime.use_cpu_step_options(cfg)  # as `python -m jaxtrain` compiles its steps
     train_fn, _ = sharding.jit_steps(state, self.mesh)
     rng = np.random.default_rng(SEED)
     self.batches = [sharding.global_batch(

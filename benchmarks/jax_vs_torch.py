@@ -60,7 +60,7 @@ class JaxSide:
   def setup(self, shape: common.Shape) -> dict:
     import jax
     from jaxtrain import model as model_lib
-    from jaxtrain import sharding, steps
+    from jaxtrain import runtime, sharding, steps
 
     cfg = common.gpt2_config(shape)
     model_cfg = model_lib.ModelConfig.from_config(cfg.model, shape.vocab_size)
@@ -75,7 +75,8 @@ class JaxSide:
     return {"param_count": model_lib.param_count(model_cfg),
             "flops_per_token": model_lib.flops_per_token(model_cfg), "init_loss": init_loss,
             "params": jax.device_get(self.state.params), "cpu_devices": len(jax.devices()),
-            "xla_flags": os.environ.get("XLA_FLAGS", "")}
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "step_compiler_options": runtime.step_compiler_options()}
 
   def run(self, n: int) -> dict:
     import jax
@@ -296,6 +297,8 @@ def markdown(report: dict) -> str:
       + "; ".join(f"{r['shape']['name']}: {r['frameworks']['jax']['cpu_devices']} XLA CPU devices"
                   + (", single-threaded matmuls" if "multi_thread_eigen=false"
                      in r["frameworks"]["jax"]["xla_flags"] else "")
+                  + (", no YNNPACK fusions" if "xla_cpu_experimental_ynn_fusion_type" in
+                     r["frameworks"]["jax"].get("step_compiler_options", {}) else "")
                   for r in report["results"])
       + "; both frameworks' processes started with GLIBC_TUNABLES="
       f"{report['machine']['env'].get('GLIBC_TUNABLES', '(unset)')}",

@@ -41,17 +41,19 @@ def _spec(x) -> str:
 
 
 def cached_jit(name: str, flat_fn: Callable, arg_specs: list, in_shardings: list,
-               out_shardings: list, config: dict, donate: int = 0) -> Callable:
+               out_shardings: list, config: dict, donate: int = 0,
+               compiler_options: dict | None = None) -> Callable:
   """`jax.jit(flat_fn, ...)` over flat lists of arrays in and out, compiled now (so that a caller
   can overlap two compiles in two threads: XLA compiles without holding the GIL), with its
   lowering cached.
 
   `arg_specs` are ShapeDtypeStructs of the arguments; the first `donate` of them are donated.
-  `config` is whatever else determines `flat_fn` (it goes into the cache key).
+  `config` is whatever else determines `flat_fn` (it goes into the cache key). `compiler_options`
+  go to XLA (and so into its own cache key), not into the lowered program.
   """
   donate_argnums = tuple(range(donate))
   plain = jax.jit(flat_fn, in_shardings=tuple(in_shardings), out_shardings=tuple(out_shardings),
-                  donate_argnums=donate_argnums)
+                  donate_argnums=donate_argnums, compiler_options=compiler_options)
   if jax.process_count() > 1 or os.environ.get("JAXTRAIN_NO_AOT") == "1":
     return plain.lower(*arg_specs).compile()
   key = hashlib.sha256(json.dumps({
@@ -74,5 +76,6 @@ def cached_jit(name: str, flat_fn: Callable, arg_specs: list, in_shardings: list
     return plain.lower(*arg_specs).compile()
   # The shardings give the call its devices (a program without inputs would default to one).
   wrapped = jax.jit(exported.call, in_shardings=tuple(in_shardings),
-                    out_shardings=tuple(out_shardings), donate_argnums=donate_argnums)
+                    out_shardings=tuple(out_shardings), donate_argnums=donate_argnums,
+                    compiler_options=compiler_options)
   return wrapped.lower(*arg_specs).compile()

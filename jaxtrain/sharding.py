@@ -13,7 +13,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxtrain import aot, steps
+from jaxtrain import aot, runtime, steps
 
 BATCH_AXES = ("data", "fsdp")
 MIN_SHARD_SIZE = 2**10  # arrays with fewer elements are replicated: splitting them costs more
@@ -74,15 +74,17 @@ def jit_steps(state: steps.TrainState, mesh: Mesh, cache_key: dict | None = None
   shardings = state_shardings(state, mesh)
   batch = {"tokens": batch_sharding(mesh)}
   rep = replicated(mesh)
+  options = runtime.step_compiler_options()
   if cache_key is None:
     train = jax.jit(steps.train_step, in_shardings=(shardings, batch),
-                    out_shardings=(shardings, rep), donate_argnums=0)
-    evaluate = jax.jit(steps.eval_step, in_shardings=(shardings, batch), out_shardings=rep)
+                    out_shardings=(shardings, rep), donate_argnums=0, compiler_options=options)
+    evaluate = jax.jit(steps.eval_step, in_shardings=(shardings, batch), out_shardings=rep,
+                       compiler_options=options)
     return train, evaluate
-  return _flat_steps(state, mesh, shardings, rep, cache_key)
+  return _flat_steps(state, mesh, shardings, rep, cache_key, options)
 
 
-def _flat_steps(state, mesh, shardings, rep, cache_key):
+def _flat_steps(state, mesh, shardings, rep, cache_key, options):
   """The same two steps as programs over flat lists of arrays, as `aot.cached_jit` needs."""
   array_shardings, tree = jax.tree.flatten(shardings.arrays())
   n = len(array_shardings)
@@ -104,10 +106,11 @@ def _flat_steps(state, mesh, shardings, rep, cache_key):
 
   train_call = aot.cached_jit("train_step", train_flat, specs, in_shardings,
                               [*array_shardings, *[rep] * len(steps.TRAIN_METRICS)], cache_key,
-                              donate=n)
+                              donate=n, compiler_options=options)
   # Evaluation comes later in a run: it is not compiled before the first train step.
   eval_call = functools.cache(lambda: aot.cached_jit("eval_step", eval_flat, specs, in_shardings,
-                                                     [rep] * len(steps.EVAL_METRICS), cache_key))
+                                                     [rep] * len(steps.EVAL_METRICS), cache_key,
+                                                     compiler_options=options))
 
   def train(state_: steps.TrainState, batch: dict):
     out = train_call(*jax.tree.leaves(state_.arrays()), batch["tokens"])
