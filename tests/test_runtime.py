@@ -7,7 +7,8 @@ import pytest
 from jaxtrain import config, runtime, sharding, steps
 from jaxtrain.testing import model_config, random_batch, tiny_config
 
-NANO = str(Path(__file__).resolve().parents[1] / "configs" / "nano.py")
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+NANO, SMALL = str(CONFIGS / "nano.py"), str(CONFIGS / "small.py")
 NO_YNN = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
@@ -29,12 +30,12 @@ def test_cores_become_devices_that_split_the_batch_evenly():
 def test_big_steps_compile_without_ynn_fusions_small_ones_keep_the_default(step_options,
                                                                           monkeypatch):
   monkeypatch.delenv("XLA_FLAGS", raising=False)
-  runtime.use_cpu_step_options(config.load_config(NANO))  # ~1.5e10 FLOPs a step
+  runtime.use_cpu_step_options(config.load_config(SMALL))  # ~1.2e12 FLOPs a step
   assert runtime.step_compiler_options() == NO_YNN
-  runtime.use_cpu_step_options(tiny_config())
+  runtime.use_cpu_step_options(config.load_config(NANO))  # ~1.5e10: gains nothing, keeps YNN
   assert runtime.step_compiler_options() == {}
   monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT")
-  runtime.use_cpu_step_options(config.load_config(NANO))
+  runtime.use_cpu_step_options(config.load_config(SMALL))
   assert runtime.step_compiler_options() == {}  # the user's own choice wins
 
 
@@ -51,5 +52,5 @@ def test_the_option_reaches_the_compiled_step(step_options, monkeypatch):
     return train.lower(abstract, batch).compile().as_text()
 
   assert "ynn_fusion" in compiled_text()
-  runtime.use_cpu_step_options(config.load_config(NANO))
+  runtime.use_cpu_step_options(config.load_config(SMALL))
   assert "ynn_fusion" not in compiled_text()
