@@ -71,7 +71,8 @@ def _attention_fwd(q, k, v):
 def _attention_bwd(residuals, dout_BHTK):
   q, k, v, probs = residuals
   scale = q.shape[-1] ** -0.5
-  dv = _transpose_of_product(_transposed(dout_BHTK) @ probs)  # dv^T = dout^T probs: no T x T transpose
+  # dv^T = dout^T probs: no T x T transpose
+  dv = _transpose_of_product(_transposed(dout_BHTK) @ probs)
   dprobs = (dout_BHTK @ _transposed(v)).astype(jnp.float32)
   p32 = probs.astype(jnp.float32)
   dscores = (p32 * (dprobs - jnp.sum(dprobs * p32, axis=-1, keepdims=True))).astype(q.dtype)

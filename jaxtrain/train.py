@@ -28,8 +28,8 @@ from jaxtrain.errors import ConfigError, UserError
 VERSION = "0.1.0"
 MAX_DROPPED_IN_A_ROW = 10  # with skip_nonfinite: past this, skipping is not going to recover
 # Dispatches queued ahead of the device within one step (micro-batches, eval batches). XLA:CPU
-# deadlocked in a cross-device all-reduce with ~100 multi-device steps queued (64 ran fine); a
-# few ahead already keep the device busy.
+# deadlocked in a cross-device all-reduce with 50-100 two-device steps queued (sometimes at 50,
+# always at 100); a few ahead already keep the device busy.
 MAX_IN_FLIGHT = 4
 
 
