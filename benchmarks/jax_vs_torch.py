@@ -76,7 +76,9 @@ class JaxSide:
             "flops_per_token": model_lib.flops_per_token(model_cfg), "init_loss": init_loss,
             "params": jax.device_get(self.state.params), "cpu_devices": len(jax.devices()),
             "xla_flags": os.environ.get("XLA_FLAGS", ""),
-            "step_compiler_options": runtime.step_compiler_options()}
+            "step_compiler_options": runtime.step_compiler_options(),
+            "one_allreduce": sharding.one_allreduce_applies(self.mesh, model_cfg,
+                                                            self.batches[0]["tokens"].shape)}
 
   def run(self, n: int) -> dict:
     import jax
@@ -299,6 +301,8 @@ def markdown(report: dict) -> str:
                      in r["frameworks"]["jax"]["xla_flags"] else "")
                   + (", no YNNPACK fusions" if "xla_cpu_experimental_ynn_fusion_type" in
                      r["frameworks"]["jax"].get("step_compiler_options", {}) else "")
+                  + (", gradients all-reduced at once" if r["frameworks"]["jax"].get(
+                      "one_allreduce") else "")
                   for r in report["results"])
       + "; both frameworks' processes started with GLIBC_TUNABLES="
       f"{report['machine']['env'].get('GLIBC_TUNABLES', '(unset)')}",

@@ -8,6 +8,7 @@ Shape suffixes: B batch, T time, D d_model, H heads, K head size, F MLP width, V
 
 import dataclasses
 import math
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -90,8 +91,31 @@ class Dense(nnx.Module):
     return ops.dense(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
 
 
+# Per thread, the draws that `init` collects to make in batches (none: initializers draw at once).
+_BATCHING = threading.local()
+
+
 def _init(std: float):
-  return nnx.initializers.normal(stddev=std)
+  def init(key, shape: tuple[int, ...], dtype) -> jax.Array:
+    draws = getattr(_BATCHING, "draws", None)
+    if draws is None:
+      return jax.random.normal(key, shape, dtype) * jnp.array(std, dtype)
+    placeholder = jnp.zeros(shape, dtype)
+    draws.append((placeholder, key, std))  # key: the index `_NumberedKeys` gave out
+    return placeholder
+  return init
+
+
+class _NumberedKeys:
+  """Stands in for `nnx.Rngs` while `init` builds the model: the i-th params key it hands out
+  is the number i, where `nnx.Rngs(params=key)` would hand out `fold_in(key, i)`."""
+
+  def __init__(self):
+    self.count = 0
+
+  def params(self) -> int:
+    self.count += 1
+    return self.count - 1
 
 
 def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -223,6 +247,37 @@ class GPT(nnx.Module):
     else:
       logits_BTV = self.lm_head(x_BTD)
     return logits_BTV.astype(jnp.float32)
+
+
+def init(c: ModelConfig, key: jax.Array) -> GPT:
+  """`GPT(c, nnx.Rngs(params=key))`, with the same values, but cheaper to compile.
+
+  Under jit each key and each normal draw becomes its own fusions of threefry code: nano's init
+  program (params and optimizer state) had 292 fusions and compiled about as long as its train
+  step. Here the draws are collected while the model is built, then made as one vmapped draw
+  per shape (a batch of keys gives what each key gives alone): 102 fusions, ~0.4 s less.
+  """
+  _BATCHING.draws = draws = []
+  try:
+    model = GPT(c, _NumberedKeys())
+  finally:
+    _BATCHING.draws = None
+  keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.array([i for _, i, _ in draws],
+                                                                 jnp.uint32))
+  by_shape: dict = {}
+  for n, (placeholder, _, std) in enumerate(draws):
+    by_shape.setdefault((placeholder.shape, placeholder.dtype), []).append((placeholder, n, std))
+  values = {}
+  for (shape, dtype), group in by_shape.items():
+    stds = jnp.array([std for _, _, std in group], dtype)
+    drawn = jax.vmap(lambda k, std: jax.random.normal(k, shape, dtype) * std)(
+        keys[jnp.array([n for _, n, _ in group])], stds)
+    values.update({id(placeholder): drawn[j] for j, (placeholder, _, _) in enumerate(group)})
+  params = nnx.state(model, nnx.Param)
+  nnx.update(model, jax.tree.map(lambda x: values.pop(id(x), x), params))
+  if values:
+    raise RuntimeError(f"model.init: {len(values)} drawn parameter(s) not found in the model")
+  return model
 
 
 def param_count(c: ModelConfig) -> int:

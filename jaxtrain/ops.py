@@ -41,7 +41,7 @@ def _dense_bwd(residuals, dy):
   if x_ND.shape[1] <= dy_NF.shape[1]:  # transpose whichever of x and dy is narrower
     dw = _transposed(x_ND) @ dy_NF
   else:
-    dw = jnp.swapaxes(_transposed(dy_NF) @ x_ND, 0, 1)
+    dw = _transpose_of_product(_transposed(dy_NF) @ x_ND)
   return dx, dw.astype(w.dtype)
 
 

@@ -9,14 +9,20 @@ it; everything else (scalars, norm scales, small or indivisible arrays) is repli
 import functools
 
 import jax
+import jax.flatten_util
 import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxtrain import aot, runtime, steps
+from jaxtrain import model as model_lib
 
 BATCH_AXES = ("data", "fsdp")
 MIN_SHARD_SIZE = 2**10  # arrays with fewer elements are replicated: splitting them costs more
+# Data-parallel steps of fewer FLOPs per CPU device all-reduce their gradients at once
+# (`one_allreduce_step`). A/B (benchmarks/README.md): the small benchmark model (2e9 per
+# device) 0.90-0.98x the step time; nano (7e9) and larger 1.00-1.06x, so they keep XLA's.
+ONE_ALLREDUCE_FLOPS = 4e9
 
 
 def mesh_shape(cfg: ml_collections.ConfigDict, n_devices: int) -> tuple[int, int]:
@@ -65,6 +71,58 @@ def global_batch(batch: dict, mesh: Mesh) -> dict:
   return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
 
 
+def train_step_for(mesh: Mesh):
+  """`steps.train_step`, or `one_allreduce_step(mesh)` where `one_allreduce_applies`."""
+  per_device = one_allreduce_step(mesh)
+
+  def train_step(state: steps.TrainState, batch: dict):
+    if one_allreduce_applies(mesh, state.model_cfg, batch["tokens"].shape):
+      return per_device(state, batch)
+    return steps.train_step(state, batch)
+
+  return train_step
+
+
+def one_allreduce_applies(mesh: Mesh, model_cfg: model_lib.ModelConfig,
+                          tokens_shape: tuple[int, int]) -> bool:
+  """Pure data parallel on CPU devices, no dropout, under ONE_ALLREDUCE_FLOPS per device."""
+  n = mesh.shape["data"]
+  if n == 1 or mesh.shape["fsdp"] != 1 or mesh.devices.flat[0].platform != "cpu":
+    return False
+  B, T1 = tokens_shape
+  flops = model_lib.flops_per_token(model_cfg) * B * (T1 - 1) / n
+  return model_cfg.dropout == 0 and flops < ONE_ALLREDUCE_FLOPS
+
+
+def one_allreduce_step(mesh: Mesh):
+  """`steps.train_step` written per device, for pure data parallelism without dropout (each
+  device would draw its own mask): its rows' gradients, one all-reduce of all of them as one
+  flat buffer, then the same optimizer update on every device.
+
+  Under `jax.jit` alone, XLA all-reduces each gradient as the backward pass produces it, and
+  XLA:CPU's devices meet once per gradient (29 times a step for the small benchmark model).
+  """
+  n = mesh.shape["data"] * mesh.shape["fsdp"]
+
+  def train_step(state: steps.TrainState, batch: dict):
+    def local(params, loss_scale, tokens_BT1):
+      # Varying per device from here: each device's gradients are its own until the psum.
+      params = jax.tree.map(lambda p: jax.lax.pcast(p, BATCH_AXES, to="varying"), params)
+      loss, grads = steps.gradients(state.replace(params=params, loss_scale=loss_scale),
+                                    tokens_BT1, None)
+      flat, unflatten = jax.flatten_util.ravel_pytree(grads)
+      # Each device's loss is the mean over its rows: the mean of the means is the batch's.
+      return jax.lax.psum(loss, BATCH_AXES) / n, unflatten(jax.lax.psum(flat, BATCH_AXES) / n)
+
+    loss, grads = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(BATCH_AXES)),
+                                out_specs=(P(), P()))(state.params, state.loss_scale,
+                                                      batch["tokens"])
+    rng, _ = jax.random.split(state.rng)  # as in train_step: its dropout key goes unused
+    return steps.apply_gradients(state, rng, loss, grads)
+
+  return train_step
+
+
 def jit_steps(state: steps.TrainState, mesh: Mesh, cache_key: dict | None = None):
   """`train_step` and `eval_step`, jitted with explicit shardings; the state is donated.
 
@@ -76,7 +134,7 @@ def jit_steps(state: steps.TrainState, mesh: Mesh, cache_key: dict | None = None
   rep = replicated(mesh)
   options = runtime.step_compiler_options()
   if cache_key is None:
-    train = jax.jit(steps.train_step, in_shardings=(shardings, batch),
+    train = jax.jit(train_step_for(mesh), in_shardings=(shardings, batch),
                     out_shardings=(shardings, rep), donate_argnums=0, compiler_options=options)
     evaluate = jax.jit(steps.eval_step, in_shardings=(shardings, batch), out_shardings=rep,
                        compiler_options=options)
@@ -94,9 +152,11 @@ def _flat_steps(state, mesh, shardings, rep, cache_key, options):
   specs.append(jax.ShapeDtypeStruct(tuple(tokens), "int32", sharding=batch_sharding(mesh)))
   in_shardings = [*array_shardings, batch_sharding(mesh)]
 
+  train_step = train_step_for(mesh)
+
   def train_flat(*leaves):
-    new, metrics = steps.train_step(state.with_arrays(jax.tree.unflatten(tree, leaves[:n])),
-                                    {"tokens": leaves[n]})
+    new, metrics = train_step(state.with_arrays(jax.tree.unflatten(tree, leaves[:n])),
+                              {"tokens": leaves[n]})
     return (*jax.tree.leaves(new.arrays()), *(metrics[k] for k in steps.TRAIN_METRICS))
 
   def eval_flat(*leaves):

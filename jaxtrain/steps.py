@@ -52,7 +52,7 @@ def init_state(cfg: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig)
   """A fresh state from `cfg.seed`: the same seed gives the same params on every platform."""
   key = jax.random.PRNGKey(cfg.seed)
   param_key, dropout_key = jax.random.split(key)
-  model = model_lib.GPT(model_cfg, nnx.Rngs(params=param_key))
+  model = model_lib.init(model_cfg, param_key)
   graphdef, params = nnx.split(model, nnx.Param)
   params = nnx.to_pure_dict(params)
   tx = optim.make_optimizer(cfg)
@@ -82,14 +82,26 @@ def loss_fn(params, graphdef: nnx.GraphDef, tokens_BT1: jax.Array,
 def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
   """One micro-batch: gradients, then the optimizer (which applies an update every grad_accum)."""
   rng, dropout_key = jax.random.split(state.rng)
+  loss, grads = gradients(state, batch["tokens"], dropout_key)
+  return apply_gradients(state, rng, loss, grads)
+
+
+def gradients(state: TrainState, tokens_BT1: jax.Array,
+              dropout_key: jax.Array | None) -> tuple[jax.Array, Any]:
+  """(loss, gradients of the params) for a micro-batch, through the loss scale and back."""
   scale = state.loss_scale
 
   def scaled_loss(params):
-    return loss_fn(params, state.graphdef, batch["tokens"], dropout_key) * scale
+    return loss_fn(params, state.graphdef, tokens_BT1, dropout_key) * scale
 
   scaled, grads = jax.value_and_grad(scaled_loss)(state.params)
-  loss = scaled / scale
-  grads = jax.tree.map(lambda g: g / scale, grads)
+  return scaled / scale, jax.tree.map(lambda g: g / scale, grads)
+
+
+def apply_gradients(state: TrainState, rng: jax.Array, loss: jax.Array,
+                    grads: Any) -> tuple[TrainState, dict]:
+  """The optimizer's part of `train_step`; `rng` is the state's next dropout key."""
+  scale = state.loss_scale
   grad_norm = optax.tree.norm(grads)
   updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)

@@ -1,7 +1,8 @@
 """Run in a fresh process: N virtual CPU devices, the same steps on several meshes.
 
 Prints JSON: for each (data, fsdp) mesh, the largest difference of the final state from the
-same steps on a single device, and how the params ended up sharded.
+same steps on a single device, how the params ended up sharded, and how many all-reduces the
+compiled train step has.
 """
 
 import json
@@ -28,18 +29,21 @@ def train(data: int, fsdp: int, devices, n_steps: int = 4):
   for i in range(n_steps * cfg.train.grad_accum):
     state, _ = train_fn(state, sharding.global_batch(random_batch(cfg, seed=i), mesh))
   specs = sorted({str(x.sharding.spec) for x in jax.tree.leaves(state.params)})
-  return jax.device_get(state.arrays()), specs
+  batch = sharding.global_batch(random_batch(cfg), mesh)
+  all_reduces = train_fn.lower(state, batch).compile().as_text().count(" all-reduce(")
+  return jax.device_get(state.arrays()), specs, all_reduces
 
 
 def main() -> None:
   devices = jax.devices()
-  reference, _ = train(1, 1, devices[:1])
+  reference, _, _ = train(1, 1, devices[:1])
   report = {"devices": len(devices)}
   for data, fsdp in [(len(devices), 1), (1, len(devices)), (2, len(devices) // 2)]:
-    arrays, specs = train(data, fsdp, devices)
+    arrays, specs, all_reduces = train(data, fsdp, devices)
     diff = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
                for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(arrays)))
-    report[f"data={data},fsdp={fsdp}"] = {"max_abs_diff": diff, "param_specs": specs}
+    report[f"data={data},fsdp={fsdp}"] = {"max_abs_diff": diff, "param_specs": specs,
+                                          "all_reduces": all_reduces}
   print(json.dumps(report))
 
 

@@ -69,6 +69,8 @@ def test_data_parallel_and_fsdp_match_a_single_device():
   for mesh in ("data=4,fsdp=1", "data=1,fsdp=4", "data=2,fsdp=2"):
     assert report[mesh]["max_abs_diff"] < TOL, (mesh, report[mesh])
   assert report["data=4,fsdp=1"]["param_specs"] == ["P()"]  # replicated
+  # A small data-parallel step on CPU all-reduces all its gradients (and the loss) at once.
+  assert report["data=4,fsdp=1"]["all_reduces"] == 1, report["data=4,fsdp=1"]
   assert "P('fsdp', None)" in report["data=1,fsdp=4"]["param_specs"]
 
 
