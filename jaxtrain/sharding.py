@@ -21,7 +21,7 @@ BATCH_AXES = ("data", "fsdp")
 MIN_SHARD_SIZE = 2**10  # arrays with fewer elements are replicated: splitting them costs more
 # Data-parallel steps of fewer FLOPs per CPU device all-reduce their gradients at once
 # (`one_allreduce_step`). A/B (benchmarks/README.md): the small benchmark model (2e9 per
-# device) 0.90-0.98x the step time; nano (7e9) and larger 1.00-1.06x, so they keep XLA's.
+# device) 0.90-1.00x the step time; nano (7e9) and larger 1.00-1.10x, so they keep XLA's.
 ONE_ALLREDUCE_FLOPS = 4e9
 
 
