@@ -304,3 +304,8 @@ def flops_per_token(c: ModelConfig, training: bool = True) -> int:
   """
   forward = 2 * matmul_param_count(c) + 4 * c.n_layers * c.seq_len * c.d_model
   return 3 * forward if training else forward
+
+
+def flops_per_step(c: ModelConfig, batch_size: int) -> int:
+  """Training FLOPs of one micro-batch of `batch_size` full-length rows."""
+  return flops_per_token(c) * batch_size * c.seq_len

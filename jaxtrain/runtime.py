@@ -152,7 +152,7 @@ def _flops_per_device_step(cfg: ml_collections.ConfigDict, n_devices: int) -> fl
   fields = {f.name for f in dataclasses.fields(model_lib.ModelConfig)} - {"vocab_size", "attention"}
   mc = model_lib.ModelConfig(vocab_size=cfg.model.vocab_size or 256, attention="xla",
                              **{f: cfg.model[f] for f in fields})
-  return model_lib.flops_per_token(mc) * cfg.train.batch_size * cfg.model.seq_len / n_devices
+  return model_lib.flops_per_step(mc, cfg.train.batch_size) / n_devices
 
 
 def setup(cfg: ml_collections.ConfigDict) -> str:

@@ -89,8 +89,7 @@ def one_allreduce_applies(mesh: Mesh, model_cfg: model_lib.ModelConfig,
   n = mesh.shape["data"]
   if n == 1 or mesh.shape["fsdp"] != 1 or mesh.devices.flat[0].platform != "cpu":
     return False
-  B, T1 = tokens_shape
-  flops = model_lib.flops_per_token(model_cfg) * B * (T1 - 1) / n
+  flops = model_lib.flops_per_step(model_cfg, tokens_shape[0]) / n
   return model_cfg.dropout == 0 and flops < ONE_ALLREDUCE_FLOPS
 
 

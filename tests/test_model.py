@@ -68,6 +68,7 @@ def test_flops_per_token_by_hand():
   attention = 12 * 2 * 12 * 16  # 12 * L * T * D
   assert model_lib.flops_per_token(c) == 6 * 7168 + attention
   assert model_lib.flops_per_token(c, training=False) == (6 * 7168 + attention) // 3
+  assert model_lib.flops_per_step(c, batch_size=3) == (6 * 7168 + attention) * 3 * 12
 
 
 def test_swiglu_width_keeps_the_mlp_parameter_count_close_to_gelu():
