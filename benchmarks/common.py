@@ -121,16 +121,30 @@ def _version(package: str) -> str | None:
     return None
 
 
-def use_jaxtrain_environment() -> str | None:
-  """The process environment `python -m jaxtrain` runs under (huge pages for large buffers, see
-  jaxtrain/hugepages.py), applied here so that every worker this benchmark spawns inherits it.
-  Returns GLIBC_TUNABLES as the workers will see it, for the report."""
-  from jaxtrain import hugepages
+def jaxtrain_environment() -> dict:
+  """The variables `python -m jaxtrain` sets for itself when it starts (mimalloc preloaded, huge
+  pages: jaxtrain/allocator.py) that this process does not have yet."""
+  from jaxtrain import allocator
 
-  env = hugepages.environment()
-  if env is not None:
-    os.environ["GLIBC_TUNABLES"] = env["GLIBC_TUNABLES"]
-  return os.environ.get("GLIBC_TUNABLES")
+  env = allocator.environment() or {}
+  return {k: v for k, v in env.items() if os.environ.get(k) != v}
+
+
+def use_jaxtrain_environment() -> dict:
+  """Applies `jaxtrain_environment()` here, so that every worker this benchmark spawns starts
+  under it, as `python -m jaxtrain` runs. Returns what it set, for the report."""
+  changes = jaxtrain_environment()
+  os.environ.update(changes)
+  return changes
+
+
+def allocator_of(env: dict) -> str:
+  """How a process started with `env` allocates memory, in words, for reports."""
+  preload = env.get("LD_PRELOAD", "")
+  name = "mimalloc" if "mimalloc" in preload else "glibc"
+  if name == "glibc" and "hugetlb" in env.get("GLIBC_TUNABLES", ""):
+    name += " with huge pages"
+  return name
 
 
 def machine_info() -> dict:
@@ -158,8 +172,9 @@ def machine_info() -> dict:
       "python": platform.python_version(),
       "platform": platform.platform(),
       "versions": {p: _version(p) for p in ("jax", "jaxlib", "flax", "optax", "numpy", "torch")},
-      "env": {k: os.environ[k] for k in ("XLA_FLAGS", "GLIBC_TUNABLES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                                         "JAX_PLATFORMS") if k in os.environ},
+      "env": {k: v for k, v in os.environ.items() if k.startswith("MIMALLOC_") or k in (
+          "XLA_FLAGS", "GLIBC_TUNABLES", "LD_PRELOAD", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+          "JAX_PLATFORMS")},
   }
 
 
@@ -304,20 +319,34 @@ def _serve(conn, factory: Callable, args: tuple) -> None:
       conn.send(("error", traceback.format_exc()))
 
 
+def _set_environ(values: dict) -> None:
+  for k, v in values.items():
+    if v is None:
+      os.environ.pop(k, None)
+    else:
+      os.environ[k] = v
+
+
 class Worker:
   """`factory(*args)` built in its own spawned process; `call(name, **kw)` runs its method there.
 
   One process per framework keeps their thread pools and allocators from meeting.
   """
 
-  def __init__(self, label: str, factory: Callable, *args):
+  def __init__(self, label: str, factory: Callable, *args, environ: dict | None = None):
+    """`environ`: variables the worker starts with besides this process's (None: unset)."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     self.label = label
     self._conn, child = ctx.Pipe()
     self._proc = ctx.Process(target=_serve, args=(child, factory, args), daemon=True, name=label)
-    self._proc.start()
+    saved = {k: os.environ.get(k) for k in environ or {}}
+    try:  # a spawned process starts with os.environ as it is at start()
+      _set_environ(environ or {})
+      self._proc.start()
+    finally:
+      _set_environ(saved)
     child.close()
     self._reply()
 

@@ -163,6 +163,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   p.add_argument("--no-torch", action="store_true", help="time the jaxtrain side only")
   p.add_argument("--peak-size", type=int, default=2048, help="n of the n x n f32 matmul peak")
   p.add_argument("--peak-repeats", type=int, default=10)
+  p.add_argument("--torch-allocator", choices=("glibc", "jaxtrain"), default="glibc",
+                 help="glibc (with huge pages, as before): PyTorch as its users start it; "
+                      "jaxtrain: under jaxtrain's own allocator setup (mimalloc), for comparison")
   args = p.parse_args(argv)
   args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
   unknown = [s for s in args.shapes if s not in common.SHAPES]
@@ -304,8 +307,9 @@ def markdown(report: dict) -> str:
                   + (", gradients all-reduced at once" if r["frameworks"]["jax"].get(
                       "one_allreduce") else "")
                   for r in report["results"])
-      + "; both frameworks' processes started with GLIBC_TUNABLES="
-      f"{report['machine']['env'].get('GLIBC_TUNABLES', '(unset)')}",
+      + "; memory: jaxtrain "
+      + report.get("allocators", {}).get("jax", "?") + ", PyTorch "
+      + report.get("allocators", {}).get("torch", "?"),
       f"- threads per framework: {report['args']['threads']}; warm-up {report['args']['warmup']}, "
       f"{report['args']['rounds']} rounds x {report['args']['steps']} steps each, alternating, "
       f"{report['args']['pause']} s pause before each round",
@@ -342,7 +346,15 @@ def measure_peaks(workers: dict, peaks: dict, args, sampler: common.LoadSampler,
 
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(argv)
-  common.use_jaxtrain_environment()  # both frameworks' workers start under it
+  # Each framework as its users start it: jaxtrain with the allocator `python -m jaxtrain` sets up
+  # for itself (jaxtrain/allocator.py); PyTorch with glibc, huge pages on (--torch-allocator).
+  jax_env = common.jaxtrain_environment()
+  torch_env = dict(jax_env)
+  if args.torch_allocator == "glibc":
+    torch_env.update({k: os.environ.get(k) for k in torch_env
+                      if k == "LD_PRELOAD" or k.startswith("MIMALLOC_")})
+  allocators = {fw: common.allocator_of({**os.environ, **{k: v for k, v in e.items() if v}})
+                for fw, e in (("jax", jax_env), ("torch", torch_env))}
   loadavg_before = os.getloadavg()  # before we start anything: the machine as we found it
   use_torch = not args.no_torch
   torch_skipped = None
@@ -361,16 +373,18 @@ def main(argv: list[str] | None = None) -> int:
     with sampler:
       log("starting workers" + (" (jax, torch)" if use_torch else " (jax)"))
       shapes = [common.SHAPES[s] for s in args.shapes]
-      workers["jax"] = common.Worker("jax", JaxSide, args.threads, shapes[0], args.cpu_devices)
+      workers["jax"] = common.Worker("jax", JaxSide, args.threads, shapes[0], args.cpu_devices,
+                                     environ=jax_env)
       if use_torch:
-        workers["torch"] = common.Worker("torch", TorchSide, args.threads)
+        workers["torch"] = common.Worker("torch", TorchSide, args.threads, environ=torch_env)
       peaks = {fw: [] for fw in workers}
       measure_peaks(workers, peaks, args, sampler, "before")
       results = []
       for i, shape in enumerate(shapes):
         if i:  # a fresh jax worker, set up for this shape
           workers["jax"].close()
-          workers["jax"] = common.Worker("jax", JaxSide, args.threads, shape, args.cpu_devices)
+          workers["jax"] = common.Worker("jax", JaxSide, args.threads, shape, args.cpu_devices,
+                                         environ=jax_env)
         results.append(bench_shape(shape, workers, args, sampler))
       measure_peaks(workers, peaks, args, sampler, "after")
       sampler.label = "done"
@@ -386,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
   report = {
       "benchmark": NAME, "timestamp": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
       "args": vars(args), "machine": machine, "torch_skipped": torch_skipped,
+      "allocators": allocators,
       "matmul_peak": {"dtype": "float32", "n": args.peak_size, "gflops": best[peak_fw]["gflops"],
                       "from": peak_fw, "by_framework": best, "all": peaks},
       "load": {"loadavg_before": loadavg_before, "loadavg_after": loadavg_after,

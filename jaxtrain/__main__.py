@@ -5,10 +5,10 @@ import os
 import sys
 import warnings
 
-from jaxtrain import hugepages
+from jaxtrain import allocator
 
 if __name__ == "__main__":
-  hugepages.reexec()  # first of all: glibc reads its tunables only when a process starts
+  allocator.reexec()  # first of all: the allocator is chosen when a process starts
 
 import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402

@@ -8,6 +8,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from jaxtrain import allocator
 from jaxtrain.config import default_cache_dir
 from jaxtrain.errors import UserError
 
@@ -104,7 +105,7 @@ def split_cpu(cfg: ml_collections.ConfigDict) -> None:
   if xla_bridge.backends_are_initialized() or jax.config.jax_num_cpu_devices != -1:
     return  # too late to change, or --jax_num_cpu_devices was given: that wins
   platforms = (jax.config.jax_platforms or "").split(",")[0]
-  has_cuda = any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+  has_cuda = allocator.cuda_installed()
   if platforms == "cpu" or (not platforms and not has_cuda):
     n = cpu_device_count(cfg)
     jax.config.update("jax_num_cpu_devices", n)
@@ -115,27 +116,35 @@ def split_cpu(cfg: ml_collections.ConfigDict) -> None:
       os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
 
 
-_STEP_OPTIONS: dict = {}  # chosen once per process by use_cpu_step_options
+_STEP_OPTIONS: dict | None = None  # chosen once per process by use_cpu_step_options
 
 
-def use_cpu_step_options(cfg: ml_collections.ConfigDict) -> None:
+def use_cpu_step_options(cfg: ml_collections.ConfigDict | None) -> None:
   """Chooses the XLA options of this process's train and eval steps on CPU (none elsewhere).
 
-  Steps of >= 1e11 FLOPs: matmuls through Eigen and their neighbours through XLA's own fused
-  kernels, not YNNPACK fusions: 0.95x the step time for configs/small.py, 0.90x for the
-  10.7M-param GPT-2-layout benchmark model. Smaller steps gained nothing (configs/nano.py
-  1.00x, the 0.8M benchmark model 1.005x) and compile slower without them, so they, tests' toy
-  models and the init program keep the default (A/B in one process, benchmarks/README.md).
-  A `ynn_fusion_type` in XLA_FLAGS wins.
+  Every step: XLA's memory-optimizing scheduler, which orders the program's ops to keep fewer
+  buffers live. Same results bit for bit; step time 0.90x at the 0.8M-param benchmark model,
+  0.95x for configs/nano.py, 0.91x for the 10.7M one (its temporaries 2.08 -> 1.97 GiB a device).
+  Steps of >= 1e11 FLOPs also: matmuls through Eigen and their neighbours through XLA's own
+  fused kernels, not YNNPACK fusions: 0.95x the step time for configs/small.py, 0.90x for the
+  10.7M-param model. Smaller steps gained nothing from that (configs/nano.py 1.00x, the 0.8M
+  model 1.005x) and compile slower without YNN, so they, tests' toy models and the init program
+  keep it (A/B in one process, benchmarks/README.md). Either option given in XLA_FLAGS wins.
   """
-  _STEP_OPTIONS.clear()
-  if "ynn_fusion_type" in os.environ.get("XLA_FLAGS", ""):
-    return
-  if _flops_per_device_step(cfg, 1) >= EIGEN_STEP_FLOPS:
-    _STEP_OPTIONS["xla_cpu_experimental_ynn_fusion_type"] = ""
+  global _STEP_OPTIONS
+  flags = os.environ.get("XLA_FLAGS", "")
+  options = {}
+  if "scheduler_type" not in flags:
+    options["xla_cpu_scheduler_type"] = "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
+  if (cfg is not None and "ynn_fusion_type" not in flags
+      and _flops_per_device_step(cfg, 1) >= EIGEN_STEP_FLOPS):
+    options["xla_cpu_experimental_ynn_fusion_type"] = ""
+  _STEP_OPTIONS = options
 
 
 def step_compiler_options() -> dict:
+  if _STEP_OPTIONS is None:  # no config seen (tests, notebooks): what any small step gets
+    use_cpu_step_options(None)
   if not _STEP_OPTIONS or jax.devices()[0].platform != "cpu":
     return {}
   return dict(_STEP_OPTIONS)

@@ -10,6 +10,7 @@ from jaxtrain.testing import model_config, random_batch, tiny_config
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 NANO, SMALL = str(CONFIGS / "nano.py"), str(CONFIGS / "small.py")
 NO_YNN = {"xla_cpu_experimental_ynn_fusion_type": ""}
+LEAN = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
 
 
 @pytest.fixture
@@ -27,16 +28,19 @@ def test_cores_become_devices_that_split_the_batch_evenly():
   assert runtime.cpu_device_count(tiny_config(**{"mesh.cpu_devices": 4}), cores=2) == 4
 
 
-def test_big_steps_compile_without_ynn_fusions_small_ones_keep_the_default(step_options,
-                                                                          monkeypatch):
+def test_every_step_schedules_for_memory_big_ones_also_compile_without_ynn_fusions(
+    step_options, monkeypatch):
   monkeypatch.delenv("XLA_FLAGS", raising=False)
   runtime.use_cpu_step_options(config.load_config(SMALL))  # ~1.2e12 FLOPs a step
-  assert runtime.step_compiler_options() == NO_YNN
+  assert runtime.step_compiler_options() == {**LEAN, **NO_YNN}
   runtime.use_cpu_step_options(config.load_config(NANO))  # ~1.5e10: gains nothing, keeps YNN
-  assert runtime.step_compiler_options() == {}
+  assert runtime.step_compiler_options() == LEAN
   monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT")
   runtime.use_cpu_step_options(config.load_config(SMALL))
-  assert runtime.step_compiler_options() == {}  # the user's own choice wins
+  assert runtime.step_compiler_options() == LEAN  # the user's own choice wins
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_DEFAULT")
+  runtime.use_cpu_step_options(config.load_config(NANO))
+  assert runtime.step_compiler_options() == {}
 
 
 def test_the_option_reaches_the_compiled_step(step_options, monkeypatch):

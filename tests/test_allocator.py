@@ -1,0 +1,73 @@
+"""The allocator `python -m jaxtrain` re-executes itself under: mimalloc preloaded, glibc's huge
+pages otherwise; the user's own choices win."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxtrain import allocator
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux" or allocator.mimalloc_library() is None,
+                                reason="mimalloc is a Linux-only dependency")
+
+_CHECK = """
+import jax, jax.numpy as jnp, numpy as np
+maps = open("/proc/self/maps").read()
+x = jnp.arange(4 * 2**20, dtype=jnp.float32).reshape(2048, 2048) / 2**20
+y = jax.jit(lambda x: jnp.tanh(x @ x.T).sum(axis=0))(x)  # big temporaries, allocated and freed
+np.save(__import__("sys").argv[1], np.asarray(y))
+print("mimalloc" in maps)
+"""
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+  for name in [k for k in os.environ if k.startswith("MIMALLOC_")] + [
+      "LD_PRELOAD", "GLIBC_TUNABLES", "JAXTRAIN_NO_REEXEC", "JAXTRAIN_MIMALLOC"]:
+    monkeypatch.delenv(name, raising=False)
+
+
+def test_mimalloc_is_preloaded_once_with_memory_kept_for_reuse(clean_env, monkeypatch):
+  env = allocator.environment(argv=[])
+  assert env["LD_PRELOAD"] == allocator.mimalloc_library()
+  assert env["MIMALLOC_PURGE_DELAY"] == "-1" and env["MIMALLOC_ALLOW_LARGE_OS_PAGES"] == "1"
+  for name, value in env.items():  # once restarted under it, nothing is left to change
+    monkeypatch.setenv(name, value)
+  assert allocator.environment(argv=[]) is None
+
+
+def test_the_users_choices_win(clean_env, monkeypatch):
+  monkeypatch.setenv("MIMALLOC_PURGE_DELAY", "100")
+  assert allocator.environment(argv=[])["MIMALLOC_PURGE_DELAY"] == "100"
+  monkeypatch.setenv("LD_PRELOAD", "/opt/lib/libjemalloc.so.2")  # an allocator of their own
+  assert allocator.environment(argv=[]).get("LD_PRELOAD") == "/opt/lib/libjemalloc.so.2"
+  monkeypatch.delenv("LD_PRELOAD")
+  monkeypatch.setenv("JAXTRAIN_MIMALLOC", "0")
+  assert "LD_PRELOAD" not in (allocator.environment(argv=[]) or {})
+  monkeypatch.setenv("JAXTRAIN_NO_REEXEC", "1")
+  assert allocator.environment(argv=[]) is None
+
+
+def test_gpu_runs_keep_glibc(clean_env, monkeypatch):
+  cpu = ["-m", "jaxtrain", "--config=configs/nano.py"]  # no CUDA plugin here: the CPU it is
+  assert "LD_PRELOAD" in allocator.environment(argv=cpu)
+  for argv in (cpu + ["--jax_platforms=cuda"], cpu + ["--jax_platforms", "cuda"]):
+    assert "LD_PRELOAD" not in allocator.environment(argv=argv)
+  monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+  assert "LD_PRELOAD" not in allocator.environment(argv=cpu)
+  assert "LD_PRELOAD" in allocator.environment(argv=cpu + ["--jax_platforms=cpu"])
+
+
+def test_a_process_under_mimalloc_computes_the_same(clean_env, tmp_path):
+  results = {}
+  for name, env in (("glibc", dict(os.environ, JAXTRAIN_MIMALLOC="0")),
+                    ("mimalloc", dict(os.environ))):
+    env = allocator.environment(env, argv=[]) or env
+    out = subprocess.run([sys.executable, "-c", _CHECK, str(tmp_path / name) + ".npy"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == str(name == "mimalloc")
+    results[name] = (tmp_path / f"{name}.npy").read_bytes()
+  assert results["glibc"] == results["mimalloc"]
