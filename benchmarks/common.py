@@ -126,7 +126,7 @@ def jaxtrain_environment() -> dict:
   pages: jaxtrain/allocator.py) that this process does not have yet."""
   from jaxtrain import allocator
 
-  env = allocator.environment() or {}
+  env = allocator.environment(argv=["--jax_platforms=cpu"]) or {}  # the workers' platform
   return {k: v for k, v in env.items() if os.environ.get(k) != v}
 
 
@@ -317,6 +317,17 @@ def _serve(conn, factory: Callable, args: tuple) -> None:
       conn.send(("ok", getattr(handler, name)(**kwargs)))
     except BaseException:
       conn.send(("error", traceback.format_exc()))
+
+
+def environ_with(changes: dict) -> dict:
+  """This process's environment with `changes` made (a None value unsets)."""
+  env = dict(os.environ)
+  for k, v in changes.items():
+    if v is None:
+      env.pop(k, None)
+    else:
+      env[k] = v
+  return env
 
 
 def _set_environ(values: dict) -> None:

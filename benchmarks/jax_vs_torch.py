@@ -350,10 +350,10 @@ def main(argv: list[str] | None = None) -> int:
   # for itself (jaxtrain/allocator.py); PyTorch with glibc, huge pages on (--torch-allocator).
   jax_env = common.jaxtrain_environment()
   torch_env = dict(jax_env)
-  if args.torch_allocator == "glibc":
-    torch_env.update({k: os.environ.get(k) for k in torch_env
+  if args.torch_allocator == "glibc":  # nothing preloaded, whatever this process has
+    torch_env.update({k: None for k in [*torch_env, *os.environ]
                       if k == "LD_PRELOAD" or k.startswith("MIMALLOC_")})
-  allocators = {fw: common.allocator_of({**os.environ, **{k: v for k, v in e.items() if v}})
+  allocators = {fw: common.allocator_of(common.environ_with(e))
                 for fw, e in (("jax", jax_env), ("torch", torch_env))}
   loadavg_before = os.getloadavg()  # before we start anything: the machine as we found it
   use_torch = not args.no_torch

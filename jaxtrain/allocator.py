@@ -7,8 +7,8 @@ told never to return freed memory, reuses the same pages from step to step inste
 glibc's `hugetlb` tunable at least brings those pages in 2 MiB at a time rather than 4 KiB.
 
 Kept free of heavy imports: `python -m jaxtrain` calls `reexec()` before it imports jax.
-Linux only; `JAXTRAIN_NO_REEXEC=1` leaves the process as it is, `JAXTRAIN_MIMALLOC=0` keeps
-glibc (with huge pages).
+Linux, CPU runs only; `JAXTRAIN_NO_REEXEC=1` leaves the process as it is, `JAXTRAIN_MIMALLOC=0`
+keeps glibc (with huge pages), and so does anything already in `LD_PRELOAD`.
 """
 
 import importlib.util
@@ -23,30 +23,39 @@ MIMALLOC = Path("cmeel.prefix", "lib", "libmimalloc.so.3")  # where the cmeel-mi
 # Measured together (large benchmark step: 13.2-13.4 -> 9.5-10.7 s, no page faults after the
 # first step); without the reservation or with a 1 s purge delay, steps kept faulting.
 MIMALLOC_OPTIONS = {"MIMALLOC_PURGE_DELAY": "-1", "MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
+RESTARTED = "JAXTRAIN_REEXECED"  # set for the restarted process only; it removes it at once
+_ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
+                        "jax_rocm7_plugin", "libtpu")
 
 
 def mimalloc_library() -> str | None:
   """The installed libmimalloc.so (the `cmeel-mimalloc` dependency), or None."""
   for entry in sys.path:
-    path = Path(entry or ".") / MIMALLOC
-    if path.is_file():
-      return str(path.resolve())
+    path = Path(entry) / MIMALLOC
+    # ld.so splits LD_PRELOAD at spaces and colons and expands `$`: such a path cannot be given.
+    if os.path.isabs(entry) and path.is_file() and not set(str(path)) & set(" :\t$"):
+      return str(path)
   return None
 
 
+def _installed(module: str) -> bool:
+  return importlib.util.find_spec(module) is not None
+
+
 def cuda_installed() -> bool:
-  return any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+  return any(_installed(m) for m in _ACCELERATOR_PLUGINS[:2])
 
 
 def _runs_on_cpu(base: dict, argv: list[str]) -> bool:
-  """Whether the command trains on the CPU: mimalloc was measured there, not under GPU runs."""
+  """Whether the command trains on the CPU: mimalloc was measured there, not under accelerators."""
   platforms = base.get("JAX_PLATFORMS", "")
   for i, arg in enumerate(argv):
-    if arg.startswith("--jax_platforms="):
-      platforms = arg.split("=", 1)[1]
-    elif arg == "--jax_platforms" and i + 1 < len(argv):
-      platforms = argv[i + 1]
-  return platforms.split(",")[0] == "cpu" if platforms else not cuda_installed()
+    name, _, value = arg.lstrip("-").partition("=")
+    if name == "jax_platforms" and arg.startswith("-"):
+      platforms = value if value or i + 1 >= len(argv) else argv[i + 1]
+  if platforms:
+    return platforms.split(",")[0] == "cpu"
+  return not any(_installed(m) for m in _ACCELERATOR_PLUGINS)
 
 
 def _glibc_hugetlb() -> bool:
@@ -77,10 +86,11 @@ def environment(base: dict | None = None, argv: list[str] | None = None) -> dict
   if sys.platform != "linux" or base.get("JAXTRAIN_NO_REEXEC") == "1":
     return None
   env = dict(base)
-  wanted = env.get("JAXTRAIN_MIMALLOC") != "0" and _runs_on_cpu(base, argv)
+  wanted = (env.get("JAXTRAIN_MIMALLOC") != "0" and not env.get("LD_PRELOAD")
+            and _runs_on_cpu(base, argv))
   library = mimalloc_library() if wanted else None
-  if library and "malloc" not in env.get("LD_PRELOAD", ""):  # nor any allocator the user chose
-    env["LD_PRELOAD"] = ":".join(p for p in (library, env.get("LD_PRELOAD")) if p)
+  if library:
+    env["LD_PRELOAD"] = library
     for name, value in {**MIMALLOC_OPTIONS, "MIMALLOC_ARENA_RESERVE": _reserve()}.items():
       env.setdefault(name, value)  # the user's own settings win
   tunables = env.get("GLIBC_TUNABLES", "")
@@ -89,9 +99,46 @@ def environment(base: dict | None = None, argv: list[str] | None = None) -> dict
   return None if env == base else env
 
 
+def _started_as_cli() -> bool:
+  """Whether this process is `python [options] -m jaxtrain ...`, not a notebook or a script
+  running the module (a restart would restart them)."""
+  argv = getattr(sys, "orig_argv", [])
+  i = 1
+  while i < len(argv):
+    arg = argv[i]
+    if arg == "-m":
+      return argv[i + 1:i + 2] == ["jaxtrain"]
+    if arg.startswith("-m"):
+      return arg == "-mjaxtrain"
+    if arg in ("-X", "-W"):
+      i += 1
+    elif not arg.startswith("-") or arg == "-c":
+      return False
+    i += 1
+  return False
+
+
 def reexec() -> None:
-  """Restarts this process (same pid, same arguments) under `environment()`, if any."""
-  env = environment()
+  """Restarts this process (same pid, same arguments) under `environment()`, if any. In the
+  restarted process, drops the preload from the environment its own subprocesses inherit (the
+  library stays loaded here)."""
+  if os.environ.pop(RESTARTED, None) is not None:
+    if os.environ.get("LD_PRELOAD") == mimalloc_library():
+      del os.environ["LD_PRELOAD"]
+    return
+  env = environment() if _started_as_cli() else None
   if env is not None:
     sys.stdout.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**env, RESTARTED: "1"})
+
+
+def in_use() -> str:
+  """The allocator this process runs on, for the log: mimalloc, or glibc (with huge pages)."""
+  try:
+    with open("/proc/self/maps") as f:
+      if "libmimalloc" in f.read():
+        return "mimalloc"
+  except OSError:
+    return "default"
+  return "glibc" + (" with huge pages" if "hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
+                    else "")

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxtrain import (checkpoint, config, data, estimate, logger, optim, runtime, sample, sharding,
-                      signals, steps)
+from jaxtrain import (allocator, checkpoint, config, data, estimate, logger, optim, runtime,
+                      sample, sharding, signals, steps)
 from jaxtrain import model as model_lib
 from jaxtrain import tokenizer as tokenizer_lib
 from jaxtrain import workdir as workdir_lib
@@ -93,7 +93,8 @@ def _run(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool) -> 
   runtime.barrier("jaxtrain: workdir checked")  # every process looked before any writes
   workdir_lib.create(workdir)
   out.print(f"jaxtrain {VERSION} | workdir {workdir} | {platform} x{len(devices)} "
-            f"(mesh data={mesh.shape['data']} fsdp={mesh.shape['fsdp']}) | jax {jax.__version__}")
+            f"(mesh data={mesh.shape['data']} fsdp={mesh.shape['fsdp']}) | jax {jax.__version__}"
+            + (f" | {allocator.in_use()} allocator" if platform == "cpu" else ""))
 
   corpus = data.prepare(cfg.data, show_progress=out.use_bar, log=out.print)
   data.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)

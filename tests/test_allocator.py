@@ -24,9 +24,12 @@ print("mimalloc" in maps)
 
 @pytest.fixture
 def clean_env(monkeypatch):
+  """No allocator settings yet, no accelerator plugin, and huge pages to ask for (as here)."""
   for name in [k for k in os.environ if k.startswith("MIMALLOC_")] + [
-      "LD_PRELOAD", "GLIBC_TUNABLES", "JAXTRAIN_NO_REEXEC", "JAXTRAIN_MIMALLOC"]:
+      "LD_PRELOAD", "GLIBC_TUNABLES", "JAXTRAIN_NO_REEXEC", "JAXTRAIN_MIMALLOC", "JAX_PLATFORMS"]:
     monkeypatch.delenv(name, raising=False)
+  monkeypatch.setattr(allocator, "_glibc_hugetlb", lambda: True)
+  monkeypatch.setattr(allocator, "_installed", lambda module: False)
 
 
 def test_mimalloc_is_preloaded_once_with_memory_kept_for_reuse(clean_env, monkeypatch):
@@ -41,7 +44,7 @@ def test_mimalloc_is_preloaded_once_with_memory_kept_for_reuse(clean_env, monkey
 def test_the_users_choices_win(clean_env, monkeypatch):
   monkeypatch.setenv("MIMALLOC_PURGE_DELAY", "100")
   assert allocator.environment(argv=[])["MIMALLOC_PURGE_DELAY"] == "100"
-  monkeypatch.setenv("LD_PRELOAD", "/opt/lib/libjemalloc.so.2")  # an allocator of their own
+  monkeypatch.setenv("LD_PRELOAD", "/opt/lib/libjemalloc.so.2")  # whatever they preload stays alone
   assert allocator.environment(argv=[]).get("LD_PRELOAD") == "/opt/lib/libjemalloc.so.2"
   monkeypatch.delenv("LD_PRELOAD")
   monkeypatch.setenv("JAXTRAIN_MIMALLOC", "0")
@@ -50,21 +53,34 @@ def test_the_users_choices_win(clean_env, monkeypatch):
   assert allocator.environment(argv=[]) is None
 
 
-def test_gpu_runs_keep_glibc(clean_env, monkeypatch):
-  cpu = ["-m", "jaxtrain", "--config=configs/nano.py"]  # no CUDA plugin here: the CPU it is
+def test_only_the_cli_restarts_itself(monkeypatch):
+  for argv, cli in ((["python", "-m", "jaxtrain", "--config=c.py"], True),
+                    (["python", "-X", "importtime", "-mjaxtrain"], True),
+                    (["python", "-m", "ipykernel_launcher", "-f", "k.json"], False),
+                    (["python", "my_script.py"], False), (["python", "-c", "import x"], False)):
+    monkeypatch.setattr(sys, "orig_argv", argv)
+    assert allocator._started_as_cli() == cli, argv
+
+
+def test_accelerator_runs_keep_glibc(clean_env, monkeypatch):
+  cpu = ["-m", "jaxtrain", "--config=configs/nano.py"]  # no accelerator plugin: the CPU it is
   assert "LD_PRELOAD" in allocator.environment(argv=cpu)
-  for argv in (cpu + ["--jax_platforms=cuda"], cpu + ["--jax_platforms", "cuda"]):
+  for argv in (cpu + ["--jax_platforms=cuda"], cpu + ["--jax_platforms", "cuda"],
+               cpu + ["-jax_platforms=tpu"]):
     assert "LD_PRELOAD" not in allocator.environment(argv=argv)
   monkeypatch.setenv("JAX_PLATFORMS", "cuda")
   assert "LD_PRELOAD" not in allocator.environment(argv=cpu)
   assert "LD_PRELOAD" in allocator.environment(argv=cpu + ["--jax_platforms=cpu"])
+  monkeypatch.delenv("JAX_PLATFORMS")
+  monkeypatch.setattr(allocator, "_installed", lambda module: module == "libtpu")
+  assert "LD_PRELOAD" not in allocator.environment(argv=cpu)  # a TPU host, no flag
 
 
 def test_a_process_under_mimalloc_computes_the_same(clean_env, tmp_path):
   results = {}
   for name, env in (("glibc", dict(os.environ, JAXTRAIN_MIMALLOC="0")),
                     ("mimalloc", dict(os.environ))):
-    env = allocator.environment(env, argv=[]) or env
+    env = dict(allocator.environment(env, argv=[]) or env, JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", _CHECK, str(tmp_path / name) + ".npy"], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -58,3 +58,10 @@ def test_the_option_reaches_the_compiled_step(step_options, monkeypatch):
   assert "ynn_fusion" in compiled_text()
   runtime.use_cpu_step_options(config.load_config(SMALL))
   assert "ynn_fusion" not in compiled_text()
+
+
+def test_steps_compiled_before_any_config_was_seen_get_the_small_step_options(step_options,
+                                                                             monkeypatch):
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  monkeypatch.setattr(runtime, "_STEP_OPTIONS", None)  # as in a fresh process (notebooks, tests)
+  assert runtime.step_compiler_options() == LEAN
