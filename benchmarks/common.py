@@ -138,15 +138,6 @@ def use_jaxtrain_environment() -> dict:
   return changes
 
 
-def allocator_of(env: dict) -> str:
-  """How a process started with `env` allocates memory, in words, for reports."""
-  preload = env.get("LD_PRELOAD", "")
-  name = "mimalloc" if "mimalloc" in preload else "glibc"
-  if name == "glibc" and "hugetlb" in env.get("GLIBC_TUNABLES", ""):
-    name += " with huge pages"
-  return name
-
-
 def machine_info() -> dict:
   cpuinfo = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
   model = re.search(r"^model name\s*:\s*(.*)$", cpuinfo, re.M)
@@ -322,20 +313,16 @@ def _serve(conn, factory: Callable, args: tuple) -> None:
 def environ_with(changes: dict) -> dict:
   """This process's environment with `changes` made (a None value unsets)."""
   env = dict(os.environ)
+  _apply(env, changes)
+  return env
+
+
+def _apply(env, changes: dict) -> None:
   for k, v in changes.items():
     if v is None:
       env.pop(k, None)
     else:
       env[k] = v
-  return env
-
-
-def _set_environ(values: dict) -> None:
-  for k, v in values.items():
-    if v is None:
-      os.environ.pop(k, None)
-    else:
-      os.environ[k] = v
 
 
 class Worker:
@@ -354,10 +341,10 @@ class Worker:
     self._proc = ctx.Process(target=_serve, args=(child, factory, args), daemon=True, name=label)
     saved = {k: os.environ.get(k) for k in environ or {}}
     try:  # a spawned process starts with os.environ as it is at start()
-      _set_environ(environ or {})
+      _apply(os.environ, environ or {})
       self._proc.start()
     finally:
-      _set_environ(saved)
+      _apply(os.environ, saved)
     child.close()
     self._reply()
 

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 import common  # noqa: E402  (after the path above)
+from jaxtrain import allocator  # noqa: E402
 
 NAME = "jax_vs_torch"
 SEED = 0
@@ -353,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
   if args.torch_allocator == "glibc":  # nothing preloaded, whatever this process has
     torch_env.update({k: None for k in [*torch_env, *os.environ]
                       if k == "LD_PRELOAD" or k.startswith("MIMALLOC_")})
-  allocators = {fw: common.allocator_of(common.environ_with(e))
+  allocators = {fw: allocator.describe(common.environ_with(e))
                 for fw, e in (("jax", jax_env), ("torch", torch_env))}
   loadavg_before = os.getloadavg()  # before we start anything: the machine as we found it
   use_torch = not args.no_torch

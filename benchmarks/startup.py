@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import common  # noqa: E402
+from jaxtrain.allocator import describe  # noqa: E402
 
 FIRST_STEP = "compiled and ran the first step"
 
@@ -67,7 +68,7 @@ def main() -> int:
   p.add_argument("extra", nargs="*", help="more --config.* overrides")
   a = p.parse_args()
   # Not applied here: each run sets up its allocator by re-executing itself, as a user's does.
-  allocator = common.allocator_of({**os.environ, **common.jaxtrain_environment()})
+  allocator = describe(common.environ_with(common.jaxtrain_environment()))
   loadavg_before = os.getloadavg()
   scratch = Path(tempfile.mkdtemp(prefix="jaxtrain-startup-"))
   extra = [*a.extra, f"--config.data.cache_dir={scratch / 'tokens'}"]  # shared by every run

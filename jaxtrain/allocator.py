@@ -132,13 +132,19 @@ def reexec() -> None:
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**env, RESTARTED: "1"})
 
 
+def describe(env: dict) -> str:
+  """How a process started with `env` allocates memory, in words: mimalloc, or glibc (with huge
+  pages)."""
+  if "libmimalloc" in env.get("LD_PRELOAD", ""):
+    return "mimalloc"
+  return "glibc" + (" with huge pages" if "hugetlb=1" in env.get("GLIBC_TUNABLES", "") else "")
+
+
 def in_use() -> str:
-  """The allocator this process runs on, for the log: mimalloc, or glibc (with huge pages)."""
+  """The allocator this process runs on, for the log (its preload is no longer in os.environ)."""
   try:
     with open("/proc/self/maps") as f:
-      if "libmimalloc" in f.read():
-        return "mimalloc"
+      mapped = "libmimalloc" in f.read()
   except OSError:
     return "default"
-  return "glibc" + (" with huge pages" if "hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
-                    else "")
+  return "mimalloc" if mapped else describe({**os.environ, "LD_PRELOAD": ""})
