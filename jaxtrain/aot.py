@@ -43,9 +43,18 @@ def _spec(x) -> str:
 def cached_jit(name: str, flat_fn: Callable, arg_specs: list, in_shardings: list,
                out_shardings: list, config: dict, donate: int = 0,
                compiler_options: dict | None = None) -> Callable:
-  """`jax.jit(flat_fn, ...)` over flat lists of arrays in and out, compiled now (so that a caller
-  can overlap two compiles in two threads: XLA compiles without holding the GIL), with its
-  lowering cached.
+  """`jax.jit(flat_fn, ...)` over flat lists of arrays in and out, compiled now, with its
+  lowering cached (`cached_lower`)."""
+  return cached_lower(name, flat_fn, arg_specs, in_shardings, out_shardings, config, donate,
+                      compiler_options).compile()
+
+
+def cached_lower(name: str, flat_fn: Callable, arg_specs: list, in_shardings: list,
+                 out_shardings: list, config: dict, donate: int = 0,
+                 compiler_options: dict | None = None) -> jax.stages.Lowered:
+  """`jax.jit(flat_fn, ...).lower(*arg_specs)` over flat lists of arrays in and out, from the
+  disk cache when it holds this program. Compiling it is left to the caller, who can overlap two
+  compiles in two threads: XLA compiles without holding the GIL.
 
   `arg_specs` are ShapeDtypeStructs of the arguments; the first `donate` of them are donated.
   `config` is whatever else determines `flat_fn` (it goes into the cache key). `compiler_options`
@@ -55,7 +64,7 @@ def cached_jit(name: str, flat_fn: Callable, arg_specs: list, in_shardings: list
   plain = jax.jit(flat_fn, in_shardings=tuple(in_shardings), out_shardings=tuple(out_shardings),
                   donate_argnums=donate_argnums, compiler_options=compiler_options)
   if jax.process_count() > 1 or os.environ.get("JAXTRAIN_NO_AOT") == "1":
-    return plain.lower(*arg_specs).compile()
+    return plain.lower(*arg_specs)
   key = hashlib.sha256(json.dumps({
       "name": name, "code": _code_digest(), "config": config,
       "args": [_spec(a) for a in arg_specs], "in": [str(s.spec) for s in in_shardings],
@@ -73,9 +82,9 @@ def cached_jit(name: str, flat_fn: Callable, arg_specs: list, in_shardings: list
       tmp.write_bytes(exported.serialize())
       os.replace(tmp, path)
   except Exception:  # no flatbuffers, an unwritable cache, a program export cannot hold, ...
-    return plain.lower(*arg_specs).compile()
+    return plain.lower(*arg_specs)
   # The shardings give the call its devices (a program without inputs would default to one).
   wrapped = jax.jit(exported.call, in_shardings=tuple(in_shardings),
                     out_shardings=tuple(out_shardings), donate_argnums=donate_argnums,
                     compiler_options=compiler_options)
-  return wrapped.lower(*arg_specs).compile()
+  return wrapped.lower(*arg_specs)

@@ -7,6 +7,7 @@ it; everything else (scalars, norm scales, small or indivisible arrays) is repli
 """
 
 import functools
+from typing import Callable
 
 import jax
 import jax.flatten_util
@@ -185,15 +186,23 @@ def _flat_steps(state, mesh, shardings, rep, cache_key, options):
 
 def init_sharded(init_fn, abstract: steps.TrainState, mesh: Mesh,
                  cache_key: dict | None = None) -> steps.TrainState:
-  """Runs `init_fn` so that every array is created directly with its final sharding.
+  """Runs `init_fn` so that every array is created directly with its final sharding."""
+  return lower_init(init_fn, abstract, mesh, cache_key)()
+
+
+def lower_init(init_fn, abstract: steps.TrainState, mesh: Mesh,
+               cache_key: dict | None = None) -> Callable[[], steps.TrainState]:
+  """Traces and lowers `init_sharded`'s program now; the function returned compiles and runs it
+  (in any thread: a run compiles it beside the train step).
 
   Only the arrays come out of the jitted call; the static parts (graphdef, optimizer) are the
   abstract state's, so every state of a run shares them and the jitted steps compile once.
   """
   array_shardings, tree = jax.tree.flatten(state_shardings(abstract, mesh).arrays())
   if cache_key is None:
-    arrays = jax.jit(lambda: init_fn().arrays(), out_shardings=tree.unflatten(array_shardings))()
-    return abstract.with_arrays(arrays)
-  init_call = aot.cached_jit("init_state", lambda: tuple(jax.tree.leaves(init_fn().arrays())),
+    lowered = jax.jit(lambda: init_fn().arrays(),
+                      out_shardings=tree.unflatten(array_shardings)).lower()
+    return lambda: abstract.with_arrays(lowered.compile()())
+  lowered = aot.cached_lower("init_state", lambda: tuple(jax.tree.leaves(init_fn().arrays())),
                              [], [], array_shardings, cache_key)
-  return abstract.with_arrays(jax.tree.unflatten(tree, init_call()))
+  return lambda: abstract.with_arrays(jax.tree.unflatten(tree, lowered.compile()()))

@@ -153,7 +153,7 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
   def prepare_state() -> tuple[steps.TrainState, float, float]:
     """(state, training seconds so far, best val loss so far): a fresh start or the latest save."""
     if latest is None:
-      state = sharding.init_sharded(lambda: steps.init_state(cfg, mc), abstract, mesh, program_key)
+      state = start_init()
       out.print("starting a new run at step 0")
       return state, 0.0, math.inf
     meta = ckpts.read_meta(latest)
@@ -174,8 +174,12 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
                  "train": {f: cfg.train[f] for f in ("grad_accum", "max_steps", "skip_nonfinite")},
                  "model_config": repr(mc), "batch_shape": [B, T + 1]}
   t_compile = time.time()
-  # Two compiles (init or restore, and the train step) run side by side: XLA compiles, and orbax
-  # reads, without holding the GIL. A cold start saves about one compile's time.
+  # Init (or a restore) runs beside the train step's tracing and compiling: XLA compiles, and
+  # orbax reads, without holding the GIL. Init is lowered first, on this thread: its tracing is
+  # short, and its compile then overlaps the train step's tracing rather than its compile.
+  if latest is None:
+    start_init = sharding.lower_init(lambda: steps.init_state(cfg, mc), abstract, mesh,
+                                     program_key)
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
     pending = pool.submit(prepare_state)
     train_fn, eval_fn = sharding.jit_steps(abstract, mesh, program_key)

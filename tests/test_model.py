@@ -33,11 +33,21 @@ def test_changing_token_t_leaves_earlier_logits_unchanged(norm, pos, mlp, tie):
   assert not np.allclose(np.asarray(a[:, t:]), np.asarray(b[:, t:]))
 
 
-@pytest.mark.parametrize("norm,pos,mlp,tie", [("rmsnorm", "rope", "swiglu", True),
-                                              ("layernorm", "learned", "gelu", False)])
-def test_init_gives_the_same_params_as_building_the_model_with_rngs(norm, pos, mlp, tie):
-  # model.init batches the normal draws (cheaper to compile); the values must not change.
-  c = tiny_model_config(norm=norm, pos=pos, mlp=mlp, tie_embeddings=tie, n_layers=3)
+@pytest.mark.parametrize("norm,pos,mlp,tie,partitionable", [
+    ("rmsnorm", "rope", "swiglu", True, True), ("layernorm", "learned", "gelu", False, True),
+    ("rmsnorm", "learned", "swiglu", False, False)])
+def test_init_gives_the_same_params_as_building_the_model_with_rngs(norm, pos, mlp, tie,
+                                                                    partitionable):
+  # model.init batches the normal draws, padded to a group's largest, which only partitionable
+  # threefry (jax's default) allows; the values must not change either way.
+  with jax.threefry_partitionable(partitionable):
+    _check_init_is_exact(tiny_model_config(norm=norm, pos=pos, mlp=mlp, tie_embeddings=tie,
+                                           n_layers=3))
+  groups = model_lib._draw_groups([jnp.zeros(n) for n in (5, 100, 4, 90)])
+  assert groups == [[1, 3, 0], [2]]  # 300 values drawn for 195; a fourth would make 400 for 199
+
+
+def _check_init_is_exact(c: model_lib.ModelConfig):
   key = jax.random.PRNGKey(5)
   params = lambda model: nnx.to_pure_dict(nnx.state(model, nnx.Param))
   build = lambda: params(model_lib.GPT(c, nnx.Rngs(params=key)))
