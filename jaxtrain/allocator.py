@@ -5,6 +5,8 @@ step. glibc hands such blocks back to the kernel at once, so every step the kern
 afresh and zeroes every page: a third of a large CPU step (`benchmarks/README.md`). mimalloc,
 told never to return freed memory, reuses the same pages from step to step instead. Without it,
 glibc's `hugetlb` tunable at least brings those pages in 2 MiB at a time rather than 4 KiB.
+The restarted CLI also has mimalloc take and write 512 MiB while it imports (`_touch`), so that
+its first step finds memory the kernel has already zeroed.
 
 Kept free of heavy imports: `python -m jaxtrain` calls `reexec()` before it imports jax.
 Linux, CPU runs only; `JAXTRAIN_NO_REEXEC=1` leaves the process as it is, `JAXTRAIN_MIMALLOC=0`
