@@ -138,12 +138,24 @@ def reexec() -> None:
 
 
 def _prefault_bytes() -> int:
-  """512 MiB, at most 1/16 of RAM: about what a nano-sized first step takes in fresh memory."""
+  """512 MiB, at most 1/16 of the memory this process may use: about what a nano-sized first
+  step takes in fresh memory."""
+  return min(2**29, _memory_bytes() // 16)
+
+
+def _memory_bytes() -> int:
+  """RAM, or the container's memory limit where that is lower (cgroup v2, then v1)."""
   try:
-    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
   except (ValueError, OSError):
-    ram = 2**33
-  return min(2**29, ram // 16)
+    limit = 2**33
+  for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+    try:
+      with open(path) as f:
+        limit = min(limit, int(f.read().strip()))
+    except (OSError, ValueError):  # no such file, or "max" (no limit)
+      continue
+  return limit
 
 
 def _touch(n_bytes: int) -> None:

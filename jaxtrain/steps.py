@@ -52,7 +52,8 @@ def init_state(cfg: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig)
   """A fresh state from `cfg.seed`: the same seed gives the same params on every platform."""
   key = jax.random.PRNGKey(cfg.seed)
   param_key, dropout_key = jax.random.split(key)
-  model = model_lib.init(model_cfg, param_key)
+  # Params split over devices are drawn in their own shapes: each device then draws its part.
+  model = model_lib.init(model_cfg, param_key, exact_shapes=cfg.mesh.fsdp != 1)
   graphdef, params = nnx.split(model, nnx.Param)
   params = nnx.to_pure_dict(params)
   tx = optim.make_optimizer(cfg)

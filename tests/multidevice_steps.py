@@ -2,7 +2,7 @@
 
 Prints JSON: for each (data, fsdp) mesh, the largest difference of the final state from the
 same steps on a single device, how the params ended up sharded, and how many all-reduces the
-compiled train step has.
+compiled train step has, and how many cross-device ops the init program has.
 """
 
 import json
@@ -31,19 +31,25 @@ def train(data: int, fsdp: int, devices, n_steps: int = 4):
   specs = sorted({str(x.sharding.spec) for x in jax.tree.leaves(state.params)})
   batch = sharding.global_batch(random_batch(cfg), mesh)
   all_reduces = train_fn.lower(state, batch).compile().as_text().count(" all-reduce(")
-  return jax.device_get(state.arrays()), specs, all_reduces
+  init_hlo = jax.jit(lambda: steps.init_state(cfg, mc).arrays(),
+                     out_shardings=sharding.state_shardings(abstract, mesh).arrays())
+  init_hlo = init_hlo.lower().compile().as_text()
+  init_collectives = sum(init_hlo.count(f" {op}(") for op in (
+      "all-to-all", "collective-permute", "all-gather", "all-reduce", "reduce-scatter"))
+  return jax.device_get(state.arrays()), specs, all_reduces, init_collectives
 
 
 def main() -> None:
   devices = jax.devices()
-  reference, _, _ = train(1, 1, devices[:1])
+  reference, _, _, _ = train(1, 1, devices[:1])
   report = {"devices": len(devices)}
   for data, fsdp in [(len(devices), 1), (1, len(devices)), (2, len(devices) // 2)]:
-    arrays, specs, all_reduces = train(data, fsdp, devices)
+    arrays, specs, all_reduces, init_collectives = train(data, fsdp, devices)
     diff = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
                for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(arrays)))
     report[f"data={data},fsdp={fsdp}"] = {"max_abs_diff": diff, "param_specs": specs,
-                                          "all_reduces": all_reduces}
+                                          "all_reduces": all_reduces,
+                                          "init_collectives": init_collectives}
   print(json.dumps(report))
 
 

@@ -4,6 +4,7 @@ pages otherwise; the user's own choices win."""
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -93,8 +94,11 @@ _FAULTS = """
 import ctypes, resource, sys
 from jaxtrain import allocator
 n = 64 * 2**20
-if sys.argv[1] == "touched":
-  allocator._touch(n)
+if sys.argv[1] == "touched":  # as the restarted CLI does it: in a thread that then ends
+  import threading
+  thread = threading.Thread(target=allocator._touch, args=(n,))
+  thread.start()
+  thread.join()
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -115,3 +119,21 @@ def test_memory_touched_at_start_is_reused_without_page_faults(clean_env):
     faults[how] = int(out.stdout)
   assert faults["fresh"] >= 16  # 64 MiB: 32 huge pages (or 16384 small ones)
   assert faults["touched"] * 4 < faults["fresh"], faults
+
+
+def test_the_restarted_cli_touches_memory_only_under_mimalloc_keeping_it(monkeypatch):
+  touched = []
+  monkeypatch.setattr(allocator, "_touch", touched.append)
+  library = allocator.mimalloc_library()
+  for preload, delay, expected in ((library, "-1", 1), (library, "1000", 0), ("", "-1", 0)):
+    touched.clear()
+    monkeypatch.setenv(allocator.RESTARTED, "1")
+    monkeypatch.setenv("LD_PRELOAD", preload)
+    monkeypatch.setenv("MIMALLOC_PURGE_DELAY", delay)
+    before = set(threading.enumerate())
+    allocator.reexec()  # the restarted branch: returns at once, at most a thread started
+    for thread in set(threading.enumerate()) - before:
+      thread.join(timeout=10)
+    assert len(touched) == expected, (preload, delay)
+    assert allocator.RESTARTED not in os.environ
+  assert 0 < allocator._prefault_bytes() <= min(2**29, allocator._memory_bytes() // 16)

@@ -33,25 +33,38 @@ def test_changing_token_t_leaves_earlier_logits_unchanged(norm, pos, mlp, tie):
   assert not np.allclose(np.asarray(a[:, t:]), np.asarray(b[:, t:]))
 
 
-@pytest.mark.parametrize("norm,pos,mlp,tie,partitionable", [
-    ("rmsnorm", "rope", "swiglu", True, True), ("layernorm", "learned", "gelu", False, True),
-    ("rmsnorm", "learned", "swiglu", False, False)])
+@pytest.mark.parametrize("norm,pos,mlp,tie,partitionable,exact", [
+    ("rmsnorm", "rope", "swiglu", True, True, False),
+    ("layernorm", "learned", "gelu", False, True, False),
+    ("rmsnorm", "learned", "swiglu", False, False, False),
+    ("layernorm", "rope", "gelu", True, True, True)])
 def test_init_gives_the_same_params_as_building_the_model_with_rngs(norm, pos, mlp, tie,
-                                                                    partitionable):
+                                                                    partitionable, exact):
   # model.init batches the normal draws, padded to a group's largest, which only partitionable
-  # threefry (jax's default) allows; the values must not change either way.
+  # threefry (jax's default) allows, or by exact shape (FSDP); the values must not change.
   with jax.threefry_partitionable(partitionable):
     _check_init_is_exact(tiny_model_config(norm=norm, pos=pos, mlp=mlp, tie_embeddings=tie,
-                                           n_layers=3))
-  groups = model_lib._draw_groups([jnp.zeros(n) for n in (5, 100, 4, 90)])
-  assert groups == [[1, 3, 0], [2]]  # 300 values drawn for 195; a fourth would make 400 for 199
+                                           n_layers=3), exact)
 
 
-def _check_init_is_exact(c: model_lib.ModelConfig):
+def test_init_draw_groups_bound_the_padding():
+  spec = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype)
+  sizes = lambda *ns: [spec((n,)) for n in ns]
+  assert model_lib._draw_groups(sizes(5, 100, 4, 90)) == [[1, 3, 0], [2]]  # 300 values for 195
+  # However big the draws, the values thrown away stay under the cap (here 1.5x it).
+  cap = model_lib.MAX_PADDING
+  assert model_lib._draw_groups(sizes(4 * cap, 5 * cap // 2)) == [[0], [1]]
+  assert model_lib._draw_groups(sizes(4 * cap, 3 * cap)) == [[0, 1]]
+  # Without padding, equal sizes of another shape or dtype do not split a shape's group.
+  mixed = [spec((4, 8)), spec((8, 4)), spec((4, 8), jnp.bfloat16), spec((4, 8)), spec((8, 4))]
+  assert sorted(map(sorted, model_lib._draw_groups(mixed, pad=False))) == [[0, 3], [1, 4], [2]]
+
+
+def _check_init_is_exact(c: model_lib.ModelConfig, exact_shapes: bool):
   key = jax.random.PRNGKey(5)
   params = lambda model: nnx.to_pure_dict(nnx.state(model, nnx.Param))
   build = lambda: params(model_lib.GPT(c, nnx.Rngs(params=key)))
-  batched = lambda: params(model_lib.init(c, key))
+  batched = lambda: params(model_lib.init(c, key, exact_shapes))
   # Eager and jitted draws may differ in the last bit (XLA fuses the scaling): compare like
   # with like.
   for batched, reference in ((batched(), build()), (jax.jit(batched)(), jax.jit(build)())):

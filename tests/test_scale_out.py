@@ -72,6 +72,9 @@ def test_data_parallel_and_fsdp_match_a_single_device():
   # A small data-parallel step on CPU all-reduces all its gradients (and the loss) at once.
   assert report["data=4,fsdp=1"]["all_reduces"] == 1, report["data=4,fsdp=1"]
   assert "P('fsdp', None)" in report["data=1,fsdp=4"]["param_specs"]
+  # Each device draws its own part of split params: init moves nothing between devices.
+  assert all(report[mesh]["init_collectives"] == 0 for mesh in ("data=4,fsdp=1", "data=1,fsdp=4",
+                                                                "data=2,fsdp=2")), report
 
 
 @pytest.mark.slow
