@@ -72,13 +72,25 @@ def _glibc_hugetlb() -> bool:
   return tuple(int(x) for x in version.split(".")[:2]) >= (2, 35) and "[madvise]" in mode
 
 
-def _reserve() -> str:
-  """mimalloc's up-front reservation: the machine's RAM, at most 16 GiB (address space only)."""
+def _memory_bytes() -> int:
+  """RAM, or the container's memory limit where that is lower (cgroup v2, then v1)."""
   try:
-    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
   except (ValueError, OSError):
-    return "4GiB"
-  return f"{max(1, min(16, ram // 2**30))}GiB"
+    limit = 2**33
+  for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+    try:
+      with open(path) as f:
+        limit = min(limit, int(f.read().strip()))
+    except (OSError, ValueError):  # no such file, or "max" (no limit)
+      continue
+  return limit
+
+
+def _reserve() -> str:
+  """mimalloc's up-front reservation: the memory the process may use, at most 16 GiB (address
+  space only)."""
+  return f"{max(1, min(16, _memory_bytes() // 2**30))}GiB"
 
 
 def environment(base: dict | None = None, argv: list[str] | None = None) -> dict | None:
@@ -141,21 +153,6 @@ def _prefault_bytes() -> int:
   """512 MiB, at most 1/16 of the memory this process may use: about what a nano-sized first
   step takes in fresh memory."""
   return min(2**29, _memory_bytes() // 16)
-
-
-def _memory_bytes() -> int:
-  """RAM, or the container's memory limit where that is lower (cgroup v2, then v1)."""
-  try:
-    limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-  except (ValueError, OSError):
-    limit = 2**33
-  for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-    try:
-      with open(path) as f:
-        limit = min(limit, int(f.read().strip()))
-    except (OSError, ValueError):  # no such file, or "max" (no limit)
-      continue
-  return limit
 
 
 def _touch(n_bytes: int) -> None:
