@@ -20,7 +20,6 @@ without a GPU takes about 3 to 6 minutes, nearly all of it `small` (64 x 256 tok
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import resource
@@ -33,13 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 import common  # noqa: E402  (after the path above)
+from jaxtrain.allocator import cuda_installed  # noqa: E402
 
 NAME = "cpu_vs_gpu"
 SEED = 0
 N_BATCHES = 4  # distinct random batches, cycled
 DEFAULT_CONFIGS = ("nano", "small")
 GPU_CONFIGS = ("gpt2_124m",)  # GPU-sized: in the default run on GPU platforms only
-CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")
 DEFAULTS = {
     "cpu": {"steps": 5, "warmup": 1, "peak_size": 2048, "peak_repeats": 5},
     "gpu": {"steps": 20, "warmup": 3, "peak_size": 8192, "peak_repeats": 10},
@@ -220,10 +219,6 @@ def config_path(name: str) -> str:
 
 def config_name(name: str) -> str:
   return Path(name).stem if name.endswith(".py") else name
-
-
-def cuda_installed() -> bool:
-  return any(importlib.util.find_spec(m) for m in CUDA_PLUGINS)
 
 
 def platform_kind(platform: str) -> str:

@@ -29,8 +29,7 @@ def check_platform() -> str:
   """Touches the backend so a missing one fails here with a fix, not deep inside a step."""
   wanted = jax.config.jax_platforms or ""
   wants_gpu = any(p in wanted for p in ("cuda", "gpu"))
-  if wants_gpu and not any(importlib.util.find_spec(m) for m in
-                           ("jax_cuda12_plugin", "jax_cuda13_plugin", "jaxlib.cuda")):
+  if wants_gpu and not (allocator.cuda_installed() or importlib.util.find_spec("jaxlib.cuda")):
     raise UserError(f"--jax_platforms={wanted}: " + _NO_CUDA.format(why=" (no CUDA plugin installed)"))
   try:
     return jax.devices()[0].platform
