@@ -99,7 +99,11 @@ def main(argv: list[str]) -> None:
     # again: jax then does so by itself.
     warnings.filterwarnings("ignore", message="Error (writing|reading) persistent compilation cache")
     sys.unraisablehook = _quiet_closed_loop
-  from jaxtrain import train  # after flag parsing: --jax_platforms must be set first
+  from jaxtrain import preload, runtime  # after flag parsing: --jax_platforms must be set first
+
+  runtime.init_cpu_lapack()
+  preload.start(cfg)  # a restart's programs load while the training loop and flax import
+  from jaxtrain import train
 
   try:
     result = train.run(cfg)

@@ -6,9 +6,11 @@ but tracing the model and lowering it to StableHLO still cost ~0.7 s for nano, e
 wraps it. The cache key covers everything such a program depends on: jaxtrain's own source
 files, the library versions, the config, the argument shapes and shardings. Programs take and
 return flat lists of arrays, so no Python object (graphdef, optimizer) is serialized.
-Single-process runs only; anything unexpected falls back to plain `jax.jit`.
+Single-process runs only; anything unexpected falls back to plain `jax.jit`. Each program used
+is also described (`describe`, `USED`), so that `preload` can load it early on the next start.
 """
 
+import concurrent.futures
 import functools
 import hashlib
 import importlib.metadata
@@ -25,7 +27,7 @@ _LIBRARIES = ("jax", "jaxlib", "flax", "optax")
 
 
 @functools.cache
-def _code_digest() -> str:
+def code_digest() -> str:
   h = hashlib.sha256()
   for lib in _LIBRARIES:
     h.update(f"{lib}={importlib.metadata.version(lib)};".encode())
@@ -59,32 +61,118 @@ def cached_lower(name: str, flat_fn: Callable, arg_specs: list, in_shardings: li
   `arg_specs` are ShapeDtypeStructs of the arguments; the first `donate` of them are donated.
   `config` is whatever else determines `flat_fn` (it goes into the cache key). `compiler_options`
   go to XLA (and so into its own cache key), not into the lowered program.
+
+  A program that `preload` already loaded comes back as a stand-in whose `compile()` returns it.
   """
   donate_argnums = tuple(range(donate))
   plain = jax.jit(flat_fn, in_shardings=tuple(in_shardings), out_shardings=tuple(out_shardings),
                   donate_argnums=donate_argnums, compiler_options=compiler_options)
-  if jax.process_count() > 1 or os.environ.get("JAXTRAIN_NO_AOT") == "1":
+  if jax.process_count() > 1 or not enabled():
     return plain.lower(*arg_specs)
   key = hashlib.sha256(json.dumps({
-      "name": name, "code": _code_digest(), "config": config,
+      "name": name, "code": code_digest(), "config": config,
       "args": [_spec(a) for a in arg_specs], "in": [str(s.spec) for s in in_shardings],
       "out": [str(s.spec) for s in out_shardings],
       "devices": [d.id for d in jax.devices()], "platform": jax.devices()[0].platform,
   }, sort_keys=True, default=str).encode()).hexdigest()[:32]
-  path = Path(default_cache_dir()) / "aot" / f"{name}-{key}.bin"
+  path = cache_dir() / f"{name}-{key}.bin"
+  program = describe(path.name, arg_specs, in_shardings, out_shardings, donate, compiler_options)
+  from_disk = lambda: _lower_via_disk(path, plain, arg_specs, in_shardings, out_shardings,  # noqa: E731
+                                      donate, compiler_options)
+  loading = PRELOADED.get(path.name)
+  if loading is not None and program is not None and loading.program == program:
+    del PRELOADED[path.name]
+    USED.append(program)
+    return loading.with_fallback(lambda: from_disk()[0])
+  lowered, cached = from_disk()
+  if cached and program is not None:
+    USED.append(program)
+  return lowered
+
+
+def _lower_via_disk(path: Path, plain, arg_specs: list, in_shardings: list, out_shardings: list,
+                    donate: int, compiler_options: dict | None) -> tuple[jax.stages.Lowered, bool]:
+  """(the program at `path`, exported there first if new or unreadable; True), or (`plain`
+  lowered, False) where the disk cache cannot hold it."""
+  if path.exists():
+    try:
+      return load(path, arg_specs, in_shardings, out_shardings, donate, compiler_options), True
+    except Exception:  # a damaged file (a full disk, a crash while copying): written anew
+      pass
   try:
-    if path.exists():
-      exported = jax.export.deserialize(bytearray(path.read_bytes()))
-    else:
-      exported = jax.export.export(plain)(*arg_specs)
-      path.parent.mkdir(parents=True, exist_ok=True)
-      tmp = path.with_suffix(f".tmp{os.getpid()}")
-      tmp.write_bytes(exported.serialize())
-      os.replace(tmp, path)
+    exported = jax.export.export(plain)(*arg_specs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(exported.serialize())
+    os.replace(tmp, path)
+    return _wrap(exported, in_shardings, out_shardings, donate, compiler_options).lower(
+        *arg_specs), True
   except Exception:  # no flatbuffers, an unwritable cache, a program export cannot hold, ...
-    return plain.lower(*arg_specs)
+    return plain.lower(*arg_specs), False
+
+
+def load(path: Path, arg_specs: list, in_shardings: list, out_shardings: list, donate: int,
+         compiler_options: dict | None) -> jax.stages.Lowered:
+  """The cached program at `path`, wrapped and lowered as `cached_lower` does (the same wrapping
+  gives the same XLA program, and so a hit in XLA's cache)."""
+  exported = jax.export.deserialize(bytearray(path.read_bytes()))
+  return _wrap(exported, in_shardings, out_shardings, donate, compiler_options).lower(*arg_specs)
+
+
+def _wrap(exported, in_shardings: list, out_shardings: list, donate: int,
+          compiler_options: dict | None):
   # The shardings give the call its devices (a program without inputs would default to one).
-  wrapped = jax.jit(exported.call, in_shardings=tuple(in_shardings),
-                    out_shardings=tuple(out_shardings), donate_argnums=donate_argnums,
-                    compiler_options=compiler_options)
-  return wrapped.lower(*arg_specs)
+  return jax.jit(exported.call, in_shardings=tuple(in_shardings),
+                 out_shardings=tuple(out_shardings), donate_argnums=tuple(range(donate)),
+                 compiler_options=compiler_options)
+
+
+def describe(file: str, arg_specs: list, in_shardings: list, out_shardings: list, donate: int,
+             compiler_options: dict | None) -> dict | None:
+  """A cached program and how it is called, as JSON (what `preload` needs to load it again), or
+  None where a sharding is not a NamedSharding of one mesh."""
+  shardings = [*(a.sharding for a in arg_specs), *in_shardings, *out_shardings]
+  if not shardings or not all(isinstance(s, jax.sharding.NamedSharding) for s in shardings):
+    return None
+  mesh = shardings[0].mesh
+  if any(s.mesh != mesh for s in shardings):
+    return None
+  spec = lambda s: [list(e) if isinstance(e, tuple) else e for e in s.spec]  # noqa: E731
+  return json.loads(json.dumps({
+      "file": file,
+      "mesh": {"axes": list(mesh.axis_names), "shape": list(mesh.devices.shape),
+               "devices": [d.id for d in mesh.devices.flat]},
+      "args": [[list(a.shape), str(a.dtype), spec(a.sharding)] for a in arg_specs],
+      "in": [spec(s) for s in in_shardings], "out": [spec(s) for s in out_shardings],
+      "donate": donate, "compiler_options": compiler_options or {},
+  }, sort_keys=True))
+
+
+class Loading:
+  """Stands in for the `Lowered` of a program `preload` is loading in its thread: `compile()`
+  waits for that and returns it, or lowers and compiles here if that failed."""
+
+  def __init__(self, program: dict, future: concurrent.futures.Future):
+    self.program, self.future, self._fallback = program, future, None
+
+  def with_fallback(self, fallback: Callable[[], jax.stages.Lowered]) -> "Loading":
+    self._fallback = fallback
+    return self
+
+  def compile(self):
+    try:
+      return self.future.result()
+    except Exception:
+      return self._fallback().compile()
+
+
+PRELOADED: dict[str, Loading] = {}  # by file name; `preload` puts, `cached_lower` takes
+USED: list[dict] = []  # `describe` of every cached program this process lowered or took
+
+
+def enabled() -> bool:
+  return os.environ.get("JAXTRAIN_NO_AOT") != "1"
+
+
+def cache_dir() -> Path:
+  return Path(default_cache_dir()) / "aot"

@@ -3,12 +3,15 @@
 import dataclasses
 import importlib.util
 import os
+import sys
+import types
+from pathlib import Path
 
 import jax
 import ml_collections
 import numpy as np
 
-from jaxtrain import allocator
+from jaxtrain import allocator, arch
 from jaxtrain.config import default_cache_dir
 from jaxtrain.errors import UserError
 
@@ -41,11 +44,15 @@ def check_platform() -> str:
                     "pass --jax_platforms=cpu") from None
 
 
-def init_distributed(distributed: ml_collections.ConfigDict) -> None:
-  """Joins a multi-process run: explicit `distributed.*` fields, or Slurm's environment (srun)."""
+def wants_distributed(distributed: ml_collections.ConfigDict) -> bool:
   explicit = bool(distributed.coordinator_address) or distributed.num_processes > 1
   under_srun = int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_STEP_ID" in os.environ
-  if not (explicit or under_srun):
+  return explicit or under_srun
+
+
+def init_distributed(distributed: ml_collections.ConfigDict) -> None:
+  """Joins a multi-process run: explicit `distributed.*` fields, or Slurm's environment (srun)."""
+  if not wants_distributed(distributed):
     return
   kwargs = {}
   if distributed.coordinator_address:
@@ -154,13 +161,42 @@ SMALL_STEP_FLOPS = 1e11  # measured crossover on 2 cores: below it single-thread
 
 
 def _flops_per_device_step(cfg: ml_collections.ConfigDict, n_devices: int) -> float:
-  from jaxtrain import model as model_lib
-
   # Built directly: ModelConfig.from_config would ask which backend runs, and so start it.
-  fields = {f.name for f in dataclasses.fields(model_lib.ModelConfig)} - {"vocab_size", "attention"}
-  mc = model_lib.ModelConfig(vocab_size=cfg.model.vocab_size or 256, attention="xla",
-                             **{f: cfg.model[f] for f in fields})
-  return model_lib.flops_per_step(mc, cfg.train.batch_size) / n_devices
+  fields = {f.name for f in dataclasses.fields(arch.ModelConfig)} - {"vocab_size", "attention"}
+  mc = arch.ModelConfig(vocab_size=cfg.model.vocab_size or 256, attention="xla",
+                        **{f: cfg.model[f] for f in fields})
+  return arch.flops_per_step(mc, cfg.train.batch_size) / n_devices
+
+
+def init_cpu_lapack() -> None:
+  """Sets up jaxlib's CPU LAPACK kernels without importing all of scipy.linalg (the CLI does this
+  first thing, while no other thread imports).
+
+  jaxlib takes the BLAS and LAPACK it calls from scipy's `scipy.linalg.cython_blas` and
+  `cython_lapack`, and the call of every `jax.export`ed program (`aot`) sets that up. Importing
+  them imports the whole `scipy.linalg` package first: 0.19 s of a 3 s restart. Under a bare
+  stand-in for that package only the two modules load (0.02 s); every module added is then
+  dropped again, so that a later `import scipy.linalg` is the usual one. Where anything fails,
+  nothing is set up and jax does it the usual way when it needs to.
+  """
+  if "scipy.linalg" in sys.modules:
+    return
+  try:
+    import scipy
+    from jax._src.lib import lapack  # jax's own module: no public way to set this up alone
+  except ImportError:
+    return
+  before = set(sys.modules)
+  package = types.ModuleType("scipy.linalg")
+  package.__path__ = [str(Path(scipy.__file__).parent / "linalg")]
+  sys.modules["scipy.linalg"] = package
+  try:
+    lapack._lapack.initialize()
+  except Exception:  # it sets itself up only once it got everything: jax retries when needed
+    pass
+  finally:
+    for name in set(sys.modules) - before:
+      del sys.modules[name]
 
 
 def setup(cfg: ml_collections.ConfigDict) -> str:

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxtrain import (allocator, checkpoint, config, data, estimate, logger, optim, runtime,
-                      sample, sharding, signals, steps)
+from jaxtrain import (allocator, aot, checkpoint, config, data, estimate, logger, optim,
+                      preload, runtime, sample, sharding, signals, steps)
 from jaxtrain import model as model_lib
 from jaxtrain import tokenizer as tokenizer_lib
 from jaxtrain import workdir as workdir_lib
@@ -174,6 +174,7 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
                  "train": {f: cfg.train[f] for f in ("grad_accum", "max_steps", "skip_nonfinite")},
                  "model_config": repr(mc), "batch_shape": [B, T + 1]}
   t_compile = time.time()
+  programs_before = len(aot.USED)
   # Init (or a restore) runs beside the train step's tracing and compiling: XLA compiles, and
   # orbax reads, without holding the GIL. Init is lowered first, on this thread: its tracing is
   # short, and its compile then overlaps the train step's tracing rather than its compile.
@@ -268,7 +269,10 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
         step += 1
         if first:
           jax.block_until_ready(micro)
-          out.print(f"compiled and ran the first step in {time.time() - t_compile:.1f}s")
+          out.print(f"compiled and ran the first step in {time.time() - t_compile:.1f}s"
+                    + (" (its programs loaded from the cache during start-up)"
+                       if preload.taken() else ""))
+          preload.remember(cfg, aot.USED[programs_before:])
           t_mark, step_mark, first = time.perf_counter(), step, False
         if pending is not None:  # the previous step is done or nearly: reading it costs no stall
           last_loss = check(*pending)

@@ -43,6 +43,15 @@ def test_train_evaluate_checkpoint_sample_then_resume(corpus_file, tmp_path):
   assert all({"step", "val_loss", "elapsed_s"} <= r.keys() for r in eval_lines)
   assert train_lines[-1]["loss"] < train_lines[0]["loss"]
 
+  # The same run in a new directory: its programs load while it imports, to the same numbers.
+  again = run_cli(*[a.replace(str(workdir), str(tmp_path / "again")) for a in args],
+                  "--config.train.max_steps=20")
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert "its programs loaded from the cache during start-up" in again.stdout
+  assert (tmp_path / "again" / "metrics.jsonl").read_text().count('"loss"') == 4
+  losses = lambda d: [json.loads(l).get("loss") for l in (d / "metrics.jsonl").open()]  # noqa: E731
+  assert losses(tmp_path / "again") == losses(workdir)
+
   second = run_cli(*args, "--config.train.max_steps=30", "--config.sample.num_samples=0")
   assert second.returncode == 0, second.stderr[-2000:]
   assert f"resumed from checkpoint {workdir / 'checkpoints' / '20'} at step 20" in second.stdout
