@@ -101,13 +101,14 @@ def main(argv: list[str]) -> None:
     sys.unraisablehook = _quiet_closed_loop
   from jaxtrain import preload, runtime  # after flag parsing: --jax_platforms must be set first
 
-  runtime.init_cpu_lapack()
-  preload.start(cfg)  # a restart's programs load while the training loop and flax import
-  from jaxtrain import train
-
   try:
+    runtime.init_cpu_lapack()
+    preload.start(cfg)  # a restart's programs load while the training loop and flax import
+    from jaxtrain import train
+
     result = train.run(cfg)
   except UserError as e:
+    preload.abandon()
     print(f"error: {e}", file=sys.stderr)
     # Pending saves were already finished or abandoned by the loop. Exiting at once keeps
     # orbax's background threads from printing tracebacks while the interpreter shuts down.
@@ -115,6 +116,7 @@ def main(argv: list[str]) -> None:
     sys.stderr.flush()
     os._exit(e.exit_code)
   except KeyboardInterrupt:  # before training started: nothing to save yet
+    preload.abandon()
     print("interrupted before the first step; nothing was saved", file=sys.stderr)
     sys.exit(130)
   if result.stopped_by:

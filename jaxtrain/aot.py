@@ -53,7 +53,7 @@ def cached_jit(name: str, flat_fn: Callable, arg_specs: list, in_shardings: list
 
 def cached_lower(name: str, flat_fn: Callable, arg_specs: list, in_shardings: list,
                  out_shardings: list, config: dict, donate: int = 0,
-                 compiler_options: dict | None = None) -> jax.stages.Lowered:
+                 compiler_options: dict | None = None) -> "jax.stages.Lowered | Loading":
   """`jax.jit(flat_fn, ...).lower(*arg_specs)` over flat lists of arrays in and out, from the
   disk cache when it holds this program. Compiling it is left to the caller, who can overlap two
   compiles in two threads: XLA compiles without holding the GIL.
@@ -77,13 +77,16 @@ def cached_lower(name: str, flat_fn: Callable, arg_specs: list, in_shardings: li
   }, sort_keys=True, default=str).encode()).hexdigest()[:32]
   path = cache_dir() / f"{name}-{key}.bin"
   program = describe(path.name, arg_specs, in_shardings, out_shardings, donate, compiler_options)
-  from_disk = lambda: _lower_via_disk(path, plain, arg_specs, in_shardings, out_shardings,  # noqa: E731
-                                      donate, compiler_options)
+
+  def from_disk() -> tuple[jax.stages.Lowered, bool]:
+    return _lower_via_disk(path, plain, arg_specs, in_shardings, out_shardings, donate,
+                           compiler_options)
+
   loading = PRELOADED.get(path.name)
-  if loading is not None and program is not None and loading.program == program:
+  if loading is not None and loading.calls_like(program, arg_specs, in_shardings, out_shardings):
     del PRELOADED[path.name]
     USED.append(program)
-    return loading.with_fallback(lambda: from_disk()[0])
+    return loading.take(lambda: from_disk()[0])
   lowered, cached = from_disk()
   if cached and program is not None:
     USED.append(program)
@@ -137,32 +140,49 @@ def describe(file: str, arg_specs: list, in_shardings: list, out_shardings: list
   mesh = shardings[0].mesh
   if any(s.mesh != mesh for s in shardings):
     return None
-  spec = lambda s: [list(e) if isinstance(e, tuple) else e for e in s.spec]  # noqa: E731
-  return json.loads(json.dumps({
-      "file": file,
-      "mesh": {"axes": list(mesh.axis_names), "shape": list(mesh.devices.shape),
-               "devices": [d.id for d in mesh.devices.flat]},
-      "args": [[list(a.shape), str(a.dtype), spec(a.sharding)] for a in arg_specs],
-      "in": [spec(s) for s in in_shardings], "out": [spec(s) for s in out_shardings],
-      "donate": donate, "compiler_options": compiler_options or {},
-  }, sort_keys=True))
+
+  def spec(s: jax.sharding.NamedSharding) -> list:
+    return [list(e) if isinstance(e, tuple) else e for e in s.spec]
+
+  try:
+    return json.loads(json.dumps({
+        "file": file,
+        "mesh": {"axes": list(mesh.axis_names), "shape": list(mesh.devices.shape),
+                 "devices": [d.id for d in mesh.devices.flat]},
+        "args": [[list(a.shape), str(a.dtype), spec(a.sharding)] for a in arg_specs],
+        "in": [spec(s) for s in in_shardings], "out": [spec(s) for s in out_shardings],
+        "donate": donate, "compiler_options": compiler_options or {},
+    }, sort_keys=True))
+  except (TypeError, ValueError):  # something JSON cannot hold: such a program is not preloaded
+    return None
 
 
 class Loading:
   """Stands in for the `Lowered` of a program `preload` is loading in its thread: `compile()`
   waits for that and returns it, or lowers and compiles here if that failed."""
 
-  def __init__(self, program: dict, future: concurrent.futures.Future):
-    self.program, self.future, self._fallback = program, future, None
+  def __init__(self, program: dict, calls: tuple, future: concurrent.futures.Future):
+    # `calls`: the (arg_specs, in_shardings, out_shardings) the program was loaded with.
+    self.program, self.calls, self.future = program, calls, future
+    self.taken = self.fell_back = False
+    self._fallback = None
 
-  def with_fallback(self, fallback: Callable[[], jax.stages.Lowered]) -> "Loading":
-    self._fallback = fallback
+  def calls_like(self, program: dict | None, arg_specs: list, in_shardings: list,
+                 out_shardings: list) -> bool:
+    """Whether this is `program`, called exactly so (the description, and the jax objects
+    themselves: a sharding can differ in what the description leaves out)."""
+    return program is not None and program == self.program and \
+        self.calls == (list(arg_specs), list(in_shardings), list(out_shardings))
+
+  def take(self, fallback: Callable[[], jax.stages.Lowered]) -> "Loading":
+    self.taken, self._fallback = True, fallback
     return self
 
   def compile(self):
     try:
       return self.future.result()
     except Exception:
+      self.fell_back = True
       return self._fallback().compile()
 
 

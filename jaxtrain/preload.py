@@ -14,7 +14,6 @@ and a first execution on zeros in the thread, to set up YNNPACK's kernels before
 (its two devices then take both cores from the imports: no gain).
 """
 
-
 import concurrent.futures
 import hashlib
 import json
@@ -28,7 +27,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxtrain import aot, runtime
 
-_STARTED: set[str] = set()  # the files of the programs `start` loads
+_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+_LOADINGS: list[aot.Loading] = []  # what the last `start` loads
 
 
 def _manifest_path(cfg: ml_collections.ConfigDict) -> Path:
@@ -42,37 +42,53 @@ def _manifest_path(cfg: ml_collections.ConfigDict) -> Path:
 def start(cfg: ml_collections.ConfigDict) -> None:
   """Starts loading the programs the last run with `cfg` used, if it left a manifest. Called by
   `python -m jaxtrain` before it imports the training loop (and so flax)."""
+  global _POOL
+  _LOADINGS.clear()
   if not aot.enabled() or runtime.wants_distributed(cfg.distributed):
     return
   try:
-    manifest = json.loads(_manifest_path(cfg).read_text())
-    programs = manifest["programs"]
+    programs = json.loads(_manifest_path(cfg).read_text())["programs"]
     # A run that resumes restores its state rather than running init.
     if _has_checkpoint(cfg):
       programs = [p for p in programs if p["args"]]
-    runtime.setup(cfg)  # the backend, with the run's devices; train.run's own call finds it done
+    # Before `config.validate`, which the run does next: a manifest exists only for a config
+    # that already passed it. The backend starts with the run's devices; train.run's own call
+    # then finds everything done.
+    runtime.setup(cfg)
   except Exception:  # no manifest, or not one to act on: train.run reports real problems
     return
   # One thread: the imports keep the other core.
-  pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxtrain-preload")
+  _POOL = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxtrain-preload")
   for program in programs:
     try:
-      lowered, n_args = _lower(program)  # here: lowering holds the GIL either way
+      lowered, calls = _lower(program)  # here: lowering holds the GIL either way
     except Exception:
       continue
-    aot.PRELOADED[program["file"]] = aot.Loading(program, pool.submit(_compile, lowered, n_args))
-    _STARTED.add(program["file"])
-  pool.shutdown(wait=False)  # its thread finishes the queue; Python joins it at exit
+    loading = aot.Loading(program, calls, _POOL.submit(_compile, lowered, len(calls[0])))
+    aot.PRELOADED[program["file"]] = loading
+    _LOADINGS.append(loading)
+  _POOL.shutdown(wait=False)  # its thread finishes the queue; Python joins it at exit
 
 
 def taken() -> int:
-  """How many of the programs `start` loaded the run has taken (`aot.cached_lower`)."""
-  return len(_STARTED - set(aot.PRELOADED))
+  """How many of the programs the last `start` loaded the run took and used."""
+  return sum(l.taken and not l.fell_back for l in _LOADINGS)
+
+
+def release() -> None:
+  """Drops what the run did not take (a program of another shape, say, and its memory)."""
+  aot.PRELOADED.clear()
+
+
+def abandon() -> None:
+  """Cancels the loads not yet begun, so that an early exit waits for one at most."""
+  if _POOL is not None:
+    _POOL.shutdown(wait=False, cancel_futures=True)
 
 
 def _has_checkpoint(cfg: ml_collections.ConfigDict) -> bool:
   directory = Path(cfg.workdir).expanduser() / "checkpoints"
-  return directory.is_dir() and any(directory.iterdir())
+  return directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
 
 
 def _compile(lowered: jax.stages.Lowered, n_args: int):
@@ -82,19 +98,24 @@ def _compile(lowered: jax.stages.Lowered, n_args: int):
   return compiled
 
 
-def _lower(program: dict) -> tuple[jax.stages.Lowered, int]:
-  mesh_info = program["mesh"]
+def _lower(program: dict) -> tuple[jax.stages.Lowered, tuple]:
   devices = {d.id: d for d in jax.devices()}
+  mesh_info = program["mesh"]
+  if sorted(mesh_info["devices"]) != sorted(devices):  # the run's mesh spans every device
+    raise ValueError("the manifest's devices are not this process's")
   mesh = Mesh(np.asarray([devices[i] for i in mesh_info["devices"]]).reshape(mesh_info["shape"]),
               tuple(mesh_info["axes"]))
-  sharding = lambda spec: NamedSharding(mesh, P(*(tuple(e) if isinstance(e, list) else e  # noqa: E731
-                                                  for e in spec)))
+
+  def sharding(spec: list) -> NamedSharding:
+    return NamedSharding(mesh, P(*(tuple(e) if isinstance(e, list) else e for e in spec)))
+
   arg_specs = [jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding(spec))
                for shape, dtype, spec in program["args"]]
-  lowered = aot.load(aot.cache_dir() / program["file"], arg_specs,
-                     [sharding(s) for s in program["in"]], [sharding(s) for s in program["out"]],
+  in_shardings = [sharding(s) for s in program["in"]]
+  out_shardings = [sharding(s) for s in program["out"]]
+  lowered = aot.load(aot.cache_dir() / program["file"], arg_specs, in_shardings, out_shardings,
                      program["donate"], program["compiler_options"] or None)
-  return lowered, len(arg_specs)
+  return lowered, (arg_specs, in_shardings, out_shardings)
 
 
 class _FirstCall:
@@ -114,20 +135,23 @@ def remember(cfg: ml_collections.ConfigDict, programs: list[dict]) -> None:
   if not aot.enabled() or not programs or jax.process_count() > 1:
     return
   path = _manifest_path(cfg)
+
+  def name(program: dict) -> str:
+    return program["file"].rsplit("-", 1)[0]
+
   try:
-    old = json.loads(path.read_text())
-  except (OSError, ValueError):
-    old = {}
-  name = lambda p: p["file"].rsplit("-", 1)[0]  # noqa: E731
-  merged = {name(p): p for p in old.get("programs", [])}
-  merged.update({name(p): p for p in programs})
-  manifest = {"programs": list(merged.values())}
-  if manifest == old:
-    return
-  try:
+    try:
+      old = json.loads(path.read_text())
+      merged = {name(p): p for p in old["programs"]}
+    except (OSError, ValueError, KeyError, TypeError):
+      old, merged = None, {}
+    merged.update({name(p): p for p in programs})
+    manifest = {"programs": list(merged.values())}
+    if manifest == old:
+      return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(manifest))
     os.replace(tmp, path)
-  except OSError:  # an unwritable cache only costs the next start its head start
+  except Exception:  # only the next start's head start is lost (an unwritable cache, ...)
     pass

@@ -184,7 +184,7 @@ def init_cpu_lapack() -> None:
   try:
     import scipy
     from jax._src.lib import lapack  # jax's own module: no public way to set this up alone
-  except ImportError:
+  except Exception:  # not there, or broken: jax imports what it needs when it needs it
     return
   before = set(sys.modules)
   package = types.ModuleType("scipy.linalg")
@@ -194,9 +194,10 @@ def init_cpu_lapack() -> None:
     lapack._lapack.initialize()
   except Exception:  # it sets itself up only once it got everything: jax retries when needed
     pass
-  finally:
+  finally:  # the stand-in and what was imported under it; scipy's own modules are real
     for name in set(sys.modules) - before:
-      del sys.modules[name]
+      if name == "scipy.linalg" or name.startswith("scipy.linalg."):
+        del sys.modules[name]
 
 
 def setup(cfg: ml_collections.ConfigDict) -> str:

@@ -185,6 +185,7 @@ def _train(cfg, out, mesh, workdir, corpus, mc, abstract, shardings, ckpts, trai
     pending = pool.submit(prepare_state)
     train_fn, eval_fn = sharding.jit_steps(abstract, mesh, program_key)
     state, elapsed_before, best_val = pending.result()
+  preload.release()
   if is_main:
     workdir_lib.write_json(workdir / "config.json", cfg.to_dict())
     workdir_lib.write_json(workdir / workdir_lib.RUN_FILE,
