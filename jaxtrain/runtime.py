@@ -186,7 +186,6 @@ def init_cpu_lapack() -> None:
     from jax._src.lib import lapack  # jax's own module: no public way to set this up alone
   except Exception:  # not there, or broken: jax imports what it needs when it needs it
     return
-  before = set(sys.modules)
   package = types.ModuleType("scipy.linalg")
   package.__path__ = [str(Path(scipy.__file__).parent / "linalg")]
   sys.modules["scipy.linalg"] = package
@@ -194,10 +193,9 @@ def init_cpu_lapack() -> None:
     lapack._lapack.initialize()
   except Exception:  # it sets itself up only once it got everything: jax retries when needed
     pass
-  finally:  # the stand-in and what was imported under it; scipy's own modules are real
-    for name in set(sys.modules) - before:
-      if name == "scipy.linalg" or name.startswith("scipy.linalg."):
-        del sys.modules[name]
+  finally:  # the stand-in and what was imported under it (none of it was there before it)
+    for name in [n for n in sys.modules if n == "scipy.linalg" or n.startswith("scipy.linalg.")]:
+      del sys.modules[name]
 
 
 def setup(cfg: ml_collections.ConfigDict) -> str:
