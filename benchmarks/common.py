@@ -6,6 +6,7 @@ it times, and the parent imports neither.
 """
 
 import dataclasses
+import datetime
 import os
 import platform
 import re
@@ -14,10 +15,14 @@ import subprocess
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from importlib import metadata
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from jaxtrain import fmt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,20 +40,25 @@ class Shape:
     return self.batch_size * self.seq_len
 
   def describe(self) -> str:
-    return (f"{self.n_layers} layers x {self.d_model} wide, {self.n_heads} heads, T={self.seq_len}, "
+    return (f"{self.n_layers} layers x {self.d_model} wide, {self.n_heads} heads, "
+            f"T={self.seq_len}, "
             f"B={self.batch_size}, vocab {self.vocab_size}")
 
 
 SHAPES = {
-    "tiny": Shape("tiny", n_layers=2, n_heads=2, d_model=32, seq_len=16, batch_size=4, vocab_size=65),
+    "tiny": Shape("tiny", n_layers=2, n_heads=2, d_model=32, seq_len=16, batch_size=4,
+                  vocab_size=65),
     # nanoGPT's shakespeare_char CPU shape, and its GPU shape.
-    "small": Shape("small", n_layers=4, n_heads=4, d_model=128, seq_len=64, batch_size=12, vocab_size=65),
-    "large": Shape("large", n_layers=6, n_heads=6, d_model=384, seq_len=256, batch_size=64, vocab_size=65),
+    "small": Shape("small", n_layers=4, n_heads=4, d_model=128, seq_len=64, batch_size=12,
+                   vocab_size=65),
+    "large": Shape("large", n_layers=6, n_heads=6, d_model=384, seq_len=256, batch_size=64,
+                   vocab_size=65),
 }
 
 
 def gpt2_config(shape: Shape):
-  """The jaxtrain config of the GPT-2 layout at `shape`: LayerNorm, learned positions, GELU, tied."""
+  """The jaxtrain config of the GPT-2 layout at `shape`: LayerNorm, learned positions, GELU,
+  tied embeddings."""
   from jaxtrain.config import default_config
 
   cfg = default_config()
@@ -151,7 +161,8 @@ def machine_info() -> dict:
     pass
   mem = re.search(r"^MemTotal:\s*(\d+) kB", open("/proc/meminfo").read(), re.M)
   # A VM may name the CPU just "AMD EPYC"; family/model/stepping still tell the generation.
-  ids = {k: re.search(rf"^{k}\s*:\s*(\S+)", cpuinfo, re.M) for k in ("cpu family", "model", "stepping")}
+  ids = {k: re.search(rf"^{k}\s*:\s*(\S+)", cpuinfo, re.M)
+         for k in ("cpu family", "model", "stepping")}
   return {
       "cpu_model": model.group(1).strip() if model else platform.processor(),
       "lscpu_model": lscpu_model,
@@ -182,7 +193,8 @@ def _process_ticks(pid: int) -> int:
 
 def cpu_snapshot(pids: list[int]) -> dict:
   """CPU ticks since boot: machine-wide busy, steal and total, and each of `pids`' own."""
-  user, nice, system, idle, iowait, irq, softirq, steal = map(int, open("/proc/stat").readline().split()[1:9])
+  with open("/proc/stat") as f:
+    user, nice, system, idle, iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
   busy = user + nice + system + irq + softirq
   return {"busy": busy, "steal": steal, "total": busy + idle + iowait + steal,
           "own": {p: _process_ticks(p) for p in pids}}
@@ -247,44 +259,37 @@ class LoadSampler:
 
     labels = sorted({s["label"] for s in self.samples})
     return {"interval_s": self.interval_s, "all": stats(self.samples),
-            "by_label": {l: stats([s for s in self.samples if s["label"] == l]) for l in labels}}
+            "by_label": {label: stats([s for s in self.samples if s["label"] == label])
+                         for label in labels}}
 
 
 # ---- matmul peak ---------------------------------------------------------------------------
 
 def measure_matmul_peak(dtype: str = "float32", n: int = 2048, repeats: int = 10) -> dict:
-  """Median time of a jitted jnp.dot of two n x n matrices, and its FLOP rate (2*n^3 FLOPs)."""
-  import jax
-  import jax.numpy as jnp
+  """jaxtrain's own matmul timing (`jaxtrain.estimate.time_matmul`, behind its MFU), uncached."""
+  from jaxtrain import estimate
 
-  ka, kb = jax.random.split(jax.random.PRNGKey(0))
-  a = jax.random.normal(ka, (n, n), jnp.float32).astype(dtype)
-  b = jax.random.normal(kb, (n, n), jnp.float32).astype(dtype)
-  dot = jax.jit(jnp.dot)
-  return _time_matmul(lambda: jax.block_until_ready(dot(a, b)), "jax", dtype, n, repeats)
+  return _peak_row("jax", dtype, n, repeats, estimate.time_matmul(dtype, n, repeats))
 
 
 def torch_matmul_peak(dtype: str = "float32", n: int = 2048, repeats: int = 10) -> dict:
   """The same measurement with torch.mm (which runs synchronously on the CPU)."""
   import torch
 
-  gen = torch.Generator().manual_seed(0)
-  a = torch.randn(n, n, generator=gen).to(getattr(torch, dtype))
-  b = torch.randn(n, n, generator=gen).to(getattr(torch, dtype))
-  return _time_matmul(lambda: torch.mm(a, b), "torch", dtype, n, repeats)
-
-
-def _time_matmul(run: Callable[[], Any], framework: str, dtype: str, n: int, repeats: int) -> dict:
-  for _ in range(2):  # compile, first-touch of buffers, thread-pool start
-    run()
+  a = torch.ones(n, n, dtype=getattr(torch, dtype))
+  for _ in range(2):  # first touch of the buffers, thread-pool start
+    torch.mm(a, a)
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
-    run()
+    torch.mm(a, a)
     times.append(time.perf_counter() - t0)
-  median = statistics.median(times)
-  return {"framework": framework, "dtype": dtype, "n": n, "repeats": repeats, "median_s": median,
-          "gflops": 2 * n**3 / median / 1e9, "times_s": times}
+  return _peak_row("torch", dtype, n, repeats, 2 * n**3 / statistics.median(times))
+
+
+def _peak_row(framework: str, dtype: str, n: int, repeats: int, flops: float) -> dict:
+  return {"framework": framework, "dtype": dtype, "n": n, "repeats": repeats,
+          "median_s": 2 * n**3 / flops, "gflops": flops / 1e9}
 
 
 # ---- worker processes ----------------------------------------------------------------------
@@ -297,7 +302,7 @@ def _serve(conn, factory: Callable, args: tuple) -> None:
   try:
     handler = factory(*args)
     conn.send(("ok", None))
-  except BaseException:
+  except BaseException:  # noqa: BLE001 - any failure goes back to the parent as its traceback
     conn.send(("error", traceback.format_exc()))
     return
   while True:
@@ -306,7 +311,7 @@ def _serve(conn, factory: Callable, args: tuple) -> None:
       return
     try:
       conn.send(("ok", getattr(handler, name)(**kwargs)))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - as above; the worker serves the next call
       conn.send(("error", traceback.format_exc()))
 
 
@@ -379,6 +384,22 @@ class Worker:
 
 # ---- report files --------------------------------------------------------------------------
 
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def results_dir(name: str) -> Path:
+  """Where a benchmark writes by default: benchmarks/results/<today>-<name>/."""
+  return RESULTS / f"{datetime.date.today().isoformat()}-{name}"
+
+
+def timestamp() -> str:
+  return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def fmt_bytes(n: float | None) -> str:
+  return "n/a" if n is None else fmt.nbytes(n)
+
+
 def cpu_line(m: dict) -> str:
   """The report's CPU line, from `machine_info()`."""
   return (f"CPU: {m['cpu_model']} (lscpu: {m['lscpu_model']}), {m['cores_available']} cores "
@@ -409,7 +430,7 @@ def bar_chart(path: str, values: dict[str, dict[str, float]], ylabel: str, title
 
   groups = list(values)
   fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups) + 1, 3.6), squeeze=False)
-  for ax, group in zip(axes[0], groups):
+  for ax, group in zip(axes[0], groups, strict=True):
     names, heights = list(values[group]), list(values[group].values())
     bars = ax.bar(names, heights, color=[f"C{i}" for i in range(len(names))])
     ax.bar_label(bars, labels=[f"{h:,.0f}" for h in heights], fontsize=8)

@@ -4,14 +4,16 @@
   python benchmarks/cpu_vs_gpu.py --configs=nano --platforms=cpu --steps=20
 
 Every (platform, config) row runs in a fresh worker process with JAX_PLATFORMS set to that
-platform, so its peak host memory (ru_maxrss) and peak device memory are its own. A row: the
-compile time of jaxtrain's jitted train step (jaxtrain.sharding.jit_steps on a one-device mesh;
-trace + lower + compile, with the persistent compile cache off unless --compile-cache), warm-up
-steps, then the median of the timed steps. Batches are random int32 tokens [B, T+1]: no corpus is
-read. grad_accum is forced to 1, so one step is one micro-batch of the config's
+platform, so its peak host memory (ru_maxrss) and peak device memory are its own. A row builds
+its steps as `python -m jaxtrain` does (`jaxtrain.programs.build`; on the CPU, the cores split
+into XLA devices by `jaxtrain.runtime.split_cpu`; on a GPU, one device), then times: the trace +
+lower + compile of the train step (the persistent compile cache off unless --compile-cache),
+warm-up steps, then the median of the timed steps. Batches are random int32 tokens [B, T+1]:
+no corpus is read. grad_accum is forced to 1, so one step is one micro-batch of the config's
 batch_size x seq_len (--batch-size overrides B). Each platform's f32 and bf16 matmul peaks are
-measured in the same run; MFU is against the measured peak of the config's dtype and, for a GPU
-that jaxtrain.estimate knows, against its datasheet peak. Writes cpu_vs_gpu.{json,md,png} to --out.
+measured in the same run (`jaxtrain.estimate.time_matmul`); MFU is against the measured peak of
+the config's dtype and, for a GPU that jaxtrain.estimate knows, against its datasheet peak.
+Writes cpu_vs_gpu.{json,md,png} to --out (default: benchmarks/results/<date>-cpu_vs_gpu/).
 
 Default steps: 1 warm-up + 5 timed on a CPU, 3 + 20 on a GPU. The default run on a 2-core CPU
 without a GPU takes about 3 to 6 minutes, nearly all of it `small` (64 x 256 tokens per step,
@@ -19,7 +21,6 @@ without a GPU takes about 3 to 6 minutes, nearly all of it `small` (64 x 256 tok
 """
 
 import argparse
-import datetime
 import json
 import os
 import resource
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 import common  # noqa: E402  (after the path above)
+
 from jaxtrain.allocator import cuda_installed  # noqa: E402
 
 NAME = "cpu_vs_gpu"
@@ -52,37 +54,31 @@ def _rss_bytes() -> int:
     return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _available_bytes(device) -> tuple[int | None, str]:
-  """What one device can hold: the accelerator's limit, or the host's MemAvailable.
+def load(config_path: str, overrides: dict):
+  """The row's config: one micro-batch per step (grad_accum 1), `overrides` on top."""
+  from jaxtrain import config
 
-  MemAvailable counts reclaimable page cache, unlike jaxtrain.estimate's MemFree; a busy file
-  cache must not make a row look unrunnable.
-  """
-  if device.platform != "cpu":
-    limit = (device.memory_stats() or {}).get("bytes_limit")
-    if limit:
-      return limit, f"{device.device_kind} memory"
-  with open("/proc/meminfo") as f:
-    for line in f:
-      if line.startswith("MemAvailable:"):
-        return int(line.split()[1]) * 1024, "available RAM"
-  return None, "RAM"
+  return config.load_config(config_path, **{"train.grad_accum": 1, **overrides})
 
 
 class StepWorker:
-  """jaxtrain's jitted train step on one platform, in a worker process of its own.
+  """jaxtrain's train step on one platform, built by `jaxtrain.programs.build` as `python -m
+  jaxtrain` builds it, in a worker process of its own.
 
-  `cpu_devices` splits the CPU into that many virtual devices (scaling.py): it has to be set
-  before jax starts its backend, which is why it is done here, first thing in a fresh process.
+  Given a config, the process sets up its CPU by jaxtrain's rule for that config
+  (`runtime.split_cpu`: how many XLA devices, single-threaded matmuls for small steps). That has
+  to happen before jax starts its backend, hence here, first thing in a fresh process.
   """
 
-  def __init__(self, platform: str, compile_cache: bool = False, cpu_devices: int = 0):
+  def __init__(self, platform: str, compile_cache: bool = False, config_path: str | None = None,
+               overrides: dict | None = None):
     os.environ["JAX_PLATFORMS"] = platform
     import jax
+
     from jaxtrain import runtime
 
-    if cpu_devices:
-      jax.config.update("jax_num_cpu_devices", cpu_devices)
+    if config_path:
+      runtime.split_cpu(load(config_path, overrides or {}))
     if compile_cache:
       runtime.enable_compile_cache()
     else:  # a cache hit would time reading a file, not compiling
@@ -92,6 +88,7 @@ class StepWorker:
 
   def device_info(self, dtypes: list[str]) -> dict:
     import jax
+
     from jaxtrain import estimate
 
     d = self.devices[0]
@@ -99,7 +96,7 @@ class StepWorker:
       from jax.extend import backend as jax_backend
 
       backend = jax_backend.get_backend().platform_version
-    except Exception:  # only informative; its location moves between jax versions
+    except Exception:  # noqa: BLE001 - only informative; it moves between jax versions
       backend = None
     published = {dt: (estimate.published_peak(d.device_kind, dt) if d.platform != "cpu" else None)
                  for dt in dtypes}
@@ -110,46 +107,45 @@ class StepWorker:
   def peak(self, dtype: str, n: int, repeats: int) -> dict:
     return common.measure_matmul_peak(dtype, n, repeats)
 
-  def setup(self, config_path: str, overrides: dict, n_devices: int = 1) -> dict:
-    """Builds the state and batches on an n-device mesh and compiles the train step."""
+  def setup(self, config_path: str, overrides: dict, n_devices: int = 0) -> dict:
+    """The row's programs on `n_devices` (0: every CPU device, as a run; one GPU), its state and
+    batches, and the train step compiled."""
     import numpy as np
-    from jaxtrain import config, estimate, runtime, sharding, steps
+
+    from jaxtrain import config, estimate, programs
     from jaxtrain import model as model_lib
 
     self.state = self.batches = self.step_fn = None  # a previous setup's buffers go first
-    # The steps see random tokens, so the config's data is never read (nor checked).
-    cfg = config.load_config(config_path, **{"train.grad_accum": 1, "data.path": "", **overrides})
+    cfg = load(config_path, overrides)  # its data is never read: the steps see random tokens
     config.validate(cfg)
-    config.validate_for_devices(cfg, n_devices, 1, self.devices[0].platform)
-    mc = model_lib.ModelConfig.from_config(cfg.model, cfg.model.vocab_size or 256)
-    B, T = cfg.train.batch_size, mc.seq_len
-    self.mesh = sharding.make_mesh(cfg, self.devices[:n_devices])
-    fsdp = self.mesh.shape["fsdp"]
-    mem = estimate.memory_estimate(mc, B, 1, n_devices, fsdp)
-    have, what = _available_bytes(self.devices[0])
     on_cpu = self.devices[0].platform == "cpu"
-    needed = mem.total * (n_devices if on_cpu else 1)  # virtual CPU devices share the host's RAM
+    devices = self.devices[:n_devices or (len(self.devices) if on_cpu else 1)]
+    p = programs.build(cfg, cfg.model.vocab_size or 256, devices)
+    mc, fsdp = p.model_cfg, p.mesh.shape["fsdp"]
+    B, T = p.batch_shape[0], mc.seq_len
+    mem = estimate.memory_estimate(mc, B, 1, len(devices), fsdp)
+    have, what = estimate.available_memory(devices[0])
     info = {"batch_size": B, "seq_len": T, "dtype": mc.dtype, "attention": mc.attention,
             "vocab_size": mc.vocab_size, "param_count": model_lib.param_count(mc),
-            "flops_per_token": model_lib.flops_per_token(mc), "n_devices": n_devices,
-            "mesh": {"data": self.mesh.shape["data"], "fsdp": fsdp},
+            "flops_per_token": model_lib.flops_per_token(mc), "n_devices": len(devices),
+            "mesh": {"data": p.mesh.shape["data"], "fsdp": fsdp},
+            "compiler_options": p.compiler_options, "one_allreduce": p.one_allreduce,
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "config_grad_accum": config.load_config(config_path).train.grad_accum,
             "estimate_bytes": mem.total, "estimate": vars(mem), "available_bytes": have,
             "available_what": what}
-    if have and needed > have:
-      return dict(info, skipped=f"jaxtrain.estimate says it needs ~{_fmt_bytes(needed)}, more "
-                  f"than the {_fmt_bytes(have)} of {what}")
+    _, too_big = estimate.memory_report(mc, B, 1, devices, fsdp)
+    if too_big:
+      return dict(info, skipped=f"jaxtrain.estimate: {too_big}")
+    self.programs = p
     self.rss_before = _rss_bytes()
-    abstract = steps.abstract_state(cfg, mc)
-    state = sharding.init_sharded(lambda: steps.init_state(cfg, mc), abstract, self.mesh)
-    runtime.use_cpu_step_options(cfg)  # as `python -m jaxtrain` compiles its steps
-    train_fn, _ = sharding.jit_steps(state, self.mesh)
+    state = p.init()
     rng = np.random.default_rng(SEED)
-    self.batches = [sharding.global_batch(
-        {"tokens": rng.integers(0, mc.vocab_size, (B, T + 1)).astype(np.int32)}, self.mesh)
-        for _ in range(N_BATCHES)]
+    self.batches = [p.place({"tokens": rng.integers(0, mc.vocab_size, p.batch_shape,
+                                                    dtype=np.int32)}) for _ in range(N_BATCHES)]
+    # p.compile_train(), its two stages timed apart
     t0 = time.perf_counter()
-    lowered = train_fn.lower(state, self.batches[0])
+    lowered = p.train_step.lower(p.abstract, p.batch_spec())
     t1 = time.perf_counter()
     self.step_fn = lowered.compile()
     t2 = time.perf_counter()
@@ -176,7 +172,8 @@ class StepWorker:
 
   def memory(self) -> dict:
     on_cpu = self.devices[0].platform == "cpu"
-    peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in self.mesh.devices.flat]
+    devices = self.programs.mesh.devices.flat
+    peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in devices]
     return {"host_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "host_before_bytes": self.rss_before,
             "host_peak_after_compile_bytes": self.rss_peak_compile,
@@ -190,15 +187,6 @@ class StepWorker:
 
 def log(msg: str) -> None:
   print(msg, flush=True)
-
-
-def _fmt_bytes(n: float | None) -> str:
-  if n is None:
-    return "n/a"
-  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-    if abs(n) >= scale:
-      return f"{n / scale:.2f} {unit}"
-  return f"{n:.0f} B"
 
 
 def reason(e: Exception) -> str:
@@ -225,6 +213,14 @@ def platform_kind(platform: str) -> str:
   return "cpu" if platform == "cpu" else "gpu"
 
 
+def programs_line(info: dict) -> str:
+  """What `programs.build` chose for a row: XLA options, one all-reduce, threading."""
+  return (f"XLA options {info['compiler_options'] or 'none'}"
+          + ("; gradients all-reduced as one buffer" if info["one_allreduce"] else "")
+          + ("; single-threaded matmuls" if "multi_thread_eigen=false" in info["xla_flags"]
+             else ""))
+
+
 def _fmt_gflops(gflops: float) -> str:
   return f"{gflops / 1e3:,.1f} TFLOP/s" if gflops >= 1e3 else f"{gflops:,.1f} GFLOP/s"
 
@@ -240,9 +236,10 @@ def measure(worker: common.Worker, setup: dict, steps: int, warmup: int,
   info = worker.call("setup", **setup)
   B, T = info["batch_size"], info["seq_len"]
   log(f"  {info['param_count']:,} params, {info['flops_per_token'] / 1e6:.2f} MFLOP/token, "
-      f"{info['dtype']}, micro-batch {B} x {T}, mesh data={info['mesh']['data']} "
-      f"fsdp={info['mesh']['fsdp']}; memory estimate {_fmt_bytes(info['estimate_bytes'])} "
-      f"per device ({_fmt_bytes(info['available_bytes'])} {info['available_what']})")
+      f"{info['dtype']}, micro-batch {B} x {T}, {info['n_devices']} device(s): mesh "
+      f"data={info['mesh']['data']} fsdp={info['mesh']['fsdp']}; {programs_line(info)}; "
+      f"memory estimate {common.fmt_bytes(info['estimate_bytes'])} "
+      f"per device ({common.fmt_bytes(info['available_bytes'])} {info['available_what']})")
   if "skipped" in info:
     why = info.pop("skipped")
     log(f"  skipped: {why}")
@@ -273,8 +270,8 @@ def measure(worker: common.Worker, setup: dict, steps: int, warmup: int,
   tokens_per_s = B * T / stats["median_s"]
   log(f"  {steps} steps: median {stats['median_s'] * 1e3:,.1f} ms/step, {tokens_per_s:,.0f} "
       f"tokens/s, last loss {loss:.4f}; other processes {_pct(cpu)} of the machine; host peak "
-      f"RSS {_fmt_bytes(memory['host_peak_bytes'])}, device peak "
-      f"{_fmt_bytes(memory['device_peak_bytes'])}")
+      f"RSS {common.fmt_bytes(memory['host_peak_bytes'])}, device peak "
+      f"{common.fmt_bytes(memory['device_peak_bytes'])}")
   memory["host_added_bytes"] = memory["host_peak_bytes"] - memory["host_before_bytes"]
   return dict(info, status="ok", warmup_s=warmup_s, step_times_s=times, stats=stats,
               tokens_per_s=tokens_per_s, loss=loss, cpu=cpu,
@@ -322,24 +319,16 @@ def bench_row(platform: str, pinfo: dict, name: str, steps: int, warmup: int, ar
               sampler: common.LoadSampler, active: list) -> dict:
   log(f"\n== {config_name(name)} on {platform} ({pinfo['device_name']})")
   overrides = {"train.batch_size": args.batch_size} if args.batch_size else {}
+  if args.cpu_devices:
+    overrides["mesh.cpu_devices"] = args.cpu_devices
   row = {"platform": platform, "device": pinfo["device_name"], "config": config_name(name),
          "steps": steps, "warmup": warmup}
   worker = None
-  # On CPU, jaxtrain splits the cores into several XLA devices (mesh.cpu_devices): measure that.
-  n_devices = 1
-  if platform == "cpu":
-    from jaxtrain import config, runtime
-
-    cfg = config.load_config(config_path(name), **overrides)
-    if args.cpu_devices:
-      cfg.mesh.cpu_devices = args.cpu_devices
-    n_devices = runtime.cpu_device_count(cfg)
   try:
     worker = common.Worker(f"{platform}-{row['config']}", StepWorker, platform,
-                           args.compile_cache, n_devices if platform == "cpu" else 0)
+                           args.compile_cache, config_path(name), overrides)
     active.append(worker)
-    row.update(measure(worker, {"config_path": config_path(name), "overrides": overrides,
-                                "n_devices": n_devices},
+    row.update(measure(worker, {"config_path": config_path(name), "overrides": overrides},
                        steps, warmup, sampler, f"{platform}/{row['config']}"))
   except common.WorkerError as e:
     log(f"  failed: {reason(e)}")
@@ -404,13 +393,12 @@ def memory_table(results: list[dict]) -> str:
   for r in results:
     if r["status"] != "ok":
       continue
-    m = r["memory"]
-    host = (f"{_fmt_bytes(m['host_peak_bytes'])} "
-            f"({_fmt_bytes(m['host_peak_after_compile_bytes'])})")
-    device = "null (CPU)" if m["device_peak_bytes"] is None else _fmt_bytes(m["device_peak_bytes"])
+    m, b = r["memory"], common.fmt_bytes
+    host = f"{b(m['host_peak_bytes'])} ({b(m['host_peak_after_compile_bytes'])})"
+    device = "null (CPU)" if m["device_peak_bytes"] is None else b(m["device_peak_bytes"])
     rows.append([r["config"], r["platform"], f"{r['param_count']:,}", host,
-                 _fmt_bytes(m["host_added_bytes"]), device, _fmt_bytes(r["estimate_bytes"]),
-                 _fmt_bytes(r["xla_plan_bytes"])])
+                 b(m["host_added_bytes"]), device, b(r["estimate_bytes"]),
+                 b(r["xla_plan_bytes"])])
   return common.markdown_table(
       ["config", "platform", "params", "host peak RSS (by the end of compiling)",
        "host RSS added by the row", "device peak", "jaxtrain estimate", "XLA buffer plan"], rows)
@@ -433,8 +421,8 @@ def markdown(report: dict) -> str:
       + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v and k != "torch"),
       "- data: random int32 tokens [B, T+1], uniform over the vocabulary (no corpus is read); "
       "grad_accum forced to 1, so a step is one micro-batch of B x T tokens",
-      "- compile: trace + lower + compile of jaxtrain.sharding.jit_steps' train step, persistent "
-      "compile cache "
+      "- compile: trace + lower + compile of the train step `jaxtrain.programs.build` makes, as "
+      "`python -m jaxtrain` runs it; persistent compile cache "
       + ("ON (times may be cache hits)" if report["args"]["compile_cache"] else "off"),
   ]
   for platform, p in report["platforms"].items():
@@ -448,7 +436,8 @@ def markdown(report: dict) -> str:
                  f"({peaks})"
                  + (f"; datasheet {published}" if published else "; no datasheet peak"))
   if not report["results"]:
-    return "\n".join(lines + [f"- load: {common.load_line(report['load'])}", "", "No row ran."]) + "\n"
+    lines += [f"- load: {common.load_line(report['load'])}", "", "No row ran."]
+    return "\n".join(lines) + "\n"
   lines += [f"- load: {common.load_line(report['load'])}", "", "## Speed", "",
             speed_table(report["results"]), "",
             "tokens/s: B x T over the median step. MFU: flops_per_token (6N + 12*L*T*D) x "
@@ -456,7 +445,11 @@ def markdown(report: dict) -> str:
             "platform, or the vendor's dense datasheet peak (GPUs jaxtrain.estimate knows). "
             "others' CPU: share of the whole machine other processes used during that row's timed "
             "steps (with 2 cores, 50 = one core busy elsewhere): a high value means a noisy "
-            "measurement.", "", "## Memory (per device)", "", memory_table(report["results"]), "",
+            "measurement.", ""]
+  lines += [f"- {r['config']} on {r['platform']}: {r['n_devices']} device(s), mesh data "
+            f"{r['mesh']['data']} x fsdp {r['mesh']['fsdp']}; {programs_line(r)}"
+            for r in report["results"] if r["status"] == "ok"]
+  lines += ["", "## Memory (per device)", "", memory_table(report["results"]), "",
             "host peak RSS: ru_maxrss of the row's own worker process (includes jax itself), at "
             "the end and, in brackets, right after compiling (XLA's compiler can set the peak "
             "for small models); added by the row: the end peak minus the RSS just before the "
@@ -496,8 +489,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       "choice for each config's batch)")
   p.add_argument("--compile-cache", action="store_true",
                  help="use jaxtrain's persistent compile cache (compile times may be cache hits)")
-  p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="output directory")
+  p.add_argument("--out", default=None,
+                 help=f"output directory (default: benchmarks/results/<date>-{NAME}/)")
   args = p.parse_args(argv)
+  args.out = args.out or str(common.results_dir(NAME))
   args.platforms_requested = args.platforms
   if args.platforms == "auto":
     args.platforms = ["cpu"] + (["cuda"] if cuda_installed() else [])
@@ -581,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
                  "not its own.")
   report = {
       "benchmark": NAME,
-      "timestamp": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+      "timestamp": common.timestamp(),
       "args": vars(args), "machine": machine,
       "data": "random int32 tokens [B, T+1], uniform over the vocabulary; no corpus is read",
       "grad_accum": "forced to 1: one step is one micro-batch of B x T tokens",

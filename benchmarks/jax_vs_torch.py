@@ -7,12 +7,13 @@ warm-up they take turns, one block of `--steps` timed steps at a time, for `--ro
 background load that comes and goes hits both alike. Both train on the same token batches from
 the same initial parameters (jaxtrain's, copied into torch), so their losses must agree. The f32
 matmul peak is measured in the same run and in the same workers; MFU is against the higher of the
-two. Writes jax_vs_torch.{json,md,png} to --out and prints the table.
+two. Writes jax_vs_torch.{json,md,png} to --out (default:
+benchmarks/results/<date>-jax_vs_torch_<label>/, the label defaulting to the shapes) and prints
+the table.
 """
 
 import argparse
 import dataclasses
-import datetime
 import importlib.util
 import json
 import math
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 import common  # noqa: E402  (after the path above)
+
 from jaxtrain import allocator  # noqa: E402
 
 NAME = "jax_vs_torch"
@@ -39,15 +41,13 @@ SAME_PARAMS_LOSS_TOLERANCE = 1e-4
 
 class JaxSide:
   """jaxtrain as a run of `shape` uses it: the CPU set up by jaxtrain's own rules
-  (`runtime.split_cpu`: cores split into XLA devices, matmul threading), and
-  `sharding.jit_steps`' train step with the state donated. One worker per shape: those rules
-  are process-wide and must be applied before jax starts its backend."""
+  (`runtime.split_cpu`: cores split into XLA devices, matmul threading) and the steps
+  `programs.build` makes, the state donated. One worker per shape: those rules are process-wide
+  and must be applied before jax starts its backend."""
 
   def __init__(self, threads: int, shape: common.Shape, cpu_devices: int):
     common.pin_cores(threads)
     os.environ["JAX_PLATFORMS"] = "cpu"
-    import jax
-
     from jaxtrain import runtime
 
     cfg = common.gpt2_config(shape)
@@ -60,26 +60,21 @@ class JaxSide:
 
   def setup(self, shape: common.Shape) -> dict:
     import jax
-    from jaxtrain import model as model_lib
-    from jaxtrain import runtime, sharding, steps
 
-    cfg = common.gpt2_config(shape)
-    model_cfg = model_lib.ModelConfig.from_config(cfg.model, shape.vocab_size)
-    self.mesh = sharding.make_mesh(cfg)
-    abstract = steps.abstract_state(cfg, model_cfg)
-    self.state = sharding.init_sharded(lambda: steps.init_state(cfg, model_cfg), abstract, self.mesh)
-    self.step_fn, eval_fn = sharding.jit_steps(self.state, self.mesh)
-    self.batches = [sharding.global_batch({"tokens": b}, self.mesh)
-                    for b in common.token_batches(shape, SEED)]
+    from jaxtrain import model as model_lib
+    from jaxtrain import programs
+
+    p = programs.build(common.gpt2_config(shape), shape.vocab_size)
+    self.state = p.init()
+    self.step_fn = p.train_step  # compiles on its first call, in the warm-up
+    self.batches = [p.place({"tokens": b}) for b in common.token_batches(shape, SEED)]
     self.i = 0
-    init_loss = float(eval_fn(self.state, self.batches[0])["loss"])
-    return {"param_count": model_lib.param_count(model_cfg),
-            "flops_per_token": model_lib.flops_per_token(model_cfg), "init_loss": init_loss,
+    init_loss = float(p.eval_step(self.state, self.batches[0])["loss"])
+    return {"param_count": model_lib.param_count(p.model_cfg),
+            "flops_per_token": model_lib.flops_per_token(p.model_cfg), "init_loss": init_loss,
             "params": jax.device_get(self.state.params), "cpu_devices": len(jax.devices()),
             "xla_flags": os.environ.get("XLA_FLAGS", ""),
-            "step_compiler_options": runtime.step_compiler_options(),
-            "one_allreduce": sharding.one_allreduce_applies(self.mesh, model_cfg,
-                                                            self.batches[0]["tokens"].shape)}
+            "step_compiler_options": p.compiler_options, "one_allreduce": p.one_allreduce}
 
   def run(self, n: int) -> dict:
     import jax
@@ -160,7 +155,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       "choice for each shape")
   p.add_argument("--threads", type=int, default=common.available_cores(),
                  help="cores (and threads) each framework gets (default: all available)")
-  p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="output directory")
+  p.add_argument("--out", default=None,
+                 help=f"output directory (default: benchmarks/results/<date>-{NAME}_<label>/)")
+  p.add_argument("--label", default=None,
+                 help="names the default output directory (default: the shapes, e.g. small)")
   p.add_argument("--no-torch", action="store_true", help="time the jaxtrain side only")
   p.add_argument("--peak-size", type=int, default=2048, help="n of the n x n f32 matmul peak")
   p.add_argument("--peak-repeats", type=int, default=10)
@@ -172,6 +170,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   unknown = [s for s in args.shapes if s not in common.SHAPES]
   if unknown or not args.shapes:
     p.error(f"--shapes: unknown {unknown}; choose from {', '.join(common.SHAPES)}")
+  args.label = args.label or "_".join(args.shapes)
+  args.out = args.out or str(common.results_dir(f"{NAME}_{args.label}"))
   for name in ("steps", "rounds", "threads", "peak_size", "peak_repeats"):
     if getattr(args, name) < 1:
       p.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -215,8 +215,8 @@ def bench_shape(shape: common.Shape, workers: dict, args, sampler: common.LoadSa
   if "torch" in workers:
     th = workers["torch"].call("setup", shape=shape, hyper=hyper, jax_params=jx["params"])
     infos["torch"] = th
-    log(f"  torch: {th['param_count']:,} params, initial loss {th['own_init_loss']:.4f} with its own "
-        f"init, {th['init_loss']:.4f} with jaxtrain's params "
+    log(f"  torch: {th['param_count']:,} params, initial loss {th['own_init_loss']:.4f} with its "
+        f"own init, {th['init_loss']:.4f} with jaxtrain's params "
         f"(|diff| {abs(th['init_loss'] - jx['init_loss']):.1e}), {th['num_threads']} threads")
     check(th["param_count"] == jx["param_count"],
           f"parameter counts differ: jax {jx['param_count']}, torch {th['param_count']}")
@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
   peak_fw = max(best, key=lambda fw: best[fw]["gflops"])
   add_mfu(results, best[peak_fw]["gflops"])
   report = {
-      "benchmark": NAME, "timestamp": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+      "benchmark": NAME, "timestamp": common.timestamp(),
       "args": vars(args), "machine": machine, "torch_skipped": torch_skipped,
       "allocators": allocators,
       "matmul_peak": {"dtype": "float32", "n": args.peak_size, "gflops": best[peak_fw]["gflops"],

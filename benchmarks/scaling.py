@@ -3,18 +3,18 @@
   python benchmarks/scaling.py                         # nano on 1, 2 and 4 virtual CPU devices
   python benchmarks/scaling.py --platforms=cuda        # real GPUs: 1, 2, 4, ... up to all of them
 
-Each device count runs in a fresh worker process; on the CPU it splits the machine into that many
-virtual devices (jax_num_cpu_devices, set before jax starts). The mesh (data=N or fsdp=N), the
-sharded init, the jitted step and the global batch are jaxtrain.sharding's, as in
-jaxtrain/train.py. The global batch is the same for every N, so each device gets batch/N rows,
-and every row trains on the same random-token batches from the same init, so their losses agree.
+Each (device count, config) runs in a fresh worker process; on the CPU it splits the machine into
+that many virtual devices as a run with mesh.cpu_devices=N does (jaxtrain.runtime.split_cpu,
+before jax starts). The mesh (data=N or fsdp=N), the init, the jitted step and the global batch
+come from jaxtrain.programs.build, as in `python -m jaxtrain`. The global batch is the same for
+every N, so each device gets batch/N rows, and every row trains on the same random-token batches
+from the same init, so their losses agree.
 Virtual CPU devices share this machine's cores: no real speedup is expected there, and the CPU
-table shows what sharding costs. Writes scaling.{json,md,png} to --out; the default run takes about
-a minute on 2 cores.
+table shows what sharding costs. Writes scaling.{json,md,png} to --out (default:
+benchmarks/results/<date>-scaling/); the default run takes about a minute on 2 cores.
 """
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -25,6 +25,8 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 import common  # noqa: E402  (after the path above)
 import cpu_vs_gpu as cvg  # noqa: E402  (its StepWorker, row measurement and report helpers)
+
+from jaxtrain.allocator import cuda_installed  # noqa: E402
 
 NAME = "scaling"
 MODES = {"dp": lambda n: {"mesh.data": n, "mesh.fsdp": 1},
@@ -43,34 +45,34 @@ def device_counts(requested: list[int] | None, available: int | None) -> list[in
   return counts
 
 
-def run_count(platform: str, n: int, args, sampler: common.LoadSampler, active: list) -> list[dict]:
-  """Every (config, mode) at `n` devices, in one worker process."""
+def run_count(platform: str, n: int, name: str, args, sampler: common.LoadSampler,
+              active: list) -> list[dict]:
+  """Every mode of config `name` at `n` devices, in one worker process."""
   rows = []
-  label = f"{platform} x{n}"
+  label = f"{platform} x{n} {cvg.config_name(name)}"
+  base = {"train.batch_size": args.batch_size} if args.batch_size else {}
+  if platform == "cpu":
+    base["mesh.cpu_devices"] = n  # the CPU set up as jaxtrain sets up n devices
   worker = None
   try:
     worker = common.Worker(label, cvg.StepWorker, platform, args.compile_cache,
-                           n if platform == "cpu" else 0)
+                           cvg.config_path(name), base)
     active.append(worker)
-    for name in args.configs:
-      for mode in (["single"] if n == 1 else args.modes):
-        cvg.log(f"\n== {cvg.config_name(name)} on {platform}, {n} device(s), {mode}")
-        overrides = MODES["dp"](1) if mode == "single" else MODES[mode](n)
-        if args.batch_size:
-          overrides["train.batch_size"] = args.batch_size
-        row = {"platform": platform, "config": cvg.config_name(name), "mode": mode, "devices": n}
-        setup = {"config_path": cvg.config_path(name), "overrides": overrides, "n_devices": n}
-        try:
-          row.update(cvg.measure(worker, setup, args.steps, args.warmup, sampler,
-                                 f"{label}/{row['config']}/{mode}"))
-        except common.WorkerError as e:
-          cvg.log(f"  failed: {cvg.reason(e)}")
-          row.update(status="failed", reason=cvg.reason(e))
-        rows.append(row)
+    for mode in (["single"] if n == 1 else args.modes):
+      cvg.log(f"\n== {cvg.config_name(name)} on {platform}, {n} device(s), {mode}")
+      overrides = {**base, **(MODES["dp"](1) if mode == "single" else MODES[mode](n))}
+      row = {"platform": platform, "config": cvg.config_name(name), "mode": mode, "devices": n}
+      setup = {"config_path": cvg.config_path(name), "overrides": overrides, "n_devices": n}
+      try:
+        row.update(cvg.measure(worker, setup, args.steps, args.warmup, sampler, f"{label}/{mode}"))
+      except common.WorkerError as e:
+        cvg.log(f"  failed: {cvg.reason(e)}")
+        row.update(status="failed", reason=cvg.reason(e))
+      rows.append(row)
   except common.WorkerError as e:  # the process itself did not start
     cvg.log(f"  {label} failed to start: {cvg.reason(e)}")
-    rows.append({"platform": platform, "config": "*", "mode": "*", "devices": n,
-                 "status": "failed", "reason": cvg.reason(e)})
+    rows.append({"platform": platform, "config": cvg.config_name(name), "mode": "*",
+                 "devices": n, "status": "failed", "reason": cvg.reason(e)})
   finally:
     if worker is not None:
       worker.close()
@@ -105,7 +107,7 @@ def table(rows: list[dict]) -> str:
         f"{r['tokens_per_s']:,.0f}",
         f"{r['speedup_vs_1']:.2f}" if "speedup_vs_1" in r else "-",
         f"{100 * r['efficiency']:.0f}" if "efficiency" in r else "-",
-        cvg._fmt_bytes(r["estimate_bytes"]),
+        common.fmt_bytes(r["estimate_bytes"]),
         "?" if r["other_pct"] is None else f"{r['other_pct']:.0f}",
         f"ok, loss {r['loss']:.4f}"])
   return common.markdown_table(
@@ -136,6 +138,8 @@ def markdown(report: dict) -> str:
             "order of floating-point sums. est. memory/device: jaxtrain.estimate.memory_estimate "
             "(FSDP splits params, gradients and optimizer state). others' CPU: share of the whole "
             "machine other processes used during the row's timed steps.", ""]
+  lines += [f"- {r['config']} {r['mode']} x{r['devices']}: {cvg.programs_line(r)}"
+            for r in report["results"] if r["status"] == "ok"]
   return "\n".join(lines) + "\n"
 
 
@@ -155,8 +159,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       "every device count")
   p.add_argument("--compile-cache", action="store_true",
                  help="use jaxtrain's persistent compile cache (compile times may be cache hits)")
-  p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="output directory")
+  p.add_argument("--out", default=None,
+                 help=f"output directory (default: benchmarks/results/<date>-{NAME}/)")
   args = p.parse_args(argv)
+  args.out = args.out or str(common.results_dir(NAME))
   args.configs = [s.strip() for s in args.configs.split(",") if s.strip()]
   missing = [c for c in args.configs if not os.path.isfile(cvg.config_path(c))]
   if missing or not args.configs:
@@ -171,7 +177,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   if args.devices and min(args.devices) < 1:
     p.error("--devices must be >= 1")
   args.platforms_requested = args.platforms
-  args.platforms = (["cpu"] + (["cuda"] if cvg.cuda_installed() else [])
+  args.platforms = (["cpu"] + (["cuda"] if cuda_installed() else [])
                     if args.platforms == "auto" else
                     [s.strip() for s in args.platforms.split(",") if s.strip()])
   if args.steps < 1 or args.warmup < 0:
@@ -204,10 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     for platform in args.platforms:
       if platform == "cpu":
         counts = device_counts(args.devices or [1, 2, 4], None)
-        note = (f"virtual devices (jax_num_cpu_devices) sharing this machine's "
-                f"{machine['cores_available']} cores: no real speedup is expected, the table "
-                "shows the overhead of sharding (a gain over 1 device only means that one "
-                "device's ops did not keep every core busy)")
+        note = (f"virtual devices (mesh.cpu_devices=N, set up by jaxtrain.runtime.split_cpu) "
+                f"sharing this machine's {machine['cores_available']} cores: no real speedup is "
+                "expected, the table shows the overhead of sharding (a gain over 1 device only "
+                "means that one device's ops did not keep every core busy)")
       else:
         sampler.label = f"{platform}/probe"
         try:
@@ -224,16 +230,17 @@ def main(argv: list[str] | None = None) -> int:
         note = f"{info['device_count']} x {info['device_kind']} available"
       platforms[platform] = {"ran": True, "device_counts": counts, "note": note}
       for n in counts:
-        rows += run_count(platform, n, args, sampler, active)
+        for name in args.configs:
+          rows += run_count(platform, n, name, args, sampler, active)
     sampler.label = "done"
   if all(p == "cpu" for p in platforms):
     platforms["gpu"] = {"ran": False, "note": NO_GPU + (
-        " (no CUDA jax plugin installed)" if not cvg.cuda_installed()
+        " (no CUDA jax plugin installed)" if not cuda_installed()
         else f" (not requested: --platforms={args.platforms_requested})")}
   add_speedups(rows)
   report = {
       "benchmark": NAME,
-      "timestamp": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+      "timestamp": common.timestamp(),
       "args": vars(args), "machine": machine, "platforms": platforms,
       "load": {"loadavg_before": loadavg_before, "loadavg_after": os.getloadavg(),
                "sampler": sampler.summary(), "samples": sampler.samples},

@@ -1,57 +1,127 @@
-"""Time from command to first step: `python -m jaxtrain` until its first optimizer step is done.
+"""Seconds from `python -m jaxtrain` to its first finished step, against the import floor.
 
-Cold: empty XLA and lowered-program caches (the token cache is warm: tokenizing is a first-run
-cost of its own, reported separately). Warm: both caches from the previous run. Median of --runs each,
-run alternately, with the machine's load recorded.
+    python benchmarks/startup.py --runs=5
+    python benchmarks/startup.py --runs=5 --git-ref=HEAD~1   # and that commit, in the same rounds
 
-    python benchmarks/startup.py --config=configs/nano.py --runs=5
+Three measurements, each the median of --runs, taken in alternating rounds so that load which
+comes and goes hits them alike:
+- import floor: a fresh `python -c "import jax, flax, optax, orbax.checkpoint, grain"`, wall
+  time: what any run pays before jaxtrain itself does anything;
+- cold: `python -m jaxtrain --config=... --jax_platforms=cpu --config.train.max_steps=1` with
+  empty jaxtrain and XLA caches, seconds to its "compiled and ran the first step" line (the
+  tokenized corpus is cached: tokenizing is a first-run cost of its own, reported apart);
+- warm: the same again, on the caches the cold run left.
+Each run re-executes itself once to set up its allocator, as a user's does; that is timed too.
+With --git-ref, that commit is checked out into a temporary `git worktree` and run from there
+(PYTHONPATH on that tree) in the same rounds, so that before and after meet the same load.
+Targets: warm <= 3x the import floor, cold <= 8 s. Writes startup.{json,md} to --out (default:
+benchmarks/results/<date>-startup/). Extra `--config.*` arguments go to every run.
 """
 
 import argparse
-import datetime
+import dataclasses
 import json
 import os
-import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
-import common  # noqa: E402
+import common  # noqa: E402  (after the path above)
+
 from jaxtrain.allocator import describe  # noqa: E402
 
+NAME = "startup"
 FIRST_STEP = "compiled and ran the first step"
+IMPORTS = "import jax, flax, optax, orbax.checkpoint, grain"
+TARGET_WARM_OVER_FLOOR = 3.0
+TARGET_COLD_S = 8.0
 
 
-def time_to_first_step(config: str, workdir: Path, env: dict, extra: list[str]) -> dict:
-  """Seconds from process start to the first-step line, and the phases the run printed."""
-  args = [sys.executable, "-m", "jaxtrain", f"--config={config}", "--jax_platforms=cpu",
-          f"--config.workdir={workdir}", "--config.train.max_steps=1", "--config.headless=True",
-          "--config.sample.num_samples=0", *extra]
+@dataclasses.dataclass
+class Tree:
+  """A source tree whose `python -m jaxtrain` is timed: this checkout, or a worktree at a ref."""
+  label: str
+  root: Path
+  commit: str
+  env: dict  # PYTHONPATH on `root`
+  scratch: Path  # its caches and workdirs
+
+
+def git(*args: str, cwd: Path = ROOT) -> str:
+  return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                        check=True).stdout.strip()
+
+
+def make_tree(label: str, root: Path, commit: str, env: dict, scratch: Path) -> Tree:
+  path = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
+  tree = Tree(label, root, commit, dict(env, PYTHONPATH=path), scratch)
+  scratch.mkdir(parents=True, exist_ok=True)
+  # The tree's own jaxtrain, not one installed in the environment, must be the one that runs.
+  found = subprocess.run([sys.executable, "-c", "import jaxtrain; print(jaxtrain.__file__)"],
+                         cwd=root, env=tree.env, capture_output=True, text=True)
+  if found.returncode or not Path(found.stdout.strip()).resolve().is_relative_to(root.resolve()):
+    raise SystemExit(f"error: {label}: python imports jaxtrain from {found.stdout.strip() or '?'}"
+                     f", not from {root}:\n{found.stderr[-1000:]}")
+  return tree
+
+
+def this_checkout(env: dict, scratch: Path) -> Tree:
+  commit = git("rev-parse", "HEAD")
+  dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+  return make_tree("working tree", ROOT, commit + (" + uncommitted changes" if dirty else ""),
+                   env, scratch / "tree0")
+
+
+def add_worktree(ref: str, env: dict, scratch: Path) -> Tree:
+  try:
+    commit = git("rev-parse", "--verify", f"{ref}^{{commit}}")
+  except subprocess.CalledProcessError:
+    raise SystemExit(f"error: --git-ref={ref} names no commit in {ROOT}") from None
+  root = scratch / "worktree"
+  git("worktree", "add", "--detach", str(root), commit)
+  return make_tree(ref, root, commit, env, scratch / "tree1")
+
+
+def import_floor(env: dict) -> float:
   t0 = time.perf_counter()
-  proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True)
+  subprocess.run([sys.executable, "-c", IMPORTS], env=env, check=True)
+  return time.perf_counter() - t0
+
+
+def time_to_first_step(tree: Tree, config: str, caches: str, workdir: str,
+                       extra: list[str]) -> dict:
+  """Seconds from process start to the first-step line (caches: a directory under the tree's
+  scratch; its own empty one makes a cold run)."""
+  cache = tree.scratch / caches
+  env = dict(tree.env, JAXTRAIN_CACHE=str(cache), JAX_COMPILATION_CACHE_DIR=str(cache / "xla"))
+  args = [sys.executable, "-m", "jaxtrain", f"--config={config}", "--jax_platforms=cpu",
+          f"--config.workdir={tree.scratch / workdir}", "--config.train.max_steps=1",
+          "--config.headless=True", "--config.sample.num_samples=0",
+          f"--config.data.cache_dir={tree.scratch / 'tokens'}", *extra]
+  t0 = time.perf_counter()
+  proc = subprocess.Popen(args, cwd=tree.root, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
   first_step, lines = None, []
   for line in proc.stdout:
     lines.append(line.rstrip())
-    if first_step is None and line.startswith(FIRST_STEP):
+    if first_step is None and FIRST_STEP in line:
       first_step = time.perf_counter() - t0
   proc.wait()
   if proc.returncode != 0 or first_step is None:
-    raise RuntimeError("jaxtrain failed:\n" + "\n".join(lines[-20:]))
-  step_s = float(re.search(r"first step in ([\d.]+)s", "\n".join(lines)).group(1))
-  return {"to_first_step_s": first_step, "first_step_s": step_s, "total_s": time.perf_counter() - t0}
+    raise SystemExit(f"error: {tree.label}: `python -m jaxtrain` failed (exit {proc.returncode})"
+                     ":\n" + "\n".join(lines[-20:]))
+  return {"to_first_step_s": first_step, "total_s": time.perf_counter() - t0}
 
 
 def _ours() -> list[int]:
-  """This process and the jaxtrain run it started (their CPU time is not background load)."""
+  """This process and the run it started (their CPU time is not background load)."""
   pid = os.getpid()
   try:
     with open(f"/proc/{pid}/task/{pid}/children") as f:
@@ -60,67 +130,125 @@ def _ours() -> list[int]:
     return [pid]
 
 
-def main() -> int:
+def measure(trees: list[Tree], args, extra: list[str]) -> tuple[list[float], dict, dict]:
+  """(import floors, {label: cold runs}, {label: warm runs}), in alternating rounds."""
+  floors, cold, warm = [], {t.label: [] for t in trees}, {t.label: [] for t in trees}
+  order = ["floor", *trees]
+  for i in range(args.runs):
+    for item in order if i % 2 == 0 else order[::-1]:  # none always goes first
+      if item == "floor":
+        floors.append(import_floor(trees[0].env))
+        continue
+      cold[item.label].append(time_to_first_step(item, args.config, f"cache{i}", f"c{i}", extra))
+      warm[item.label].append(time_to_first_step(item, args.config, f"cache{i}", f"w{i}", extra))
+    line = "; ".join(f"{t.label}: cold {cold[t.label][-1]['to_first_step_s']:.2f} s, warm "
+                     f"{warm[t.label][-1]['to_first_step_s']:.2f} s" for t in trees)
+    print(f"round {i + 1}/{args.runs}: import floor {floors[-1]:.2f} s; {line}", flush=True)
+  return floors, cold, warm
+
+
+def tree_row(tree: Tree, first: dict, cold: list[dict], warm: list[dict], floor: float) -> dict:
+  med = lambda runs: statistics.median(r["to_first_step_s"] for r in runs)
+  cold_s, warm_s = med(cold), med(warm)
+  return {"label": tree.label, "commit": tree.commit, "first_run_ever_s": first["to_first_step_s"],
+          "cold": {"median_to_first_step_s": cold_s, "runs": cold},
+          "warm": {"median_to_first_step_s": warm_s, "runs": warm},
+          "warm_over_import_floor": warm_s / floor,
+          "meets": {"warm": warm_s <= TARGET_WARM_OVER_FLOOR * floor,
+                    "cold": cold_s <= TARGET_COLD_S}}
+
+
+def markdown(report: dict) -> str:
+  m, floor = report["machine"], report["import_floor"]
+  runs = lambda rows: ", ".join(f"{r['to_first_step_s']:.2f}" for r in rows)
+  met = lambda ok: "met" if ok else "MISSED"
+  rows = [[t["label"], t["commit"][:12] + t["commit"][40:], f"{t['first_run_ever_s']:.2f}",
+           f"{t['cold']['median_to_first_step_s']:.2f} ({runs(t['cold']['runs'])})",
+           f"{t['warm']['median_to_first_step_s']:.2f} ({runs(t['warm']['runs'])})",
+           f"{t['warm_over_import_floor']:.2f}x",
+           f"warm {met(t['meets']['warm'])}, cold {met(t['meets']['cold'])}"]
+          for t in report["trees"]]
+  return "\n".join([
+      f"# Time to first step: {report['config']} ({report['timestamp']})", "",
+      f"- {common.cpu_line(m)}; python {m['python']}, jax {m['versions']['jax']}",
+      f"- each run re-executes itself once to set up its allocator ({report['allocator']}); that "
+      f"is timed too; extra arguments: {' '.join(report['extra']) or 'none'}",
+      f"- import floor (`python -c \"{IMPORTS}\"`): median {floor['median_s']:.2f} s "
+      f"({', '.join(f'{s:.2f}' for s in floor['runs_s'])})",
+      f"- {report['runs']} alternating round(s); load: {common.load_line(report['load'])}", "",
+      common.markdown_table(
+          ["tree", "commit", "first run ever s", "cold s: median (runs)", "warm s: median (runs)",
+           "warm / import floor", "targets"], rows), "",
+      f"cold: empty jaxtrain and XLA caches (the tokenized corpus cached); warm: the caches the "
+      f"cold run left. Targets: warm <= {TARGET_WARM_OVER_FLOOR:g}x the import floor, cold <= "
+      f"{TARGET_COLD_S:g} s. first run ever: also tokenizes the corpus.", ""])
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--config", default="configs/nano.py")
-  p.add_argument("--runs", type=int, default=5)
-  p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-  p.add_argument("extra", nargs="*", help="more --config.* overrides")
-  a = p.parse_args()
+  p.add_argument("--config", default="configs/nano.py", help="relative to each tree's root")
+  p.add_argument("--runs", type=int, default=5, help="rounds; each row is their median")
+  p.add_argument("--git-ref", default=None,
+                 help="also time this commit, from a temporary git worktree, in the same rounds")
+  p.add_argument("--out", default=None,
+                 help=f"output directory (default: benchmarks/results/<date>-{NAME}/)")
+  args, extra = p.parse_known_args(argv)
+  bad = [a for a in extra if not a.startswith("--config.")]
+  if bad:
+    p.error(f"unrecognized arguments {bad}; only --config.* overrides are passed on")
+  if args.runs < 1:
+    p.error("--runs must be >= 1")
+  args.out = args.out or str(common.results_dir(NAME))
+  return args, extra
+
+
+def main(argv: list[str] | None = None) -> int:
+  args, extra = parse_args(argv)
   # Not applied here: each run sets up its allocator by re-executing itself, as a user's does.
   allocator = describe(common.environ_with(common.jaxtrain_environment()))
   loadavg_before = os.getloadavg()
   scratch = Path(tempfile.mkdtemp(prefix="jaxtrain-startup-"))
-  extra = [*a.extra, f"--config.data.cache_dir={scratch / 'tokens'}"]  # shared by every run
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
-
-  def caches(name: str) -> dict:  # fresh XLA and lowered-program (jaxtrain.aot) caches
-    return dict(env, JAXTRAIN_CACHE=str(scratch / name), JAX_COMPILATION_CACHE_DIR=str(scratch / name / "xla"))
-
-
-  # A first run fills the token cache (and reports what a brand-new machine pays for that).
-  fresh = time_to_first_step(a.config, scratch / "w0", caches("first"), extra)
-  print(f"first run ever (tokenize + compile): {fresh['to_first_step_s']:.2f} s to the first step")
-  cold, warm = [], []
-  with common.LoadSampler(_ours) as sampler:
-    for i in range(a.runs):
-      env_i = caches(f"cache{i}")
-      cold.append(time_to_first_step(a.config, scratch / f"c{i}", env_i, extra))
-      warm.append(time_to_first_step(a.config, scratch / f"h{i}", env_i, extra))
-      print(f"run {i + 1}/{a.runs}: cold {cold[-1]['to_first_step_s']:.2f} s, warm "
-            f"{warm[-1]['to_first_step_s']:.2f} s", flush=True)
-  load = sampler.summary()
-  shutil.rmtree(scratch, ignore_errors=True)
-
-  med = lambda rows, k: float(np.median([r[k] for r in rows]))
+  trees = [this_checkout(env, scratch)]
+  try:
+    if args.git_ref:
+      trees.append(add_worktree(args.git_ref, env, scratch))
+    # A first run of each tree fills its token cache (and shows what a new machine pays for it).
+    first = {t.label: time_to_first_step(t, args.config, "first", "first", extra) for t in trees}
+    for t in trees:
+      print(f"{t.label}: first run ever (tokenize + compile): "
+            f"{first[t.label]['to_first_step_s']:.2f} s to the first step", flush=True)
+    with common.LoadSampler(_ours) as sampler:
+      floors, cold, warm = measure(trees, args, extra)
+  finally:
+    shutil.rmtree(scratch, ignore_errors=True)
+    if args.git_ref:
+      git("worktree", "prune")  # forgets the worktree just deleted
+  floor = statistics.median(floors)
   report = {
-      "timestamp": datetime.datetime.now().isoformat(timespec="seconds"),
-      "config": a.config, "extra": a.extra, "machine": common.machine_info(), "allocator": allocator,
-      "load": {"loadavg_before": loadavg_before, "loadavg_after": os.getloadavg(), "sampler": load},
-      "first_run_ever_s": fresh["to_first_step_s"],
-      "cold": {"median_to_first_step_s": med(cold, "to_first_step_s"), "runs": cold},
-      "warm": {"median_to_first_step_s": med(warm, "to_first_step_s"), "runs": warm},
+      "benchmark": NAME, "timestamp": common.timestamp(), "config": args.config, "extra": extra,
+      "runs": args.runs, "git_ref": args.git_ref, "machine": common.machine_info(),
+      "allocator": allocator,
+      "load": {"loadavg_before": loadavg_before, "loadavg_after": os.getloadavg(),
+               "sampler": sampler.summary(), "samples": sampler.samples},
+      "import_floor": {"command": f'python -c "{IMPORTS}"', "median_s": floor, "runs_s": floors},
+      "targets": {"warm_over_import_floor": TARGET_WARM_OVER_FLOOR, "cold_s": TARGET_COLD_S},
+      "trees": [tree_row(t, first[t.label], cold[t.label], warm[t.label], floor) for t in trees],
   }
-  out = Path(a.out)
+  out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  (out / "startup.json").write_text(json.dumps(report, indent=2))
-  md = "\n".join([
-      f"# Time to first step: {a.config}", "",
-      f"- {report['timestamp']}; {report['machine']['cpu_model']}, "
-      f"{report['machine']['cores_available']} cores; each run re-executes itself once to set "
-      f"up its allocator ({allocator}), and that is timed too",
-      f"- load: {common.load_line(report['load'])}", "",
-      "| compile caches (XLA + lowered programs) | median s to first step | runs (s) |",
-      "|---|---|---|",
-      f"| empty (cold) | {report['cold']['median_to_first_step_s']:.2f} | "
-      + ", ".join(f"{r['to_first_step_s']:.2f}" for r in cold) + " |",
-      f"| warm | {report['warm']['median_to_first_step_s']:.2f} | "
-      + ", ".join(f"{r['to_first_step_s']:.2f}" for r in warm) + " |", "",
-      f"A brand-new machine also tokenizes the corpus once: {fresh['to_first_step_s']:.2f} s to "
-      "the first step on the first run ever.", ""])
-  (out / "startup.md").write_text(md)
+  (out / f"{NAME}.json").write_text(json.dumps(report, indent=1) + "\n")
+  md = markdown(report)
+  (out / f"{NAME}.md").write_text(md)
   print("\n" + md)
+  for t in report["trees"]:
+    print(f"{t['label']}: warm {t['warm']['median_to_first_step_s']:.2f} s = "
+          f"{t['warm_over_import_floor']:.2f}x the import floor (target <= "
+          f"{TARGET_WARM_OVER_FLOOR:g}x: {'met' if t['meets']['warm'] else 'MISSED'}); cold "
+          f"{t['cold']['median_to_first_step_s']:.2f} s (target <= {TARGET_COLD_S:g} s: "
+          f"{'met' if t['meets']['cold'] else 'MISSED'})")
+  print(f"wrote {out / NAME}.json and .md")
   return 0
 
 

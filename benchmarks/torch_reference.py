@@ -13,9 +13,8 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from common import Hyper, Shape
+from torch import nn
 
 
 class Block(nn.Module):
@@ -34,7 +33,7 @@ class Block(nn.Module):
   def attention(self, x_BTD: torch.Tensor) -> torch.Tensor:
     B, T, D = x_BTD.shape
     H = self.n_heads
-    # qkv's output columns are [q | k | v], each head-major, as in jaxtrain's reshape(B, T, 3, H, K).
+    # qkv's output columns are [q | k | v], each head-major, as jaxtrain's reshape(B, T, 3, H, K).
     q_BHTK, k_BHTK, v_BHTK = self.qkv(x_BTD).view(B, T, 3, H, D // H).permute(2, 0, 3, 1, 4)
     y_BHTK = F.scaled_dot_product_attention(q_BHTK, k_BHTK, v_BHTK, is_causal=True)
     return self.out(y_BHTK.transpose(1, 2).reshape(B, T, D))

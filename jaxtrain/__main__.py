@@ -1,9 +1,8 @@
 """`python -m jaxtrain --config=configs/nano.py [--config.a.b=v ...] [--jax_platforms=cpu]`."""
 
-import logging as std_logging
+import difflib
 import os
 import sys
-import warnings
 
 from jaxtrain import allocator
 
@@ -14,6 +13,7 @@ import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from jaxtrain import config, train  # noqa: E402
 from jaxtrain.errors import UserError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
@@ -27,11 +27,7 @@ def _fail(message: str) -> None:
 
 def _unknown_field(argv: list[str]) -> str | None:
   """The first `--config.a.b=v` override that names no field, with the closest real names."""
-  import difflib
-
-  from jaxtrain.config import default_config
-
-  known = set(_dotted(default_config().to_dict()))
+  known = set(config.flatten(config.default_config().to_dict()))
   for arg in argv:
     if arg.startswith("--config."):
       name = arg[len("--config."):].split("=")[0]
@@ -41,28 +37,6 @@ def _unknown_field(argv: list[str]) -> str | None:
             "the fields are listed in jaxtrain/config.py"
         return f"--config.{name} is not a config field; {hint}"
   return None
-
-
-def _dotted(d: dict, prefix: str = ""):
-  for key, value in d.items():
-    if isinstance(value, dict):
-      yield from _dotted(value, f"{prefix}{key}.")
-    else:
-      yield prefix + key
-
-
-def _drop_orbax_errors(record: std_logging.LogRecord) -> bool:
-  # The loop turns a failed checkpoint write into one line that says what to do; orbax's own
-  # log of it is a traceback from a background thread.
-  return not ("/orbax/" in record.pathname and record.levelno >= std_logging.ERROR)
-
-
-def _quiet_closed_loop(unraisable) -> None:
-  # After a failed async save, tensorstore's callbacks still post to orbax's closed event loop
-  # from C++ threads; each would print a traceback that says nothing to the user.
-  if unraisable.exc_type is RuntimeError and "Event loop is closed" in str(unraisable.exc_value):
-    return
-  sys.__unraisablehook__(unraisable)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -91,32 +65,12 @@ def main(argv: list[str]) -> None:
     _fail("no config given; pass --config=configs/nano.py (or another file in configs/)")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax and grain log every save at INFO
-    # A failed background checkpoint write is reported once, as one line, by the loop; asyncio
-    # would also dump its traceback as a "task exception never retrieved".
-    std_logging.getLogger("asyncio").setLevel(std_logging.CRITICAL)
-    std_logging.getLogger("absl").addFilter(_drop_orbax_errors)
-    # A compile-cache entry that cannot be written (or read back whole) only means compiling
-    # again: jax then does so by itself.
-    warnings.filterwarnings("ignore", message="Error (writing|reading) persistent compilation cache")
-    sys.unraisablehook = _quiet_closed_loop
-  from jaxtrain import preload, runtime  # after flag parsing: --jax_platforms must be set first
-
   try:
-    runtime.init_cpu_lapack()
-    preload.start(cfg)  # a restart's programs load while the training loop and flax import
-    from jaxtrain import train
-
-    result = train.run(cfg)
-  except UserError as e:
-    preload.abandon()
-    print(f"error: {e}", file=sys.stderr)
-    # Pending saves were already finished or abandoned by the loop. Exiting at once keeps
-    # orbax's background threads from printing tracebacks while the interpreter shuts down.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(e.exit_code)
+    result = train.run(cfg, library_log=True)
+  except UserError as e:  # the run has finished or abandoned its checkpoint writes
+    print("; ".join([f"error: {e}", *getattr(e, "__notes__", [])]), file=sys.stderr)
+    sys.exit(e.exit_code)
   except KeyboardInterrupt:  # before training started: nothing to save yet
-    preload.abandon()
     print("interrupted before the first step; nothing was saved", file=sys.stderr)
     sys.exit(130)
   if result.stopped_by:

@@ -2,11 +2,9 @@
 
 XLA:CPU allocates a step's temporaries (GiBs for a 10M-param model) and frees them again every
 step. glibc hands such blocks back to the kernel at once, so every step the kernel maps them
-afresh and zeroes every page: a third of a large CPU step (`benchmarks/README.md`). mimalloc,
+afresh and zeroes every page, a large share of a big CPU step (benchmarks/results/). mimalloc,
 told never to return freed memory, reuses the same pages from step to step instead. Without it,
 glibc's `hugetlb` tunable at least brings those pages in 2 MiB at a time rather than 4 KiB.
-The restarted CLI also has mimalloc take and write 512 MiB while it imports (`_touch`), so that
-its first step finds memory the kernel has already zeroed.
 
 Kept free of heavy imports: `python -m jaxtrain` calls `reexec()` before it imports jax.
 Linux, CPU runs only; `JAXTRAIN_NO_REEXEC=1` leaves the process as it is, `JAXTRAIN_MIMALLOC=0`
@@ -16,15 +14,13 @@ keeps glibc (with huge pages), and so does anything already in `LD_PRELOAD`.
 import importlib.util
 import os
 import sys
-import threading
 from pathlib import Path
 
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 MIMALLOC = Path("cmeel.prefix", "lib", "libmimalloc.so.3")  # where the cmeel-mimalloc wheel puts it
 # Keep freed memory mapped (a step frees and takes back the same blocks); back it with huge
 # pages; one address-space reservation up front, so that GiB-sized blocks come from one arena.
-# Measured together (large benchmark step: 13.2-13.4 -> 9.5-10.7 s, no page faults after the
-# first step); without the reservation or with a 1 s purge delay, steps kept faulting.
+# Without the reservation, or with a purge delay, large steps kept faulting pages in.
 MIMALLOC_OPTIONS = {"MIMALLOC_PURGE_DELAY": "-1", "MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
 RESTARTED = "JAXTRAIN_REEXECED"  # set for the restarted process only; it removes it at once
 _ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
@@ -140,39 +136,11 @@ def reexec() -> None:
   if os.environ.pop(RESTARTED, None) is not None:
     if os.environ.get("LD_PRELOAD") == mimalloc_library():
       del os.environ["LD_PRELOAD"]
-      if os.environ.get("MIMALLOC_PURGE_DELAY") == "-1":  # what it touches stays its own
-        threading.Thread(target=_touch, args=(_prefault_bytes(),), daemon=True).start()
     return
   env = environment() if _started_as_cli() else None
   if env is not None:
     sys.stdout.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**env, RESTARTED: "1"})
-
-
-def _prefault_bytes() -> int:
-  """512 MiB, at most 1/16 of the memory this process may use: about what a nano-sized first
-  step takes in fresh memory."""
-  return min(2**29, _memory_bytes() // 16)
-
-
-def _touch(n_bytes: int) -> None:
-  """Has mimalloc take `n_bytes` from the OS and write them, then frees them; it keeps them.
-
-  A process's first train step otherwise writes that much fresh memory, and the kernel zeroes
-  each page as it is first written (nano, warm start: +0.45 s of system time in the first step,
-  which takes 0.6 s rather than 0.2). Done in a thread while the process imports jax (one core
-  busy), the first step finds those pages ready. ctypes calls run without the GIL.
-  """
-  import ctypes
-
-  libc = ctypes.CDLL(None)
-  libc.malloc.restype = ctypes.c_void_p
-  libc.malloc.argtypes = [ctypes.c_size_t]
-  libc.free.argtypes = [ctypes.c_void_p]
-  block = libc.malloc(n_bytes)
-  if block:
-    ctypes.memset(block, 0, n_bytes)
-    libc.free(block)
 
 
 def describe(env: dict) -> str:

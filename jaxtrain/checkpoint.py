@@ -14,7 +14,9 @@ import ml_collections
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
+from jaxtrain import programs as programs_lib
 from jaxtrain import steps
+from jaxtrain import tokenizer as tokenizer_lib
 
 
 def _val_loss(metrics: dict) -> float:
@@ -45,6 +47,13 @@ class Checkpoints:
 
   def all_steps(self) -> list[int]:
     return list(self.manager.all_steps())
+
+  def complete_steps(self) -> list[int]:
+    """Steps whose checkpoint is whole on disk: orbax gives a step's directory its number only
+    once everything in it is written (a failed save stays a temporary directory)."""
+    if not self.directory.is_dir():
+      return []
+    return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
 
   def save(self, state: steps.TrainState, iterator: grain.DatasetIterator | None = None,
            meta: dict | None = None, val_loss: float | None = None) -> None:
@@ -110,8 +119,6 @@ class Checkpoints:
 
 def load_tokenizer(workdir: str):
   """The tokenizer a run in `workdir` trained with: `.encode(text)`, `.decode(ids)`."""
-  from jaxtrain import tokenizer as tokenizer_lib
-
   return tokenizer_lib.load(str(Path(workdir) / "tokenizer.json"))
 
 
@@ -120,20 +127,20 @@ def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
 
   For sampling, evaluation or inspection outside the training loop: no data is needed.
   """
-  from jaxtrain import model as model_lib
-  from jaxtrain import tokenizer as tokenizer_lib
-
   ckpts = Checkpoints(workdir, read_only=True)
-  step = ckpts.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f"no checkpoint in {ckpts.directory}")
-  cfg = ml_collections.ConfigDict(ckpts.read_meta(step)["config"])
-  tok = tokenizer_lib.load(str(Path(workdir) / "tokenizer.json"))
-  mc = model_lib.ModelConfig.from_config(cfg.model, cfg.model.vocab_size or tok.vocab_size)
-  abstract = steps.abstract_state(cfg, mc)
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                        abstract.arrays())
-  state = abstract.with_arrays(ckpts.restore_arrays(step, target))
-  ckpts.close()
-  return state
+  try:
+    step = ckpts.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {ckpts.directory}")
+    cfg = ml_collections.ConfigDict(ckpts.read_meta(step)["config"])
+    cfg.mesh.data, cfg.mesh.fsdp = 1, 1  # one device, whatever the run trained on
+    vocab_size = cfg.model.vocab_size or load_tokenizer(workdir).vocab_size
+    programs = programs_lib.build(cfg, vocab_size, devices=jax.devices()[:1])
+    return programs.abstract.with_arrays(ckpts.restore_arrays(step, _target(programs)))
+  finally:
+    ckpts.close()
+
+
+def _target(programs: programs_lib.Programs) -> dict:
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      programs.abstract.arrays(), programs.shardings.arrays())

@@ -20,8 +20,8 @@ import ml_collections
 import numpy as np
 
 from jaxtrain import tokenizer as tokenizer_lib
-from jaxtrain.config import default_cache_dir
-from jaxtrain.errors import UserError
+from jaxtrain.errors import ConfigError, UserError
+from jaxtrain.paths import cache_dir as default_cache_dir
 
 _CACHE_VERSION = 1
 _CHUNK_BYTES = 8 << 20
@@ -129,8 +129,9 @@ def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=pri
   """Tokenizes `data.path` once (cached by file names, sizes and mtimes) and maps it."""
   files = _ordered(resolve_files(data.path))
   if not files:
-    raise UserError(f"data.path {describe(data.path)!r} matches no file; point --config.data.path "
-                    "at a text file, a directory or a glob")
+    raise ConfigError("data.path", f"{describe(data.path)!r} matches no file (not a file, a "
+                      "directory with files, or a glob)", "point --config.data.path at your text "
+                      "(file, directory or glob), or leave it empty for the Python standard library")
   cache_dir = Path(data.cache_dir or default_cache_dir()) / "tokens"
   key = _cache_key(files, data.tokenizer)
   bin_path, meta_path = cache_dir / f"{key}.bin", cache_dir / f"{key}.json"
@@ -244,22 +245,22 @@ def process_rows(batch_size: int, process_index: int, process_count: int) -> sli
   return slice(process_index * per, (process_index + 1) * per)
 
 
-def train_iterator(corpus: Corpus, cfg: ml_collections.ConfigDict, process_index: int = 0,
-                   process_count: int = 1) -> grain.DatasetIterator:
+def train_iterator(corpus: Corpus, batch_size: int, seq_len: int, seed: int,
+                   process_index: int = 0, process_count: int = 1) -> grain.DatasetIterator:
   """Grain iterator over training micro-batches; its state is the next micro-batch index."""
-  source = WindowBatches(corpus.train, cfg.train.batch_size, cfg.model.seq_len, cfg.seed,
-                         _TRAIN_STREAM, process_rows(cfg.train.batch_size, process_index, process_count))
+  source = WindowBatches(corpus.train, batch_size, seq_len, seed, _TRAIN_STREAM,
+                         process_rows(batch_size, process_index, process_count))
   # One reader thread a few batches ahead keeps batch assembly off the step's critical path.
   options = grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)
   return iter(grain.MapDataset.source(source).to_iter_dataset(options))
 
 
-def eval_batches(corpus: Corpus, cfg: ml_collections.ConfigDict, process_index: int = 0,
-                 process_count: int = 1) -> list[dict]:
-  """The same `eval_steps` validation batches at every evaluation, so val losses compare."""
-  source = WindowBatches(corpus.val, cfg.train.batch_size, cfg.model.seq_len, cfg.seed,
-                         _EVAL_STREAM, process_rows(cfg.train.batch_size, process_index, process_count))
-  return [source[i] for i in range(cfg.train.eval_steps)]
+def eval_batches(corpus: Corpus, batch_size: int, seq_len: int, seed: int, n_batches: int,
+                 process_index: int = 0, process_count: int = 1) -> list[dict]:
+  """The same `n_batches` validation batches at every evaluation, so val losses compare."""
+  source = WindowBatches(corpus.val, batch_size, seq_len, seed, _EVAL_STREAM,
+                         process_rows(batch_size, process_index, process_count))
+  return [source[i] for i in range(n_batches)]
 
 
 def check_lengths(corpus: Corpus, seq_len: int, val_fraction: float) -> None:

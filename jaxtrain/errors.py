@@ -13,3 +13,9 @@ class ConfigError(UserError):
   def __init__(self, field: str, problem: str, fix: str):
     self.field = field
     super().__init__(f"config.{field}: {problem}; {fix}")
+
+
+class NonFiniteLoss(UserError):
+  """The loss, the gradients or the params stopped being finite numbers."""
+
+  exit_code = 3

@@ -12,14 +12,15 @@ tests keeps the estimate within 30% of that plan.
 import dataclasses
 import json
 import os
+import statistics
 import time
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from jaxtrain import model as model_lib
-from jaxtrain.config import default_cache_dir
+from jaxtrain.fmt import nbytes as fmt_bytes
+from jaxtrain.paths import cache_dir
 
 # Dense (no sparsity) tensor-core peaks in TFLOP/s from the vendors' datasheets; "float32" is
 # TF32 on Ampere and later, which is what XLA uses for float32 matmuls at default precision.
@@ -101,17 +102,10 @@ def available_memory(device: jax.Device) -> tuple[int | None, str]:
       return None, "RAM"
 
 
-def fmt_bytes(n: float) -> str:
-  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-    if n >= scale:
-      return f"{n / scale:.2f} {unit}"
-  return f"{n:.0f} B"
-
-
-def memory_report(cfg: ml_collections.ConfigDict, mc: model_lib.ModelConfig, devices: list,
+def memory_report(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int, devices: list,
                   fsdp: int, n_params: int | None = None) -> tuple[str, str | None]:
   """(one line of the estimate, a warning naming the knobs if it will not fit, else None)."""
-  m = memory_estimate(mc, cfg.train.batch_size, cfg.train.grad_accum, len(devices), fsdp, n_params)
+  m = memory_estimate(mc, batch_size, grad_accum, len(devices), fsdp, n_params)
   have, what = available_memory(devices[0])
   # CPU devices of one process all live in its host's RAM; an accelerator has its own memory
   sharing = sum(d.process_index == devices[0].process_index for d in devices) \
@@ -139,8 +133,23 @@ def memory_report(cfg: ml_collections.ConfigDict, mc: model_lib.ModelConfig, dev
   return line, warning
 
 
+def time_matmul(dtype: str = "float32", n: int = 2048, repeats: int = 5) -> float:
+  """FLOP/s of an n x n matmul on the default device: 2*n^3 over the median of `repeats` timed
+  products, after two untimed ones (compile, first touch of the buffers, thread-pool start)."""
+  a = jnp.ones((n, n), jnp.dtype(dtype))
+  matmul = jax.jit(lambda x: x @ x)
+  for _ in range(2):
+    matmul(a).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    matmul(a).block_until_ready()
+    times.append(time.perf_counter() - t)
+  return 2 * n**3 / statistics.median(times)
+
+
 def measured_matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5) -> float:
-  """This device's matmul FLOP/s (median of `repeats` n^3 products), measured about once a week.
+  """This device's matmul FLOP/s (`time_matmul`), measured about once a week.
 
   The measurement (~1 s on a laptop CPU) is cached per machine; a re-measurement keeps the
   higher value, so a reading taken while the machine was busy does not stick.
@@ -148,7 +157,7 @@ def measured_matmul_peak(dtype: str = "float32", n: int | None = None, repeats: 
   device = jax.devices()[0]
   n = n or (2048 if device.platform == "cpu" else 8192)
   key = f"{device.platform}-{device.device_kind}-{os.cpu_count()}-{dtype}-{n}".replace(" ", "_")
-  path = os.path.join(default_cache_dir(), "peaks.json")
+  path = os.path.join(cache_dir(), "peaks.json")
   try:
     with open(path) as f:
       cached = json.load(f)
@@ -157,15 +166,7 @@ def measured_matmul_peak(dtype: str = "float32", n: int | None = None, repeats: 
   entry = cached.get(key)
   if isinstance(entry, dict) and time.time() - entry["time"] < _PEAK_MAX_AGE_S:
     return entry["flops"]
-  a = jnp.ones((n, n), jnp.dtype(dtype))
-  matmul = jax.jit(lambda x: x @ x)
-  matmul(a).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    matmul(a).block_until_ready()
-    times.append(time.perf_counter() - t)
-  peak = 2 * n**3 / sorted(times)[len(times) // 2]
+  peak = time_matmul(dtype, n, repeats)
   if isinstance(entry, dict):
     peak = max(peak, entry["flops"])
   cached[key] = {"flops": peak, "time": time.time()}

@@ -6,17 +6,102 @@ on GPUs with 16-bit compute, attention can go to cuDNN's fused kernel instead.
 Shape suffixes: B batch, T time, D d_model, H heads, K head size, F MLP width, V vocab.
 """
 
+import dataclasses
+import functools
 import math
 import threading
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 from flax import nnx
 
 from jaxtrain import ops
-# The model's shape and FLOPs live in `arch`; they are part of this module's interface too.
-from jaxtrain.arch import (ModelConfig, flops_per_step, flops_per_token,  # noqa: F401
-                           matmul_param_count, resolve_attention)
+from jaxtrain.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  vocab_size: int
+  n_layers: int
+  n_heads: int
+  d_model: int
+  seq_len: int
+  norm: str = "rmsnorm"
+  pos: str = "rope"
+  mlp: str = "swiglu"
+  mlp_ratio: float = 4.0
+  tie_embeddings: bool = True
+  dropout: float = 0.0
+  rope_theta: float = 10000.0
+  dtype: str = "float32"
+  attention: str = "xla"  # "xla" (jaxtrain's, in XLA ops), "cudnn", or "auto" (see resolve_attention)
+
+  @classmethod
+  def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "ModelConfig":
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in model.to_dict().items() if k in fields}
+    kwargs["vocab_size"] = vocab_size
+    return cls(**kwargs)
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.n_heads
+
+  @property
+  def mlp_hidden(self) -> int:
+    if self.mlp == "gelu":
+      return int(self.mlp_ratio * self.d_model)
+    # SwiGLU has three matrices instead of two: 2/3 of the width keeps the parameter count.
+    return 8 * math.ceil(2 / 3 * self.mlp_ratio * self.d_model / 8)
+
+
+def resolve_attention(choice: str, dtype: str, seq_len: int, n_heads: int,
+                      head_dim: int) -> tuple[str, str]:
+  """(implementation, why): "auto" takes cuDNN's fused attention where it compiles, else XLA's."""
+  on_gpu = jax.default_backend() == "gpu"
+  if choice == "cudnn" and not on_gpu:
+    raise ConfigError("model.attention", "cudnn needs an NVIDIA GPU",
+                      "pass --config.model.attention=auto (or xla)")
+  if choice != "auto":
+    return choice, "as configured"
+  if not on_gpu:
+    return "xla", f"{jax.default_backend()} has no cuDNN"
+  if dtype not in ("bfloat16", "float16"):
+    return "xla", "cuDNN attention needs 16-bit inputs"
+  x = jax.ShapeDtypeStruct((1, seq_len, n_heads, head_dim), jnp.dtype(dtype))
+  try:  # shapes cuDNN does not support fail here, at compile time
+    jax.jit(lambda q, k, v: jax.nn.dot_product_attention(
+        q, k, v, is_causal=True, implementation="cudnn")).lower(x, x, x).compile()
+  except Exception as e:  # the reasons vary by cuDNN version: any failure means "not here"
+    return "xla", f"cuDNN attention unavailable ({str(e).splitlines()[0][:100]})"
+  return "cudnn", "cuDNN fused attention"
+
+
+def matmul_param_count(c: ModelConfig) -> int:
+  """Parameters that take part in a matmul: attention and MLP kernels, and the output projection.
+
+  Norm scales, position embeddings and the input embedding lookup cost no matmul FLOPs.
+  """
+  F = c.mlp_hidden
+  attn = 4 * c.d_model * c.d_model
+  mlp = (3 if c.mlp == "swiglu" else 2) * c.d_model * F
+  return c.n_layers * (attn + mlp) + c.vocab_size * c.d_model
+
+
+def flops_per_token(c: ModelConfig, training: bool = True) -> int:
+  """Matmul FLOPs per token: 2N forward plus 4*L*T*D for the attention scores and values.
+
+  Training (forward + backward) is 3x the forward pass: 6N + 12*L*T*D.
+  """
+  forward = 2 * matmul_param_count(c) + 4 * c.n_layers * c.seq_len * c.d_model
+  return 3 * forward if training else forward
+
+
+def flops_per_step(c: ModelConfig, batch_size: int) -> int:
+  """Training FLOPs of one micro-batch of `batch_size` full-length rows."""
+  return flops_per_token(c) * batch_size * c.seq_len
+
 
 
 class Dense(nnx.Module):
@@ -191,12 +276,12 @@ class GPT(nnx.Module):
 def init(c: ModelConfig, key: jax.Array, exact_shapes: bool = False) -> GPT:
   """`GPT(c, nnx.Rngs(params=key))`, with the same values, but cheaper to compile.
 
-  Under jit every normal draw is a threefry loop that XLA:CPU takes ~0.3 s to compile. Here the
+  Under jit every normal draw is a threefry loop that is slow to compile on CPU. Here the
   draws are collected while the model is built, then made as one vmapped draw per group (a batch
   of keys gives what each key gives alone). A group holds draws of similar sizes, each padded to
   the group's largest and cut back: with partitionable threefry (jax's default) a key's first n
   values do not depend on how many are drawn, so the params are bit for bit those of separate
-  draws. nano's init program: 6 loops -> 3, compile 2.0 -> 0.85 s. `exact_shapes` groups only
+  draws, from a few loops instead of one per parameter. `exact_shapes` groups only
   draws of one shape, drawn in that shape: params split over devices (FSDP) are then drawn by
   each device for its own part, where a padded flat draw would be made whole on every device.
   """
@@ -213,8 +298,8 @@ def init(c: ModelConfig, key: jax.Array, exact_shapes: bool = False) -> GPT:
     first = draws[group[0]][0]
     shape = first.shape if not pad else (first.size,)
     stds = jnp.array([draws[d][2] for d in group], first.dtype)
-    drawn = jax.vmap(lambda k, std: jax.random.normal(k, shape, first.dtype) * std)(
-        keys[jnp.array(group)], stds)
+    draw = functools.partial(_scaled_normal, shape=shape, dtype=first.dtype)
+    drawn = jax.vmap(draw)(keys[jnp.array(group)], stds)
     for j, d in enumerate(group):
       placeholder = draws[d][0]
       values[id(placeholder)] = drawn[j] if not pad else \
@@ -224,6 +309,10 @@ def init(c: ModelConfig, key: jax.Array, exact_shapes: bool = False) -> GPT:
   if values:
     raise RuntimeError(f"model.init: {len(values)} drawn parameter(s) not found in the model")
   return model
+
+
+def _scaled_normal(key: jax.Array, std: jax.Array, *, shape: tuple[int, ...], dtype) -> jax.Array:
+  return jax.random.normal(key, shape, dtype) * std
 
 
 MAX_PADDING = 2**24  # values drawn only to be thrown away, per group (64 MiB of float32)

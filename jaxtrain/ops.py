@@ -6,7 +6,7 @@ writes its output in a strided order (the GELU backward, for one, ran 10x slower
 Here every backward product is a plain row-major matmul: the operand that must be transposed
 is transposed on its own, behind an optimization barrier so XLA cannot fold it back, and it is
 always the smaller one (a weight, or q/k/v rather than the T x T attention scores).
-Same math as autodiff; results differ only in float rounding. Measured in benchmarks/README.md.
+Same math as autodiff; results differ only in float rounding (benchmarks/results/ has the timings).
 """
 
 import jax

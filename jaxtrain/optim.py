@@ -1,14 +1,11 @@
 """AdamW with linear warmup, cosine decay, global-norm clipping and gradient accumulation."""
 
-import json
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
-
-from jaxtrain import config
 
 
 def lr_schedule(optim: ml_collections.ConfigDict, max_steps: int) -> optax.Schedule:
@@ -32,34 +29,23 @@ def decay_mask(params):
   return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
-# Everything the optimizer depends on. Equal settings give the same (identical) optimizer object:
-# it is a static part of the train state, and jax.jit compiles once per distinct object.
-_FIELDS = ("optim", "train.grad_accum", "train.max_steps", "train.skip_nonfinite", "model.dtype")
-_BUILT: dict[str, optax.GradientTransformation] = {}
-
-
-def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  values = {f: config.get(cfg, f) for f in _FIELDS}
-  key = json.dumps({f: v.to_dict() if isinstance(v, ml_collections.ConfigDict) else v
-                    for f, v in values.items()}, sort_keys=True)
-  if key not in _BUILT:
-    _BUILT[key] = _build(cfg)
-  return _BUILT[key]
-
-
-def _build(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  o = cfg.optim
+def make_optimizer(optim: ml_collections.ConfigDict, *, max_steps: int, grad_accum: int = 1,
+                   skip_nonfinite: bool = False,
+                   loss_scaling: bool = False) -> optax.GradientTransformation:
+  """AdamW from the `optim` section. `loss_scaling` (dynamic loss scaling is on) and
+  `skip_nonfinite` both drop optimizer steps whose gradients are not finite."""
+  o = optim
   parts = [optax.clip_by_global_norm(o.clip_norm)] if o.clip_norm > 0 else []
   parts.append(
-      optax.adamw(lr_schedule(o, cfg.train.max_steps), b1=o.b1, b2=o.b2, eps=o.eps,
+      optax.adamw(lr_schedule(o, max_steps), b1=o.b1, b2=o.b2, eps=o.eps,
                   weight_decay=o.weight_decay, mask=decay_mask))
   inner = optax.chain(*parts)
   # With loss scaling, gradients overflow now and then by design: such steps are dropped.
-  skip = cfg.train.skip_nonfinite or config.dynamic_loss_scaling(cfg)
-  if cfg.train.grad_accum == 1 and not skip:
+  skip = skip_nonfinite or loss_scaling
+  if grad_accum == 1 and not skip:
     return inner
   # MultiSteps averages grad_accum micro-batch gradients, then applies one inner update.
-  multi = optax.MultiSteps(inner, every_k_schedule=cfg.train.grad_accum)
+  multi = optax.MultiSteps(inner, every_k_schedule=grad_accum)
   return skip_nonfinite_steps(multi) if skip else multi.gradient_transformation()
 
 

@@ -1,25 +1,28 @@
-"""Process-level JAX setup, done once before any other JAX work: compile cache and platform."""
+"""Process-level JAX setup, done once before any other JAX work: compile cache, CPU devices,
+platform, processes; and the XLA options of CPU train steps."""
 
-import dataclasses
 import importlib.util
 import os
-import sys
-import types
-from pathlib import Path
 
 import jax
 import ml_collections
 import numpy as np
 
-from jaxtrain import allocator, arch
-from jaxtrain.config import default_cache_dir
+from jaxtrain import allocator
+from jaxtrain import model as model_lib
 from jaxtrain.errors import UserError
+from jaxtrain.paths import cache_dir
+
+# CPU steps of at least this many FLOPs compile without YNNPACK fusions (matmuls through Eigen);
+# below it per device, several CPU devices each run their matmuls on one thread. Measured on 2 cores:
+# benchmarks/results/.
+LARGE_CPU_STEP_FLOPS = 1e11
 
 
 def enable_compile_cache() -> None:
   """Persistent XLA cache: a restart compiles nothing it compiled before."""
   if not jax.config.jax_compilation_cache_dir:  # JAX_COMPILATION_CACHE_DIR wins if set
-    jax.config.update("jax_compilation_cache_dir", os.path.join(default_cache_dir(), "xla"))
+    jax.config.update("jax_compilation_cache_dir", os.path.join(cache_dir(), "xla"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
@@ -90,10 +93,10 @@ def barrier(name: str) -> None:
 def cpu_device_count(cfg: ml_collections.ConfigDict, cores: int | None = None) -> int:
   """How many XLA devices to split this host's CPU cores into (`mesh.cpu_devices`, 0: auto).
 
-  One XLA CPU device runs its program's large matmuls on every core, but its many small
-  matmuls and elementwise ops keep about one core busy; two devices' programs run side by side
-  (data parallel, 1.5x faster for nano-sized models on 2 cores). Auto: the most devices, up to
-  the core count, that split this process's share of the batch evenly.
+  One XLA CPU device runs its large matmuls on every core, but its many small matmuls and
+  elementwise ops keep about one core busy; several devices' programs run side by side (data
+  parallel). Auto: the most devices, up to the core count, that split this process's share of
+  the batch evenly.
   """
   if cfg.mesh.cpu_devices:
     return cfg.mesh.cpu_devices
@@ -102,103 +105,51 @@ def cpu_device_count(cfg: ml_collections.ConfigDict, cores: int | None = None) -
   return max(d for d in range(1, min(cores, rows) + 1) if rows % d == 0)
 
 
+def step_flops(cfg: ml_collections.ConfigDict) -> float:
+  """Training FLOPs of one micro-batch, from the config alone (vocab 256 where it is 0)."""
+  mc = model_lib.ModelConfig.from_config(cfg.model, cfg.model.vocab_size or 256)
+  return model_lib.flops_per_step(mc, cfg.train.batch_size)
+
+
 def split_cpu(cfg: ml_collections.ConfigDict) -> None:
-  """Applies `cpu_device_count` when the run is on CPU and nothing has started a backend yet,
-  and `use_cpu_step_options`."""
-  from jax._src import xla_bridge
-
-  use_cpu_step_options(cfg)
-  if xla_bridge.backends_are_initialized() or jax.config.jax_num_cpu_devices != -1:
-    return  # too late to change, or --jax_num_cpu_devices was given: that wins
-  platforms = (jax.config.jax_platforms or "").split(",")[0]
-  has_cuda = allocator.cuda_installed()
-  if platforms == "cpu" or (not platforms and not has_cuda):
-    n = cpu_device_count(cfg)
+  """On CPU, splits the cores into `cpu_device_count` XLA devices; small steps also get
+  single-threaded matmuls. Only before JAX starts its backends, and never over the user's own
+  --jax_num_cpu_devices or XLA_FLAGS."""
+  platform = (jax.config.jax_platforms or "").split(",")[0]
+  if jax.config.jax_num_cpu_devices != -1:
+    return
+  if platform != "cpu" and (platform or allocator.cuda_installed()):
+    return
+  n = cpu_device_count(cfg)
+  try:
     jax.config.update("jax_num_cpu_devices", n)
-    flags = os.environ.get("XLA_FLAGS", "")
-    if n > 1 and _flops_per_device_step(cfg, n) < SMALL_STEP_FLOPS and "multi_thread_eigen" not in flags:
-      # Small steps: each device's matmuls on one thread. Devices that each spread small
-      # matmuls over every core keep waiting on each other (nano-sized, 2 cores: 1.25x faster).
-      os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
-
-
-_STEP_OPTIONS: dict | None = None  # chosen once per process by use_cpu_step_options
-
-
-def use_cpu_step_options(cfg: ml_collections.ConfigDict | None) -> None:
-  """Chooses the XLA options of this process's train and eval steps on CPU (none elsewhere).
-
-  Every step: XLA's memory-optimizing scheduler, which orders the program's ops to keep fewer
-  buffers live. Same results bit for bit; step time 0.90x at the 0.8M-param benchmark model,
-  0.95x for configs/nano.py, 0.91x for the 10.7M one (its temporaries 2.08 -> 1.97 GiB a device).
-  Steps of >= 1e11 FLOPs also: matmuls through Eigen and their neighbours through XLA's own
-  fused kernels, not YNNPACK fusions: 0.95x the step time for configs/small.py, 0.90x for the
-  10.7M-param model. Smaller steps gained nothing from that (configs/nano.py 1.00x, the 0.8M
-  model 1.005x) and compile slower without YNN, so they, tests' toy models and the init program
-  keep it (A/B in one process, benchmarks/README.md). Either option given in XLA_FLAGS wins.
-  """
-  global _STEP_OPTIONS
+  except RuntimeError:  # the backend already started (a notebook, a test): it stays as it is
+    return
   flags = os.environ.get("XLA_FLAGS", "")
-  options = {}
-  if "scheduler_type" not in flags:
-    options["xla_cpu_scheduler_type"] = "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
-  if (cfg is not None and "ynn_fusion_type" not in flags
-      and _flops_per_device_step(cfg, 1) >= EIGEN_STEP_FLOPS):
-    options["xla_cpu_experimental_ynn_fusion_type"] = ""
-  _STEP_OPTIONS = options
+  if n > 1 and step_flops(cfg) / n < LARGE_CPU_STEP_FLOPS and "multi_thread_eigen" not in flags:
+    # Small steps: each device's matmuls on one thread. Devices that each spread small
+    # matmuls over every core keep waiting on each other.
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
 
 
-def step_compiler_options() -> dict:
-  if _STEP_OPTIONS is None:  # no config seen (tests, notebooks): what any small step gets
-    use_cpu_step_options(None)
-  if not _STEP_OPTIONS or jax.devices()[0].platform != "cpu":
-    return {}
-  return dict(_STEP_OPTIONS)
+def cpu_step_options(flops: float, xla_flags: str = "") -> dict:
+  """XLA compile options for a CPU train or eval step of `flops` FLOPs (one micro-batch).
 
-
-EIGEN_STEP_FLOPS = 1e11
-SMALL_STEP_FLOPS = 1e11  # measured crossover on 2 cores: below it single-threaded matmuls win
-
-
-def _flops_per_device_step(cfg: ml_collections.ConfigDict, n_devices: int) -> float:
-  # Built directly: ModelConfig.from_config would ask which backend runs, and so start it.
-  fields = {f.name for f in dataclasses.fields(arch.ModelConfig)} - {"vocab_size", "attention"}
-  mc = arch.ModelConfig(vocab_size=cfg.model.vocab_size or 256, attention="xla",
-                        **{f: cfg.model[f] for f in fields})
-  return arch.flops_per_step(mc, cfg.train.batch_size) / n_devices
-
-
-def init_cpu_lapack() -> None:
-  """Sets up jaxlib's CPU LAPACK kernels without importing all of scipy.linalg (the CLI does this
-  first thing, while no other thread imports).
-
-  jaxlib takes the BLAS and LAPACK it calls from scipy's `scipy.linalg.cython_blas` and
-  `cython_lapack`, and the call of every `jax.export`ed program (`aot`) sets that up. Importing
-  them imports the whole `scipy.linalg` package first: 0.19 s of a 3 s restart. Under a bare
-  stand-in for that package only the two modules load (0.02 s); every module added is then
-  dropped again, so that a later `import scipy.linalg` is the usual one. Where anything fails,
-  nothing is set up and jax does it the usual way when it needs to.
+  Every step: XLA's memory-optimizing scheduler (fewer buffers live at once, same results bit
+  for bit). Large steps also: matmuls through Eigen and their neighbours through XLA's own fused
+  kernels instead of YNNPACK fusions (faster there; slower compiles and no gain for small steps).
+  An option the user put in XLA_FLAGS wins.
   """
-  if "scipy.linalg" in sys.modules:
-    return
-  try:
-    import scipy
-    from jax._src.lib import lapack  # jax's own module: no public way to set this up alone
-  except Exception:  # not there, or broken: jax imports what it needs when it needs it
-    return
-  package = types.ModuleType("scipy.linalg")
-  package.__path__ = [str(Path(scipy.__file__).parent / "linalg")]
-  sys.modules["scipy.linalg"] = package
-  try:
-    lapack._lapack.initialize()
-  except Exception:  # it sets itself up only once it got everything: jax retries when needed
-    pass
-  finally:  # the stand-in and what was imported under it (none of it was there before it)
-    for name in [n for n in sys.modules if n == "scipy.linalg" or n.startswith("scipy.linalg.")]:
-      del sys.modules[name]
+  options = {}
+  if "scheduler_type" not in xla_flags:
+    options["xla_cpu_scheduler_type"] = "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
+  if flops >= LARGE_CPU_STEP_FLOPS and "ynn_fusion_type" not in xla_flags:
+    options["xla_cpu_experimental_ynn_fusion_type"] = ""
+  return options
 
 
 def setup(cfg: ml_collections.ConfigDict) -> str:
+  """Compile cache, CPU devices, processes; returns the platform ("cpu", "gpu", ...)."""
   enable_compile_cache()
   split_cpu(cfg)
   init_distributed(cfg.distributed)

@@ -6,6 +6,7 @@ acknowledged and ignored, so a second Ctrl-C cannot cut the save short (a SIGKIL
 and orbax's write-then-rename leaves the previous checkpoint as the latest complete one).
 """
 
+import contextlib
 import signal
 import sys
 import threading
@@ -40,6 +41,15 @@ class GracefulStop:
     else:
       message = "already stopping after this step"
     print(f"\n{name}: {message}", file=sys.stderr, flush=True)
+
+  @contextlib.contextmanager
+  def saving_now(self):
+    """Signals that arrive in this block only ask to stop once the save is complete."""
+    self.saving = True
+    try:
+      yield
+    finally:
+      self.saving = False
 
   @property
   def exit_code(self) -> int:

@@ -9,14 +9,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import nnx, struct
 
-from jaxtrain import config
 from jaxtrain import model as model_lib
 from jaxtrain import optim
-
 
 TRAIN_METRICS = ("loss", "grad_norm", "skipped", "loss_scale")  # what train_step reports
 EVAL_METRICS = ("loss",)
@@ -48,25 +45,22 @@ class TrainState:
     return self.replace(**arrays)
 
 
-def init_state(cfg: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig) -> TrainState:
-  """A fresh state from `cfg.seed`: the same seed gives the same params on every platform."""
-  key = jax.random.PRNGKey(cfg.seed)
+def init_state(model_cfg: model_lib.ModelConfig, tx: optax.GradientTransformation, *,
+               seed: int, loss_scaling: bool = False, exact_shapes: bool = False) -> TrainState:
+  """A fresh state from `seed`: the same seed gives the same params on every platform.
+
+  `exact_shapes`: draw each param in its own shape (params split over devices, so that each
+  device draws its own part). `loss_scaling`: dynamic loss scaling, for float16 compute.
+  """
+  key = jax.random.PRNGKey(seed)
   param_key, dropout_key = jax.random.split(key)
-  # Params split over devices are drawn in their own shapes: each device then draws its part.
-  model = model_lib.init(model_cfg, param_key, exact_shapes=cfg.mesh.fsdp != 1)
+  model = model_lib.init(model_cfg, param_key, exact_shapes=exact_shapes)
   graphdef, params = nnx.split(model, nnx.Param)
   params = nnx.to_pure_dict(params)
-  tx = optim.make_optimizer(cfg)
-  dynamic = config.dynamic_loss_scaling(cfg)
-  scale = INITIAL_LOSS_SCALE if dynamic else 1.0
+  scale = INITIAL_LOSS_SCALE if loss_scaling else 1.0
   return TrainState(params=params, opt_state=tx.init(params), step=jnp.array(0, jnp.int32),
                     rng=dropout_key, loss_scale=jnp.array(scale, jnp.float32), graphdef=graphdef,
-                    tx=tx, model_cfg=model_cfg, dynamic_loss_scale=dynamic)
-
-
-def abstract_state(cfg: ml_collections.ConfigDict, model_cfg: model_lib.ModelConfig) -> TrainState:
-  """Shapes and dtypes of `init_state`'s result, without computing anything."""
-  return jax.eval_shape(lambda: init_state(cfg, model_cfg))
+                    tx=tx, model_cfg=model_cfg, dynamic_loss_scale=loss_scaling)
 
 
 def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:

@@ -5,7 +5,7 @@ import ml_collections
 import numpy as np
 
 from jaxtrain import model as model_lib
-from jaxtrain import steps
+from jaxtrain import programs, steps
 from jaxtrain.config import default_config, override
 
 
@@ -38,8 +38,8 @@ def model_config(cfg: ml_collections.ConfigDict, vocab_size: int = 256) -> model
 
 
 def init(cfg: ml_collections.ConfigDict, vocab_size: int = 256) -> steps.TrainState:
-  """A fresh train state for `cfg`, on the default device."""
-  return steps.init_state(cfg, model_config(cfg, vocab_size))
+  """A fresh train state for `cfg`, on the default device, made as a run makes it."""
+  return programs.build(cfg, cfg.model.vocab_size or vocab_size, jax.devices()[:1]).init()
 
 
 def random_batch(cfg: ml_collections.ConfigDict, seed: int = 0, vocab_size: int = 256,

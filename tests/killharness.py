@@ -99,7 +99,7 @@ def kill_once(args: list[str], ckpt_dir: Path, moment: tuple[str, float]) -> dic
   finally:
     if run.proc.poll() is None:
       run.proc.kill()
-  steps = [int(l.split()[1].split("/")[0]) for l in run.lines if l.startswith("step ")]
+  steps = [int(line.split()[1].split("/")[0]) for line in run.lines if line.startswith("step ")]
   partial = ckpt_dir.is_dir() and any(TMP_MARK in p.name for p in ckpt_dir.iterdir())
   return {"killed": True, "last_logged_step": steps[-1] if steps else 0, "mid_write": partial}
 
@@ -148,7 +148,7 @@ def trial(base: Path, name: str, data_path: Path, max_steps: int, moment, refere
   row = {"trial": name, "moment": f"{moment[0]} +{moment[1]:.3f}s"}
   row.update(kill_once(args, workdir / "checkpoints", moment))
   resumed = complete(args)
-  line = next((l for l in resumed.lines if l.startswith("resumed from")), "")
+  line = next((x for x in resumed.lines if x.startswith("resumed from")), "")
   found = re.search(r" at step (\d+)", line)
   row["resumed_from"] = int(found.group(1)) if found else 0
   arrays, position = final_state(workdir)
@@ -176,7 +176,8 @@ def main() -> None:
   a = parser.parse_args()
   shutil.rmtree(a.dir, ignore_errors=True)
   reference = reference_run(a.dir, a.data, a.max_steps)
-  print("| trial | kill moment | last logged step | mid checkpoint write | resumed from | bit-for-bit equal |")
+  print("| trial | kill moment | last logged step | mid checkpoint write | resumed from "
+        "| bit-for-bit equal |")
   print("|---|---|---|---|---|---|")
   rows = []
   for i, moment in enumerate(draw_moments(a.trials, a.seed, max_time=1.5)):

@@ -14,26 +14,20 @@ jax.config.update("jax_num_cpu_devices", int(sys.argv[1]) if len(sys.argv) > 1 e
 
 import numpy as np  # noqa: E402
 
-from jaxtrain import sharding, steps  # noqa: E402
-from jaxtrain.testing import model_config, random_batch, tiny_config  # noqa: E402
+from jaxtrain import programs  # noqa: E402
+from jaxtrain.testing import random_batch, tiny_config  # noqa: E402
 
 
 def train(data: int, fsdp: int, devices, n_steps: int = 4):
   cfg = tiny_config(**{"mesh.data": data, "mesh.fsdp": fsdp, "train.batch_size": 8,
                        "model.d_model": 64, "train.grad_accum": 2})
-  mc = model_config(cfg)
-  mesh = sharding.make_mesh(cfg, devices)
-  abstract = steps.abstract_state(cfg, mc)
-  state = sharding.init_sharded(lambda: steps.init_state(cfg, mc), abstract, mesh)
-  train_fn, _ = sharding.jit_steps(state, mesh)
+  p = programs.build(cfg, 256, devices)
+  state = p.init()
   for i in range(n_steps * cfg.train.grad_accum):
-    state, _ = train_fn(state, sharding.global_batch(random_batch(cfg, seed=i), mesh))
+    state, _ = p.train_step(state, p.place(random_batch(cfg, seed=i)))
   specs = sorted({str(x.sharding.spec) for x in jax.tree.leaves(state.params)})
-  batch = sharding.global_batch(random_batch(cfg), mesh)
-  all_reduces = train_fn.lower(state, batch).compile().as_text().count(" all-reduce(")
-  init_hlo = jax.jit(lambda: steps.init_state(cfg, mc).arrays(),
-                     out_shardings=sharding.state_shardings(abstract, mesh).arrays())
-  init_hlo = init_hlo.lower().compile().as_text()
+  all_reduces = p.compile_train().as_text().count(" all-reduce(")
+  init_hlo = p.lower_init().compile().as_text()
   init_collectives = sum(init_hlo.count(f" {op}(") for op in (
       "all-to-all", "collective-permute", "all-gather", "all-reduce", "reduce-scatter"))
   return jax.device_get(state.arrays()), specs, all_reduces, init_collectives

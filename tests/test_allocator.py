@@ -4,7 +4,6 @@ pages otherwise; the user's own choices win."""
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 
@@ -88,52 +87,3 @@ def test_a_process_under_mimalloc_computes_the_same(clean_env, tmp_path):
     assert out.stdout.strip() == str(name == "mimalloc")
     results[name] = (tmp_path / f"{name}.npy").read_bytes()
   assert results["glibc"] == results["mimalloc"]
-
-
-_FAULTS = """
-import ctypes, resource, sys
-from jaxtrain import allocator
-n = 64 * 2**20
-if sys.argv[1] == "touched":  # as the restarted CLI does it: in a thread that then ends
-  import threading
-  thread = threading.Thread(target=allocator._touch, args=(n,))
-  thread.start()
-  thread.join()
-libc = ctypes.CDLL(None)
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-ctypes.memset(libc.malloc(n), 1, n)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-"""
-
-
-def test_memory_touched_at_start_is_reused_without_page_faults(clean_env):
-  # What the restarted CLI does in a thread while it imports: its first step then writes
-  # memory the kernel has already handed over, instead of faulting it in page by page.
-  env = allocator.environment(dict(os.environ), argv=[])
-  faults = {}
-  for how in ("fresh", "touched"):
-    out = subprocess.run([sys.executable, "-c", _FAULTS, how], env=env, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    faults[how] = int(out.stdout)
-  assert faults["fresh"] >= 16  # 64 MiB: 32 huge pages (or 16384 small ones)
-  assert faults["touched"] * 4 < faults["fresh"], faults
-
-
-def test_the_restarted_cli_touches_memory_only_under_mimalloc_keeping_it(monkeypatch):
-  touched = []
-  monkeypatch.setattr(allocator, "_touch", touched.append)
-  library = allocator.mimalloc_library()
-  for preload, delay, expected in ((library, "-1", 1), (library, "1000", 0), ("", "-1", 0)):
-    touched.clear()
-    monkeypatch.setenv(allocator.RESTARTED, "1")
-    monkeypatch.setenv("LD_PRELOAD", preload)
-    monkeypatch.setenv("MIMALLOC_PURGE_DELAY", delay)
-    before = set(threading.enumerate())
-    allocator.reexec()  # the restarted branch: returns at once, at most a thread started
-    for thread in set(threading.enumerate()) - before:
-      thread.join(timeout=10)
-    assert len(touched) == expected, (preload, delay)
-    assert allocator.RESTARTED not in os.environ
-  assert 0 < allocator._prefault_bytes() <= min(2**29, allocator._memory_bytes() // 16)

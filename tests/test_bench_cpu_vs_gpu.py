@@ -1,5 +1,7 @@
-"""benchmarks/cpu_vs_gpu.py and benchmarks/scaling.py run end to end at tiny settings on the CPU."""
+"""benchmarks/cpu_vs_gpu.py and benchmarks/scaling.py run end to end at tiny settings on the CPU;
+every benchmark writes to a dated directory by default."""
 
+import datetime
 import importlib.util
 import json
 import os
@@ -7,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
 
 
@@ -17,6 +18,30 @@ def run_benchmark(script: str, *args: str, timeout: float = 240) -> str:
                           text=True, timeout=timeout)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   return result.stdout
+
+
+def load_benchmark(script: str):
+  spec = importlib.util.spec_from_file_location(script, ROOT / "benchmarks" / f"{script}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_default_output_directories_are_dated(monkeypatch):
+  monkeypatch.setattr(sys, "path", list(sys.path))  # the scripts put benchmarks/ on it
+  for name in ("common", "cpu_vs_gpu"):  # imported by the scripts; gone again afterwards
+    monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.delitem(sys.modules, name)
+  results = ROOT / "benchmarks" / "results"
+  today = datetime.date.today().isoformat()
+  assert load_benchmark("cpu_vs_gpu").parse_args([]).out == str(results / f"{today}-cpu_vs_gpu")
+  assert load_benchmark("scaling").parse_args([]).out == str(results / f"{today}-scaling")
+  jax_vs_torch = load_benchmark("jax_vs_torch")
+  assert jax_vs_torch.parse_args(["--shapes=large"]).out == \
+      str(results / f"{today}-jax_vs_torch_large")
+  assert jax_vs_torch.parse_args(["--label=x", "--out=/tmp/o"]).out == "/tmp/o"
+  args, extra = load_benchmark("startup").parse_args(["--runs=1", "--config.seed=3"])
+  assert args.out == str(results / f"{today}-startup") and extra == ["--config.seed=3"]
 
 
 def check_machine_and_load(report: dict) -> None:
@@ -42,6 +67,9 @@ def test_cpu_vs_gpu_writes_a_cpu_row_with_speed_mfu_and_memory(tmp_path):
   [row] = report["results"]
   assert (row["platform"], row["config"], row["status"]) == ("cpu", "nano", "ok")
   assert (row["batch_size"], row["seq_len"]) == (4, 128) and len(row["step_times_s"]) == 2
+  # Built by programs.build on the CPU devices jaxtrain splits the cores into, as a run is.
+  assert row["n_devices"] == row["mesh"]["data"] * row["mesh"]["fsdp"] >= 1
+  assert isinstance(row["compiler_options"], dict) and isinstance(row["one_allreduce"], bool)
   assert row["compile_s"] > 0 and row["tokens_per_s"] > 0
   # Against this run's own peak (a 512^3 matmul here, which nano's step can outrun on a busy
   # machine: no upper bound); no datasheet peak for CPUs.
@@ -54,7 +82,7 @@ def test_cpu_vs_gpu_writes_a_cpu_row_with_speed_mfu_and_memory(tmp_path):
   assert report["speedups"] == [] and report["gpu"]["name"] is None
 
   md = (tmp_path / "cpu_vs_gpu.md").read_text()
-  assert "| nano | cpu |" in md and "other processes" in md
+  assert "| nano | cpu |" in md and "other processes" in md and "XLA options" in md
   assert f"- GPU: {report['gpu']['note']}" in md  # no GPU ran, and the report says why
   if importlib.util.find_spec("jax_cuda12_plugin") is None:
     assert "no GPU platform available on this machine" in md

@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -35,6 +34,9 @@ def test_tiny_benchmark_writes_json_markdown_and_chart(tmp_path):
   assert set(res["frameworks"]) == expected
   for fw in res["frameworks"].values():
     assert len(fw["step_times_s"]) == 2 and fw["tokens_per_s"] > 0 and 0 < fw["mfu"] < 1
+  jax_side = res["frameworks"]["jax"]  # what programs.build chose for this shape
+  assert isinstance(jax_side["step_compiler_options"], dict)
+  assert isinstance(jax_side["one_allreduce"], bool) and jax_side["cpu_devices"] >= 1
   if HAS_TORCH:
     assert res["frameworks"]["torch"]["param_count"] == res["param_count"]
     losses = [fw["rounds"][-1]["loss"] for fw in res["frameworks"].values()]

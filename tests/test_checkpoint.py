@@ -3,8 +3,8 @@
 import jax
 import numpy as np
 
-from jaxtrain import checkpoint, data, sharding, steps
-from jaxtrain.testing import assert_trees_equal, model_config, tiny_config
+from jaxtrain import checkpoint, data, programs
+from jaxtrain.testing import assert_trees_equal, init, tiny_config
 
 
 def test_save_then_restore_gives_an_identical_state(tiny, tmp_path):
@@ -12,22 +12,19 @@ def test_save_then_restore_gives_an_identical_state(tiny, tmp_path):
   tiny.model.dropout = 0.1  # the RNG matters
   tiny.data.cache_dir = str(tmp_path / "cache")
   corpus = data.prepare(tiny.data, show_progress=False)
-  mc = model_config(tiny, corpus.tokenizer.vocab_size)
-  mesh = sharding.make_mesh(tiny)
-  abstract = steps.abstract_state(tiny, mc)
-  state = sharding.init_sharded(lambda: steps.init_state(tiny, mc), abstract, mesh)
-  train_fn, _ = sharding.jit_steps(state, mesh)
-  it = data.train_iterator(corpus, tiny)
+  p = programs.build(tiny, corpus.tokenizer.vocab_size)
+  state = p.init()
+  args = (tiny.train.batch_size, tiny.model.seq_len, tiny.seed)
+  it = data.train_iterator(corpus, *args)
   for _ in range(5):  # ends mid-accumulation: accumulators hold a gradient
-    state, _ = train_fn(state, sharding.global_batch(next(it), mesh))
+    state, _ = p.train_step(state, p.place(next(it)))
   saved = jax.device_get(state.arrays())
 
   ckpts = checkpoint.Checkpoints(tiny.workdir, keep=2)
   ckpts.save(state, it, {"note": "hi"})
   ckpts.wait()
-  fresh_it = data.train_iterator(corpus, tiny)
-  restored = ckpts.restore(int(state.step), abstract, sharding.state_shardings(abstract, mesh),
-                           fresh_it)
+  fresh_it = data.train_iterator(corpus, *args)
+  restored = ckpts.restore(int(state.step), p.abstract, p.shardings, fresh_it)
   ckpts.close()
   assert_trees_equal(jax.device_get(restored.arrays()), saved)
   assert fresh_it.get_state() == it.get_state() == {"next_index": 5}
@@ -36,8 +33,7 @@ def test_save_then_restore_gives_an_identical_state(tiny, tmp_path):
 
 
 def test_retention_keeps_the_latest_and_the_best(tmp_path):
-  cfg = tiny_config()
-  state = steps.init_state(cfg, model_config(cfg))
+  state = init(tiny_config())
   ckpts = checkpoint.Checkpoints(str(tmp_path), keep=2)
   it = iter(data.grain.MapDataset.range(10).to_iter_dataset())
   for step, val in [(1, 3.0), (2, 1.0), (3, 2.0), (4, None), (5, 2.5), (6, None)]:
@@ -48,8 +44,7 @@ def test_retention_keeps_the_latest_and_the_best(tmp_path):
 
 
 def test_a_partial_checkpoint_is_never_picked(tmp_path):
-  cfg = tiny_config()
-  state = steps.init_state(cfg, model_config(cfg))
+  state = init(tiny_config())
   ckpts = checkpoint.Checkpoints(str(tmp_path), keep=2)
   it = iter(data.grain.MapDataset.range(10).to_iter_dataset())
   ckpts.save(state.replace(step=jax.numpy.array(3)), it, {})

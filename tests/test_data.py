@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from jaxtrain import data, tokenizer
-from jaxtrain.errors import UserError
+from jaxtrain.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
 
 
@@ -60,14 +60,14 @@ def test_directory_corpus_skips_binaries_and_replaces_bad_utf8(tmp_path):
 def test_batches_depend_only_on_seed_and_index(tiny, tmp_path):
   tiny.data.cache_dir = str(tmp_path / "cache")
   corpus = data.prepare(tiny.data, show_progress=False)
-  a = data.train_iterator(corpus, tiny)
+  args = (tiny.train.batch_size, tiny.model.seq_len)
+  a = data.train_iterator(corpus, *args, tiny.seed)
   first = [next(a)["tokens"] for _ in range(5)]
-  b = data.train_iterator(corpus, tiny)
+  b = data.train_iterator(corpus, *args, tiny.seed)
   b.set_state({"next_index": 3})
   np.testing.assert_array_equal(next(b)["tokens"], first[3])
   assert a.get_state() == {"next_index": 5}
-  tiny.seed = 1
-  c = data.train_iterator(corpus, tiny)
+  c = data.train_iterator(corpus, *args, seed=1)
   assert not np.array_equal(next(c)["tokens"], first[0])
   # Every row is a real window of the training split: targets are inputs shifted by one.
   train = np.asarray(corpus.train)
@@ -80,15 +80,17 @@ def test_batches_depend_only_on_seed_and_index(tiny, tmp_path):
 def test_process_rows_split_the_global_batch(tiny, tmp_path):
   tiny.data.cache_dir = str(tmp_path / "cache")
   corpus = data.prepare(tiny.data, show_progress=False)
-  whole = next(data.train_iterator(corpus, tiny))["tokens"]
-  parts = [next(data.train_iterator(corpus, tiny, p, 2))["tokens"] for p in range(2)]
+  args = (tiny.train.batch_size, tiny.model.seq_len, tiny.seed)
+  whole = next(data.train_iterator(corpus, *args))["tokens"]
+  parts = [next(data.train_iterator(corpus, *args, p, 2))["tokens"] for p in range(2)]
   np.testing.assert_array_equal(np.concatenate(parts), whole)
 
 
 def test_eval_batches_are_fixed_and_from_validation(tiny, tmp_path):
   tiny.data.cache_dir = str(tmp_path / "cache")
   corpus = data.prepare(tiny.data, show_progress=False)
-  a, b = data.eval_batches(corpus, tiny), data.eval_batches(corpus, tiny)
+  args = (tiny.train.batch_size, tiny.model.seq_len, tiny.seed, tiny.train.eval_steps)
+  a, b = data.eval_batches(corpus, *args), data.eval_batches(corpus, *args)
   assert len(a) == tiny.train.eval_steps
   for x, y in zip(a, b):
     np.testing.assert_array_equal(x["tokens"], y["tokens"])
@@ -100,3 +102,11 @@ def test_default_corpus_is_the_standard_library():
   files = data.resolve_files("")
   assert len(files) > 100 and all(f.suffix == ".py" for f in files)
   assert any(f.name == "os.py" for f in files)
+
+
+def test_a_path_that_matches_nothing_names_the_field(tmp_path):
+  cfg = tiny_config(**{"data.path": str(tmp_path / "no" / "such.txt"),
+                       "data.cache_dir": str(tmp_path / "cache")})
+  with pytest.raises(ConfigError, match="^config.data.path: .* matches no file") as e:
+    data.prepare(cfg.data, show_progress=False)
+  assert "\n" not in str(e.value) and not (tmp_path / "cache").exists()

@@ -3,7 +3,6 @@
 Every run here is a real `python -m jaxtrain` subprocess, bounded in time.
 """
 
-import json
 import os
 import signal
 import subprocess
@@ -11,9 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 import killharness as kh
+import pytest
 from conftest import ROOT, run_cli
 
 MAX_STEPS = 60  # long enough that a signal sent just after the first step lands mid-run

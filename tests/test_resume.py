@@ -4,23 +4,22 @@ import json
 
 import jax
 
-from jaxtrain import checkpoint, data, sharding, steps, train
-from jaxtrain.testing import assert_trees_equal, model_config
+from jaxtrain import checkpoint, data, programs, train
+from jaxtrain.testing import assert_trees_equal
 
 
 def _final_arrays(cfg):
   corpus = data.prepare(cfg.data, show_progress=False)
-  abstract = steps.abstract_state(cfg, model_config(cfg, corpus.tokenizer.vocab_size))
-  mesh = sharding.make_mesh(cfg)
+  p = programs.build(cfg, corpus.tokenizer.vocab_size)
   ckpts = checkpoint.Checkpoints(cfg.workdir, cfg.train.keep_checkpoints)
-  it = data.train_iterator(corpus, cfg)
-  state = ckpts.restore(ckpts.latest_step(), abstract, sharding.state_shardings(abstract, mesh), it)
+  it = data.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed)
+  state = ckpts.restore(ckpts.latest_step(), p.abstract, p.shardings, it)
   ckpts.close()
   return jax.device_get(state.arrays()), it.get_state()
 
 
 def _logged(cfg, key):
-  lines = [json.loads(l) for l in open(f"{cfg.workdir}/metrics.jsonl")]
+  lines = [json.loads(line) for line in open(f"{cfg.workdir}/metrics.jsonl")]
   return {r["step"]: r[key] for r in lines if key in r}
 
 

@@ -2,21 +2,15 @@
 
 from pathlib import Path
 
-import pytest
+import jax
 
-from jaxtrain import config, runtime, sharding, steps
-from jaxtrain.testing import model_config, random_batch, tiny_config
+from jaxtrain import config, programs, runtime
+from jaxtrain.testing import tiny_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 NANO, SMALL = str(CONFIGS / "nano.py"), str(CONFIGS / "small.py")
 NO_YNN = {"xla_cpu_experimental_ynn_fusion_type": ""}
 LEAN = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
-
-
-@pytest.fixture
-def step_options():
-  yield
-  runtime.use_cpu_step_options(tiny_config())  # back to the default for later tests
 
 
 def test_cores_become_devices_that_split_the_batch_evenly():
@@ -28,40 +22,21 @@ def test_cores_become_devices_that_split_the_batch_evenly():
   assert runtime.cpu_device_count(tiny_config(**{"mesh.cpu_devices": 4}), cores=2) == 4
 
 
-def test_every_step_schedules_for_memory_big_ones_also_compile_without_ynn_fusions(
-    step_options, monkeypatch):
-  monkeypatch.delenv("XLA_FLAGS", raising=False)
-  runtime.use_cpu_step_options(config.load_config(SMALL))  # ~1.2e12 FLOPs a step
-  assert runtime.step_compiler_options() == {**LEAN, **NO_YNN}
-  runtime.use_cpu_step_options(config.load_config(NANO))  # ~1.5e10: gains nothing, keeps YNN
-  assert runtime.step_compiler_options() == LEAN
-  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT")
-  runtime.use_cpu_step_options(config.load_config(SMALL))
-  assert runtime.step_compiler_options() == LEAN  # the user's own choice wins
-  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_DEFAULT")
-  runtime.use_cpu_step_options(config.load_config(NANO))
-  assert runtime.step_compiler_options() == {}
+def test_every_step_schedules_for_memory_big_ones_also_compile_without_ynn_fusions():
+  small, nano = (runtime.step_flops(config.load_config(c)) for c in (SMALL, NANO))
+  assert small > runtime.LARGE_CPU_STEP_FLOPS > nano
+  assert runtime.cpu_step_options(small) == {**LEAN, **NO_YNN}
+  assert runtime.cpu_step_options(nano) == LEAN
+  # The user's own choice in XLA_FLAGS wins.
+  assert runtime.cpu_step_options(small, "--xla_cpu_experimental_ynn_fusion_type=DOT") == LEAN
+  assert runtime.cpu_step_options(nano, "--xla_cpu_scheduler_type=DEFAULT") == {}
 
 
-def test_the_option_reaches_the_compiled_step(step_options, monkeypatch):
+def test_build_chooses_the_options_and_they_reach_the_compiled_step(monkeypatch):
   monkeypatch.delenv("XLA_FLAGS", raising=False)
   cfg = tiny_config()
-  mc = model_config(cfg)
-  mesh = sharding.make_mesh(cfg)
-  abstract = steps.abstract_state(cfg, mc)
-  batch = sharding.global_batch(random_batch(cfg), mesh)
-
-  def compiled_text() -> str:
-    train, _ = sharding.jit_steps(abstract, mesh)
-    return train.lower(abstract, batch).compile().as_text()
-
-  assert "ynn_fusion" in compiled_text()
-  runtime.use_cpu_step_options(config.load_config(SMALL))
-  assert "ynn_fusion" not in compiled_text()
-
-
-def test_steps_compiled_before_any_config_was_seen_get_the_small_step_options(step_options,
-                                                                             monkeypatch):
-  monkeypatch.delenv("XLA_FLAGS", raising=False)
-  monkeypatch.setattr(runtime, "_STEP_OPTIONS", None)  # as in a fresh process (notebooks, tests)
-  assert runtime.step_compiler_options() == LEAN
+  p = programs.build(cfg, 256, jax.devices()[:1])
+  assert p.compiler_options == LEAN  # a tiny step: YNN fusions stay
+  assert "ynn_fusion" in p.compile_train().as_text()
+  lean = programs.build(cfg, 256, jax.devices()[:1], compiler_options={**LEAN, **NO_YNN})
+  assert "ynn_fusion" not in lean.compile_train().as_text()

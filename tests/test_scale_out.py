@@ -11,10 +11,9 @@ import subprocess
 import sys
 
 import jax
+import killharness as kh
 import numpy as np
 import pytest
-
-import killharness as kh
 from conftest import ROOT
 
 TOL = 1e-5

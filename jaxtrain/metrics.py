@@ -1,26 +1,7 @@
-"""What a person sees (a progress bar or plain lines) and what programs read (metrics.jsonl, PNG)."""
+"""What programs and people read after a run: metrics.jsonl and its loss plot."""
 
 import json
-import sys
 from pathlib import Path
-
-
-def fmt_time(seconds: float) -> str:
-  seconds = max(0.0, seconds)
-  if seconds < 60:
-    return f"{seconds:.1f}s"
-  m, s = divmod(int(seconds), 60)
-  if m < 60:
-    return f"{m}m{s:02d}s"
-  h, m = divmod(m, 60)
-  return f"{h}h{m:02d}m"
-
-
-def fmt_count(n: float) -> str:
-  for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-    if abs(n) >= scale:
-      return f"{n / scale:.2f}{unit}"
-  return f"{n:.0f}"
 
 
 class MetricsFile:
@@ -39,10 +20,10 @@ class MetricsFile:
     if not self.enabled or not self.path.exists():
       return 0
     lines = self.path.read_text(encoding="utf-8").splitlines()
-    keep = [l for l in lines if _step_of(l) is not None and _step_of(l) <= step]
+    keep = [line for line in lines if _step_of(line) is not None and _step_of(line) <= step]
     if len(keep) != len(lines):
       tmp = self.path.with_name(self.path.name + ".tmp")
-      tmp.write_text("".join(l + "\n" for l in keep), encoding="utf-8")
+      tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
       tmp.replace(self.path)
     return len(lines) - len(keep)
 
@@ -53,45 +34,6 @@ def _step_of(line: str) -> int | None:
     return json.loads(line)["step"]
   except (ValueError, KeyError, TypeError):
     return None
-
-
-class Console:
-  """Prints on process 0 only; a tqdm bar on a terminal unless headless, plain lines otherwise."""
-
-  def __init__(self, enabled: bool = True, headless: bool = False):
-    self.enabled = enabled
-    self.use_bar = enabled and not headless and sys.stderr.isatty()
-    self.bar = None
-
-  def print(self, line: str) -> None:
-    if not self.enabled:
-      return
-    if self.bar is not None:
-      self.bar.write(line)
-    else:
-      print(line, flush=True)
-
-  def start(self, total: int, initial: int) -> None:
-    if self.use_bar:
-      from tqdm.auto import tqdm
-
-      self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
-
-  def progress(self, step: int, total: int, loss: float, lr: float, tokens_per_sec: float,
-               elapsed: float, eta: float) -> None:
-    if self.bar is not None:
-      self.bar.update(step - self.bar.n)
-      self.bar.set_postfix_str(f"loss {loss:.4f} lr {lr:.2e} {fmt_count(tokens_per_sec)} tok/s",
-                               refresh=False)
-    else:
-      self.print(f"step {step:>6}/{total} | loss {loss:.4f} | lr {lr:.2e} | "
-                 f"{fmt_count(tokens_per_sec)} tok/s | elapsed {fmt_time(elapsed)} | "
-                 f"eta {fmt_time(eta)}")
-
-  def close(self) -> None:
-    if self.bar is not None:
-      self.bar.close()
-      self.bar = None
 
 
 def plot_losses(metrics_path: Path, png_path: Path) -> Path | None:

@@ -1,4 +1,4 @@
-"""The run directory: what marks it as a jaxtrain run, and the files written next to checkpoints."""
+"""Where things live on disk: the shared cache directory, and a run's workdir."""
 
 import json
 import os
@@ -7,6 +7,12 @@ from pathlib import Path
 from jaxtrain.errors import UserError
 
 RUN_FILE = "run.json"  # its presence marks a directory as a jaxtrain run
+
+
+def cache_dir() -> str:
+  """Token caches, XLA's compile cache and measured peaks: $JAXTRAIN_CACHE or ~/.cache/jaxtrain."""
+  return os.environ.get("JAXTRAIN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                          "jaxtrain")
 
 
 def write_json(path: Path, obj) -> None:
@@ -20,14 +26,7 @@ def read_json(path: Path):
   return json.loads(path.read_text())
 
 
-def prepare(workdir: str) -> Path:
-  """Creates the workdir, or checks that an existing one is empty or a jaxtrain run."""
-  path = check(workdir)
-  create(path)
-  return path
-
-
-def check(workdir: str) -> Path:
+def check_workdir(workdir: str) -> Path:
   """Refuses a workdir that is a file or holds something other than a jaxtrain run."""
   path = Path(workdir).expanduser()
   if path.exists() and not path.is_dir():
@@ -42,7 +41,7 @@ def check(workdir: str) -> Path:
   return path
 
 
-def create(path: Path) -> None:
+def create_workdir(path: Path) -> None:
   try:
     path.mkdir(parents=True, exist_ok=True)
     probe = path / f".write_probe{os.getpid()}"

@@ -1,0 +1,99 @@
+"""The loop's small stateful parts, driven directly, and a hook that ends a real run."""
+
+import math
+
+import pytest
+
+import jaxtrain as jt
+from jaxtrain import monitor
+from jaxtrain.errors import NonFiniteLoss
+
+
+def test_throughput_times_only_training_and_gives_mfu_and_eta():
+  peaks = []
+  meter = monitor.Throughput(tokens_per_step=1000, flops_per_token=6.0, max_steps=100,
+                             peak=lambda: peaks.append(1) or 12000.0)
+  assert not meter.started and meter.read(1, 5.0) is None
+  meter.start(step=1, now=10.0)
+  speed = meter.read(step=11, now=15.0)  # 10 steps in 5 s
+  assert speed.sec_per_step == 0.5 and speed.tokens_per_sec == 2000.0
+  assert speed.flops_per_sec == 12000.0 and speed.mfu == 1.0 and speed.eta_s == 89 * 0.5
+  meter.skip_time(now=115.0)  # 100 s of evaluation and saving: not training time
+  speed = meter.read(step=21, now=116.0)
+  assert speed.sec_per_step == 0.1 and speed.eta_s == pytest.approx(79 * 0.1)
+  assert meter.read(step=21, now=200.0) is speed  # no new step: the last reading
+  assert peaks == [1]  # the peak is measured once
+
+
+def test_throughput_without_a_peak_has_no_mfu():
+  meter = monitor.Throughput(100, 6.0, 10)
+  meter.start(0, 0.0)
+  assert meter.read(2, 1.0).mfu is None
+
+
+def _micro(loss: float, grad_norm: float, skipped: int = 0, scale: float = 1.0) -> list[dict]:
+  return [{"loss": loss, "grad_norm": grad_norm, "skipped": skipped, "loss_scale": scale}]
+
+
+def test_nonfinite_guard_stops_drops_or_counts():
+  guard = monitor.NonFiniteGuard(skip_nonfinite=False, loss_scaling=False)
+  assert guard.check(1, _micro(2.0, 1.0) + _micro(4.0, 3.0)) == (3.0, 2.0, None)
+  with pytest.raises(NonFiniteLoss, match="loss nan at step 2: stopped") as e:
+    guard.check(2, _micro(math.nan, 1.0))
+  assert e.value.exit_code == 3
+
+  skipping = monitor.NonFiniteGuard(skip_nonfinite=True, loss_scaling=False, max_in_a_row=3)
+  _, _, note = skipping.check(5, _micro(1.0, math.inf, skipped=1))
+  assert note == "step 5: gradient norm inf, update dropped (1 dropped so far)"
+  skipping.check(6, _micro(1.0, 1.0))  # a good step resets the count
+  skipping.check(7, _micro(math.nan, 1.0, skipped=2))
+  skipping.check(8, _micro(math.nan, 1.0, skipped=3))
+  with pytest.raises(NonFiniteLoss, match="3 steps in a row up to step 9"):
+    skipping.check(9, _micro(math.nan, 1.0, skipped=4))
+
+
+def test_loss_scaling_overflow_is_dropped_but_a_nan_loss_is_not():
+  guard = monitor.NonFiniteGuard(skip_nonfinite=False, loss_scaling=True)
+  _, _, note = guard.check(3, _micro(2.0, math.inf, scale=16384.0))
+  assert note == "step 3: gradients overflowed; step dropped, loss scale now 16384"
+  with pytest.raises(NonFiniteLoss):
+    guard.check(4, _micro(math.nan, math.inf))
+
+
+def test_best_val_tracks_the_lowest_and_evaluations_since():
+  best = monitor.BestVal()
+  assert best.value is None
+  assert best.update(3.0) and not best.update(3.5) and not best.update(3.0)
+  assert best.value == 3.0 and best.since == 2
+  assert best.update(2.0) and best.since == 0
+  assert monitor.BestVal(1.5).value == 1.5
+
+
+class _StopAfterEvals(jt.Hook):
+  """What an early-stopping feature looks like from outside the loop."""
+
+  def __init__(self, n: int):
+    self.n, self.logged, self.evals = n, [], []
+
+  def on_log(self, step: int, record: dict) -> None:
+    self.logged.append(step)
+
+  def on_eval(self, step: int, record: dict) -> None:
+    self.evals.append((step, record["val_loss"]))
+
+  def stop_reason(self) -> str | None:
+    return f"{self.n} evaluations done" if len(self.evals) >= self.n else None
+
+
+def test_a_hook_sees_the_records_and_ends_the_run(tiny):
+  tiny.sample.num_samples = 0
+  hook = _StopAfterEvals(2)
+  result = jt.run(tiny, show_progress=False, hooks=[hook])
+  assert result.step == 20 and result.exit_code == 0 and result.stopped_by is None
+  assert [s for s, _ in hook.evals] == [10, 20] and hook.logged == [5, 10, 15, 20]
+
+  tiny.train.max_steps = 100
+  hook = _StopAfterEvals(1)
+  result = jt.run(tiny, show_progress=False, hooks=[hook])  # resumes at 20, stops after 30
+  assert result.step == 30 and result.exit_code == 0 and result.stopped_by is None
+  assert jt.Checkpoints(tiny.workdir, read_only=True).latest_step() == 30
