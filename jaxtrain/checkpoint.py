@@ -113,8 +113,10 @@ class Checkpoints:
     """Waits for pending saves; raises what a failed background write raised."""
     if not self._closed:
       self._closed = True
-      self.manager.wait_until_finished()
-      self.manager.close()
+      try:
+        self.manager.wait_until_finished()
+      finally:
+        self.manager.close()
 
 
 def load_tokenizer(workdir: str):
@@ -134,6 +136,8 @@ def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
       raise FileNotFoundError(f"no checkpoint in {ckpts.directory}")
     cfg = ml_collections.ConfigDict(ckpts.read_meta(step)["config"])
     cfg.mesh.data, cfg.mesh.fsdp = 1, 1  # one device, whatever the run trained on
+    if jax.devices()[0].platform == "cpu" and cfg.model.dtype == "float16":
+      cfg.model.dtype = "float32"  # compute dtype only (params are float32): CPUs lack float16
     vocab_size = cfg.model.vocab_size or load_tokenizer(workdir).vocab_size
     programs = programs_lib.build(cfg, vocab_size, devices=jax.devices()[:1])
     return programs.abstract.with_arrays(ckpts.restore_arrays(step, _target(programs)))

@@ -3,6 +3,7 @@ libraries' own messages kept in a file, out of the way of those lines."""
 
 import logging
 import sys
+import threading
 from pathlib import Path
 
 from jaxtrain import fmt
@@ -19,25 +20,53 @@ class _QuietFileHandler(logging.FileHandler):
 class LibraryLog:
   """Sends what the libraries report (orbax, grain, jax: their logging, Python warnings, and the
   exceptions their background threads cannot raise) to a file instead of the terminal, and
-  counts the errors among them, so that a failure can point at the file."""
+  counts the errors among them, so that a failure can point at the file. A process that ends
+  with its run (the CLI) keeps it to the end: orbax's threads can still report a failed write
+  after the run has given up on it."""
 
   def __init__(self, path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
     self.path, self.errors = path, 0
-    handler = _QuietFileHandler(path, encoding="utf-8")
+    self._saved = None
+
+  def start(self) -> "LibraryLog":
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    handler = _QuietFileHandler(self.path, encoding="utf-8")
     handler.setFormatter(logging.Formatter(
         "%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s"))
     handler.addFilter(self._count)
     root = logging.getLogger()
-    for previous in list(root.handlers):  # absl's handler writes to the terminal
+    self._saved = (list(root.handlers), sys.unraisablehook, threading.excepthook, handler)
+    for previous in self._saved[0]:  # absl's handler writes to the terminal
       root.removeHandler(previous)
     root.addHandler(handler)
     logging.captureWarnings(True)
     sys.unraisablehook = self._unraisable
+    threading.excepthook = self._thread_exception
+    return self
+
+  def stop(self) -> None:
+    handlers, sys.unraisablehook, threading.excepthook, handler = self._saved
+    root = logging.getLogger()
+    root.removeHandler(handler)
+    handler.close()
+    for previous in handlers:
+      root.addHandler(previous)
+    logging.captureWarnings(False)
 
   def _count(self, record: logging.LogRecord) -> bool:
     self.errors += record.levelno >= logging.ERROR
     return True
+
+  def __enter__(self) -> "LibraryLog":
+    return self.start()
+
+  def __exit__(self, *exc) -> None:
+    self.stop()
+
+  def _thread_exception(self, args) -> None:
+    logging.getLogger("thread").error(
+        "uncaught in thread %s", args.thread.name if args.thread else "?",
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
 
   def _unraisable(self, unraisable) -> None:
     logging.getLogger("unraisable").error(

@@ -56,17 +56,18 @@ class ModelConfig:
     return 8 * math.ceil(2 / 3 * self.mlp_ratio * self.d_model / 8)
 
 
-def resolve_attention(choice: str, dtype: str, seq_len: int, n_heads: int,
-                      head_dim: int) -> tuple[str, str]:
-  """(implementation, why): "auto" takes cuDNN's fused attention where it compiles, else XLA's."""
-  on_gpu = jax.default_backend() == "gpu"
+def resolve_attention(choice: str, dtype: str, seq_len: int, n_heads: int, head_dim: int,
+                      platform: str) -> tuple[str, str]:
+  """(implementation, why) on `platform`'s devices: "auto" takes cuDNN's fused attention where it
+  compiles, else XLA's."""
+  on_gpu = platform == "gpu"
   if choice == "cudnn" and not on_gpu:
     raise ConfigError("model.attention", "cudnn needs an NVIDIA GPU",
                       "pass --config.model.attention=auto (or xla)")
   if choice != "auto":
     return choice, "as configured"
   if not on_gpu:
-    return "xla", f"{jax.default_backend()} has no cuDNN"
+    return "xla", f"{platform} has no cuDNN"
   if dtype not in ("bfloat16", "float16"):
     return "xla", "cuDNN attention needs 16-bit inputs"
   x = jax.ShapeDtypeStruct((1, seq_len, n_heads, head_dim), jnp.dtype(dtype))

@@ -81,14 +81,16 @@ class NonFiniteGuard:
           "too high a learning rate (lower --config.optim.lr or raise optim.warmup_steps) or bad "
           "data; --config.train.skip_nonfinite=True drops such steps instead")
     self.in_a_row += 1
+    if overflow:
+      note = (f"step {step}: gradients overflowed; step dropped, loss scale now "
+              f"{float(micro[-1]['loss_scale']):g}")
+    else:
+      note = f"step {step}: {what}, update dropped ({int(micro[-1]['skipped'])} dropped so far)"
     if self.in_a_row >= self.max_in_a_row:
       raise NonFiniteLoss(f"{self.in_a_row} steps in a row up to step {step} were non-finite "
-                          "and dropped; stopped. Lower --config.optim.lr or check the data")
-    if overflow:
-      return loss, grad_norm, (f"step {step}: gradients overflowed; step dropped, loss scale now "
-                               f"{float(micro[-1]['loss_scale']):g}")
-    return loss, grad_norm, (f"step {step}: {what}, update dropped "
-                             f"({int(micro[-1]['skipped'])} dropped so far)")
+                          f"and dropped (the last: {note}); stopped. Lower --config.optim.lr or "
+                          "check the data")
+    return loss, grad_norm, note
 
 
 class BestVal:

@@ -2,7 +2,7 @@
 
 Autodiff of `x @ w` asks for `dy @ w.T` and `x.T @ dy`; XLA:CPU then either runs a slower
 transposed-operand matmul or fuses the transpose into a neighbouring elementwise op, which
-writes its output in a strided order (the GELU backward, for one, ran 10x slower that way).
+writes its output in a strided order (the GELU backward, for one, ran far slower that way).
 Here every backward product is a plain row-major matmul: the operand that must be transposed
 is transposed on its own, behind an optimization barrier so XLA cannot fold it back, and it is
 always the smaller one (a weight, or q/k/v rather than the T x T attention scores).

@@ -1,5 +1,6 @@
 """AdamW with linear warmup, cosine decay, global-norm clipping and gradient accumulation."""
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -8,8 +9,9 @@ import ml_collections
 import optax
 
 
-def lr_schedule(optim: ml_collections.ConfigDict, max_steps: int) -> optax.Schedule:
-  """Linear warmup to `lr` (step 0 already moves), then cosine decay to `lr * min_lr_ratio`."""
+def lr_schedule(optim, max_steps: int) -> optax.Schedule:
+  """Linear warmup to `lr` (step 0 already moves), then cosine decay to `lr * min_lr_ratio`.
+  `optim`: the config's section or an `Optimizer`."""
   peak, warmup = optim.lr, optim.warmup_steps
   end = peak * optim.min_lr_ratio
   decay_end = max(optim.decay_steps or max_steps, warmup + 1)
@@ -29,24 +31,48 @@ def decay_mask(params):
   return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+  """One run's optimizer settings. A value, not a function: equal settings compare equal, so
+  states built separately from one config share their static structure and compiled steps."""
+
+  lr: float
+  min_lr_ratio: float
+  warmup_steps: int
+  decay_steps: int
+  weight_decay: float
+  clip_norm: float
+  b1: float
+  b2: float
+  eps: float
+  max_steps: int
+  grad_accum: int = 1
+  skip_nonfinite: bool = False
+  loss_scaling: bool = False  # dynamic loss scaling is on: overflowing steps are dropped
+
+  def transformation(self) -> optax.GradientTransformation:
+    """AdamW with the schedule and clipping, accumulated over grad_accum micro-batches."""
+    parts = [optax.clip_by_global_norm(self.clip_norm)] if self.clip_norm > 0 else []
+    parts.append(optax.adamw(lr_schedule(self, self.max_steps), b1=self.b1, b2=self.b2,
+                             eps=self.eps, weight_decay=self.weight_decay, mask=decay_mask))
+    inner = optax.chain(*parts)
+    # With loss scaling, gradients overflow now and then by design: such steps are dropped.
+    skip = self.skip_nonfinite or self.loss_scaling
+    if self.grad_accum == 1 and not skip:
+      return inner
+    # MultiSteps averages grad_accum micro-batch gradients, then applies one inner update.
+    multi = optax.MultiSteps(inner, every_k_schedule=self.grad_accum)
+    return skip_nonfinite_steps(multi) if skip else multi.gradient_transformation()
+
+
 def make_optimizer(optim: ml_collections.ConfigDict, *, max_steps: int, grad_accum: int = 1,
-                   skip_nonfinite: bool = False,
-                   loss_scaling: bool = False) -> optax.GradientTransformation:
-  """AdamW from the `optim` section. `loss_scaling` (dynamic loss scaling is on) and
-  `skip_nonfinite` both drop optimizer steps whose gradients are not finite."""
-  o = optim
-  parts = [optax.clip_by_global_norm(o.clip_norm)] if o.clip_norm > 0 else []
-  parts.append(
-      optax.adamw(lr_schedule(o, max_steps), b1=o.b1, b2=o.b2, eps=o.eps,
-                  weight_decay=o.weight_decay, mask=decay_mask))
-  inner = optax.chain(*parts)
-  # With loss scaling, gradients overflow now and then by design: such steps are dropped.
-  skip = skip_nonfinite or loss_scaling
-  if grad_accum == 1 and not skip:
-    return inner
-  # MultiSteps averages grad_accum micro-batch gradients, then applies one inner update.
-  multi = optax.MultiSteps(inner, every_k_schedule=grad_accum)
-  return skip_nonfinite_steps(multi) if skip else multi.gradient_transformation()
+                   skip_nonfinite: bool = False, loss_scaling: bool = False) -> Optimizer:
+  """The `optim` section's optimizer for a run of `max_steps` optimizer steps."""
+  return Optimizer(lr=optim.lr, min_lr_ratio=optim.min_lr_ratio, warmup_steps=optim.warmup_steps,
+                   decay_steps=optim.decay_steps, weight_decay=optim.weight_decay,
+                   clip_norm=optim.clip_norm, b1=optim.b1, b2=optim.b2, eps=optim.eps,
+                   max_steps=max_steps, grad_accum=grad_accum, skip_nonfinite=skip_nonfinite,
+                   loss_scaling=loss_scaling)
 
 
 class SkipState(NamedTuple):

@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 import jax
 import ml_collections
-import optax
 from jax.sharding import Mesh
 
 from jaxtrain import config, mesh, optim, runtime, steps
@@ -28,7 +27,8 @@ class Programs:
 
   mesh: Mesh
   model_cfg: model_lib.ModelConfig  # attention resolved for the platform
-  tx: optax.GradientTransformation  # built once: every state of the run shares it
+  attention_why: str  # why that attention: configured, or what "auto" found
+  optimizer: optim.Optimizer  # settings; every state built from this config shares them
   abstract: steps.TrainState  # shapes and dtypes; its static parts are every state's
   shardings: steps.TrainState  # a NamedSharding for every array of the state
   batch_shape: tuple[int, int]  # one global micro-batch of tokens: (batch_size, seq_len + 1)
@@ -68,17 +68,18 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   m = cfg.model
   mesh.check_devices(cfg.mesh, cfg.train.batch_size, devices, m.dtype)
   device_mesh = mesh.make_mesh(cfg.mesh, devices)
-  impl, _ = model_lib.resolve_attention(m.attention, m.dtype, m.seq_len, m.n_heads,
-                                        m.d_model // m.n_heads)
+  impl, why = model_lib.resolve_attention(m.attention, m.dtype, m.seq_len, m.n_heads,
+                                          m.d_model // m.n_heads, devices[0].platform)
   model_cfg = dataclasses.replace(model_lib.ModelConfig.from_config(m, vocab_size), attention=impl)
   loss_scaling = config.dynamic_loss_scaling(cfg.optim.loss_scaling, m.dtype)
-  tx = optim.make_optimizer(cfg.optim, max_steps=cfg.train.max_steps,
-                            grad_accum=cfg.train.grad_accum,
-                            skip_nonfinite=cfg.train.skip_nonfinite, loss_scaling=loss_scaling)
+  optimizer = optim.make_optimizer(cfg.optim, max_steps=cfg.train.max_steps,
+                                   grad_accum=cfg.train.grad_accum,
+                                   skip_nonfinite=cfg.train.skip_nonfinite,
+                                   loss_scaling=loss_scaling)
 
   def fresh() -> steps.TrainState:
     # Params split over devices are drawn in their own shapes: each device draws its part.
-    return steps.init_state(model_cfg, tx, seed=cfg.seed, loss_scaling=loss_scaling,
+    return steps.init_state(model_cfg, optimizer, seed=cfg.seed,
                             exact_shapes=device_mesh.shape["fsdp"] != 1)
 
   abstract = jax.eval_shape(fresh)
@@ -94,7 +95,8 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   batch = {"tokens": mesh.batch_sharding(device_mesh)}
   rep = mesh.replicated(device_mesh)
   return Programs(
-      mesh=device_mesh, model_cfg=model_cfg, tx=tx, abstract=abstract, shardings=shardings,
+      mesh=device_mesh, model_cfg=model_cfg, attention_why=why, optimizer=optimizer,
+      abstract=abstract, shardings=shardings,
       batch_shape=(cfg.train.batch_size, m.seq_len + 1), compiler_options=compiler_options,
       one_allreduce=one_allreduce,
       init_arrays=jax.jit(lambda: fresh().arrays(), out_shardings=shardings.arrays()),

@@ -7,6 +7,7 @@ import os
 import jax
 import ml_collections
 import numpy as np
+from jax.experimental import multihost_utils
 
 from jaxtrain import allocator
 from jaxtrain import model as model_lib
@@ -78,15 +79,18 @@ def any_process(flag: bool) -> bool:
   """True if `flag` is True on any process (a collective: every process must call it)."""
   if jax.process_count() == 1:
     return flag
-  from jax.experimental import multihost_utils
-
   return bool(np.any(multihost_utils.process_allgather(np.array(flag))))
+
+
+def host_copy(tree):
+  """Host copies of possibly sharded arrays (across processes, too: a collective)."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  return multihost_utils.process_allgather(tree, tiled=True)
 
 
 def barrier(name: str) -> None:
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-
     multihost_utils.sync_global_devices(name)
 
 

@@ -11,7 +11,6 @@ import shutil
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from jaxtrain import config, fmt, runtime
 from jaxtrain.checkpoint import Checkpoints
@@ -87,17 +86,18 @@ def _resume_hint(ckpts: Checkpoints) -> str:
   return f"run again to resume from the intact checkpoint of step {latest}"
 
 
-def check_resumable(meta: dict, run_meta: dict, cfg: ml_collections.ConfigDict, out) -> None:
+def check_resumable(meta: dict, run_meta: dict, workdir: str, allow_changed_data: bool,
+                    out) -> None:
   """Refuses a resume whose config or data changed what the checkpoint's numbers mean."""
   breaking, harmless = config.config_changes(meta.get("config", {}), run_meta["config"])
   if meta.get("tokenizer") != run_meta["tokenizer"]:
     breaking.append("the tokenizer's vocabulary differs from the checkpoint's")
   if breaking:
-    raise UserError(f"cannot resume {cfg.workdir} with this config: {'; '.join(breaking)}. "
+    raise UserError(f"cannot resume {workdir} with this config: {'; '.join(breaking)}. "
                     "Change these back, or pass a new --config.workdir to start a fresh run")
   if meta.get("data_fingerprint") != run_meta["data_fingerprint"]:
-    if not cfg.data.allow_changed:
-      raise UserError(f"the data differs from the data {cfg.workdir} was trained on (fingerprint "
+    if not allow_changed_data:
+      raise UserError(f"the data differs from the data {workdir} was trained on (fingerprint "
                       f"now {run_meta['data_fingerprint'][:12]}, then "
                       f"{str(meta.get('data_fingerprint'))[:12]}); pass "
                       "--config.data.allow_changed=True to resume on it anyway, or a new "

@@ -29,9 +29,13 @@ class TrainState:
   rng: jax.Array  # uint32[2]: raw key data for dropout
   loss_scale: jax.Array  # float32: the loss is multiplied by it before backprop (1 unless dynamic)
   graphdef: nnx.GraphDef = struct.field(pytree_node=False)
-  tx: optax.GradientTransformation = struct.field(pytree_node=False)
+  optimizer: optim.Optimizer = struct.field(pytree_node=False)
   model_cfg: model_lib.ModelConfig = struct.field(pytree_node=False)
   dynamic_loss_scale: bool = struct.field(pytree_node=False, default=False)
+
+  @property
+  def tx(self) -> optax.GradientTransformation:
+    return self.optimizer.transformation()
 
   def model(self) -> model_lib.GPT:
     return nnx.merge(self.graphdef, self.params)
@@ -45,22 +49,24 @@ class TrainState:
     return self.replace(**arrays)
 
 
-def init_state(model_cfg: model_lib.ModelConfig, tx: optax.GradientTransformation, *,
-               seed: int, loss_scaling: bool = False, exact_shapes: bool = False) -> TrainState:
+def init_state(model_cfg: model_lib.ModelConfig, optimizer: optim.Optimizer, *,
+               seed: int, exact_shapes: bool = False) -> TrainState:
   """A fresh state from `seed`: the same seed gives the same params on every platform.
 
   `exact_shapes`: draw each param in its own shape (params split over devices, so that each
-  device draws its own part). `loss_scaling`: dynamic loss scaling, for float16 compute.
+  device draws its own part). The optimizer's `loss_scaling` turns on dynamic loss scaling.
   """
   key = jax.random.PRNGKey(seed)
   param_key, dropout_key = jax.random.split(key)
   model = model_lib.init(model_cfg, param_key, exact_shapes=exact_shapes)
   graphdef, params = nnx.split(model, nnx.Param)
   params = nnx.to_pure_dict(params)
-  scale = INITIAL_LOSS_SCALE if loss_scaling else 1.0
-  return TrainState(params=params, opt_state=tx.init(params), step=jnp.array(0, jnp.int32),
-                    rng=dropout_key, loss_scale=jnp.array(scale, jnp.float32), graphdef=graphdef,
-                    tx=tx, model_cfg=model_cfg, dynamic_loss_scale=loss_scaling)
+  scale = INITIAL_LOSS_SCALE if optimizer.loss_scaling else 1.0
+  return TrainState(params=params, opt_state=optimizer.transformation().init(params),
+                    step=jnp.array(0, jnp.int32), rng=dropout_key,
+                    loss_scale=jnp.array(scale, jnp.float32), graphdef=graphdef,
+                    optimizer=optimizer, model_cfg=model_cfg,
+                    dynamic_loss_scale=optimizer.loss_scaling)
 
 
 def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:

@@ -91,7 +91,6 @@ def test_public_jax_apis_only_and_no_module_stand_ins():
 
 def test_ruff_check_is_clean():
   ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
-  if ruff is None:
-    pytest.skip("ruff is not installed (pip install -e '.[test]' installs it)")
+  assert ruff, "ruff is not installed: pip install -e '.[test]' installs it"
   out = subprocess.run([ruff, "check", "."], cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]

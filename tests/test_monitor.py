@@ -1,5 +1,6 @@
-"""The loop's small stateful parts, driven directly, and a hook that ends a real run."""
+"""The loop's small stateful parts, driven directly, and hooks that end real runs."""
 
+import json
 import math
 
 import pytest
@@ -85,15 +86,65 @@ class _StopAfterEvals(jt.Hook):
     return f"{self.n} evaluations done" if len(self.evals) >= self.n else None
 
 
-def test_a_hook_sees_the_records_and_ends_the_run(tiny):
-  tiny.sample.num_samples = 0
-  hook = _StopAfterEvals(2)
-  result = jt.run(tiny, show_progress=False, hooks=[hook])
-  assert result.step == 20 and result.exit_code == 0 and result.stopped_by is None
-  assert [s for s, _ in hook.evals] == [10, 20] and hook.logged == [5, 10, 15, 20]
+class _StopAtCall(jt.Hook):
+  """Stops on a step that is neither logged nor evaluated (as a time budget would)."""
 
-  tiny.train.max_steps = 100
+  def __init__(self, n: int):
+    self.calls, self.n = 0, n
+
+  def stop_reason(self) -> str | None:
+    self.calls += 1
+    return "out of time" if self.calls >= self.n else None
+
+
+def _logged_steps(workdir: str) -> list[int]:
+  return [json.loads(line)["step"] for line in open(f"{workdir}/metrics.jsonl")
+          if "loss" in json.loads(line)]
+
+
+def test_a_hook_sees_the_records_and_ends_the_run_right_after_them(tiny):
+  tiny.sample.num_samples = 0
+  tiny.train.max_steps = 100  # eval and checkpoint every 10, log every 5
   hook = _StopAfterEvals(1)
-  result = jt.run(tiny, show_progress=False, hooks=[hook])  # resumes at 20, stops after 30
-  assert result.step == 30 and result.exit_code == 0 and result.stopped_by is None
-  assert jt.Checkpoints(tiny.workdir, read_only=True).latest_step() == 30
+  result = jt.run(tiny, show_progress=False, hooks=[hook])
+  assert result.step == 10 and result.exit_code == 0 and result.stopped_by is None
+  assert hook.evals[0][0] == 10 and hook.logged == [5, 10]
+  assert jt.Checkpoints(tiny.workdir, read_only=True).latest_step() == 10
+
+
+def test_a_hook_stop_on_any_step_saves_and_logs_that_step(tiny):
+  tiny.sample.num_samples = 0
+  tiny.train.max_steps = 100
+  result = jt.run(tiny, show_progress=False, hooks=[_StopAtCall(13)])
+  assert result.step == 13 and result.exit_code == 0
+  assert jt.Checkpoints(tiny.workdir, read_only=True).latest_step() == 13
+  assert _logged_steps(tiny.workdir) == [5, 10, 13]
+  result = jt.run(tiny, show_progress=False, hooks=[_StopAtCall(4)])  # resumes at 13
+  assert result.step == 17 and _logged_steps(tiny.workdir) == [5, 10, 13, 15, 17]
+
+
+def test_the_library_log_keeps_library_messages_out_of_the_terminal(tmp_path, capsys):
+  import logging
+  import sys
+  import threading
+  import warnings
+
+  from absl import logging as absl_logging
+
+  from jaxtrain.console import LibraryLog
+
+  hooks = (sys.unraisablehook, threading.excepthook)
+  with LibraryLog(tmp_path / "logs" / "process_0.log") as log:
+    absl_logging.error("orbax says: write failed")
+    warnings.warn("a compile-cache entry could not be written", stacklevel=1)
+    thread = threading.Thread(target=lambda: 1 / 0, name="saver")
+    thread.start()
+    thread.join()
+  assert (sys.unraisablehook, threading.excepthook) == hooks  # put back
+  text = log.path.read_text()
+  assert "orbax says: write failed" in text and "compile-cache entry" in text
+  assert "ZeroDivisionError" in text and "saver" in text
+  assert log.errors == 2  # the absl error and the thread's exception
+  captured = capsys.readouterr()
+  assert "orbax says" not in captured.err and "ZeroDivisionError" not in captured.err
+  logging.getLogger("after").warning("back to normal")  # the handlers are restored

@@ -1,5 +1,9 @@
 """Process setup on CPU: how many XLA devices, and which XLA options the steps compile with."""
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -40,3 +44,41 @@ def test_build_chooses_the_options_and_they_reach_the_compiled_step(monkeypatch)
   assert "ynn_fusion" in p.compile_train().as_text()
   lean = programs.build(cfg, 256, jax.devices()[:1], compiler_options={**LEAN, **NO_YNN})
   assert "ynn_fusion" not in lean.compile_train().as_text()
+
+
+def test_build_takes_the_large_step_options_for_a_large_config(monkeypatch):
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  small = config.load_config(SMALL)
+  small.mesh.cpu_devices = 1
+  p = programs.build(small, 256, jax.devices()[:1])  # nothing compiles until first use
+  assert p.compiler_options == {**LEAN, **NO_YNN} and not p.one_allreduce
+
+
+def test_split_cpu_leaves_a_started_backend_and_the_users_flags_alone(monkeypatch):
+  jax.devices()  # this process's backend has started
+  monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/nonexistent")
+  before = jax.config.jax_num_cpu_devices
+  runtime.split_cpu(config.load_config(NANO))
+  assert jax.config.jax_num_cpu_devices == before
+  assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/nonexistent"
+
+
+_SPLIT = """
+import json, os, sys
+import jax
+from jaxtrain import config, runtime
+cfg = config.load_config(sys.argv[1])
+runtime.split_cpu(cfg)
+print(json.dumps([len(jax.devices()), runtime.cpu_device_count(cfg), os.environ.get("XLA_FLAGS", "")]))
+"""
+
+
+def test_split_cpu_splits_the_cores_of_a_fresh_process():
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  out = subprocess.run([sys.executable, "-c", _SPLIT, NANO], capture_output=True, text=True,
+                       timeout=120, env=dict(env, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 0, out.stderr[-2000:]
+  devices, wanted, flags = json.loads(out.stdout.splitlines()[-1])
+  assert devices == wanted >= 1
+  # nano's step is small: several devices each run their matmuls on one thread.
+  assert ("--xla_cpu_multi_thread_eigen=false" in flags) == (devices > 1)

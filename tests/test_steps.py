@@ -1,11 +1,13 @@
 """The pure train and eval steps: determinism, learning, accumulation, non-finite handling."""
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtrain import mesh, steps
+from jaxtrain import mesh, programs, steps
 from jaxtrain.errors import ConfigError
 from jaxtrain.testing import (
   assert_trees_close,
@@ -150,11 +152,12 @@ def test_dynamic_loss_scale_halves_on_overflow_and_the_step_is_dropped():
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(state.params))
 
 
-def test_float16_is_refused_on_cpu():
+def test_float16_is_refused_on_cpu_only():
   cpu = jax.devices()[0]
   with pytest.raises(ConfigError, match="model.dtype: float16 is not supported on CPU"):
     mesh.check_devices(tiny_config().mesh, 8, [cpu], "float16")
-  mesh.check_devices(tiny_config().mesh, 8, [cpu], "bfloat16")
+  gpu = types.SimpleNamespace(platform="gpu", process_index=0)  # the rule reads only these
+  mesh.check_devices(tiny_config().mesh, 8, [gpu], "float16")
 
 
 # Losses of 8 steps on one batch, recorded from the code before the redesign (2d2824e): a change
@@ -173,3 +176,11 @@ def test_golden_numbers_of_a_fixed_tiny_config():
   np.testing.assert_allclose(losses, GOLDEN_LOSSES, atol=1e-5, rtol=0)
   np.testing.assert_allclose(float(eval_step(state, random_batch(cfg, seed=1))["loss"]),
                              GOLDEN_EVAL_LOSS, atol=1e-5, rtol=0)
+
+
+def test_states_of_separate_builds_of_one_config_are_interchangeable():
+  cfg = tiny_config()
+  a, b = (programs.build(cfg, 256, jax.devices()[:1]) for _ in range(2))
+  assert a.optimizer == b.optimizer and a.optimizer is not b.optimizer
+  state, _ = b.compile_train()(a.init(), b.place(random_batch(cfg)))  # a's state, b's step
+  assert int(state.step) == 1
