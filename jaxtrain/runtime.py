@@ -72,7 +72,7 @@ def init_distributed(distributed: ml_collections.ConfigDict) -> None:
     first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
     raise UserError(f"joining the multi-process run failed ({first}); check "
                     "distributed.coordinator_address (host:port of process 0, reachable from every "
-                    "process), num_processes and process_id") from None
+                    "process), distributed.num_processes and distributed.process_id") from None
 
 
 def any_process(flag: bool) -> bool:

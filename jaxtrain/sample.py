@@ -33,7 +33,7 @@ def _generate(params, graphdef, buf_BL, n_prompt, key, *, n_new: int, seq_len: i
       next_B = jnp.argmax(logits_BV, axis=-1)
     else:
       logits_BV = logits_BV / temperature
-      if top_k > 0:
+      if 0 < top_k < logits_BV.shape[-1]:  # a k past the vocabulary keeps every token
         kth = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
         logits_BV = jnp.where(logits_BV < kth, -jnp.inf, logits_BV)
       next_B = jax.random.categorical(sub, logits_BV, axis=-1)

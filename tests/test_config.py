@@ -6,7 +6,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from jaxtrain import config, mesh, tokenizer, train
+from jaxtrain import config, mesh, summary, tokenizer
 from jaxtrain.errors import ConfigError
 from jaxtrain.testing import tiny_config
 
@@ -75,4 +75,4 @@ def test_batch_must_split_over_devices_and_processes():
 
 def test_vocab_smaller_than_the_tokenizer_is_rejected():
   with pytest.raises(ConfigError, match="model.vocab_size: 100 is smaller"):
-    train._vocab_size(100, tokenizer.ByteTokenizer())
+    summary.vocab_size(100, tokenizer.ByteTokenizer())

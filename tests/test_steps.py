@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jaxtrain as jt
 from jaxtrain import mesh, programs, steps
 from jaxtrain.errors import ConfigError
 from jaxtrain.testing import (
@@ -184,3 +185,17 @@ def test_states_of_separate_builds_of_one_config_are_interchangeable():
   assert a.optimizer == b.optimizer and a.optimizer is not b.optimizer
   state, _ = b.compile_train()(a.init(), b.place(random_batch(cfg)))  # a's state, b's step
   assert int(state.step) == 1
+
+
+def test_generate_continues_prompts_greedily_and_with_any_top_k():
+  cfg = tiny_config()
+  state = init(cfg)
+  prompts = np.asarray(random_batch(cfg, batch_size=2)["tokens"][:, :5])
+  greedy = jt.generate(state, prompts, 6, seq_len=cfg.model.seq_len, temperature=0.0)
+  again = jt.generate(state, prompts, 6, seq_len=cfg.model.seq_len, temperature=0.0)
+  assert greedy.shape == (2, 11) and np.array_equal(greedy[:, :5], prompts)
+  assert np.array_equal(greedy, again)
+  # A top_k past the vocabulary keeps every token (as 0 does) instead of failing.
+  wide = jt.generate(state, prompts, 6, seq_len=cfg.model.seq_len, top_k=1000, seed=3)
+  every = jt.generate(state, prompts, 6, seq_len=cfg.model.seq_len, top_k=0, seed=3)
+  assert np.array_equal(wide, every)
