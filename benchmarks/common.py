@@ -302,7 +302,7 @@ def _serve(conn, factory: Callable, args: tuple) -> None:
   try:
     handler = factory(*args)
     conn.send(("ok", None))
-  except BaseException:  # noqa: BLE001 - any failure goes back to the parent as its traceback
+  except BaseException:  # any failure goes back to the parent as its traceback
     conn.send(("error", traceback.format_exc()))
     return
   while True:
@@ -311,7 +311,7 @@ def _serve(conn, factory: Callable, args: tuple) -> None:
       return
     try:
       conn.send(("ok", getattr(handler, name)(**kwargs)))
-    except BaseException:  # noqa: BLE001 - as above; the worker serves the next call
+    except BaseException:  # as above; the worker serves the next call
       conn.send(("error", traceback.format_exc()))
 
 

@@ -96,7 +96,7 @@ class StepWorker:
       from jax.extend import backend as jax_backend
 
       backend = jax_backend.get_backend().platform_version
-    except Exception:  # noqa: BLE001 - only informative; it moves between jax versions
+    except Exception:  # only informative; it moves between jax versions
       backend = None
     published = {dt: (estimate.published_peak(d.device_kind, dt) if d.platform != "cpu" else None)
                  for dt in dtypes}

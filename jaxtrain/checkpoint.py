@@ -140,11 +140,6 @@ def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
       cfg.model.dtype = "float32"  # compute dtype only (params are float32): CPUs lack float16
     vocab_size = cfg.model.vocab_size or load_tokenizer(workdir).vocab_size
     programs = programs_lib.build(cfg, vocab_size, devices=jax.devices()[:1])
-    return programs.abstract.with_arrays(ckpts.restore_arrays(step, _target(programs)))
+    return ckpts.restore(step, programs.abstract, programs.shardings)
   finally:
     ckpts.close()
-
-
-def _target(programs: programs_lib.Programs) -> dict:
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      programs.abstract.arrays(), programs.shardings.arrays())

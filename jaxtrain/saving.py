@@ -50,7 +50,7 @@ def close(ckpts: Checkpoints) -> None:
   failed was the error, or is reported by it."""
   try:
     ckpts.close()
-  except Exception:  # noqa: BLE001 - the previous checkpoint stays the latest complete one
+  except Exception:  # the previous checkpoint stays the latest complete one
     pass
 
 
