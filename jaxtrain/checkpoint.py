@@ -2,21 +2,46 @@
 
 Orbax writes each step into a temporary directory and renames it when complete, so a crash
 mid-save never leaves a checkpoint that `latest_step` would pick. Kept: the `keep` latest steps
-plus the one with the best validation loss.
+plus the one with the best validation loss. A checkpoint damaged later (a flipped bit, a lost or
+cut-short file) is found on restore: each array's checksum is saved beside it, and any read
+error counts. `newest_intact` then sets the damaged one aside and uses an earlier one.
 """
 
+import contextlib
+import gc
+import inspect
 import json
+import logging
+import re
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grain
 import jax
+import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 from jaxtrain import programs as programs_lib
-from jaxtrain import steps
+from jaxtrain import runtime, steps
 from jaxtrain import tokenizer as tokenizer_lib
+from jaxtrain.errors import UserError
+
+
+class Damaged(Exception):
+  """A checkpoint that cannot be read whole: files missing, cut short or corrupted."""
+
+
+@contextlib.contextmanager
+def _naming(what: str):
+  """A JSON file that does not parse is damage: named, since the parser does not say which."""
+  try:
+    yield
+  except json.JSONDecodeError as e:
+    raise Damaged(f"{what} is not valid JSON: {e}") from None
 
 
 def _val_loss(metrics: dict) -> float:
@@ -40,6 +65,14 @@ class Checkpoints:
         read_only=read_only, enable_async_checkpointing=True,
         cleanup_tmp_directories=not read_only)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
+    # Reads go through a checkpointer of this process alone: the manager's restore ends in a
+    # barrier of all processes, which a process that failed to read would never reach.
+    alone = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(),
+                                               active_processes={jax.process_index()})
+    self._reader = ocp.Checkpointer(
+        ocp.CompositeCheckpointHandler(
+            composite_options=ocp.CompositeOptions(multiprocessing_options=alone)),
+        multiprocessing_options=alone)
     self._closed = False
 
   def latest_step(self) -> int | None:
@@ -49,58 +82,108 @@ class Checkpoints:
     return list(self.manager.all_steps())
 
   def complete_steps(self) -> list[int]:
-    """Steps whose checkpoint is whole on disk: orbax gives a step's directory its number only
-    once everything in it is written (a failed save stays a temporary directory)."""
+    """Steps whose checkpoint is whole on disk as far as a listing tells: orbax gives a step's
+    directory its number only once everything in it is written (a failed save stays a
+    temporary directory), and a damaged one set aside has a name that is not a number."""
     if not self.directory.is_dir():
       return []
-    return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
+    return sorted(int(p.name) for p in self.directory.iterdir()
+                  if p.name.isdigit() and (p / "state").is_dir() and (p / "meta").is_dir())
 
   def save(self, state: steps.TrainState, iterator: grain.DatasetIterator | None = None,
            meta: dict | None = None, val_loss: float | None = None) -> None:
     """Starts an async save of `state` at its step; returns once the arrays are copied."""
     step = int(state.step)
     items = {"state": ocp.args.StandardSave(state.arrays()),
-             "meta": ocp.args.JsonSave(meta or {})}
+             "meta": ocp.args.JsonSave(meta or {}),
+             "checksums": ocp.args.JsonSave(checksums(state.arrays()))}
     if iterator is not None:
       items["data"] = grain.checkpoint.CheckpointSave(iterator)
     args = ocp.args.Composite(**items)
     metrics = None if val_loss is None else {"val_loss": float(val_loss)}
     self.manager.save(step, args=args, metrics=metrics, force=True)
 
-  def restore_arrays(self, step: int, target) -> dict:
-    """Only the state's arrays, into `target` (a tree of ShapeDtypeStructs with shardings)."""
-    args = ocp.args.Composite(state=ocp.args.StandardRestore(target))
-    return self.manager.restore(step, args=args).state
-
   def read_meta(self, step: int) -> dict:
-    return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+    with _naming("meta/metadata"):
+      return self._reader.restore(self.directory / str(step),
+                                  args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
 
-  def restore(self, step: int, state: steps.TrainState, shardings: steps.TrainState | None = None,
-              iterator: grain.DatasetIterator | None = None) -> steps.TrainState:
-    """Restores into `state`'s structure (and `shardings`, default: one device); an `iterator`
-    is repositioned in place."""
+  def read(self, step: int, state: steps.TrainState, shardings: steps.TrainState | None = None,
+           iterator: grain.DatasetIterator | None = None) -> tuple[steps.TrainState, dict | None]:
+    """(the state, the checksums its arrays were saved with: None in checkpoints older than
+    them) read into `state`'s structure and `shardings` (default: one device); an `iterator`
+    is repositioned in place. Reads this process's part only, with no collectives: a damaged
+    checkpoint raises here, on each process that finds it. `verify` the state before use."""
     if shardings is None:
       device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
       shardings = jax.tree.map(lambda _: device, state)
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           state.arrays(), shardings.arrays())
-    if iterator is None:
-      return state.with_arrays(self.restore_arrays(step, target))
+    if iterator is not None:
+      iterator.set_state(self._iterator_state(step))
+    items = {"state": ocp.args.StandardRestore(target)}
+    recorded = (self.directory / str(step) / "checksums").exists()
+    if recorded:
+      items["checksums"] = ocp.args.JsonRestore()
+    with _naming("a metadata file of its arrays"):
+      restored = self._reader.restore(self.directory / str(step),
+                                      args=ocp.args.Composite(**items))
+    return state.with_arrays(restored.state), restored.checksums if recorded else None
+
+  def _iterator_state(self, step: int) -> dict:
     data_dir = self.directory / str(step) / "data"
-    mine = data_dir / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
-    if mine.exists():
-      restored = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(target),
-          data=grain.checkpoint.CheckpointRestore(iterator),
-      ))
-      return state.with_arrays(restored.state)
-    # Saved by another number of processes. Every process's iterator stands at the same
-    # micro-batch index (each reads its own rows of the same global batch), so any file will do.
-    saved = sorted(data_dir.glob("process_*-of-*.json"))
-    if not saved:
-      raise FileNotFoundError(f"checkpoint {step} has no data iterator state in {data_dir}")
-    iterator.set_state(json.loads(saved[0].read_text()))
-    return state.with_arrays(self.restore_arrays(step, target))
+    n = jax.process_count()
+    mine = data_dir / f"process_{jax.process_index()}-of-{n}.json"
+    if not mine.exists():
+      # Saved by another number of processes: every process's iterator stands at the same
+      # micro-batch index (each reads its own rows of the same global batch), so any file will
+      # do. Saved by as many processes as now, this process's own file is missing.
+      saved = sorted(data_dir.glob("process_*-of-*.json"))
+      if not saved or any(p.name.endswith(f"-of-{n}.json") for p in saved):
+        raise FileNotFoundError(f"no data iterator state {mine.name} in {data_dir}")
+      mine = saved[0]
+    with _naming(f"data/{mine.name}"):
+      return json.loads(mine.read_text())
+
+  def verify(self, state: steps.TrainState, saved: dict | None) -> str | None:
+    """What is wrong with `state`'s arrays, or None if they match the checksums they were
+    saved with. A collective: every process calls it, and all get the same answer."""
+    if saved is None:
+      return None
+    now = checksums(state.arrays())
+    wrong = [name for name in sorted(set(saved) | set(now)) if saved.get(name) != now.get(name)]
+    if not wrong:
+      return None
+    more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+    return f"array data differs from what was saved: checksum of {', '.join(wrong[:3])}{more}"
+
+  def restore(self, step: int, state: steps.TrainState, shardings: steps.TrainState | None = None,
+              iterator: grain.DatasetIterator | None = None) -> steps.TrainState:
+    """`read` and `verify` step `step`; raises Damaged if its arrays fail their checksums."""
+    restored, saved = self.read(step, state, shardings, iterator)
+    problem = self.verify(restored, saved)
+    if problem:
+      raise Damaged(problem)
+    return restored
+
+  def set_aside(self, step: int) -> Path | None:
+    """Renames step `step`'s directory to `<step>.damaged-<time>`: orbax takes only numbers for
+    steps, so neither restores nor retention nor the clean-up of temporary directories touch
+    it, and its files stay for a look. None if it is gone already. Call `reload` after."""
+    target = self.directory / f"{step}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+    n = 1
+    while target.exists():
+      n += 1
+      target = target.with_name(f"{target.name.split('~')[0]}~{n}")
+    try:
+      (self.directory / str(step)).rename(target)
+    except FileNotFoundError:
+      return None
+    return target
+
+  def reload(self) -> None:
+    """Lists the steps on disk again (the manager reads them once, when it starts)."""
+    self.manager.reload()
 
   def check(self) -> None:
     """Raises the error of a background save that failed, if any."""
@@ -117,6 +200,145 @@ class Checkpoints:
         self.manager.wait_until_finished()
       finally:
         self.manager.close()
+        self._reader.close()
+
+
+def _digest(x: jax.Array) -> jax.Array:
+  """A uint32 digest of an array's bits, each mixed with its position: a sum of integers, so
+  the same whatever the sharding."""
+  if x.dtype == jnp.bool_ or x.dtype.itemsize == 1:
+    bits = x.astype(jnp.uint32)
+  elif x.dtype.itemsize == 2:
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+  else:  # 8-byte types become pairs of uint32
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+  index, stride = jnp.zeros(bits.shape, jnp.uint32), 1
+  for axis in reversed(range(bits.ndim)):
+    index += jax.lax.broadcasted_iota(jnp.uint32, bits.shape, axis) * jnp.uint32(stride % 2**32)
+    stride *= bits.shape[axis]
+  h = bits ^ (index * jnp.uint32(0x9E3779B9))
+  h = (h ^ (h >> 16)) * jnp.uint32(0x85EBCA6B)  # murmur3's finalizer: every bit counts
+  h = (h ^ (h >> 13)) * jnp.uint32(0xC2B2AE35)
+  return jnp.sum(h ^ (h >> 16), dtype=jnp.uint32)
+
+
+_digests = jax.jit(lambda tree: jax.tree.map(_digest, tree))
+
+
+def checksums(arrays: dict) -> dict[str, int]:
+  """{array path: digest} of a state's arrays (a collective when they span processes)."""
+  digests = jax.device_get(_digests(arrays))
+  return {jax.tree_util.keystr(path, simple=True, separator="/"): int(d)
+          for path, d in jax.tree_util.tree_flatten_with_path(digests)[0]}
+
+
+def newest_intact(ckpts: Checkpoints, read: Callable, warn: Callable[[str], None], *,
+                  using: str, fresh: str, collective: bool = True) -> tuple[int, object, object]:
+  """(step, state, extra) of the newest checkpoint that reads whole; the damaged ones newer
+  than it are set aside, each reported in one line to `warn`. `read(step)` returns (state,
+  saved checksums, extra) from `Checkpoints.read` or raises. If none reads whole, none is moved
+  and a UserError lists why, ending with `fresh`.
+
+  `collective`: the processes of a run agree on every step before going on (they read their
+  own parts of it); process 0 moves the damaged ones, after all of them have looked.
+  """
+  with _QuietFailedReads() as quiet:
+    return _newest_intact(ckpts, read, warn, using, fresh, collective, quiet)
+
+
+def _newest_intact(ckpts: Checkpoints, read: Callable, warn: Callable[[str], None], using: str,
+                   fresh: str, collective: bool, quiet: "_QuietFailedReads"):
+  agree = runtime.any_process if collective else bool
+  damaged = []
+  for step in sorted(ckpts.all_steps(), reverse=True):
+    state = saved = extra = reason = None
+    try:
+      state, saved, extra = read(step)
+    except Exception as e:  # noqa: BLE001 - tensorstore raises bare Exceptions
+      if not _is_damage(e):
+        raise
+      reason = _reason(e)
+      quiet.settle()
+    if agree(reason is not None):
+      damaged.append((step, reason or "another process could not read its part"))
+      continue
+    reason = ckpts.verify(state, saved)  # the same answer on every process
+    if reason is None:
+      _set_aside(ckpts, damaged, f"{using} step {step}", warn, collective)
+      return step, state, extra
+    damaged.append((step, reason))
+  found = "; ".join(f"step {step}: {reason}" for step, reason in damaged)
+  raise UserError(f"no checkpoint in {ckpts.directory} can be read ({found}); {fresh}")
+
+
+def _set_aside(ckpts: Checkpoints, damaged: list, then: str, warn, collective: bool) -> None:
+  if not damaged:
+    return
+  if not collective or jax.process_index() == 0:
+    for step, reason in damaged:
+      moved = ckpts.set_aside(step)
+      where = f"moved it to {moved}" if moved else "it is gone"
+      warn(f"warning: checkpoint {ckpts.directory / str(step)} is damaged ({reason}); {where}; "
+           f"{then}")
+  if collective:
+    runtime.barrier("jaxtrain: damaged checkpoints set aside")
+  ckpts.reload()
+
+
+class _QuietFailedReads(logging.Filter):
+  """When one of a checkpoint's array reads fails, orbax closes its asyncio loop and leaves the
+  other reads behind: each then ends in an unraisable error ("Event loop is closed", or a
+  coroutine dropped with the same read error) or an asyncio log line ("exception was never
+  retrieved"), none of which says more than the failed read's own error. While this is on,
+  those are dropped; `settle` collects the abandoned reads so that they end while it is on."""
+
+  def __enter__(self) -> "_QuietFailedReads":
+    self.previous = sys.unraisablehook
+    sys.unraisablehook = self._unraisable
+    logging.getLogger("asyncio").addFilter(self)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.settle()
+    logging.getLogger("asyncio").removeFilter(self)
+    if sys.unraisablehook == self._unraisable:
+      sys.unraisablehook = self.previous
+
+  def settle(self) -> None:
+    gc.collect()
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "exception was never retrieved" not in record.getMessage()
+
+  def _unraisable(self, unraisable) -> None:
+    e = unraisable.exc_value
+    closed = isinstance(e, RuntimeError) and str(e) == "Event loop is closed"
+    if not (closed or inspect.iscoroutine(unraisable.object)):
+      self.previous(unraisable)
+
+
+def _is_damage(e: Exception) -> bool:
+  """Whether a failed read blames the checkpoint's files: not the run's own refusal (a config
+  that does not fit), nor memory or permissions, which moving the files would not mend."""
+  if isinstance(e, (UserError, MemoryError, PermissionError)):
+    return False
+  text = str(e)
+  return "RESOURCE_EXHAUSTED" not in text and "out of memory" not in text.lower()
+
+
+def _reason(e: BaseException) -> str:
+  """The innermost error's first line: tensorstore's outer ones only say where it read."""
+  while True:
+    inner = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    if inner is None or not str(inner):
+      break
+    e = inner
+  text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+  text = re.sub(r' in OCDBT database at local file "[^"]*"| ?\[tensorstore_spec=.*', "",
+                text.splitlines()[0] if text else "")
+  name = type(e).__name__
+  text = text if name in ("Damaged", "ValueError", "Exception") else f"{name}: {text}"
+  return text if len(text) <= 240 else text[:237] + "..."
 
 
 def load_tokenizer(workdir: str):
@@ -125,21 +347,47 @@ def load_tokenizer(workdir: str):
 
 
 def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
-  """The train state saved in a run's workdir (its latest step by default), on one device.
+  """The train state saved in a run's workdir, on one device: its newest checkpoint that reads
+  whole (a damaged one is set aside, as a resuming run would, with a warning on stderr), or
+  step `step`.
 
   For sampling, evaluation or inspection outside the training loop: no data is needed.
   """
   ckpts = Checkpoints(workdir, read_only=True)
   try:
-    step = ckpts.latest_step() if step is None else step
+    def read(s: int):
+      meta = ckpts.read_meta(s)
+      programs = _programs(workdir, meta)
+      return *ckpts.read(s, programs.abstract, programs.shardings), None
+
     if step is None:
-      raise FileNotFoundError(f"no checkpoint in {ckpts.directory}")
-    cfg = ml_collections.ConfigDict(ckpts.read_meta(step)["config"])
-    cfg.mesh.data, cfg.mesh.fsdp = 1, 1  # one device, whatever the run trained on
-    if jax.devices()[0].platform == "cpu" and cfg.model.dtype == "float16":
-      cfg.model.dtype = "float32"  # compute dtype only (params are float32): CPUs lack float16
-    vocab_size = cfg.model.vocab_size or load_tokenizer(workdir).vocab_size
-    programs = programs_lib.build(cfg, vocab_size, devices=jax.devices()[:1])
-    return ckpts.restore(step, programs.abstract, programs.shardings)
+      if ckpts.latest_step() is None:
+        raise UserError(f"no checkpoint in {ckpts.directory}; train first (python -m jaxtrain)")
+      return newest_intact(ckpts, read, lambda line: print(line, file=sys.stderr),
+                           using="loading", fresh="nothing to load", collective=False)[1]
+    if step not in ckpts.all_steps():
+      raise UserError(f"no checkpoint of step {step} in {ckpts.directory} (it has steps "
+                      f"{ckpts.all_steps()})")
+    with _QuietFailedReads():
+      try:
+        state, saved, _ = read(step)
+        problem = ckpts.verify(state, saved)
+      except Exception as e:  # noqa: BLE001 - tensorstore raises bare Exceptions
+        if not _is_damage(e):
+          raise
+        problem = _reason(e)
+    if problem:
+      raise UserError(f"checkpoint {ckpts.directory / str(step)} is damaged ({problem}); load "
+                      "another step, or leave out step= for the newest intact one")
+    return state
   finally:
     ckpts.close()
+
+
+def _programs(workdir: str, meta: dict) -> programs_lib.Programs:
+  cfg = ml_collections.ConfigDict(meta["config"])
+  cfg.mesh.data, cfg.mesh.fsdp = 1, 1  # one device, whatever the run trained on
+  if jax.devices()[0].platform == "cpu" and cfg.model.dtype == "float16":
+    cfg.model.dtype = "float32"  # compute dtype only (params are float32): CPUs lack float16
+  vocab_size = cfg.model.vocab_size or load_tokenizer(workdir).vocab_size
+  return programs_lib.build(cfg, vocab_size, devices=jax.devices()[:1])

@@ -7,7 +7,9 @@ from a generator seeded by (seed, i): any batch can be rebuilt from the seed and
 """
 
 import codecs
+import contextlib
 import dataclasses
+import errno
 import glob
 import hashlib
 import json
@@ -19,8 +21,10 @@ import grain
 import ml_collections
 import numpy as np
 
+from jaxtrain import fmt
 from jaxtrain import tokenizer as tokenizer_lib
 from jaxtrain.errors import ConfigError, UserError
+from jaxtrain.lock import FileLock, describe_holder, is_held
 from jaxtrain.paths import cache_dir as default_cache_dir
 
 _CACHE_VERSION = 1
@@ -132,90 +136,184 @@ def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=pri
     raise ConfigError("data.path", f"{describe(data.path)!r} matches no file (not a file, a "
                       "directory with files, or a glob)", "point --config.data.path at your text "
                       "(file, directory or glob), or leave it empty for the Python standard library")
-  cache_dir = Path(data.cache_dir or default_cache_dir()) / "tokens"
-  key = _cache_key(files, data.tokenizer)
-  bin_path, meta_path = cache_dir / f"{key}.bin", cache_dir / f"{key}.json"
-  if not meta_path.exists():
-    try:
-      cache_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-      raise UserError(f"cannot create the token cache {cache_dir} ({e.strerror}); pass "
-                      "--config.data.cache_dir=<a writable directory>") from None
-    _tokenize(files, data, bin_path, meta_path, show_progress, log)
-  meta = json.loads(meta_path.read_text())
+  cache = _Cache(Path(data.cache_dir or default_cache_dir()) / "tokens",
+                 _cache_key(files, data.tokenizer))
+  meta, damage = cache.load()
+  if meta is None:
+    with cache.writing(log):
+      meta, damage = cache.load()  # another process may have written it while this one waited
+      if meta is None:
+        if damage:
+          log(f"data: ignoring the token cache {cache.bin} ({damage}); tokenizing again")
+        meta = _tokenize(files, data, cache, show_progress, log)
   tok = tokenizer_lib.from_json(meta["tokenizer"])
   n = meta["n_tokens"]
-  tokens = np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(n,))
+  tokens = np.memmap(cache.bin, dtype=np.dtype(meta["dtype"]), mode="r", shape=(n,))
   n_val = int(n * data.val_fraction)
   return Corpus(tokens=tokens, tokenizer=tok, n_train=n - n_val, fingerprint=meta["fingerprint"],
                 n_files=meta["n_files"], n_bytes=meta["n_bytes"], notes=meta["notes"])
 
 
-def _tokenize(files, data, bin_path: Path, meta_path: Path, show_progress: bool, log) -> None:
-  from tqdm import tqdm  # the terminal bar: tqdm.auto would want ipywidgets in notebooks
+class _Cache:
+  """One corpus's entry in the token cache: KEY.bin holds the tokens, KEY.json says how to read
+  them. Both are written under temporary names and renamed when complete, the .json last: a
+  .json whose .bin is present with the size it states is the only state trusted. Writers hold
+  KEY.lock, so one process tokenizes and the others wait for it and then read its result."""
 
-  single = len(files) == 1
+  def __init__(self, directory: Path, key: str):
+    self.dir, self.key = directory, key
+    self.bin, self.meta = directory / f"{key}.bin", directory / f"{key}.json"
+
+  def load(self) -> tuple[dict | None, str]:
+    """(meta, "") for a complete entry; (None, what is wrong) otherwise ("" if nothing is there)."""
+    try:
+      meta = json.loads(self.meta.read_text())
+      expected = int(meta["n_tokens"]) * np.dtype(meta["dtype"]).itemsize
+      missing = _META_KEYS - meta.keys()
+    except FileNotFoundError:
+      return None, ""
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+      return None, f"{self.meta.name} is unreadable"
+    if missing:
+      return None, f"{self.meta.name} lacks {sorted(missing)[0]}"
+    try:
+      size = self.bin.stat().st_size
+    except FileNotFoundError:
+      return None, f"{self.bin.name} is missing"
+    if size != expected:
+      return None, f"{self.bin.name} holds {size} bytes, not {expected}"
+    return meta, ""
+
+  @contextlib.contextmanager
+  def writing(self, log):
+    """Holds KEY.lock while the entry is written; dead writers' leftovers are removed first."""
+    try:
+      self.dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+      raise UserError(f"cannot create the token cache {self.dir} ({e.strerror}); pass "
+                      "--config.data.cache_dir=<a writable directory>") from None
+    lock = FileLock(self.dir / f"{self.key}.lock")
+    try:
+      if not lock.acquire():
+        log(f"data: waiting for {describe_holder(lock.holder())}, which is tokenizing the same "
+            "files")
+        lock.acquire(blocking=True)
+    except OSError:
+      pass  # unwritable here (reported when the tokens are written) or no locks: go unguarded
+    try:
+      if lock.held:
+        self._sweep()
+      yield
+    finally:
+      lock.release()
+
+  def _sweep(self) -> None:
+    """Removes temporary files of writers that died: theirs is the only live lock on an entry,
+    so a temporary file whose entry no live process holds is left over."""
+    for tmp in self.dir.glob("*.tmp*"):
+      key = tmp.name.split(".", 1)[0]
+      if key == self.key or not is_held(self.dir / f"{key}.lock"):
+        tmp.unlink(missing_ok=True)
+
+  def tmp(self, path: Path) -> Path:
+    return path.with_name(f"{path.name}.tmp{os.getpid()}")
+
+  def write_error(self, e: OSError, need: int) -> UserError:
+    if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+      return UserError(f"writing the token cache in {self.dir} failed ({e.strerror}; it needs "
+                       f"about {fmt.nbytes(need)}); free space there or pass "
+                       "--config.data.cache_dir=<a directory with room>")
+    return UserError(f"writing the token cache in {self.dir} failed ({e.strerror}); pass "
+                     "--config.data.cache_dir=<a writable directory>")
+
+
+_META_KEYS = {"tokenizer", "dtype", "n_tokens", "fingerprint", "n_files", "n_bytes", "notes"}
+
+
+def _tokenize(files, data, cache: _Cache, show_progress: bool, log) -> dict:
+  """Writes the cache entry (the tokens, then the .json that marks them complete); its meta."""
   total = sum(f.stat().st_size for f in files)
   if not show_progress:
     log(f"data: tokenizing {len(files)} file(s), {total / 1e6:.1f} MB, once (then cached)")
-  counter = _Counter()
-  notes, binary = [], []
+  source = _Texts(files, data.path, total, show_progress)
+  if data.tokenizer == "char":
+    seen = set()
+    for text in source("reading"):
+      seen.update(np.unique(tokenizer_lib.CharTokenizer.codepoints(text)).tolist())
+    tok = tokenizer_lib.CharTokenizer("".join(map(chr, seen)))
+    source.counter.count = 0
+  else:
+    tok = tokenizer_lib.ByteTokenizer()
+  sha = hashlib.sha256()
+  n_tokens = 0
+  tmp, tmp_meta = cache.tmp(cache.bin), cache.tmp(cache.meta)
+  try:
+    cache.meta.unlink(missing_ok=True)  # a damaged entry's: only a complete new one may count
+    with open(tmp, "wb") as out:
+      for text in source("tokenizing"):
+        ids = tok.encode(text)
+        out.write(ids.tobytes())
+        sha.update(ids.tobytes())
+        n_tokens += len(ids)
+      out.flush()
+      os.fsync(out.fileno())  # on disk before the rename: a crash never leaves a short .bin
+    if n_tokens <= 1 + len(files):
+      raise UserError(f"{describe(data.path)} holds no text (empty files); point "
+                      "--config.data.path at a non-empty UTF-8 text")
+    os.replace(tmp, cache.bin)
+    meta = {"tokenizer": tok.to_json(), "dtype": np.dtype(tok.dtype).name, "n_tokens": n_tokens,
+            "fingerprint": sha.hexdigest(), "n_files": len(files) - len(source.binary),
+            "n_bytes": total, "notes": source.notes(), "source": describe(data.path)}
+    with open(tmp_meta, "w") as out:
+      out.write(json.dumps(meta, ensure_ascii=False))
+      out.flush()
+      os.fsync(out.fileno())
+    os.replace(tmp_meta, cache.meta)  # last: from now on the entry is trusted
+  except OSError as e:
+    raise cache.write_error(e, total * np.dtype(tok.dtype).itemsize) from None
+  finally:
+    tmp.unlink(missing_ok=True)
+    tmp_meta.unlink(missing_ok=True)
+  return meta
 
-  def texts(desc: str):
-    """Each usable file's text in chunks, once per pass; binary files are skipped (or fatal)."""
-    with tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not show_progress,
-              leave=False) as bar:
-      for f in files:
-        if f in binary:
+
+class _Texts:
+  """Each usable file's text in chunks, once per call; binary files are skipped (or fatal)."""
+
+  def __init__(self, files: list[Path], path: str, total: int, show_progress: bool):
+    self.files, self.path, self.total, self.show_progress = files, path, total, show_progress
+    self.counter = _Counter()
+    self.binary: list[Path] = []
+
+  def __call__(self, desc: str):
+    from tqdm import tqdm  # the terminal bar: tqdm.auto would want ipywidgets in notebooks
+
+    single = len(self.files) == 1
+    with tqdm(total=self.total, unit="B", unit_scale=True, desc=desc,
+              disable=not self.show_progress, leave=False) as bar:
+      for f in self.files:
+        if f in self.binary:
           continue
         try:
-          yield from _read_text(f, counter, bar)
+          yield from _read_text(f, self.counter, bar)
           if not single:
             yield "\n"  # files never run into each other
         except _Binary:
           if single:
             raise UserError(f"{f} looks binary (it has NUL bytes), not text; point "
                             "--config.data.path at UTF-8 text") from None
-          binary.append(f)
+          self.binary.append(f)
         except OSError as e:
           raise UserError(f"cannot read {f} ({e.strerror}); fix its permissions or leave it "
                           "out of --config.data.path") from None
 
-  if data.tokenizer == "char":
-    seen = set()
-    for text in texts("reading"):
-      seen.update(np.unique(tokenizer_lib.CharTokenizer.codepoints(text)).tolist())
-    tok = tokenizer_lib.CharTokenizer("".join(map(chr, seen)))
-    counter.count = 0
-  else:
-    tok = tokenizer_lib.ByteTokenizer()
-
-  sha = hashlib.sha256()
-  n_tokens = 0
-  tmp = bin_path.with_suffix(f".tmp{os.getpid()}")
-  try:
-    with open(tmp, "wb") as out:
-      for text in texts("tokenizing"):
-        ids = tok.encode(text)
-        out.write(ids.tobytes())
-        sha.update(ids.tobytes())
-        n_tokens += len(ids)
-    if n_tokens <= 1 + len(files):
-      raise UserError(f"{describe(data.path)} holds no text (empty files); point "
-                      "--config.data.path at a non-empty UTF-8 text")
-    if binary:
-      notes.append(f"skipped {len(binary)} binary file(s), e.g. {binary[0]}")
-    if counter.count:
-      notes.append(f"replaced {counter.count} byte(s) that are not UTF-8 with U+FFFD")
-    os.replace(tmp, bin_path)
-  finally:
-    tmp.unlink(missing_ok=True)
-  meta = {"tokenizer": tok.to_json(), "dtype": np.dtype(tok.dtype).name, "n_tokens": n_tokens,
-          "fingerprint": sha.hexdigest(), "n_files": len(files) - len(binary), "n_bytes": total,
-          "notes": notes, "source": describe(data.path)}
-  tmp_meta = meta_path.with_suffix(f".tmp{os.getpid()}")
-  tmp_meta.write_text(json.dumps(meta, ensure_ascii=False))
-  os.replace(tmp_meta, meta_path)
+  def notes(self) -> list[str]:
+    notes = []
+    if self.binary:
+      notes.append(f"skipped {len(self.binary)} binary file(s), e.g. {self.binary[0]}")
+    if self.counter.count:
+      notes.append(f"replaced {self.counter.count} byte(s) that are not UTF-8 with U+FFFD")
+    return notes
 
 
 class WindowBatches:

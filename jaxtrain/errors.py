@@ -19,3 +19,10 @@ class NonFiniteLoss(UserError):
   """The loss, the gradients or the params stopped being finite numbers."""
 
   exit_code = 3
+
+
+class PeerLost(UserError):
+  """Another process of a multi-process run died or stopped answering: every process has to be
+  restarted. Exit status 4, so that a launcher can tell it apart and restart the job."""
+
+  exit_code = 4

@@ -4,6 +4,7 @@ import json
 import os
 from pathlib import Path
 
+from jaxtrain import lock
 from jaxtrain.errors import UserError
 
 RUN_FILE = "run.json"  # its presence marks a directory as a jaxtrain run
@@ -33,7 +34,11 @@ def check_workdir(workdir: str) -> Path:
     raise UserError(f"workdir {path} is a file, not a directory; pass --config.workdir=<a new "
                     "directory>")
   if path.is_dir() and not (path / RUN_FILE).exists():
-    others = [p.name for p in path.iterdir() if not p.name.startswith(".")]
+    # Hidden files (the run's lock) and logs/ are not results: without them the directory is
+    # empty and a run may start there.
+    others = [p.name for p in path.iterdir() if not p.name.startswith(".") and p.name != "logs"]
+    if others and lock.is_held(path / lock.WORKDIR_LOCK):  # a run that is writing its first files
+      raise lock.in_use_error(path)
     if others:
       raise UserError(f"workdir {path} is not empty and is not a jaxtrain run (no {RUN_FILE}; "
                       f"holds {', '.join(sorted(others)[:3])}); pass --config.workdir=<a new or "

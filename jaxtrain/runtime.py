@@ -1,5 +1,6 @@
 """Process-level JAX setup, done once before any other JAX work: compile cache, CPU devices,
-platform, processes; and the XLA options of CPU train steps."""
+platform, processes; the collectives between processes; and the XLA options of CPU train
+steps."""
 
 import importlib.util
 import os
@@ -9,7 +10,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxtrain import allocator
+from jaxtrain import allocator, peers
 from jaxtrain import model as model_lib
 from jaxtrain.errors import UserError
 from jaxtrain.paths import cache_dir
@@ -65,9 +66,12 @@ def init_distributed(distributed: ml_collections.ConfigDict) -> None:
     kwargs["num_processes"] = distributed.num_processes
   if distributed.process_id >= 0:
     kwargs["process_id"] = distributed.process_id
+  peers.set_silence_limit(distributed.timeout_s / 2)
   try:
-    # CPU collectives go through gloo (jax's default); GPUs use NCCL.
-    jax.distributed.initialize(initialization_timeout=distributed.timeout_s, **kwargs)
+    # CPU collectives go through gloo (jax's default); GPUs use NCCL. The heartbeat timeout bounds
+    # how long a survivor can stay blocked on a process that vanished (jax then ends it).
+    jax.distributed.initialize(initialization_timeout=distributed.timeout_s,
+                               heartbeat_timeout_seconds=distributed.timeout_s, **kwargs)
   except Exception as e:
     first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
     raise UserError(f"joining the multi-process run failed ({first}); check "
@@ -79,19 +83,22 @@ def any_process(flag: bool) -> bool:
   """True if `flag` is True on any process (a collective: every process must call it)."""
   if jax.process_count() == 1:
     return flag
-  return bool(np.any(multihost_utils.process_allgather(np.array(flag))))
+  with peers.ends_if_lost():
+    return bool(np.any(multihost_utils.process_allgather(np.array(flag))))
 
 
 def host_copy(tree):
   """Host copies of possibly sharded arrays (across processes, too: a collective)."""
   if jax.process_count() == 1:
     return jax.device_get(tree)
-  return multihost_utils.process_allgather(tree, tiled=True)
+  with peers.ends_if_lost():
+    return multihost_utils.process_allgather(tree, tiled=True)
 
 
 def barrier(name: str) -> None:
   if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(name)
+    with peers.ends_if_lost():
+      multihost_utils.sync_global_devices(name)
 
 
 def cpu_device_count(cfg: ml_collections.ConfigDict, cores: int | None = None) -> int:
@@ -157,4 +164,6 @@ def setup(cfg: ml_collections.ConfigDict) -> str:
   enable_compile_cache()
   split_cpu(cfg)
   init_distributed(cfg.distributed)
-  return check_platform()
+  platform = check_platform()
+  peers.open_probe_port(cfg.distributed.coordinator_address)
+  return platform

@@ -11,9 +11,10 @@ import shutil
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 
-from jaxtrain import config, fmt, runtime
-from jaxtrain.checkpoint import Checkpoints
+from jaxtrain import config, fmt, peers, runtime
+from jaxtrain.checkpoint import Checkpoints, Damaged, newest_intact
 from jaxtrain.errors import NonFiniteLoss, UserError
 from jaxtrain.steps import TrainState
 
@@ -63,6 +64,7 @@ def _writing(ckpts: Checkpoints, action, step: int) -> None:
   try:
     action()
   except (OSError, ValueError, RuntimeError) as e:
+    peers.end_if_lost(e)  # a collective that failed for a lost process is no disk fault
     raise UserError(f"writing a checkpoint (by step {step}) in {ckpts.directory} failed "
                     f"({_os_reason(e)}); fix the cause (disk space, permissions), then "
                     f"{_resume_hint(ckpts)}") from None
@@ -86,15 +88,41 @@ def _resume_hint(ckpts: Checkpoints) -> str:
   return f"run again to resume from the intact checkpoint of step {latest}"
 
 
-def check_resumable(meta: dict, run_meta: dict, workdir: str, allow_changed_data: bool,
-                    out) -> None:
-  """Refuses a resume whose config or data changed what the checkpoint's numbers mean."""
+def resume(ckpts: Checkpoints, programs, iterator, run_meta: dict,
+           cfg: ml_collections.ConfigDict, out) -> tuple[int, TrainState, dict]:
+  """(step, state, meta) of the newest checkpoint that reads whole and fits this config, with
+  `iterator` at its position. A damaged one is set aside with a warning line, and an earlier one
+  used; none that reads whole is a UserError that says how to start afresh."""
+  notes = []
+
+  def read(step: int):
+    meta = ckpts.read_meta(step)
+    notes[:] = check_resumable(meta, run_meta, cfg.workdir, cfg.data.allow_changed)
+    state, saved = ckpts.read(step, programs.abstract, programs.shardings, iterator)
+    position, k = iterator.get_state()["next_index"], cfg.train.grad_accum
+    if position != step * k:
+      raise Damaged(f"its data position {position} is not step x grad_accum = {step * k}")
+    return state, saved, meta
+
+  step, state, meta = newest_intact(
+      ckpts, read, out.print, using="resuming from",
+      fresh=f"to start afresh, pass a new --config.workdir, or move {ckpts.directory} away")
+  for note in notes:
+    out.print(note)
+  return step, state, meta
+
+
+def check_resumable(meta: dict, run_meta: dict, workdir: str,
+                    allow_changed_data: bool) -> list[str]:
+  """Refuses a resume whose config or data changed what the checkpoint's numbers mean; returns
+  the lines that say what changed harmlessly."""
   breaking, harmless = config.config_changes(meta.get("config", {}), run_meta["config"])
   if meta.get("tokenizer") != run_meta["tokenizer"]:
     breaking.append("the tokenizer's vocabulary differs from the checkpoint's")
   if breaking:
     raise UserError(f"cannot resume {workdir} with this config: {'; '.join(breaking)}. "
                     "Change these back, or pass a new --config.workdir to start a fresh run")
+  notes = []
   if meta.get("data_fingerprint") != run_meta["data_fingerprint"]:
     if not allow_changed_data:
       raise UserError(f"the data differs from the data {workdir} was trained on (fingerprint "
@@ -102,6 +130,21 @@ def check_resumable(meta: dict, run_meta: dict, workdir: str, allow_changed_data
                       f"{str(meta.get('data_fingerprint'))[:12]}); pass "
                       "--config.data.allow_changed=True to resume on it anyway, or a new "
                       "--config.workdir")
-    out.print("data: resuming on different data than before (data.allow_changed=True)")
+    notes.append("data: resuming on different data than before (data.allow_changed=True)")
   if harmless:
-    out.print(f"config changes since the checkpoint: {'; '.join(harmless)}")
+    notes.append(f"config changes since the checkpoint: {'; '.join(harmless)}")
+  return notes
+
+
+def peers_watched(ckpts: Checkpoints, step):
+  """Around the training loop of a multi-process run: if another process is lost, this one ends
+  at once with one line naming it and the checkpoint a restart resumes from (`step()`: the step
+  the loop is at). It exits, since jax and orbax would otherwise wait for the lost process."""
+  return peers.watch_peers(step, lambda: _restart_hint(ckpts))
+
+
+def _restart_hint(ckpts: Checkpoints) -> str:
+  complete = ckpts.complete_steps()  # what a restart resumes from: a half-written one is not here
+  if not complete:
+    return "start the run again (no checkpoint was saved yet)"
+  return f"resume from the checkpoint of step {complete[-1]}"

@@ -38,6 +38,7 @@ from jaxtrain import saving as saving_lib
 from jaxtrain import tokenizer as tokenizer_lib
 from jaxtrain.console import Console, LibraryLog
 from jaxtrain.errors import UserError
+from jaxtrain.lock import WorkdirLock, in_use_error
 from jaxtrain.model import flops_per_token
 from jaxtrain.steps import TrainState
 
@@ -110,9 +111,9 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
   t_start = time.time()
   workdir = Path(cfg.workdir).expanduser()
   existed = workdir.exists()
-  r = None
+  r, lock = None, WorkdirLock()  # taken in setup, released however the run ends
   try:
-    r = _setup(cfg, platform, show_progress, list(hooks), t_start, library_log)
+    r = _setup(cfg, platform, show_progress, list(hooks), t_start, library_log, lock)
     if r.log is not None:
       r.log.start()
     try:
@@ -120,10 +121,12 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
       result = _loop(r, state, elapsed_before, best)
     finally:
       saving_lib.close(r.ckpts)  # a save that was going well still completes, also on error
+      lock.release()  # after the run's last write
     if r.log is not None and r.log.errors:
       r.out.print(f"note: the libraries logged {r.log.errors} error(s); see {r.log.path}")
     return result
   except BaseException as e:
+    lock.release()  # first: it removes its file, which the emptiness check below must not see
     if r is not None and r.log is not None and r.log.errors:
       e.add_note(f"the libraries' own messages are in {r.log.path}")
     # A run that failed before writing anything leaves no empty directory behind.
@@ -134,7 +137,7 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
 
 
 def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
-           hooks: list[Hook], t_start: float, library_log: bool) -> Run:
+           hooks: list[Hook], t_start: float, library_log: bool, lock: WorkdirLock) -> Run:
   is_main = jax.process_index() == 0
   out = Console(enabled=is_main and show_progress, headless=cfg.headless)
   devices = jax.devices()
@@ -142,6 +145,8 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
   workdir = paths.check_workdir(cfg.workdir)
   runtime.barrier("jaxtrain: workdir checked")  # every process looked before any writes
   paths.create_workdir(workdir)
+  if runtime.any_process(not lock.acquire(workdir, is_main, out.print)):  # one run per workdir
+    raise in_use_error(workdir)
   data_axis, fsdp_axis = mesh.mesh_shape(cfg.mesh, len(devices))
   out.print(f"jaxtrain {__version__} | workdir {workdir} | {platform} x{len(devices)} "
             f"(mesh data={data_axis} fsdp={fsdp_axis}) | jax {jax.__version__}"
@@ -181,7 +186,7 @@ def _start(r: Run) -> tuple[TrainState, float, float]:
   init = r.programs.lower_init() if latest is None else None  # traced here, compiled there
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
     if init is None:
-      pending = pool.submit(_restore, r, latest)
+      pending = pool.submit(_restore, r)
     else:
       pending = pool.submit(lambda: (r.programs.abstract.with_arrays(init.compile()()), 0.0,
                                      math.inf))
@@ -195,16 +200,10 @@ def _start(r: Run) -> tuple[TrainState, float, float]:
   return state, elapsed, best
 
 
-def _restore(r: Run, step: int) -> tuple[TrainState, float, float]:
-  meta = r.ckpts.read_meta(step)
-  saving_lib.check_resumable(meta, r.run_meta, r.cfg.workdir, r.cfg.data.allow_changed, r.out)
-  state = r.ckpts.restore(step, r.programs.abstract, r.programs.shardings, r.train_iter)
-  position = r.train_iter.get_state()["next_index"]
-  k = r.cfg.train.grad_accum
-  if position != step * k:
-    raise UserError(f"checkpoint {step} in {r.ckpts.directory} is inconsistent (data position "
-                    f"{position}, expected {step * k}); move that step's directory away to "
-                    "resume from an earlier one")
+def _restore(r: Run) -> tuple[TrainState, float, float]:
+  """The newest intact checkpoint that fits this config (damaged ones are set aside)."""
+  step, state, meta = saving_lib.resume(r.ckpts, r.programs, r.train_iter, r.run_meta, r.cfg,
+                                        r.out)
   dropped = r.metrics_file.drop_after(step)
   r.out.print(f"resumed from checkpoint {r.ckpts.directory / str(step)} at step {step}"
               + (f" (dropped {dropped} metric lines past it)" if dropped else ""))
@@ -255,7 +254,7 @@ def _loop(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> 
   if p.step >= t.max_steps:
     r.out.print(f"this run already reached step {p.step} (train.max_steps={t.max_steps}); raise "
                 "--config.train.max_steps to train further")
-  with signals.GracefulStop() as stop:
+  with signals.GracefulStop() as stop, saving_lib.peers_watched(r.ckpts, lambda: p.step):
     if p.step < t.max_steps:
       r.out.start(t.max_steps, p.step)
     while p.step < t.max_steps:

@@ -1,5 +1,7 @@
 """Data: tokenizers, the token cache, the split, and batches that depend only on seed and index."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -110,3 +112,64 @@ def test_a_path_that_matches_nothing_names_the_field(tmp_path):
   with pytest.raises(ConfigError, match="^config.data.path: .* matches no file") as e:
     data.prepare(cfg.data, show_progress=False)
   assert "\n" not in str(e.value) and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated bin", "no bin", "bin without json", "bad json"])
+def test_an_incomplete_token_cache_is_not_trusted(damage, tiny, tmp_path):
+  # What a crash or a deletion can leave: each is tokenized again, never read as it is.
+  tiny.data.cache_dir = str(tmp_path / "cache")
+  corpus = data.prepare(tiny.data, show_progress=False)
+  n, fingerprint = len(corpus.tokens), corpus.fingerprint
+  del corpus
+  (bin_path,) = (tmp_path / "cache" / "tokens").glob("*.bin")
+  meta_path = bin_path.with_suffix(".json")
+  if damage == "truncated bin":
+    bin_path.write_bytes(bin_path.read_bytes()[:n // 2])
+  elif damage == "no bin":
+    bin_path.unlink()
+  elif damage == "bin without json":
+    meta_path.unlink()
+  else:
+    meta_path.write_text('{"n_tokens": ')
+  lines = []
+  again = data.prepare(tiny.data, show_progress=False, log=lines.append)
+  assert len(again.tokens) == n and again.fingerprint == fingerprint
+  assert any(line.startswith("data: tokenizing") for line in lines)
+  if damage != "bin without json":
+    assert any(line.startswith(f"data: ignoring the token cache {bin_path}") for line in lines)
+  assert sorted(p.suffix for p in (tmp_path / "cache" / "tokens").iterdir()) == [".bin", ".json"]
+
+
+def test_a_cache_that_cannot_be_written_is_one_line_naming_the_fix(tiny, tmp_path):
+  cache = tmp_path / "cache"
+  (cache / "tokens").mkdir(parents=True)
+  (cache / "tokens").chmod(0o500)
+  tiny.data.cache_dir = str(cache)
+  try:
+    if os.access(cache / "tokens", os.W_OK):
+      pytest.skip("running as root: permissions are not enforced")
+    with pytest.raises(UserError, match=r"writing the token cache in .* failed \(Permission "
+                       r"denied\); pass --config.data.cache_dir=<a writable directory>"):
+      data.prepare(tiny.data, show_progress=False)
+  finally:
+    (cache / "tokens").chmod(0o700)
+  assert list((cache / "tokens").iterdir()) == []
+
+
+def test_tokenizing_removes_what_dead_writers_left_and_keeps_live_ones(tiny, tmp_path):
+  from jaxtrain import lock
+
+  tokens = tmp_path / "cache" / "tokens"
+  tokens.mkdir(parents=True)
+  dead = tokens / "0123abcd.bin.tmp999"  # a writer killed mid-way: nothing holds its entry
+  live = tokens / "4567cdef.bin.tmp998"  # a writer at work on another corpus
+  dead.write_bytes(b"x" * 100)
+  live.write_bytes(b"x" * 100)
+  writer = lock.FileLock(tokens / "4567cdef.lock")
+  assert writer.acquire()
+  try:
+    tiny.data.cache_dir = str(tmp_path / "cache")
+    data.prepare(tiny.data, show_progress=False)
+    assert live.exists() and not dead.exists()
+  finally:
+    writer.release()

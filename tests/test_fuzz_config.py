@@ -1,0 +1,240 @@
+"""Random values for every config field: a run trains, or exits 2 with one line naming the field.
+
+Two layers. In process, many draws: random values of random types for a few fields at a time on
+top of the tiny config, through `config.validate` and everything that reads the config before
+any compile. In subprocesses, a few draws: `python -m jaxtrain` for one step with one field's
+value on the command line or from a config file; never a traceback, never a hang.
+"""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import ml_collections
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from jaxtrain import config, estimate, mesh, optim, programs, runtime, summary, tokenizer
+from jaxtrain import model as model_lib
+from jaxtrain.errors import ConfigError, UserError
+from jaxtrain.testing import tiny_config
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULTS = config.flatten(config.default_config().to_dict())
+HUGE = [2**31, 2**63, 10**12, 10**30, 10**400, -(10**12), -(2**63)]
+ODD_FLOATS = [math.nan, math.inf, -math.inf, -0.0, 5e-324, 1e-300, 1e300, -1e-3, 0.99999999, 1.0]
+CHOICES = {"model.norm": config.NORMS, "model.pos": config.POSITIONS, "model.mlp": config.MLPS,
+           "model.dtype": config.DTYPES, "model.attention": config.ATTENTION,
+           "data.tokenizer": config.TOKENIZERS, "optim.loss_scaling": config.LOSS_SCALING}
+ODD_STRINGS = ["", " ", "nan", "-1", "1e9", "True", "auto ", "RMSNORM", "a:b", "host:", ":1",
+               "localhost:1234", "10.0.0.1:99999999999", "é", "a\nb", "\x00"]
+
+anything = st.one_of(
+    st.integers(-3, 40), st.sampled_from(HUGE), st.floats(), st.sampled_from(ODD_FLOATS),
+    st.booleans(), st.none(), st.text(max_size=8), st.sampled_from(ODD_STRINGS),
+    st.lists(st.integers(0, 3), max_size=2), st.dictionaries(st.sampled_from("ab"), st.integers()),
+)
+
+
+def of_its_type(field: str) -> st.SearchStrategy:
+  """Values of the field's own type, in and around its range: these reach past validation."""
+  default = DEFAULTS[field]
+  if isinstance(default, bool):
+    return st.booleans()
+  if isinstance(default, int):
+    edges = [config.LIMITS[field], config.LIMITS[field] + 1] if field in config.LIMITS else []
+    return st.one_of(st.integers(-2, 64), st.sampled_from([default, 2 * default, *edges, *HUGE]))
+  if isinstance(default, float):
+    return st.one_of(st.floats(-1.0, 2.0), st.sampled_from([default, 10 * default, *ODD_FLOATS]))
+  return st.sampled_from([*CHOICES.get(field, ()), *ODD_STRINGS])
+
+
+def value_for(field: str) -> st.SearchStrategy:
+  typed = of_its_type(field)  # two in three draws, and hypothesis's simplest choice
+  return st.integers(0, 2).flatmap(lambda i: anything if i == 2 else typed)
+
+
+# Fields whose checks compare them with others: a value drawn for one can be reported as a
+# problem of another of its group.
+GROUPS = [
+    {"model.n_layers", "model.d_model", "model.n_heads", "model.mlp_ratio", "model.vocab_size",
+     "model.tie_embeddings", "model.pos", "model.mlp", "model.seq_len", "train.batch_size",
+     "train.eval_steps"},
+    {"mesh.data", "mesh.fsdp", "mesh.cpu_devices", "train.batch_size"},
+    {"distributed.num_processes", "distributed.process_id", "distributed.coordinator_address",
+     "train.batch_size"},
+]
+
+
+def related(fields) -> set[str]:
+  return set(fields).union(*(g for g in GROUPS if g & set(fields)))
+
+
+def with_values(values: dict) -> ml_collections.ConfigDict:
+  """The tiny config with `values` set by dotted name, whatever their types: a config file can
+  build its ConfigDict from scratch, and a run's config.json comes back with JSON's types."""
+  flat = config.flatten(tiny_config().to_dict())
+  flat.update(values)
+  return ml_collections.ConfigDict(nest(flat))
+
+
+def nest(flat: dict) -> dict:
+  nested: dict = {}
+  for key, value in flat.items():
+    *path, leaf = key.split(".")
+    node = nested
+    for part in path:
+      node = node.setdefault(part, {})
+    node[leaf] = value
+  return nested
+
+
+def _alarm(signum, frame):
+  raise TimeoutError("a config value made the checks before compiling take over 20 s (a hang)")
+
+
+def reads_before_compile(cfg: ml_collections.ConfigDict) -> None:
+  """What a run does with its config before the first compile, less files and data (a random
+  path could name anything on this machine, "/" included: those run in subprocesses below)."""
+  runtime.cpu_device_count(cfg, cores=2)
+  runtime.step_flops(cfg)
+  devices = jax.devices()[:1]
+  mesh.check_devices(cfg.mesh, cfg.train.batch_size, devices, cfg.model.dtype)
+  vocab = summary.vocab_size(cfg.model.vocab_size, tokenizer.ByteTokenizer())
+  model_lib.flops_per_token(model_lib.ModelConfig.from_config(cfg.model, vocab))
+  optim.make_optimizer(cfg.optim, max_steps=cfg.train.max_steps).transformation()
+  float(optim.lr_schedule(cfg.optim, cfg.train.max_steps)(0))
+  if cfg.model.n_layers <= 64:  # tracing hundreds of layers takes seconds, and is no different
+    p = programs.build(cfg, vocab, devices)  # traces init for its shapes; compiles nothing
+    estimate.memory_estimate(p.model_cfg, cfg.train.batch_size, cfg.train.grad_accum)
+
+
+@settings(max_examples=800, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_any_value_of_any_field_is_valid_or_named(data):
+  fields = data.draw(st.lists(st.sampled_from(sorted(DEFAULTS)), min_size=1, max_size=3,
+                              unique=True))
+  values = {f: data.draw(value_for(f), label=f) for f in fields}
+  cfg = with_values(values)
+  old = signal.signal(signal.SIGALRM, _alarm)
+  signal.alarm(20)
+  try:
+    try:
+      config.validate(cfg)
+    except ConfigError as e:
+      message = str(e)
+      assert e.field in related(values), (values, message)
+      assert message.startswith(f"config.{e.field}: ") and "\n" not in message, message
+      event("refused by config.validate")
+      return
+    try:
+      reads_before_compile(cfg)
+      event("valid: built")
+    except UserError as e:  # a field that only the devices can judge (mesh, dtype)
+      assert "\n" not in str(e) and getattr(e, "field", None) in related(values), str(e)
+      event("valid: refused by the devices")
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+# The subprocess runs: a one-step tiny run, one field drawn at a time. Integers are small (a
+# valid one must train quickly) or past their limit; paths stay inside the run's directory, or
+# name places no one can write.
+TINY = {"train.max_steps": 1, "model.n_layers": 2, "model.d_model": 32, "model.n_heads": 4,
+        "model.seq_len": 32, "train.batch_size": 8, "train.eval_steps": 2, "train.log_every": 1,
+        "sample.num_samples": 1, "sample.max_new_tokens": 4, "headless": True, "workdir": "run",
+        "data.path": "corpus.txt"}
+PATHS = {
+    "workdir": ["run", "", " ", ".", "corpus.txt", "~/run", "run/../other", "a\nb", "\x00",
+                "/proc/jaxtrain-fuzz/run"],
+    "data.path": ["corpus.txt", "missing.txt", "*.txt", "*.none", ".", "~/corpus.txt", "a\nb",
+                  "\x00", "/proc/jaxtrain-fuzz"],
+    "data.cache_dir": ["", "cache", "corpus.txt", "~/cache", "a\nb", "\x00", "/proc/jaxtrain-fuzz"],
+}
+
+
+def run_value(field: str) -> st.SearchStrategy:
+  default = DEFAULTS[field]
+  if field in PATHS:
+    typed = st.sampled_from(PATHS[field])
+  elif isinstance(default, int) and not isinstance(default, bool):
+    typed = st.one_of(st.integers(-2, 4), st.sampled_from([*HUGE, config.LIMITS.get(field, 0) + 1]))
+  elif isinstance(default, float):
+    typed = st.one_of(st.floats(-1.0, 2.0), st.sampled_from([default, *ODD_FLOATS]))
+  else:
+    typed = of_its_type(field)
+  return st.integers(0, 3).flatmap(lambda i: anything if i == 3 else typed)  # three in four typed
+
+
+CONFIG_FILE = """import json
+
+import ml_collections
+
+from jaxtrain import config
+
+
+def get_config():
+  flat = config.flatten(config.load_config({nano!r}).to_dict())
+  flat.update(json.loads(open({values!r}).read()))
+  nested = {{}}
+  for key, value in flat.items():
+    *path, leaf = key.split(".")
+    node = nested
+    for part in path:
+      node = node.setdefault(part, {{}})
+    node[leaf] = value
+  return ml_collections.ConfigDict(nested)
+"""
+
+
+def jaxtrain_cli(field: str, value, on_command_line: bool, directory: Path) -> tuple[list, str]:
+  """The arguments of a run with `field` set to `value`, and how the value was given."""
+  given_values = {**TINY, field: value}
+  if on_command_line and not (isinstance(value, str) and "\x00" in value):
+    args = [f"--config={ROOT / 'configs' / 'nano.py'}"]
+    args += [f"--config.{k}={v}" for k, v in given_values.items()]
+    return args, "command line"
+  (directory / "values.json").write_text(json.dumps(given_values))
+  (directory / "fuzzed.py").write_text(CONFIG_FILE.format(
+      nano=str(ROOT / "configs" / "nano.py"), values=str(directory / "values.json")))
+  return [f"--config={directory / 'fuzzed.py'}"], "config file"
+
+
+@settings(max_examples=14, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(st.data())
+@pytest.mark.slow
+def test_a_run_with_any_value_trains_or_names_the_field(corpus_file, tmp_path_factory, data):
+  field = data.draw(st.sampled_from(sorted(DEFAULTS)), label="field")
+  value = data.draw(run_value(field), label="value")
+  on_command_line = data.draw(st.booleans(), label="on the command line")
+  directory = tmp_path_factory.mktemp("fuzz")
+  (directory / "corpus.txt").write_bytes(corpus_file.read_bytes())
+  args, how = jaxtrain_cli(field, value, on_command_line, directory)
+  event(f"{field} from the {how}")
+  env = dict(os.environ, PYTHONUNBUFFERED="1", HOME=str(directory),
+             MPLCONFIGDIR=str(tmp_path_factory.getbasetemp() / "matplotlib"))  # one font cache
+  try:
+    proc = subprocess.run([sys.executable, "-m", "jaxtrain", "--jax_platforms=cpu", *args],
+                          cwd=directory, env=env, capture_output=True, text=True, timeout=120)
+  except subprocess.TimeoutExpired:
+    pytest.fail(f"{field}={value!r} ({how}): no exit in 120 s")
+  said = f"{field}={value!r} ({how}) exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr}"
+  assert "Traceback" not in proc.stdout + proc.stderr, said
+  if proc.returncode == 0:
+    assert "done: step" in proc.stdout, said
+    event("trained")
+    return
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), said
+  # The field by its full name, or by its own name where the message names its section.
+  assert any(f in lines[0] or f.split(".")[-1] in lines[0] for f in related({field})), said
+  event("exit 2, one line")
