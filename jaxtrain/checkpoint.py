@@ -4,15 +4,12 @@ Orbax writes each step into a temporary directory and renames it when complete, 
 mid-save never leaves a checkpoint that `latest_step` would pick. Kept: the `keep` latest steps
 plus the one with the best validation loss. A checkpoint damaged later (a flipped bit, a lost or
 cut-short file) is found on restore: each array's checksum is saved beside it, and any read
-error counts. `newest_intact` then sets the damaged one aside and uses an earlier one.
+error that shows damage counts. `restore.newest_intact` then sets the damaged one aside and uses
+an earlier one.
 """
 
-import contextlib
-import gc
-import inspect
+import dataclasses
 import json
-import logging
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -25,23 +22,11 @@ import ml_collections
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
+from jaxtrain import lock, restore, steps
 from jaxtrain import programs as programs_lib
-from jaxtrain import runtime, steps
 from jaxtrain import tokenizer as tokenizer_lib
 from jaxtrain.errors import UserError
-
-
-class Damaged(Exception):
-  """A checkpoint that cannot be read whole: files missing, cut short or corrupted."""
-
-
-@contextlib.contextmanager
-def _naming(what: str):
-  """A JSON file that does not parse is damage: named, since the parser does not say which."""
-  try:
-    yield
-  except json.JSONDecodeError as e:
-    raise Damaged(f"{what} is not valid JSON: {e}") from None
+from jaxtrain.restore import Damaged, newest_intact  # noqa: F401 - part of this module's API
 
 
 def _val_loss(metrics: dict) -> float:
@@ -94,9 +79,10 @@ class Checkpoints:
            meta: dict | None = None, val_loss: float | None = None) -> None:
     """Starts an async save of `state` at its step; returns once the arrays are copied."""
     step = int(state.step)
+    digests = _digests(state.arrays())  # dispatched now; fetched while the save is written
     items = {"state": ocp.args.StandardSave(state.arrays()),
              "meta": ocp.args.JsonSave(meta or {}),
-             "checksums": ocp.args.JsonSave(checksums(state.arrays()))}
+             "checksums": _LaterJsonSave(lambda: _named(jax.device_get(digests)))}
     if iterator is not None:
       items["data"] = grain.checkpoint.CheckpointSave(iterator)
     args = ocp.args.Composite(**items)
@@ -104,7 +90,7 @@ class Checkpoints:
     self.manager.save(step, args=args, metrics=metrics, force=True)
 
   def read_meta(self, step: int) -> dict:
-    with _naming("meta/metadata"):
+    with restore.naming("meta/metadata"):
       return self._reader.restore(self.directory / str(step),
                                   args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
 
@@ -125,7 +111,7 @@ class Checkpoints:
     recorded = (self.directory / str(step) / "checksums").exists()
     if recorded:
       items["checksums"] = ocp.args.JsonRestore()
-    with _naming("a metadata file of its arrays"):
+    with restore.naming("a metadata file of its arrays"):
       restored = self._reader.restore(self.directory / str(step),
                                       args=ocp.args.Composite(**items))
     return state.with_arrays(restored.state), restored.checksums if recorded else None
@@ -140,9 +126,9 @@ class Checkpoints:
       # do. Saved by as many processes as now, this process's own file is missing.
       saved = sorted(data_dir.glob("process_*-of-*.json"))
       if not saved or any(p.name.endswith(f"-of-{n}.json") for p in saved):
-        raise FileNotFoundError(f"no data iterator state {mine.name} in {data_dir}")
+        raise Damaged(f"no data iterator state {mine.name} in {data_dir}")
       mine = saved[0]
-    with _naming(f"data/{mine.name}"):
+    with restore.naming(f"data/{mine.name}"):
       return json.loads(mine.read_text())
 
   def verify(self, state: steps.TrainState, saved: dict | None) -> str | None:
@@ -227,118 +213,32 @@ _digests = jax.jit(lambda tree: jax.tree.map(_digest, tree))
 
 def checksums(arrays: dict) -> dict[str, int]:
   """{array path: digest} of a state's arrays (a collective when they span processes)."""
-  digests = jax.device_get(_digests(arrays))
+  return _named(jax.device_get(_digests(arrays)))
+
+
+def _named(digests: dict) -> dict[str, int]:
   return {jax.tree_util.keystr(path, simple=True, separator="/"): int(d)
           for path, d in jax.tree_util.tree_flatten_with_path(digests)[0]}
 
 
-def newest_intact(ckpts: Checkpoints, read: Callable, warn: Callable[[str], None], *,
-                  using: str, fresh: str, collective: bool = True) -> tuple[int, object, object]:
-  """(step, state, extra) of the newest checkpoint that reads whole; the damaged ones newer
-  than it are set aside, each reported in one line to `warn`. `read(step)` returns (state,
-  saved checksums, extra) from `Checkpoints.read` or raises. If none reads whole, none is moved
-  and a UserError lists why, ending with `fresh`.
+class _LaterJsonHandler(ocp.handlers.JsonCheckpointHandler):
+  """Writes the JSON that a function returns, called in the background part of the save: the
+  checksums' device_get waits there, not in the training loop. The same file as JsonSave's."""
 
-  `collective`: the processes of a run agree on every step before going on (they read their
-  own parts of it); process 0 moves the damaged ones, after all of them have looked.
-  """
-  with _QuietFailedReads() as quiet:
-    return _newest_intact(ckpts, read, warn, using, fresh, collective, quiet)
+  async def _save_fn(self, x, directory):
+    await super()._save_fn(x() if callable(x) else x, directory)
 
 
-def _newest_intact(ckpts: Checkpoints, read: Callable, warn: Callable[[str], None], using: str,
-                   fresh: str, collective: bool, quiet: "_QuietFailedReads"):
-  agree = runtime.any_process if collective else bool
-  damaged = []
-  for step in sorted(ckpts.all_steps(), reverse=True):
-    state = saved = extra = reason = None
-    try:
-      state, saved, extra = read(step)
-    except Exception as e:  # noqa: BLE001 - tensorstore raises bare Exceptions
-      if not _is_damage(e):
-        raise
-      reason = _reason(e)
-      quiet.settle()
-    if agree(reason is not None):
-      damaged.append((step, reason or "another process could not read its part"))
-      continue
-    reason = ckpts.verify(state, saved)  # the same answer on every process
-    if reason is None:
-      _set_aside(ckpts, damaged, f"{using} step {step}", warn, collective)
-      return step, state, extra
-    damaged.append((step, reason))
-  found = "; ".join(f"step {step}: {reason}" for step, reason in damaged)
-  raise UserError(f"no checkpoint in {ckpts.directory} can be read ({found}); {fresh}")
+@ocp.args.register_with_handler(_LaterJsonHandler, for_save=True)
+@dataclasses.dataclass
+class _LaterJsonSave(ocp.args.CheckpointArgs):
+  item: Callable[[], dict]
 
 
-def _set_aside(ckpts: Checkpoints, damaged: list, then: str, warn, collective: bool) -> None:
-  if not damaged:
-    return
-  if not collective or jax.process_index() == 0:
-    for step, reason in damaged:
-      moved = ckpts.set_aside(step)
-      where = f"moved it to {moved}" if moved else "it is gone"
-      warn(f"warning: checkpoint {ckpts.directory / str(step)} is damaged ({reason}); {where}; "
-           f"{then}")
-  if collective:
-    runtime.barrier("jaxtrain: damaged checkpoints set aside")
-  ckpts.reload()
-
-
-class _QuietFailedReads(logging.Filter):
-  """When one of a checkpoint's array reads fails, orbax closes its asyncio loop and leaves the
-  other reads behind: each then ends in an unraisable error ("Event loop is closed", or a
-  coroutine dropped with the same read error) or an asyncio log line ("exception was never
-  retrieved"), none of which says more than the failed read's own error. While this is on,
-  those are dropped; `settle` collects the abandoned reads so that they end while it is on."""
-
-  def __enter__(self) -> "_QuietFailedReads":
-    self.previous = sys.unraisablehook
-    sys.unraisablehook = self._unraisable
-    logging.getLogger("asyncio").addFilter(self)
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.settle()
-    logging.getLogger("asyncio").removeFilter(self)
-    if sys.unraisablehook == self._unraisable:
-      sys.unraisablehook = self.previous
-
-  def settle(self) -> None:
-    gc.collect()
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    return "exception was never retrieved" not in record.getMessage()
-
-  def _unraisable(self, unraisable) -> None:
-    e = unraisable.exc_value
-    closed = isinstance(e, RuntimeError) and str(e) == "Event loop is closed"
-    if not (closed or inspect.iscoroutine(unraisable.object)):
-      self.previous(unraisable)
-
-
-def _is_damage(e: Exception) -> bool:
-  """Whether a failed read blames the checkpoint's files: not the run's own refusal (a config
-  that does not fit), nor memory or permissions, which moving the files would not mend."""
-  if isinstance(e, (UserError, MemoryError, PermissionError)):
-    return False
-  text = str(e)
-  return "RESOURCE_EXHAUSTED" not in text and "out of memory" not in text.lower()
-
-
-def _reason(e: BaseException) -> str:
-  """The innermost error's first line: tensorstore's outer ones only say where it read."""
-  while True:
-    inner = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
-    if inner is None or not str(inner):
-      break
-    e = inner
-  text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
-  text = re.sub(r' in OCDBT database at local file "[^"]*"| ?\[tensorstore_spec=.*', "",
-                text.splitlines()[0] if text else "")
-  name = type(e).__name__
-  text = text if name in ("Damaged", "ValueError", "Exception") else f"{name}: {text}"
-  return text if len(text) <= 240 else text[:237] + "..."
+@ocp.args.register_with_handler(_LaterJsonHandler, for_restore=True)
+@dataclasses.dataclass
+class _LaterJsonRestore(ocp.args.CheckpointArgs):  # unused: orbax wants a pair; reads use JsonRestore
+  item: dict | None = None
 
 
 def load_tokenizer(workdir: str):
@@ -348,8 +248,8 @@ def load_tokenizer(workdir: str):
 
 def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
   """The train state saved in a run's workdir, on one device: its newest checkpoint that reads
-  whole (a damaged one is set aside, as a resuming run would, with a warning on stderr), or
-  step `step`.
+  whole (a damaged one is set aside, as a resuming run would, with a warning on stderr; while a
+  run holds the workdir, nothing is moved), or step `step`.
 
   For sampling, evaluation or inspection outside the training loop: no data is needed.
   """
@@ -363,23 +263,14 @@ def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
     if step is None:
       if ckpts.latest_step() is None:
         raise UserError(f"no checkpoint in {ckpts.directory}; train first (python -m jaxtrain)")
+      live = lock.is_held(Path(workdir) / lock.WORKDIR_LOCK)
       return newest_intact(ckpts, read, lambda line: print(line, file=sys.stderr),
-                           using="loading", fresh="nothing to load", collective=False)[1]
+                           using="loading", fresh="nothing to load", collective=False,
+                           move=not live)[1]
     if step not in ckpts.all_steps():
       raise UserError(f"no checkpoint of step {step} in {ckpts.directory} (it has steps "
                       f"{ckpts.all_steps()})")
-    with _QuietFailedReads():
-      try:
-        state, saved, _ = read(step)
-        problem = ckpts.verify(state, saved)
-      except Exception as e:  # noqa: BLE001 - tensorstore raises bare Exceptions
-        if not _is_damage(e):
-          raise
-        problem = _reason(e)
-    if problem:
-      raise UserError(f"checkpoint {ckpts.directory / str(step)} is damaged ({problem}); load "
-                      "another step, or leave out step= for the newest intact one")
-    return state
+    return restore.read_one(ckpts, step, read)
   finally:
     ckpts.close()
 

@@ -152,7 +152,6 @@ LIMITS = {
 }
 MAX_PARAMS = 2**40  # ~1.1e12 parameters: 17.6 TB of float32 params, gradients and AdamW state
 MAX_BATCH_TOKENS = 2**31  # tokens of one micro-batch, batch_size x (seq_len + 1)
-MAX_EVAL_TOKENS = 2**28  # validation tokens kept on the devices for every evaluation (1 GiB)
 FLOAT32_BELOW_1 = 1 - 2**-24  # numbers from here to 1 round to 1 in float32
 # Path fields: a NUL or a newline in one is a mistake, and would break the one-line messages.
 PATH_FIELDS = ("workdir", "data.path", "data.cache_dir")
@@ -239,15 +238,14 @@ def _validate_model(cfg: ml_collections.ConfigDict) -> None:
          "pass --config.model.mlp_ratio=4.0")
   _check(0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {m.dropout}",
          "pass --config.model.dropout=0.0")
-  # Below 1, float32 rounds tiny bases to 0, and RoPE's angles become inf * 0 = nan.
-  _check(m.rope_theta >= 1, "model.rope_theta", f"must be >= 1, got {m.rope_theta}",
-         "pass --config.model.rope_theta=10000.0")
+  # At 0 or below (or a base float32 rounds to 0), RoPE's angles become inf * 0 or nan.
+  _check(m.rope_theta >= 1e-30, "model.rope_theta", f"must be > 0 (at least 1e-30), got "
+         f"{m.rope_theta}", "pass --config.model.rope_theta=10000.0")
 
 
 # Sizes of a typical large run: a product of fields that is too large names its largest factor.
 _TYPICAL = {"model.n_layers": 12, "model.d_model": 768, "model.mlp_ratio": 4,
-            "model.vocab_size": 50304, "model.seq_len": 1024, "train.batch_size": 512,
-            "train.eval_steps": 100}
+            "model.vocab_size": 50304, "model.seq_len": 1024, "train.batch_size": 512}
 
 
 def _largest(cfg: ml_collections.ConfigDict, *fields: str) -> str:
@@ -273,11 +271,6 @@ def _validate_sizes(cfg: ml_collections.ConfigDict) -> None:
          f"one micro-batch would hold batch_size x (seq_len + 1) = {tokens:.3g} tokens, more than "
          f"{MAX_BATCH_TOKENS:.3g}", "lower train.batch_size (raise train.grad_accum to keep the "
          "tokens per step) or model.seq_len")
-  _check(t.eval_steps * tokens <= MAX_EVAL_TOKENS,
-         _largest(cfg, "train.eval_steps", "train.batch_size", "model.seq_len"),
-         f"the validation batches, kept on the devices, would hold eval_steps x batch_size x "
-         f"(seq_len + 1) = {t.eval_steps * tokens:.3g} tokens, more than {MAX_EVAL_TOKENS:.3g}",
-         "lower train.eval_steps, train.batch_size or model.seq_len")
 
 
 def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
@@ -307,11 +300,10 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
 def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
   d, s = cfg.data, cfg.sample
   _one_of(d.tokenizer, TOKENIZERS, "data.tokenizer")
-  # Below 1e-9 no corpus holds a window out; above 0.5 the training split is the shorter one,
-  # and only the validation split is checked to hold a window.
-  _check(1e-9 <= d.val_fraction <= 0.5, "data.val_fraction", f"must be in (0, 1), at least 1e-9 "
-         f"and at most 0.5 (the rest trains), got {d.val_fraction}",
-         "pass --config.data.val_fraction=0.1")
+  # Whether each split holds a window depends on the corpus: data.check_lengths says at run time.
+  # Underflow-sized fractions are refused here (the tokens they would need overflow a float).
+  _check(1e-30 <= d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1) (at least "
+         f"1e-30), got {d.val_fraction}", "pass --config.data.val_fraction=0.1")
 
   _positive_int(cfg, "sample.num_samples", minimum=0)
   _positive_int(cfg, "sample.max_new_tokens", minimum=0)

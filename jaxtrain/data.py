@@ -14,6 +14,7 @@ import glob
 import hashlib
 import json
 import os
+import socket
 import sysconfig
 from pathlib import Path
 
@@ -216,7 +217,8 @@ class _Cache:
         tmp.unlink(missing_ok=True)
 
   def tmp(self, path: Path) -> Path:
-    return path.with_name(f"{path.name}.tmp{os.getpid()}")
+    # The host too: hosts sharing a cache directory may have no working locks, and equal PIDs.
+    return path.with_name(f"{path.name}.tmp{socket.gethostname()}-{os.getpid()}")
 
   def write_error(self, e: OSError, need: int) -> UserError:
     if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
@@ -368,3 +370,8 @@ def check_lengths(corpus: Corpus, seq_len: int, val_fraction: float) -> None:
     raise UserError(f"the corpus has {len(corpus.tokens)} tokens: its validation split "
                     f"({len(corpus.val)}) is shorter than one window of seq_len+1={window}; use "
                     f"at least ~{need} tokens of text or a smaller --config.model.seq_len")
+  if len(corpus.train) < window:
+    raise UserError(f"the corpus has {len(corpus.tokens)} tokens: its training split "
+                    f"({len(corpus.train)}) is shorter than one window of seq_len+1={window}; "
+                    "pass a smaller --config.data.val_fraction or --config.model.seq_len, or "
+                    "use more text")

@@ -66,10 +66,10 @@ def init_distributed(distributed: ml_collections.ConfigDict) -> None:
     kwargs["num_processes"] = distributed.num_processes
   if distributed.process_id >= 0:
     kwargs["process_id"] = distributed.process_id
-  peers.set_silence_limit(distributed.timeout_s / 2)
   try:
     # CPU collectives go through gloo (jax's default); GPUs use NCCL. The heartbeat timeout bounds
-    # how long a survivor can stay blocked on a process that vanished (jax then ends it).
+    # how long a survivor can stay blocked without an error on a process that vanished (jax then
+    # ends it with its own report); a collective that fails ends it at once (peers.py).
     jax.distributed.initialize(initialization_timeout=distributed.timeout_s,
                                heartbeat_timeout_seconds=distributed.timeout_s, **kwargs)
   except Exception as e:
@@ -164,6 +164,4 @@ def setup(cfg: ml_collections.ConfigDict) -> str:
   enable_compile_cache()
   split_cpu(cfg)
   init_distributed(cfg.distributed)
-  platform = check_platform()
-  peers.open_probe_port(cfg.distributed.coordinator_address)
-  return platform
+  return check_platform()

@@ -14,8 +14,9 @@ import jax.numpy as jnp
 import ml_collections
 
 from jaxtrain import config, fmt, peers, runtime
-from jaxtrain.checkpoint import Checkpoints, Damaged, newest_intact
+from jaxtrain.checkpoint import Checkpoints
 from jaxtrain.errors import NonFiniteLoss, UserError
+from jaxtrain.restore import Damaged, newest_intact
 from jaxtrain.steps import TrainState
 
 

@@ -34,6 +34,10 @@ BAD = [
     ({"optim.b2": 1.0}, "optim.b2", "[0, 1)"),
     ({"data.tokenizer": "bpe"}, "data.tokenizer", "not one of"),
     ({"data.val_fraction": 0.0}, "data.val_fraction", "(0, 1)"),
+    ({"data.val_fraction": 1.0}, "data.val_fraction", "(0, 1)"),
+    ({"data.val_fraction": 1e-31}, "data.val_fraction", "at least 1e-30"),
+    ({"model.rope_theta": 0.0}, "model.rope_theta", "must be > 0"),
+    ({"model.rope_theta": -1.0}, "model.rope_theta", "must be > 0"),
     ({"sample.temperature": -1.0}, "sample.temperature", ">= 0"),
     ({"mesh.data": 0}, "mesh.data", "-1 (all devices) or >= 1"),
     ({"mesh.data": -1, "mesh.fsdp": -1}, "mesh.fsdp", "only one mesh axis"),
@@ -76,3 +80,13 @@ def test_batch_must_split_over_devices_and_processes():
 def test_vocab_smaller_than_the_tokenizer_is_rejected():
   with pytest.raises(ConfigError, match="model.vocab_size: 100 is smaller"):
     summary.vocab_size(100, tokenizer.ByteTokenizer())
+
+
+@pytest.mark.parametrize("overrides", [
+    {"data.val_fraction": 0.9}, {"data.val_fraction": 1 - 2**-53}, {"data.val_fraction": 1e-30},
+    {"model.rope_theta": 0.5}, {"model.rope_theta": 1e-30},
+    # The validation set is sharded over the devices: no global limit on its tokens.
+    {"train.eval_steps": 4096, "train.batch_size": 4096, "model.seq_len": 1024},
+], ids=str)
+def test_edges_that_work_are_accepted(overrides):
+  config.validate(tiny_config(**overrides))

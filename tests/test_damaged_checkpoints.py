@@ -4,6 +4,7 @@ intact one, ending bit-for-bit where an undamaged run ends; none intact is one l
 Real runs, real files, real orbax: a run saves steps 2 and 4, then the newest is damaged on disk.
 """
 
+import errno
 import json
 import shutil
 from pathlib import Path
@@ -13,7 +14,7 @@ import killharness as kh
 import pytest
 from conftest import run_cli
 
-from jaxtrain import checkpoint, data, programs, train
+from jaxtrain import checkpoint, data, lock, programs, restore, train
 from jaxtrain.errors import UserError
 from jaxtrain.testing import assert_trees_equal
 
@@ -207,3 +208,88 @@ def test_two_processes_agree_on_the_checkpoint_when_only_one_cannot_read_it(corp
           f"read its part); moved it to {moved[0]}; resuming from step 2") in out[0].splitlines()
   assert f"resumed from checkpoint {ckpt_dir / '2'} at step 2" in out[0]
   assert f"step      {TOTAL}/{TOTAL}" in out[0] and "warning" not in out[1]
+
+
+def test_a_step_removed_while_being_read_is_skipped_not_moved(runs, tmp_path, capsys,
+                                                               monkeypatch):
+  cfg, ckpt_dir = _copy(runs, tmp_path)
+  read_meta = checkpoint.Checkpoints.read_meta
+
+  def removed_first(self, step):
+    if step == FIRST:  # listed, then removed (a live run's retention) before it is read
+      shutil.rmtree(self.directory / str(step))
+    return read_meta(self, step)
+
+  monkeypatch.setattr(checkpoint.Checkpoints, "read_meta", removed_first)
+  capsys.readouterr()
+  assert int(checkpoint.load_state(cfg.workdir).step) == 2
+  assert capsys.readouterr().err == ""
+  assert sorted(p.name for p in ckpt_dir.iterdir()) == ["2"]
+
+
+TRANSIENT = {
+    "EIO": OSError(errno.EIO, "Input/output error"),
+    "too many open files": OSError(errno.EMFILE, "Too many open files"),
+    "tensorstore UNAVAILABLE": Exception("UNAVAILABLE: Error reading local file: timed out"),
+    "tensorstore DEADLINE_EXCEEDED": Exception("DEADLINE_EXCEEDED: read took too long"),
+}
+
+
+@pytest.mark.parametrize("error", TRANSIENT)
+def test_an_error_that_is_not_damage_stops_with_one_line_and_moves_nothing(
+    runs, tmp_path, monkeypatch, error):
+  cfg, ckpt_dir = _copy(runs, tmp_path)
+  read_meta = checkpoint.Checkpoints.read_meta
+
+  def failing(self, step):
+    if step == FIRST:
+      raise TRANSIENT[error]
+    return read_meta(self, step)
+
+  monkeypatch.setattr(checkpoint.Checkpoints, "read_meta", failing)
+  with pytest.raises(UserError) as e:
+    checkpoint.load_state(cfg.workdir)
+  message = str(e.value)
+  assert "\n" not in message
+  assert message.startswith(f"cannot read the checkpoint of step {FIRST} in {ckpt_dir} (")
+  assert str(TRANSIENT[error].args[-1]) in message
+  assert message.endswith("it may be intact, so nothing was moved: fix the cause, then try again")
+  assert sorted(p.name for p in ckpt_dir.iterdir()) == ["2", "4"]
+  with pytest.raises(UserError, match=r"^cannot read the checkpoint of step 4 "):
+    train.run(cfg, show_progress=False)  # resuming: the same rule
+  assert sorted(p.name for p in ckpt_dir.iterdir()) == ["2", "4"]
+
+
+def test_load_state_moves_nothing_while_a_run_holds_the_workdir(runs, tmp_path, capsys):
+  cfg, ckpt_dir = _copy(runs, tmp_path)
+  DAMAGE["bytes flipped inside array data"](ckpt_dir / str(FIRST))
+  held = lock.FileLock(Path(cfg.workdir) / lock.WORKDIR_LOCK)
+  assert held.acquire()
+  try:
+    capsys.readouterr()
+    state = checkpoint.load_state(cfg.workdir)
+  finally:
+    held.release()
+  assert int(state.step) == 2
+  err = capsys.readouterr().err.splitlines()
+  assert len(err) == 1, err
+  assert err[0].startswith(f"warning: checkpoint {ckpt_dir / str(FIRST)} could not be read "
+                           "(array data differs from what was saved")
+  assert err[0].endswith(f"); left in place, since a run holds {Path(cfg.workdir)}; loading "
+                         "step 2")
+  assert sorted(p.name for p in ckpt_dir.iterdir()) == ["2", "4"]
+
+
+def test_only_positive_evidence_is_damage(tmp_path):
+  step_dir = tmp_path / "4"
+  step_dir.mkdir()
+  damaged = [restore.Damaged("x"), Exception("DATA_LOSS: Error reading ..."),
+             Exception("ZSTD_decompressStream() failed: Data corruption detected"),
+             ValueError("Truncated read"), FileNotFoundError(2, "gone", str(step_dir / "meta")),
+             Exception(f'NOT_FOUND: Error reading "{step_dir}/state/d/abc"')]
+  fatal = [OSError(errno.EIO, "Input/output error"), OSError(errno.ESTALE, "Stale file handle"),
+           PermissionError(13, "denied"), MemoryError(), UserError("config"),
+           Exception("UNAVAILABLE: connection reset"), RuntimeError("RESOURCE_EXHAUSTED")]
+  assert [restore.classify(e, step_dir) for e in damaged] == [restore.DAMAGED] * len(damaged)
+  assert [restore.classify(e, step_dir) for e in fatal] == [restore.FATAL] * len(fatal)
+  assert restore.classify(FileNotFoundError(2, "gone"), tmp_path / "6") == restore.GONE

@@ -1,9 +1,13 @@
 """Random values for every config field: a run trains, or exits 2 with one line naming the field.
 
-Two layers. In process, many draws: random values of random types for a few fields at a time on
-top of the tiny config, through `config.validate` and everything that reads the config before
-any compile. In subprocesses, a few draws: `python -m jaxtrain` for one step with one field's
-value on the command line or from a config file; never a traceback, never a hang.
+Three layers. Every field in turn, in process: a value of each wrong type, and one past its
+limit, is refused naming it. In process, many draws: random values of random types for a few
+fields at a time on top of the tiny config, through `config.validate` and everything that reads
+the config before any compile. In subprocesses, a few draws: `python -m jaxtrain` for one step
+with one field's value on the command line or from a config file; never a traceback, never a hang.
+
+The draws are deterministic (derandomized, no example database). By default they fit a 2-core CI
+machine (300 in process, 6 runs); JAXTRAIN_FUZZ_EXAMPLES=N draws N in process and N // 50 runs.
 """
 
 import json
@@ -26,6 +30,9 @@ from jaxtrain.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = int(os.environ.get("JAXTRAIN_FUZZ_EXAMPLES", "300"))
+RUNS = max(6, EXAMPLES // 50)
+RUN_TIMEOUT_S = 180
 DEFAULTS = config.flatten(config.default_config().to_dict())
 HUGE = [2**31, 2**63, 10**12, 10**30, 10**400, -(10**12), -(2**63)]
 ODD_FLOATS = [math.nan, math.inf, -math.inf, -0.0, 5e-324, 1e-300, 1e300, -1e-3, 0.99999999, 1.0]
@@ -64,8 +71,7 @@ def value_for(field: str) -> st.SearchStrategy:
 # problem of another of its group.
 GROUPS = [
     {"model.n_layers", "model.d_model", "model.n_heads", "model.mlp_ratio", "model.vocab_size",
-     "model.tie_embeddings", "model.pos", "model.mlp", "model.seq_len", "train.batch_size",
-     "train.eval_steps"},
+     "model.tie_embeddings", "model.pos", "model.mlp", "model.seq_len", "train.batch_size"},
     {"mesh.data", "mesh.fsdp", "mesh.cpu_devices", "train.batch_size"},
     {"distributed.num_processes", "distributed.process_id", "distributed.coordinator_address",
      "train.batch_size"},
@@ -95,6 +101,21 @@ def nest(flat: dict) -> dict:
   return nested
 
 
+# One wrong value of each type, and nan for the number fields (an int passes for a float).
+WRONG = [True, 3, 2**31, 0.5, math.nan, "1", None, [1], {"a": 1}]
+
+
+@pytest.mark.parametrize("field", sorted(DEFAULTS))
+def test_every_field_refuses_wrong_types_and_values_past_its_limit(field):
+  kind = type(DEFAULTS[field])
+  wrong = [v for v in WRONG if type(v) is not kind and not (kind is float and v == 3)]
+  wrong += [config.LIMITS[field] + 1] if field in config.LIMITS else []
+  for value in wrong:
+    with pytest.raises(ConfigError) as e:
+      config.validate(with_values({field: value}))
+    assert e.value.field == field and "\n" not in str(e.value), (value, str(e.value))
+
+
 def _alarm(signum, frame):
   raise TimeoutError("a config value made the checks before compiling take over 20 s (a hang)")
 
@@ -115,7 +136,7 @@ def reads_before_compile(cfg: ml_collections.ConfigDict) -> None:
     estimate.memory_estimate(p.model_cfg, cfg.train.batch_size, cfg.train.grad_accum)
 
 
-@settings(max_examples=800, deadline=None, derandomize=True, database=None,
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_any_value_of_any_field_is_valid_or_named(data):
@@ -208,7 +229,7 @@ def jaxtrain_cli(field: str, value, on_command_line: bool, directory: Path) -> t
   return [f"--config={directory / 'fuzzed.py'}"], "config file"
 
 
-@settings(max_examples=14, deadline=None, derandomize=True, database=None,
+@settings(max_examples=RUNS, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
 @given(st.data())
 @pytest.mark.slow
@@ -224,9 +245,9 @@ def test_a_run_with_any_value_trains_or_names_the_field(corpus_file, tmp_path_fa
              MPLCONFIGDIR=str(tmp_path_factory.getbasetemp() / "matplotlib"))  # one font cache
   try:
     proc = subprocess.run([sys.executable, "-m", "jaxtrain", "--jax_platforms=cpu", *args],
-                          cwd=directory, env=env, capture_output=True, text=True, timeout=120)
+                          cwd=directory, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
   except subprocess.TimeoutExpired:
-    pytest.fail(f"{field}={value!r} ({how}): no exit in 120 s")
+    pytest.fail(f"{field}={value!r} ({how}): no exit in {RUN_TIMEOUT_S} s")
   said = f"{field}={value!r} ({how}) exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr}"
   assert "Traceback" not in proc.stdout + proc.stderr, said
   if proc.returncode == 0:
