@@ -3,16 +3,14 @@
 Orbax writes each step into a temporary directory and renames it when complete, so a crash
 mid-save never leaves a checkpoint that `latest_step` would pick. Kept: the `keep` latest steps
 plus the one with the best validation loss. A checkpoint damaged later (a flipped bit, a lost or
-cut-short file) is found on restore: each array's checksum is saved beside it, and any read
-error that shows damage counts. `restore.newest_intact` then sets the damaged one aside and uses
+cut-short file) is found on restore: each array's checksum is saved in the step's metadata, and
+any read error that shows damage counts. `restore.newest_intact` then sets the damaged one aside and uses
 an earlier one.
 """
 
-import dataclasses
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grain
@@ -79,10 +77,9 @@ class Checkpoints:
            meta: dict | None = None, val_loss: float | None = None) -> None:
     """Starts an async save of `state` at its step; returns once the arrays are copied."""
     step = int(state.step)
-    digests = _digests(state.arrays())  # dispatched now; fetched while the save is written
-    items = {"state": ocp.args.StandardSave(state.arrays()),
-             "meta": ocp.args.JsonSave(meta or {}),
-             "checksums": _LaterJsonSave(lambda: _named(jax.device_get(digests)))}
+    # The checksums travel in the metadata: any tool that reads orbax checkpoints reads these.
+    meta = {**(meta or {}), "checksums": checksums(state.arrays())}
+    items = {"state": ocp.args.StandardSave(state.arrays()), "meta": ocp.args.JsonSave(meta)}
     if iterator is not None:
       items["data"] = grain.checkpoint.CheckpointSave(iterator)
     args = ocp.args.Composite(**items)
@@ -107,14 +104,10 @@ class Checkpoints:
                           state.arrays(), shardings.arrays())
     if iterator is not None:
       iterator.set_state(self._iterator_state(step))
-    items = {"state": ocp.args.StandardRestore(target)}
-    recorded = (self.directory / str(step) / "checksums").exists()
-    if recorded:
-      items["checksums"] = ocp.args.JsonRestore()
     with restore.naming("a metadata file of its arrays"):
       restored = self._reader.restore(self.directory / str(step),
-                                      args=ocp.args.Composite(**items))
-    return state.with_arrays(restored.state), restored.checksums if recorded else None
+                                      args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+    return state.with_arrays(restored.state), self.read_meta(step).get("checksums")
 
   def _iterator_state(self, step: int) -> dict:
     data_dir = self.directory / str(step) / "data"
@@ -219,26 +212,6 @@ def checksums(arrays: dict) -> dict[str, int]:
 def _named(digests: dict) -> dict[str, int]:
   return {jax.tree_util.keystr(path, simple=True, separator="/"): int(d)
           for path, d in jax.tree_util.tree_flatten_with_path(digests)[0]}
-
-
-class _LaterJsonHandler(ocp.handlers.JsonCheckpointHandler):
-  """Writes the JSON that a function returns, called in the background part of the save: the
-  checksums' device_get waits there, not in the training loop. The same file as JsonSave's."""
-
-  async def _save_fn(self, x, directory):
-    await super()._save_fn(x() if callable(x) else x, directory)
-
-
-@ocp.args.register_with_handler(_LaterJsonHandler, for_save=True)
-@dataclasses.dataclass
-class _LaterJsonSave(ocp.args.CheckpointArgs):
-  item: Callable[[], dict]
-
-
-@ocp.args.register_with_handler(_LaterJsonHandler, for_restore=True)
-@dataclasses.dataclass
-class _LaterJsonRestore(ocp.args.CheckpointArgs):  # unused: orbax wants a pair; reads use JsonRestore
-  item: dict | None = None
 
 
 def load_tokenizer(workdir: str):

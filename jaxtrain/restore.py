@@ -6,12 +6,8 @@ since the checkpoint may well be intact. A step directory removed meanwhile is s
 """
 
 import contextlib
-import gc
-import inspect
 import json
-import logging
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,34 +50,34 @@ def newest_intact(ckpts, read: Callable, warn: Callable[[str], None], *, using: 
   after all of them have looked. `move=False` (another run holds the workdir): nothing is moved,
   the damaged ones are only reported as left in place.
   """
-  with QuietFailedReads() as quiet:
-    multi = collective and jax.process_count() > 1
-    damaged = []
-    for step in _steps(ckpts, multi):
-      state = saved = extra = reason = None
-      code = OK
-      try:
-        state, saved, extra = read(step)
-      except Exception as e:  # noqa: BLE001 - tensorstore raises bare Exceptions
-        code, reason, error = classify(e, ckpts.directory / str(step)), _reason(e), e
-        quiet.settle()
-      codes = _gather(code) if multi else [code]
-      if FATAL in codes:
-        if code == FATAL:
-          raise error if isinstance(error, UserError) else unreadable(ckpts, step, reason)
-        raise unreadable(ckpts, step, f"process {codes.index(FATAL)} could not read its part: "
-                                      "see its output")
-      if DAMAGED in codes:
-        damaged.append((step, reason if code == DAMAGED else
-                        "another process could not read its part"))
-        continue
-      if GONE in codes:
-        continue  # removed meanwhile (a live run's retention): not damage, nothing to move
-      reason = ckpts.verify(state, saved)  # the same answer on every process
-      if reason is None:
-        _set_aside(ckpts, damaged, f"{using} step {step}", warn, collective, move)
-        return step, state, extra
-      damaged.append((step, reason))
+  # A failed array read makes orbax abandon the other reads of that step: they end later as
+  # unraisable errors or asyncio log lines, which a CLI run sends to workdir/logs/.
+  multi = collective and jax.process_count() > 1
+  damaged = []
+  for step in _steps(ckpts, multi):
+    state = saved = extra = reason = None
+    code = OK
+    try:
+      state, saved, extra = read(step)
+    except Exception as e:  # noqa: BLE001 - tensorstore raises bare Exceptions
+      code, reason, error = classify(e, ckpts.directory / str(step)), _reason(e), e
+    codes = _gather(code) if multi else [code]
+    if FATAL in codes:
+      if code == FATAL:
+        raise error if isinstance(error, UserError) else unreadable(ckpts, step, reason)
+      raise unreadable(ckpts, step, f"process {codes.index(FATAL)} could not read its part: "
+                                    "see its output")
+    if DAMAGED in codes:
+      damaged.append((step, reason if code == DAMAGED else
+                      "another process could not read its part"))
+      continue
+    if GONE in codes:
+      continue  # removed meanwhile (a live run's retention): not damage, nothing to move
+    reason = ckpts.verify(state, saved)  # the same answer on every process
+    if reason is None:
+      _set_aside(ckpts, damaged, f"{using} step {step}", warn, collective, move)
+      return step, state, extra
+    damaged.append((step, reason))
   found = "; ".join(f"step {step}: {reason}" for step, reason in damaged)
   found = found or "each was removed while being read"
   raise UserError(f"no checkpoint in {ckpts.directory} can be read ({found}); {fresh}")
@@ -89,18 +85,17 @@ def newest_intact(ckpts, read: Callable, warn: Callable[[str], None], *, using: 
 
 def read_one(ckpts, step: int, read: Callable):
   """The state of step `step` (asked for by name: no other step instead), verified."""
-  with QuietFailedReads():
-    try:
-      state, saved, _ = read(step)
-      problem = ckpts.verify(state, saved)
-    except Exception as e:  # noqa: BLE001 - tensorstore raises bare Exceptions
-      code = classify(e, ckpts.directory / str(step))
-      if code == FATAL:
-        raise e if isinstance(e, UserError) else unreadable(ckpts, step, _reason(e)) from None
-      if code == GONE:
-        raise UserError(f"the checkpoint of step {step} in {ckpts.directory} was removed while "
-                        "being read; load another step") from None
-      problem = _reason(e)
+  try:
+    state, saved, _ = read(step)
+    problem = ckpts.verify(state, saved)
+  except Exception as e:  # noqa: BLE001 - tensorstore raises bare Exceptions
+    code = classify(e, ckpts.directory / str(step))
+    if code == FATAL:
+      raise e if isinstance(e, UserError) else unreadable(ckpts, step, _reason(e)) from None
+    if code == GONE:
+      raise UserError(f"the checkpoint of step {step} in {ckpts.directory} was removed while "
+                      "being read; load another step") from None
+    problem = _reason(e)
   if problem:
     raise UserError(f"checkpoint {ckpts.directory / str(step)} is damaged ({problem}); load "
                     "another step, or leave out step= for the newest intact one")
@@ -192,35 +187,3 @@ def _reason(e: BaseException) -> str:
   name = type(e).__name__
   text = text if name in ("Damaged", "ValueError", "Exception") else f"{name}: {text}"
   return text if len(text) <= 240 else text[:237] + "..."
-
-
-class QuietFailedReads(logging.Filter):
-  """When one of a checkpoint's array reads fails, orbax closes its asyncio loop and leaves the
-  other reads behind: each then ends in an unraisable error ("Event loop is closed", or a
-  coroutine dropped with the same read error) or an asyncio log line ("exception was never
-  retrieved"), none of which says more than the failed read's own error. While this is on,
-  those are dropped; `settle` collects the abandoned reads so that they end while it is on."""
-
-  def __enter__(self) -> "QuietFailedReads":
-    self.previous = sys.unraisablehook
-    sys.unraisablehook = self._unraisable
-    logging.getLogger("asyncio").addFilter(self)
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.settle()
-    logging.getLogger("asyncio").removeFilter(self)
-    if sys.unraisablehook == self._unraisable:
-      sys.unraisablehook = self.previous
-
-  def settle(self) -> None:
-    gc.collect()
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    return "exception was never retrieved" not in record.getMessage()
-
-  def _unraisable(self, unraisable) -> None:
-    e = unraisable.exc_value
-    closed = isinstance(e, RuntimeError) and str(e) == "Event loop is closed"
-    if not (closed or inspect.iscoroutine(unraisable.object)):
-      self.previous(unraisable)
