@@ -19,9 +19,10 @@ from jaxtrain import peers, runtime
 from jaxtrain.errors import UserError
 
 OK, GONE, DAMAGED, FATAL = 0, 1, 2, 3  # what a process found; the processes act on the worst
-# Tensorstore's and orbax's words for files whose contents are wrong (not for failing to read).
-_CORRUPT = re.compile(r"DATA_LOSS|ZSTD|decompress|truncated|checksum|not valid JSON|corrupt",
-                      re.IGNORECASE)
+# Tensorstore's and orbax's words for files whose contents are wrong or missing inside a step
+# (not for failing to read).
+_CORRUPT = re.compile(r"DATA_LOSS|ZSTD|decompress|truncated|checksum|not valid JSON|corrupt|"
+                      r"was not found in the checkpoint", re.IGNORECASE)
 
 
 class Damaged(Exception):

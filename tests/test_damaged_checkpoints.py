@@ -100,6 +100,7 @@ DAMAGE = {
   "the run's metadata cut short": lambda d: _cut(d / "meta" / "metadata"),
   "the arrays' metadata cut short": lambda d: _cut(d / "state" / "_METADATA"),
   "the data iterator's state deleted": lambda d: next((d / "data").glob("process_*.json")).unlink(),
+  "the run's metadata directory deleted": lambda d: shutil.rmtree(d / "meta"),
 }
 
 
