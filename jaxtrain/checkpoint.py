@@ -16,11 +16,10 @@ from pathlib import Path
 import grain
 import jax
 import jax.numpy as jnp
-import ml_collections
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
-from jaxtrain import lock, restore, steps
+from jaxtrain import config, lock, restore, steps
 from jaxtrain import programs as programs_lib
 from jaxtrain import tokenizer as tokenizer_lib
 from jaxtrain.errors import UserError
@@ -249,7 +248,7 @@ def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
 
 
 def _programs(workdir: str, meta: dict) -> programs_lib.Programs:
-  cfg = ml_collections.ConfigDict(meta["config"])
+  cfg = config.from_saved(meta["config"])
   cfg.mesh.data, cfg.mesh.fsdp = 1, 1  # one device, whatever the run trained on
   if jax.devices()[0].platform == "cpu" and cfg.model.dtype == "float16":
     cfg.model.dtype = "float32"  # compute dtype only (params are float32): CPUs lack float16

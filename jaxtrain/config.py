@@ -14,7 +14,9 @@ from jaxtrain.errors import ConfigError
 
 NORMS = ("rmsnorm", "layernorm")
 POSITIONS = ("rope", "learned")
-MLPS = ("swiglu", "gelu")
+MLPS = ("swiglu", "gelu", "relu2")
+OPTIMIZERS = ("adamw", "muon")
+SCHEDULES = ("cosine", "wsd", "constant")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION = ("auto", "xla", "cudnn")
 TOKENIZERS = ("byte", "char")
@@ -35,13 +37,17 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.model.vocab_size = 0  # 0: take it from the tokenizer (256 for byte, corpus size for char)
   cfg.model.norm = "rmsnorm"  # rmsnorm | layernorm (neither has a bias)
   cfg.model.pos = "rope"  # rope | learned
-  cfg.model.mlp = "swiglu"  # swiglu | gelu
+  cfg.model.mlp = "swiglu"  # swiglu | gelu | relu2 (relu(x)^2, ungated)
   cfg.model.mlp_ratio = 4.0  # hidden width / d_model for gelu; swiglu uses 2/3 of it (same params)
   cfg.model.tie_embeddings = True  # output projection shares the token embedding
   cfg.model.dropout = 0.0
   cfg.model.rope_theta = 10000.0
   cfg.model.dtype = "float32"  # compute dtype; params and optimizer state stay float32
   cfg.model.attention = "auto"  # auto | xla | cudnn ("auto": cudnn on GPU when it applies)
+  cfg.model.n_kv_heads = 0  # key/value heads; 0: n_heads; a divisor of n_heads: grouped-query
+  cfg.model.qk_norm = False  # True: queries and keys scaled to unit RMS per head
+  cfg.model.logit_softcap = 0.0  # > 0: logits = cap * tanh(logits / cap); 0: off
+  cfg.model.zero_init_out = False  # True: attention and MLP output projections start at zero
 
   cfg.train = ml_collections.ConfigDict()
   cfg.train.batch_size = 16  # sequences per micro-batch, over all devices and processes
@@ -55,8 +61,15 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.train.skip_nonfinite = False  # True: drop updates whose loss or gradients are inf/nan
 
   cfg.optim = ml_collections.ConfigDict()
-  cfg.optim.lr = 1e-3  # peak learning rate, after warmup
-  cfg.optim.min_lr_ratio = 0.1  # cosine decay ends at lr * min_lr_ratio
+  cfg.optim.name = "adamw"  # adamw | muon (Muon on hidden matrices, AdamW on the rest)
+  cfg.optim.schedule = "cosine"  # cosine | wsd (warmup, stable, linear decay) | constant
+  cfg.optim.lr = 1e-3  # peak learning rate, after warmup (with muon: norms and other vectors)
+  cfg.optim.min_lr_ratio = 0.1  # cosine or wsd decay ends at lr * min_lr_ratio
+  cfg.optim.decay_fraction = 0.2  # wsd: the last fraction of the steps decays linearly
+  cfg.optim.matrix_lr = 0.02  # muon: peak lr of the hidden matrices
+  cfg.optim.embedding_lr = 0.0  # muon: peak AdamW lr of the embeddings; 0: optim.lr
+  cfg.optim.head_lr = 0.0  # muon: peak AdamW lr of an untied output head; 0: optim.lr
+  cfg.optim.momentum = 0.95  # muon: momentum of the hidden matrices (Nesterov)
   cfg.optim.warmup_steps = 100
   cfg.optim.decay_steps = 0  # 0: decay over train.max_steps
   cfg.optim.weight_decay = 0.1  # on matrices only; never on norms or vectors
@@ -104,6 +117,15 @@ def override(cfg: ml_collections.ConfigDict, **dotted) -> ml_collections.ConfigD
   return cfg
 
 
+def from_saved(saved: dict) -> ml_collections.ConfigDict:
+  """A run's saved config (config.json, a checkpoint's metadata) on top of today's defaults: a run
+  saved before a field existed gets the field's default, which is what it trained with."""
+  cfg = default_config()
+  defaults = flatten(cfg.to_dict())
+  override(cfg, **{k: v for k, v in flatten(saved).items() if k in defaults})
+  return cfg
+
+
 def load_config(path: str, **dotted) -> ml_collections.ConfigDict:
   """The ConfigDict of a config file (e.g. "configs/nano.py"), with dotted overrides applied."""
   spec = importlib.util.spec_from_file_location(f"jaxtrain_config_{abs(hash(path))}", path)
@@ -144,7 +166,7 @@ LIMITS = {
     "model.seq_len": 2**20, "model.vocab_size": 2**24, "train.batch_size": 2**24,
     "train.grad_accum": 2**16, "train.max_steps": STEPS_MAX, "train.log_every": STEPS_MAX,
     "train.eval_every": STEPS_MAX, "train.eval_steps": 2**12, "train.checkpoint_every": STEPS_MAX,
-    "train.keep_checkpoints": INT32_MAX, "optim.warmup_steps": STEPS_MAX,
+    "train.keep_checkpoints": INT32_MAX, "optim.warmup_steps": STEPS_MAX, "model.n_kv_heads": 2**16,
     "optim.decay_steps": STEPS_MAX, "sample.num_samples": 1024, "sample.max_new_tokens": 2**16,
     "sample.top_k": 2**24, "mesh.data": 2**20, "mesh.fsdp": 2**20, "mesh.cpu_devices": 1024,
     "distributed.num_processes": 2**20, "distributed.process_id": 2**20,
@@ -231,9 +253,16 @@ def _validate_model(cfg: ml_collections.ConfigDict) -> None:
   _one_of(m.mlp, MLPS, "model.mlp")
   _one_of(m.dtype, DTYPES, "model.dtype")
   _one_of(m.attention, ATTENTION, "model.attention")
+  _positive_int(cfg, "model.n_kv_heads", minimum=0)
+  _check(m.n_kv_heads == 0 or m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
+         f"{m.n_kv_heads} does not divide model.n_heads={m.n_heads}",
+         "pass a divisor of n_heads, or 0 for as many as n_heads")
+  _check(m.logit_softcap == 0 or m.logit_softcap >= 1e-3, "model.logit_softcap",
+         f"must be 0 (off) or at least 1e-3, got {m.logit_softcap}",
+         "pass --config.model.logit_softcap=15.0 (or 0 for none)")
   _check(0 < m.mlp_ratio <= 256, "model.mlp_ratio", f"must be in (0, 256], got {m.mlp_ratio}",
          "pass --config.model.mlp_ratio=4.0")
-  _check(m.mlp != "gelu" or int(m.mlp_ratio * m.d_model) >= 1, "model.mlp_ratio",
+  _check(m.mlp == "swiglu" or int(m.mlp_ratio * m.d_model) >= 1, "model.mlp_ratio",
          f"the MLP would have width int(mlp_ratio * d_model) = {int(m.mlp_ratio * m.d_model)}",
          "pass --config.model.mlp_ratio=4.0")
   _check(0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {m.dropout}",
@@ -256,9 +285,9 @@ def _validate_sizes(cfg: ml_collections.ConfigDict) -> None:
   """Sizes that no machine holds are refused here, before anything is allocated."""
   m, t = cfg.model, cfg.train
   # About the model's parameters, as model.ModelConfig counts them (vocab 256 where it is 0).
-  width = int(m.mlp_ratio * m.d_model) if m.mlp == "gelu" else \
+  width = int(m.mlp_ratio * m.d_model) if m.mlp != "swiglu" else \
       8 * math.ceil(2 / 3 * m.mlp_ratio * m.d_model / 8)
-  per_layer = 4 * m.d_model**2 + (2 if m.mlp == "gelu" else 3) * m.d_model * width
+  per_layer = 4 * m.d_model**2 + (2 if m.mlp != "swiglu" else 3) * m.d_model * width
   n = m.n_layers * per_layer + (1 if m.tie_embeddings else 2) * (m.vocab_size or 256) * m.d_model \
       + (m.seq_len * m.d_model if m.pos == "learned" else 0)
   _check(n <= MAX_PARAMS, _largest(cfg, "model.n_layers", "model.d_model", "model.mlp_ratio",
@@ -279,7 +308,18 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
             "checkpoint_every", "keep_checkpoints"):
     _positive_int(cfg, f"train.{f}")
 
+  _one_of(o.name, OPTIMIZERS, "optim.name")
+  _one_of(o.schedule, SCHEDULES, "optim.schedule")
   _check(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}", "pass e.g. --config.optim.lr=1e-3")
+  _check(o.matrix_lr > 0, "optim.matrix_lr", f"must be > 0, got {o.matrix_lr}",
+         "pass e.g. --config.optim.matrix_lr=0.02")
+  for f in ("embedding_lr", "head_lr"):
+    _check(o[f] >= 0, f"optim.{f}", f"must be >= 0 (0: optim.lr), got {o[f]}",
+           f"pass --config.optim.{f}=0")
+  _check(0 < o.decay_fraction <= 1, "optim.decay_fraction",
+         f"must be in (0, 1], got {o.decay_fraction}", "pass --config.optim.decay_fraction=0.2")
+  _check(0.0 <= o.momentum < FLOAT32_BELOW_1, "optim.momentum", f"must be in [0, 1), got "
+         f"{o.momentum}", "pass --config.optim.momentum=0.95")
   _check(0.0 <= o.min_lr_ratio <= 1.0, "optim.min_lr_ratio",
          f"must be in [0, 1], got {o.min_lr_ratio}", "pass --config.optim.min_lr_ratio=0.1")
   _positive_int(cfg, "optim.warmup_steps", minimum=0)
@@ -351,7 +391,8 @@ STATE_FIELDS = (
     "seed", "model.n_layers", "model.n_heads", "model.d_model", "model.seq_len",
     "model.vocab_size", "model.norm", "model.pos", "model.mlp", "model.mlp_ratio",
     "model.tie_embeddings", "model.rope_theta", "data.tokenizer", "data.val_fraction",
-    "train.grad_accum", "train.skip_nonfinite", "optim.loss_scaling",
+    "train.grad_accum", "train.skip_nonfinite", "optim.loss_scaling", "model.n_kv_heads",
+    "model.qk_norm", "model.logit_softcap", "optim.name",
 )
 
 
@@ -368,7 +409,7 @@ def flatten(d: dict, prefix: str = "") -> dict:
 
 def config_changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:
   """(changes that forbid a resume, harmless changes), each as 'field: old -> new'."""
-  old, new = flatten(saved), flatten(current)
+  old, new = flatten(from_saved(saved).to_dict()), flatten(current)
   breaking, harmless = [], []
   for field in sorted(new):
     if field in old and old[field] != new[field]:

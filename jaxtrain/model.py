@@ -1,9 +1,11 @@
 """Decoder-only, pre-norm transformer in flax NNX, with no biases anywhere.
 
-Switches: RMSNorm or LayerNorm, RoPE or learned positions, SwiGLU or GELU MLP, tied or separate
-output embedding. Linear layers and attention use `ops`' backward passes (fast on CPU);
+Switches: RMSNorm or LayerNorm, RoPE or learned positions, SwiGLU, GELU or ReLU^2 MLP, tied or
+separate output embedding, grouped-query attention, QK-norm, logit soft-capping and zero-initialised
+output projections. Linear layers and attention use `ops`' backward passes (fast on CPU);
 on GPUs with 16-bit compute, attention can go to cuDNN's fused kernel instead.
-Shape suffixes: B batch, T time, D d_model, H heads, K head size, F MLP width, V vocab.
+Shape suffixes: B batch, T time, D d_model, H heads, G key/value heads, K head size, F MLP width,
+V vocab.
 """
 
 import dataclasses
@@ -36,6 +38,10 @@ class ModelConfig:
   rope_theta: float = 10000.0
   dtype: str = "float32"
   attention: str = "xla"  # "xla" (jaxtrain's, in XLA ops), "cudnn", or "auto" (see resolve_attention)
+  n_kv_heads: int = 0  # 0: n_heads (multi-head attention); fewer: grouped-query attention
+  qk_norm: bool = False
+  logit_softcap: float = 0.0  # 0: off
+  zero_init_out: bool = False
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "ModelConfig":
@@ -49,8 +55,12 @@ class ModelConfig:
     return self.d_model // self.n_heads
 
   @property
+  def kv_heads(self) -> int:
+    return self.n_kv_heads or self.n_heads
+
+  @property
   def mlp_hidden(self) -> int:
-    if self.mlp == "gelu":
+    if self.mlp != "swiglu":
       return int(self.mlp_ratio * self.d_model)
     # SwiGLU has three matrices instead of two: 2/3 of the width keeps the parameter count.
     return 8 * math.ceil(2 / 3 * self.mlp_ratio * self.d_model / 8)
@@ -85,7 +95,7 @@ def matmul_param_count(c: ModelConfig) -> int:
   Norm scales, position embeddings and the input embedding lookup cost no matmul FLOPs.
   """
   F = c.mlp_hidden
-  attn = 4 * c.d_model * c.d_model
+  attn = c.d_model * (c.n_heads + 2 * c.kv_heads) * c.head_dim + c.d_model * c.d_model
   mlp = (3 if c.mlp == "swiglu" else 2) * c.d_model * F
   return c.n_layers * (attn + mlp) + c.vocab_size * c.d_model
 
@@ -175,46 +185,67 @@ class Attention(nnx.Module):
   def __init__(self, c: ModelConfig, rngs: nnx.Rngs):
     self.c = c
     dtype = jnp.dtype(c.dtype)
-    out_std = 0.02 / math.sqrt(2 * c.n_layers)  # residual branches add up over 2 per layer
-    self.qkv = Dense(c.d_model, 3 * c.d_model, dtype=dtype,
-                          kernel_init=_init(0.02), rngs=rngs)
-    self.out = Dense(c.d_model, c.d_model, dtype=dtype,
-                          kernel_init=_init(out_std), rngs=rngs)
+    self.qkv = Dense(c.d_model, (c.n_heads + 2 * c.kv_heads) * c.head_dim, dtype=dtype,
+                     kernel_init=_init(0.02), rngs=rngs)
+    self.out = Dense(c.d_model, c.d_model, dtype=dtype, kernel_init=_init(_out_std(c)), rngs=rngs)
 
   def __call__(self, x_BTD: jax.Array, rope: tuple[jax.Array, jax.Array] | None) -> jax.Array:
     B, T, D = x_BTD.shape
     c = self.c
-    qkv_BT3HK = self.qkv(x_BTD).reshape(B, T, 3, c.n_heads, c.head_dim)
-    q_BTHK, k_BTHK, v_BTHK = qkv_BT3HK[:, :, 0], qkv_BT3HK[:, :, 1], qkv_BT3HK[:, :, 2]
+    H, G, K = c.n_heads, c.kv_heads, c.head_dim
+    q_BTHK, k_BTGK, v_BTGK = qkv_heads(self.qkv(x_BTD), H, G, K)
+    if c.qk_norm:
+      q_BTHK, k_BTGK = _rms(q_BTHK), _rms(k_BTGK)
     if rope is not None:
-      q_BTHK, k_BTHK = apply_rope(q_BTHK, *rope), apply_rope(k_BTHK, *rope)
-    if c.attention == "cudnn":
-      y_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True,
+      q_BTHK, k_BTGK = apply_rope(q_BTHK, *rope), apply_rope(k_BTGK, *rope)
+    if c.attention == "cudnn":  # takes G < H as it is
+      y_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTGK, v_BTGK, is_causal=True,
                                             implementation="cudnn")
     else:  # heads first: each head's attention is then a batch of plain matmuls
       heads = lambda x: jnp.transpose(x, (0, 2, 1, 3))  # BTHK <-> BHTK
+      k_BTHK, v_BTHK = (jnp.repeat(x, H // G, axis=2) for x in (k_BTGK, v_BTGK))
       y_BTHK = heads(ops.causal_attention(heads(q_BTHK), heads(k_BTHK), heads(v_BTHK)))
     return self.out(y_BTHK.reshape(B, T, D))
+
+
+def qkv_heads(qkv_BTN: jax.Array, H: int, G: int, K: int) -> tuple[jax.Array, ...]:
+  """Queries [B, T, H, K], keys and values [B, T, G, K] from the fused projection's output."""
+  B, T, _ = qkv_BTN.shape
+  q, k, v = jnp.split(qkv_BTN, [H * K, (H + G) * K], axis=-1)
+  return q.reshape(B, T, H, K), k.reshape(B, T, G, K), v.reshape(B, T, G, K)
+
+
+def _rms(x: jax.Array) -> jax.Array:
+  """QK-norm: each head's query or key scaled to unit RMS (no weights), so that attention logits
+  cannot grow without bound."""
+  x32 = x.astype(jnp.float32)
+  return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)).astype(x.dtype)
+
+
+def _out_std(c: ModelConfig) -> float:
+  """Projections back into the residual stream: zero (each block starts as the identity) or
+  scaled down, since 2 residual branches per layer add up."""
+  return 0.0 if c.zero_init_out else 0.02 / math.sqrt(2 * c.n_layers)
 
 
 class MLP(nnx.Module):
 
   def __init__(self, c: ModelConfig, rngs: nnx.Rngs):
-    self.gated = c.mlp == "swiglu"
+    self.kind = c.mlp
     dtype = jnp.dtype(c.dtype)
     F = c.mlp_hidden
-    out_std = 0.02 / math.sqrt(2 * c.n_layers)
     # SwiGLU's gate and up projections are one matrix: one matmul instead of two.
-    self.up = Dense(c.d_model, 2 * F if self.gated else F, dtype=dtype,
-                         kernel_init=_init(0.02), rngs=rngs)
-    self.down = Dense(F, c.d_model, dtype=dtype,
-                           kernel_init=_init(out_std), rngs=rngs)
+    self.up = Dense(c.d_model, 2 * F if self.kind == "swiglu" else F, dtype=dtype,
+                    kernel_init=_init(0.02), rngs=rngs)
+    self.down = Dense(F, c.d_model, dtype=dtype, kernel_init=_init(_out_std(c)), rngs=rngs)
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
     h = self.up(x_BTD)
-    if self.gated:
+    if self.kind == "swiglu":
       gate_BTF, up_BTF = jnp.split(h, 2, axis=-1)
       h_BTF = jax.nn.silu(gate_BTF) * up_BTF
+    elif self.kind == "relu2":
+      h_BTF = jnp.square(jax.nn.relu(h))
     else:
       h_BTF = jax.nn.gelu(h, approximate=True)
     return self.down(h_BTF)
@@ -271,7 +302,10 @@ class GPT(nnx.Module):
       logits_BTV = ops.dense_transposed(x_BTD.astype(dtype), self.wte.embedding[...].astype(dtype))
     else:
       logits_BTV = self.lm_head(x_BTD)
-    return logits_BTV.astype(jnp.float32)
+    logits_BTV = logits_BTV.astype(jnp.float32)
+    if c.logit_softcap > 0:
+      logits_BTV = c.logit_softcap * jnp.tanh(logits_BTV / c.logit_softcap)
+    return logits_BTV
 
 
 def init(c: ModelConfig, key: jax.Array, exact_shapes: bool = False) -> GPT:

@@ -1,4 +1,5 @@
-"""AdamW with linear warmup, cosine decay, global-norm clipping and gradient accumulation."""
+"""AdamW, or Muon on the hidden matrices with AdamW on the rest; warmup then cosine, warmup-stable-
+decay or constant learning rates; global-norm clipping and gradient accumulation."""
 
 import dataclasses
 from typing import NamedTuple
@@ -9,19 +10,29 @@ import ml_collections
 import optax
 
 
-def lr_schedule(optim, max_steps: int) -> optax.Schedule:
-  """Linear warmup to `lr` (step 0 already moves), then cosine decay to `lr * min_lr_ratio`.
+def lr_schedule(optim, max_steps: int, peak: float | None = None) -> optax.Schedule:
+  """Linear warmup to `peak` (default `optim.lr`; step 0 already moves), then by
+  `optim.schedule`: cosine decay to `peak * min_lr_ratio` at the end, "wsd" (constant, then a
+  linear decay to it over the last `decay_fraction` of the steps) or "constant".
   `optim`: the config's section or an `Optimizer`."""
-  peak, warmup = optim.lr, optim.warmup_steps
+  peak = optim.lr if peak is None else peak
+  warmup, kind = optim.warmup_steps, getattr(optim, "schedule", "cosine")
   end = peak * optim.min_lr_ratio
   decay_end = max(optim.decay_steps or max_steps, warmup + 1)
+  decay_start = max(warmup, decay_end - getattr(optim, "decay_fraction", 1.0) * decay_end)
 
   def schedule(step):
     step = jnp.asarray(step, jnp.float32)
     warm_lr = peak * (step + 1) / (warmup + 1)
-    progress = jnp.clip((step - warmup) / (decay_end - warmup), 0.0, 1.0)
-    cos_lr = end + 0.5 * (peak - end) * (1 + jnp.cos(jnp.pi * progress))
-    return jnp.where(step < warmup, warm_lr, cos_lr)
+    if kind == "constant":
+      after = jnp.asarray(peak, jnp.float32)
+    elif kind == "wsd":
+      progress = jnp.clip((step - decay_start) / max(decay_end - decay_start, 1), 0.0, 1.0)
+      after = peak + (end - peak) * progress
+    else:
+      progress = jnp.clip((step - warmup) / (decay_end - warmup), 0.0, 1.0)
+      after = end + 0.5 * (peak - end) * (1 + jnp.cos(jnp.pi * progress))
+    return jnp.where(step < warmup, warm_lr, after)
 
   return schedule
 
@@ -29,6 +40,23 @@ def lr_schedule(optim, max_steps: int) -> optax.Schedule:
 def decay_mask(params):
   """Weight decay applies to matrices only: norm scales and other vectors are left alone."""
   return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def _matrix_dims(updates):
+  return jax.tree.map(lambda _: optax.contrib.MuonDimensionNumbers(), updates)
+
+
+def param_groups(params) -> dict:
+  """Each param's group for Muon: "embedding" (token and position embeddings), "head" (an
+  untied output projection), "matrix" (the blocks' kernels) or "vector" (norm scales)."""
+  def group(path, p) -> str:
+    names = {getattr(k, "key", getattr(k, "name", None)) for k in path}
+    if names & {"wte", "wpe"}:
+      return "embedding"
+    if "lm_head" in names:
+      return "head"
+    return "matrix" if p.ndim == 2 else "vector"
+  return jax.tree_util.tree_map_with_path(group, params)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,12 +77,19 @@ class Optimizer:
   grad_accum: int = 1
   skip_nonfinite: bool = False
   loss_scaling: bool = False  # dynamic loss scaling is on: overflowing steps are dropped
+  name: str = "adamw"
+  schedule: str = "cosine"
+  decay_fraction: float = 0.2
+  matrix_lr: float = 0.02
+  embedding_lr: float = 0.0  # 0: lr
+  head_lr: float = 0.0  # 0: lr
+  momentum: float = 0.95
 
   def transformation(self) -> optax.GradientTransformation:
-    """AdamW with the schedule and clipping, accumulated over grad_accum micro-batches."""
+    """The optimizer with its schedule and clipping, accumulated over grad_accum micro-batches."""
     parts = [optax.clip_by_global_norm(self.clip_norm)] if self.clip_norm > 0 else []
-    parts.append(optax.adamw(lr_schedule(self, self.max_steps), b1=self.b1, b2=self.b2,
-                             eps=self.eps, weight_decay=self.weight_decay, mask=decay_mask))
+    parts.append(self._adamw(self.lr, self.weight_decay) if self.name == "adamw" else
+                 self._muon())
     inner = optax.chain(*parts)
     # With loss scaling, gradients overflow now and then by design: such steps are dropped.
     skip = self.skip_nonfinite or self.loss_scaling
@@ -64,6 +99,27 @@ class Optimizer:
     multi = optax.MultiSteps(inner, every_k_schedule=self.grad_accum)
     return skip_nonfinite_steps(multi) if skip else multi.gradient_transformation()
 
+  def _adamw(self, peak: float, weight_decay: float) -> optax.GradientTransformation:
+    return optax.adamw(lr_schedule(self, self.max_steps, peak), b1=self.b1, b2=self.b2,
+                       eps=self.eps, weight_decay=weight_decay, mask=decay_mask)
+
+  def _muon(self) -> optax.GradientTransformation:
+    """Muon (orthogonalised Nesterov momentum) for the blocks' matrices; AdamW, each group at its
+    own lr, for the embeddings, an untied head, and the norms' vectors (never decayed)."""
+    matrix = optax.chain(
+        # Kernels are [d_in, d_out]: axis 0 is reduced, as Muon's default assumes. Given as a
+        # function, since inside `partition` the other groups' leaves are placeholders.
+        optax.contrib.scale_by_muon(beta=self.momentum, nesterov=True,
+                                    weight_dimension_numbers=_matrix_dims),
+        optax.add_decayed_weights(self.weight_decay),
+        optax.scale_by_learning_rate(lr_schedule(self, self.max_steps, self.matrix_lr)))
+    return optax.partition({
+        "matrix": matrix,
+        "embedding": self._adamw(self.embedding_lr or self.lr, 0.0),
+        "head": self._adamw(self.head_lr or self.lr, self.weight_decay),
+        "vector": self._adamw(self.lr, 0.0),
+    }, param_groups)
+
 
 def make_optimizer(optim: ml_collections.ConfigDict, *, max_steps: int, grad_accum: int = 1,
                    skip_nonfinite: bool = False, loss_scaling: bool = False) -> Optimizer:
@@ -72,7 +128,10 @@ def make_optimizer(optim: ml_collections.ConfigDict, *, max_steps: int, grad_acc
                    decay_steps=optim.decay_steps, weight_decay=optim.weight_decay,
                    clip_norm=optim.clip_norm, b1=optim.b1, b2=optim.b2, eps=optim.eps,
                    max_steps=max_steps, grad_accum=grad_accum, skip_nonfinite=skip_nonfinite,
-                   loss_scaling=loss_scaling)
+                   loss_scaling=loss_scaling, name=optim.name, schedule=optim.schedule,
+                   decay_fraction=optim.decay_fraction, matrix_lr=optim.matrix_lr,
+                   embedding_lr=optim.embedding_lr, head_lr=optim.head_lr,
+                   momentum=optim.momentum)
 
 
 class SkipState(NamedTuple):

@@ -38,6 +38,7 @@ HUGE = [2**31, 2**63, 10**12, 10**30, 10**400, -(10**12), -(2**63)]
 ODD_FLOATS = [math.nan, math.inf, -math.inf, -0.0, 5e-324, 1e-300, 1e300, -1e-3, 0.99999999, 1.0]
 CHOICES = {"model.norm": config.NORMS, "model.pos": config.POSITIONS, "model.mlp": config.MLPS,
            "model.dtype": config.DTYPES, "model.attention": config.ATTENTION,
+           "optim.name": config.OPTIMIZERS, "optim.schedule": config.SCHEDULES,
            "data.tokenizer": config.TOKENIZERS, "optim.loss_scaling": config.LOSS_SCALING}
 ODD_STRINGS = ["", " ", "nan", "-1", "1e9", "True", "auto ", "RMSNORM", "a:b", "host:", ":1",
                "localhost:1234", "10.0.0.1:99999999999", "é", "a\nb", "\x00"]

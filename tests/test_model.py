@@ -118,3 +118,61 @@ def test_dropout_needs_a_key_and_changes_the_output():
   tokens = jnp.zeros((1, c.seq_len), jnp.int32)
   np.testing.assert_array_equal(np.asarray(model(tokens)), np.asarray(model(tokens)))
   assert not np.allclose(model(tokens), model(tokens, dropout_key=jax.random.PRNGKey(0)))
+
+
+NEW_SWITCHES = [{"n_kv_heads": 1}, {"qk_norm": True}, {"mlp": "relu2"}, {"logit_softcap": 5.0},
+                {"zero_init_out": True},
+                {"n_kv_heads": 1, "qk_norm": True, "mlp": "relu2", "logit_softcap": 5.0,
+                 "tie_embeddings": False, "pos": "learned"}]
+
+
+@pytest.mark.parametrize("switches", NEW_SWITCHES, ids=lambda s: ",".join(s))
+def test_new_switches_keep_the_model_causal(switches):
+  c = tiny_model_config(n_heads=4, **switches)
+  model = model_lib.GPT(c, nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, c.seq_len), 0, c.vocab_size)
+  t = 7
+  changed = tokens.at[:, t].set((tokens[:, t] + 1) % c.vocab_size)
+  a, b = model(tokens), model(changed)
+  np.testing.assert_array_equal(np.asarray(a[:, :t]), np.asarray(b[:, :t]))
+  assert not np.allclose(np.asarray(a[:, t:]), np.asarray(b[:, t:]))
+  if c.logit_softcap:
+    assert float(jnp.max(jnp.abs(a))) < c.logit_softcap
+
+
+def test_switches_change_what_they_should():
+  base = tiny_model_config(n_heads=4)
+  gqa = tiny_model_config(n_heads=4, n_kv_heads=2)
+  params = lambda c: nnx.to_pure_dict(nnx.state(model_lib.GPT(c, nnx.Rngs(0)), nnx.Param))
+  assert params(gqa)["blocks"][0]["attn"]["qkv"]["kernel"].shape == (16, (4 + 2 * 2) * 4)
+  assert model_lib.param_count(gqa) == model_lib.param_count(base) - 2 * 2 * 16 * 8
+  zero = params(tiny_model_config(zero_init_out=True))["blocks"][1]
+  assert not np.any(zero["attn"]["out"]["kernel"]) and not np.any(zero["mlp"]["down"]["kernel"])
+  assert np.any(zero["attn"]["qkv"]["kernel"])
+  relu2 = tiny_model_config(mlp="relu2", mlp_ratio=4.0)
+  assert relu2.mlp_hidden == 64
+  # With one key/value head repeated, GQA is ordinary attention whose heads share k and v.
+  qkv = jax.random.normal(jax.random.PRNGKey(0), (1, 5, (4 + 2) * 4))
+  q, k, v = model_lib.qkv_heads(qkv, 4, 1, 4)
+  assert q.shape == (1, 5, 4, 4) and k.shape == v.shape == (1, 5, 1, 4)
+
+
+@pytest.mark.parametrize("pos", ["rope", "learned"])
+def test_gradients_with_every_new_switch_match_autodiff(pos, monkeypatch):
+  """ops.py's hand-written backward passes, composed with GQA's repeat, QK-norm, ReLU^2 and the
+  soft cap, against autodiff of the same forward functions (each custom_vjp's `fun`)."""
+  from jaxtrain import ops, steps
+  c = tiny_model_config(n_heads=4, n_kv_heads=2, qk_norm=True, mlp="relu2", logit_softcap=3.0,
+                        pos=pos, tie_embeddings=False)
+  graphdef, params = nnx.split(model_lib.GPT(c, nnx.Rngs(2)), nnx.Param)
+  params = jax.tree.map(lambda p: p * 5, nnx.to_pure_dict(params))  # past init's small values
+  tokens = jax.random.randint(jax.random.PRNGKey(3), (2, c.seq_len + 1), 0, c.vocab_size)
+  grad = lambda: jax.grad(steps.loss_fn)(params, graphdef, tokens)
+  ours = grad()
+  monkeypatch.setattr(ops, "dense", ops.dense.fun)
+  monkeypatch.setattr(ops, "causal_attention", ops.causal_attention.fun)
+  reference = grad()
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ours), jax.tree.leaves(reference)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5,
+                               err_msg=jax.tree_util.keystr(path))
+  assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(ours)) > 1e-2  # not all ~0
