@@ -112,12 +112,12 @@ class StepWorker:
     batches, and the train step compiled."""
     import numpy as np
 
-    from jaxtrain import config, estimate, programs
+    from jaxtrain import config, estimate, programs, validation
     from jaxtrain import model as model_lib
 
     self.state = self.batches = self.step_fn = None  # a previous setup's buffers go first
     cfg = load(config_path, overrides)  # its data is never read: the steps see random tokens
-    config.validate(cfg)
+    validation.validate(cfg)
     on_cpu = self.devices[0].platform == "cpu"
     devices = self.devices[:n_devices or (len(self.devices) if on_cpu else 1)]
     p = programs.build(cfg, cfg.model.vocab_size or 256, devices)

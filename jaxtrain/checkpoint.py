@@ -86,6 +86,12 @@ class Checkpoints:
     self.manager.save(step, args=args, metrics=metrics, force=True)
 
   def read_meta(self, step: int) -> dict:
+    """The `meta` that step `step` was saved with."""
+    meta = self._read_meta(step)
+    meta.pop("checksums", None)
+    return meta
+
+  def _read_meta(self, step: int) -> dict:
     with restore.naming("meta/metadata"):
       return self._reader.restore(self.directory / str(step),
                                   args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
@@ -106,7 +112,7 @@ class Checkpoints:
     with restore.naming("a metadata file of its arrays"):
       restored = self._reader.restore(self.directory / str(step),
                                       args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
-    return state.with_arrays(restored.state), self.read_meta(step).get("checksums")
+    return state.with_arrays(restored.state), self._read_meta(step).get("checksums")
 
   def _iterator_state(self, step: int) -> dict:
     data_dir = self.directory / str(step) / "data"

@@ -20,7 +20,6 @@ from jaxtrain import (
   __version__,
   allocator,
   checkpoint,
-  config,
   data,
   fmt,
   mesh,
@@ -31,6 +30,7 @@ from jaxtrain import (
   runtime,
   signals,
   summary,
+  validation,
 )
 from jaxtrain import programs as programs_lib
 from jaxtrain import sample as sampling
@@ -106,7 +106,7 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
   `library_log`: from setup on, the libraries' messages go to workdir/logs/ instead of the
   terminal, until the process exits (for a process that ends with the run: the CLI).
   """
-  config.validate(cfg)
+  validation.validate(cfg)
   platform = runtime.setup(cfg)
   t_start = time.time()
   workdir = Path(cfg.workdir).expanduser()

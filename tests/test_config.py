@@ -6,7 +6,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from jaxtrain import config, mesh, summary, tokenizer
+from jaxtrain import mesh, summary, tokenizer, validation
 from jaxtrain.errors import ConfigError
 from jaxtrain.testing import tiny_config
 
@@ -49,7 +49,7 @@ BAD = [
 def test_bad_field_is_named_with_a_fix(overrides, field, words):
   cfg = tiny_config(**overrides)
   with pytest.raises(ConfigError) as e:
-    config.validate(cfg)
+    validation.validate(cfg)
   message = str(e.value)
   assert e.value.field == field and message.startswith(f"config.{field}: ")
   assert words in message and "\n" not in message
@@ -64,7 +64,7 @@ def test_the_shipped_configs_are_valid():
     cfg = module.get_config()
     if path.stem == "shakespeare_char":
       cfg.data.path = ""  # its default file is the user's to provide
-    config.validate(cfg)
+    validation.validate(cfg)
 
 
 def test_batch_must_split_over_devices_and_processes():
@@ -89,4 +89,4 @@ def test_vocab_smaller_than_the_tokenizer_is_rejected():
     {"train.eval_steps": 4096, "train.batch_size": 4096, "model.seq_len": 1024},
 ], ids=str)
 def test_edges_that_work_are_accepted(overrides):
-  config.validate(tiny_config(**overrides))
+  validation.validate(tiny_config(**overrides))

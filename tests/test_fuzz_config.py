@@ -2,7 +2,7 @@
 
 Three layers. Every field in turn, in process: a value of each wrong type, and one past its
 limit, is refused naming it. In process, many draws: random values of random types for a few
-fields at a time on top of the tiny config, through `config.validate` and everything that reads
+fields at a time on top of the tiny config, through `validation.validate` and everything that reads
 the config before any compile. In subprocesses, a few draws: `python -m jaxtrain` for one step
 with one field's value on the command line or from a config file; never a traceback, never a hang.
 
@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from jaxtrain import config, estimate, mesh, optim, programs, runtime, summary, tokenizer
+from jaxtrain import config, estimate, mesh, optim, programs, runtime, summary, tokenizer, validation
 from jaxtrain import model as model_lib
 from jaxtrain.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
@@ -56,7 +56,7 @@ def of_its_type(field: str) -> st.SearchStrategy:
   if isinstance(default, bool):
     return st.booleans()
   if isinstance(default, int):
-    edges = [config.LIMITS[field], config.LIMITS[field] + 1] if field in config.LIMITS else []
+    edges = [validation.LIMITS[field], validation.LIMITS[field] + 1] if field in validation.LIMITS else []
     return st.one_of(st.integers(-2, 64), st.sampled_from([default, 2 * default, *edges, *HUGE]))
   if isinstance(default, float):
     return st.one_of(st.floats(-1.0, 2.0), st.sampled_from([default, 10 * default, *ODD_FLOATS]))
@@ -110,10 +110,10 @@ WRONG = [True, 3, 2**31, 0.5, math.nan, "1", None, [1], {"a": 1}]
 def test_every_field_refuses_wrong_types_and_values_past_its_limit(field):
   kind = type(DEFAULTS[field])
   wrong = [v for v in WRONG if type(v) is not kind and not (kind is float and v == 3)]
-  wrong += [config.LIMITS[field] + 1] if field in config.LIMITS else []
+  wrong += [validation.LIMITS[field] + 1] if field in validation.LIMITS else []
   for value in wrong:
     with pytest.raises(ConfigError) as e:
-      config.validate(with_values({field: value}))
+      validation.validate(with_values({field: value}))
     assert e.value.field == field and "\n" not in str(e.value), (value, str(e.value))
 
 
@@ -149,12 +149,12 @@ def test_any_value_of_any_field_is_valid_or_named(data):
   signal.alarm(20)
   try:
     try:
-      config.validate(cfg)
+      validation.validate(cfg)
     except ConfigError as e:
       message = str(e)
       assert e.field in related(values), (values, message)
       assert message.startswith(f"config.{e.field}: ") and "\n" not in message, message
-      event("refused by config.validate")
+      event("refused by validation.validate")
       return
     try:
       reads_before_compile(cfg)
@@ -188,7 +188,7 @@ def run_value(field: str) -> st.SearchStrategy:
   if field in PATHS:
     typed = st.sampled_from(PATHS[field])
   elif isinstance(default, int) and not isinstance(default, bool):
-    typed = st.one_of(st.integers(-2, 4), st.sampled_from([*HUGE, config.LIMITS.get(field, 0) + 1]))
+    typed = st.one_of(st.integers(-2, 4), st.sampled_from([*HUGE, validation.LIMITS.get(field, 0) + 1]))
   elif isinstance(default, float):
     typed = st.one_of(st.floats(-1.0, 2.0), st.sampled_from([default, *ODD_FLOATS]))
   else:
