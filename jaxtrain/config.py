@@ -25,82 +25,110 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.workdir = "runs/default"  # checkpoints, metrics.jsonl, config.json, samples.txt
   cfg.seed = 0  # params, dropout and the order of training windows all follow from it
   cfg.headless = False  # True: one plain log line per train.log_every steps instead of a bar
-
-  cfg.model = ml_collections.ConfigDict()
-  cfg.model.n_layers = 4
-  cfg.model.n_heads = 4
-  cfg.model.d_model = 128
-  cfg.model.seq_len = 128  # context length in tokens
-  cfg.model.vocab_size = 0  # 0: take it from the tokenizer (256 for byte, corpus size for char)
-  cfg.model.norm = "rmsnorm"  # rmsnorm | layernorm (neither has a bias)
-  cfg.model.pos = "rope"  # rope | learned
-  cfg.model.mlp = "swiglu"  # swiglu | gelu | relu2 (relu(x)^2, ungated)
-  cfg.model.mlp_ratio = 4.0  # hidden width / d_model for gelu; swiglu uses 2/3 of it (same params)
-  cfg.model.tie_embeddings = True  # output projection shares the token embedding
-  cfg.model.dropout = 0.0
-  cfg.model.rope_theta = 10000.0
-  cfg.model.dtype = "float32"  # compute dtype; params and optimizer state stay float32
-  cfg.model.attention = "auto"  # auto | xla | cudnn ("auto": cudnn on GPU when it applies)
-  cfg.model.n_kv_heads = 0  # key/value heads; 0: n_heads; a divisor of n_heads: grouped-query
-  cfg.model.qk_norm = False  # True: queries and keys scaled to unit RMS per head
-  cfg.model.logit_softcap = 0.0  # > 0: logits = cap * tanh(logits / cap); 0: off
-  cfg.model.zero_init_out = False  # True: attention and MLP output projections start at zero
-
-  cfg.train = ml_collections.ConfigDict()
-  cfg.train.batch_size = 16  # sequences per micro-batch, over all devices and processes
-  cfg.train.grad_accum = 1  # micro-batches per optimizer step (optax.MultiSteps)
-  cfg.train.max_steps = 1000  # optimizer steps
-  cfg.train.log_every = 10
-  cfg.train.eval_every = 200
-  cfg.train.eval_steps = 20  # validation batches per evaluation (the same batches every time)
-  cfg.train.checkpoint_every = 200
-  cfg.train.keep_checkpoints = 2  # the latest ones; the best by val loss is kept on top
-  cfg.train.skip_nonfinite = False  # True: drop updates whose loss or gradients are inf/nan
-
-  cfg.optim = ml_collections.ConfigDict()
-  cfg.optim.name = "adamw"  # adamw | muon (Muon on hidden matrices, AdamW on the rest)
-  cfg.optim.schedule = "cosine"  # cosine | wsd (warmup, stable, linear decay) | constant
-  cfg.optim.lr = 1e-3  # peak learning rate, after warmup (with muon: norms and other vectors)
-  cfg.optim.min_lr_ratio = 0.1  # cosine or wsd decay ends at lr * min_lr_ratio
-  cfg.optim.decay_fraction = 0.2  # wsd: the last fraction of the steps decays linearly
-  cfg.optim.matrix_lr = 0.02  # muon: peak lr of the hidden matrices
-  cfg.optim.embedding_lr = 0.0  # muon: peak AdamW lr of the embeddings; 0: optim.lr
-  cfg.optim.head_lr = 0.0  # muon: peak AdamW lr of an untied output head; 0: optim.lr
-  cfg.optim.momentum = 0.95  # muon: momentum of the hidden matrices (Nesterov)
-  cfg.optim.warmup_steps = 100
-  cfg.optim.decay_steps = 0  # 0: decay over train.max_steps
-  cfg.optim.weight_decay = 0.1  # on matrices only; never on norms or vectors
-  cfg.optim.clip_norm = 1.0  # global gradient norm; 0 turns clipping off
-  cfg.optim.b1 = 0.9
-  cfg.optim.b2 = 0.95
-  cfg.optim.eps = 1e-8
-  cfg.optim.loss_scaling = "auto"  # auto (dynamic for float16, else off) | dynamic | off
-
-  cfg.data = ml_collections.ConfigDict()
-  cfg.data.path = ""  # a text file, a directory or a glob; "": the Python standard library's .py files
-  cfg.data.tokenizer = "byte"  # byte | char
-  cfg.data.val_fraction = 0.1  # the last part of the token stream is held out for validation
-  cfg.data.cache_dir = ""  # tokenized corpora; "": $JAXTRAIN_CACHE or ~/.cache/jaxtrain
-  cfg.data.allow_changed = False  # True: resume even though the data differs from the run's
-
-  cfg.sample = ml_collections.ConfigDict()
-  cfg.sample.num_samples = 3  # printed and written to workdir/samples.txt at the end
-  cfg.sample.max_new_tokens = 256
-  cfg.sample.temperature = 0.8
-  cfg.sample.top_k = 0  # 0: sample from the whole distribution
-  cfg.sample.prompt = ""  # "": start from a random stretch of validation text
-
-  cfg.mesh = ml_collections.ConfigDict()
-  cfg.mesh.data = -1  # data-parallel axis size; -1: all devices left after the other axes
-  cfg.mesh.fsdp = 1  # params and optimizer state sharded over this many devices
-  cfg.mesh.cpu_devices = 0  # on CPU: XLA devices to split the cores into; 0: auto; 1: one
-
-  cfg.distributed = ml_collections.ConfigDict()
-  cfg.distributed.coordinator_address = ""  # host:port of process 0; "": single process or Slurm
-  cfg.distributed.num_processes = 0  # 0: from the environment (Slurm) or 1
-  cfg.distributed.process_id = -1  # -1: from the environment (Slurm) or 0
-  cfg.distributed.timeout_s = 300  # how long to wait for every process to join
+  cfg.model = _model()
+  cfg.train = _train()
+  cfg.optim = _optim()
+  cfg.data = _data()
+  cfg.sample = _sample()
+  cfg.mesh = _mesh()
+  cfg.distributed = _distributed()
   return cfg
+
+
+def _model() -> ml_collections.ConfigDict:
+  model = ml_collections.ConfigDict()
+  model.n_layers = 4
+  model.n_heads = 4
+  model.d_model = 128
+  model.seq_len = 128  # context length in tokens
+  model.vocab_size = 0  # 0: take it from the tokenizer (256 for byte, corpus size for char)
+  model.norm = "rmsnorm"  # rmsnorm | layernorm (neither has a bias)
+  model.pos = "rope"  # rope | learned
+  model.mlp = "swiglu"  # swiglu | gelu | relu2 (relu(x)^2, ungated)
+  model.mlp_ratio = 4.0  # hidden width / d_model for gelu; swiglu uses 2/3 of it (same params)
+  model.tie_embeddings = True  # output projection shares the token embedding
+  model.dropout = 0.0
+  model.rope_theta = 10000.0
+  model.dtype = "float32"  # compute dtype; params and optimizer state stay float32
+  model.attention = "auto"  # auto | xla | cudnn ("auto": cudnn on GPU when it applies)
+  model.n_kv_heads = 0  # key/value heads; 0: n_heads; a divisor of n_heads: grouped-query
+  model.qk_norm = False  # True: queries and keys scaled to unit RMS per head
+  model.logit_softcap = 0.0  # > 0: logits = cap * tanh(logits / cap); 0: off
+  model.zero_init_out = False  # True: attention and MLP output projections start at zero
+  return model
+
+
+def _train() -> ml_collections.ConfigDict:
+  train = ml_collections.ConfigDict()
+  train.batch_size = 16  # sequences per micro-batch, over all devices and processes
+  train.grad_accum = 1  # micro-batches per optimizer step (optax.MultiSteps)
+  train.max_steps = 1000  # optimizer steps
+  train.log_every = 10
+  train.eval_every = 200
+  train.eval_steps = 20  # validation batches per evaluation (the same batches every time)
+  train.checkpoint_every = 200
+  train.keep_checkpoints = 2  # the latest ones; the best by val loss is kept on top
+  train.skip_nonfinite = False  # True: drop updates whose loss or gradients are inf/nan
+  return train
+
+
+def _optim() -> ml_collections.ConfigDict:
+  optim = ml_collections.ConfigDict()
+  optim.name = "adamw"  # adamw | muon (Muon on hidden matrices, AdamW on the rest)
+  optim.schedule = "cosine"  # cosine | wsd (warmup, stable, linear decay) | constant
+  optim.lr = 1e-3  # peak learning rate, after warmup (with muon: norms and other vectors)
+  optim.min_lr_ratio = 0.1  # cosine or wsd decay ends at lr * min_lr_ratio
+  optim.decay_fraction = 0.2  # wsd: the last fraction of the steps decays linearly
+  optim.matrix_lr = 0.02  # muon: peak lr of the hidden matrices
+  optim.embedding_lr = 0.0  # muon: peak AdamW lr of the embeddings; 0: optim.lr
+  optim.head_lr = 0.0  # muon: peak AdamW lr of an untied output head; 0: optim.lr
+  optim.momentum = 0.95  # muon: momentum of the hidden matrices (Nesterov)
+  optim.warmup_steps = 100
+  optim.decay_steps = 0  # 0: decay over train.max_steps
+  optim.weight_decay = 0.1  # on matrices only; never on norms or vectors
+  optim.clip_norm = 1.0  # global gradient norm; 0 turns clipping off
+  optim.b1 = 0.9
+  optim.b2 = 0.95
+  optim.eps = 1e-8
+  optim.loss_scaling = "auto"  # auto (dynamic for float16, else off) | dynamic | off
+  return optim
+
+
+def _data() -> ml_collections.ConfigDict:
+  data = ml_collections.ConfigDict()
+  data.path = ""  # a text file, a directory or a glob; "": the Python standard library's .py files
+  data.tokenizer = "byte"  # byte | char
+  data.val_fraction = 0.1  # the last part of the token stream is held out for validation
+  data.cache_dir = ""  # tokenized corpora; "": $JAXTRAIN_CACHE or ~/.cache/jaxtrain
+  data.allow_changed = False  # True: resume even though the data differs from the run's
+  return data
+
+
+def _sample() -> ml_collections.ConfigDict:
+  sample = ml_collections.ConfigDict()
+  sample.num_samples = 3  # printed and written to workdir/samples.txt at the end
+  sample.max_new_tokens = 256
+  sample.temperature = 0.8
+  sample.top_k = 0  # 0: sample from the whole distribution
+  sample.prompt = ""  # "": start from a random stretch of validation text
+  return sample
+
+
+def _mesh() -> ml_collections.ConfigDict:
+  mesh = ml_collections.ConfigDict()
+  mesh.data = -1  # data-parallel axis size; -1: all devices left after the other axes
+  mesh.fsdp = 1  # params and optimizer state sharded over this many devices
+  mesh.cpu_devices = 0  # on CPU: XLA devices to split the cores into; 0: auto; 1: one
+  return mesh
+
+
+def _distributed() -> ml_collections.ConfigDict:
+  distributed = ml_collections.ConfigDict()
+  distributed.coordinator_address = ""  # host:port of process 0; "": single process or Slurm
+  distributed.num_processes = 0  # 0: from the environment (Slurm) or 1
+  distributed.process_id = -1  # -1: from the environment (Slurm) or 0
+  distributed.timeout_s = 300  # how long to wait for every process to join
+  return distributed
 
 
 def override(cfg: ml_collections.ConfigDict, **dotted) -> ml_collections.ConfigDict:
