@@ -6,10 +6,9 @@ import dataclasses
 import glob
 import json
 import math
+import statistics
 import time
 from pathlib import Path
-
-import jax
 
 from jaxtrain import config, lock, paths
 from jaxtrain.errors import UserError
@@ -26,6 +25,8 @@ class Status(Hook):
     self.info: dict = {}
 
   def on_start(self, run, step: int) -> None:
+    import jax  # here: the tools that only read runs (compare, sweep) start without it
+
     if jax.process_index() != 0:
       return
     self.path = Path(run.workdir) / STATUS_FILE
@@ -105,8 +106,8 @@ class RunInfo:
     return values[-1] if values else None
 
   def median_speed(self) -> float | None:
-    speeds = sorted(self.values("tokens_per_sec"))
-    return speeds[len(speeds) // 2] if speeds else None
+    speeds = self.values("tokens_per_sec")
+    return statistics.median(speeds) if speeds else None
 
   def wall_s(self) -> float | None:
     """Training seconds over every leg (metrics.jsonl's elapsed_s: steps, evals and saves)."""
