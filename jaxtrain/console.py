@@ -97,15 +97,15 @@ class Console:
       self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
   def progress(self, step: int, total: int, loss: float, lr: float, tokens_per_sec: float,
-               elapsed: float, eta: float) -> None:
+               elapsed: float, eta: float, memory: str = "") -> None:
     if self.bar is not None:
       self.bar.update(step - self.bar.n)
-      self.bar.set_postfix_str(f"loss {loss:.4f} lr {lr:.2e} {fmt.count(tokens_per_sec)} tok/s",
-                               refresh=False)
+      self.bar.set_postfix_str(f"loss {loss:.4f} lr {lr:.2e} {fmt.count(tokens_per_sec)} tok/s"
+                               + (f" {memory}" if memory else ""), refresh=False)
     else:
       self.print(f"step {step:>6}/{total} | loss {loss:.4f} | lr {lr:.2e} | "
                  f"{fmt.count(tokens_per_sec)} tok/s | elapsed {fmt.duration(elapsed)} | "
-                 f"eta {fmt.duration(eta)}")
+                 f"eta {fmt.duration(eta)}" + (f" | {memory}" if memory else ""))
 
   def close(self) -> None:
     if self.bar is not None:

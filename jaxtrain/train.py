@@ -22,22 +22,27 @@ from jaxtrain import (
   checkpoint,
   data,
   fmt,
+  memory,
   mesh,
   metrics,
   monitor,
   optim,
   paths,
+  runs,
   runtime,
   signals,
   summary,
+  tblog,
   validation,
 )
+from jaxtrain import hooks as hooks_lib
 from jaxtrain import programs as programs_lib
 from jaxtrain import sample as sampling
 from jaxtrain import saving as saving_lib
 from jaxtrain import tokenizer as tokenizer_lib
 from jaxtrain.console import Console, LibraryLog
 from jaxtrain.errors import UserError
+from jaxtrain.hooks import Hook
 from jaxtrain.lock import WorkdirLock, in_use_error
 from jaxtrain.model import flops_per_token
 from jaxtrain.steps import TrainState
@@ -52,19 +57,6 @@ def _throttle(results: list) -> None:
   """Waits for the dispatch MAX_IN_FLIGHT back, so no more than that many are queued."""
   if len(results) > MAX_IN_FLIGHT:
     jax.block_until_ready(results[-MAX_IN_FLIGHT - 1])
-
-
-class Hook:
-  """Attach to a run (`run(cfg, hooks=[...])`): sees each record the loop writes, may stop it."""
-
-  def on_log(self, step: int, record: dict) -> None: ...
-
-  def on_eval(self, step: int, record: dict) -> None: ...
-
-  def stop_reason(self) -> str | None:
-    """A reason to end the run after this step (it then saves and finishes), or None. Asked
-    after each step; the processes of a multi-process run stop when any of theirs asks."""
-    return None
 
 
 @dataclasses.dataclass
@@ -111,9 +103,10 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
   t_start = time.time()
   workdir = Path(cfg.workdir).expanduser()
   existed = workdir.exists()
-  r, lock = None, WorkdirLock()  # taken in setup, released however the run ends
+  r, lock, result = None, WorkdirLock(), None  # the lock: taken in setup, released at the end
   try:
-    r = _setup(cfg, platform, show_progress, list(hooks), t_start, library_log, lock)
+    r = _setup(cfg, platform, show_progress, [*hooks, tblog.TensorBoard(), runs.Status()],
+               t_start, library_log, lock)
     if r.log is not None:
       r.log.start()
     try:
@@ -121,6 +114,7 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
       result = _loop(r, state, elapsed_before, best)
     finally:
       saving_lib.close(r.ckpts)  # a save that was going well still completes, also on error
+      hooks_lib.end_all(r.hooks, result)
       lock.release()  # after the run's last write
     if r.log is not None and r.log.errors:
       r.out.print(f"note: the libraries logged {r.log.errors} error(s); see {r.log.path}")
@@ -226,6 +220,7 @@ class Progress:
   last_loss: float | None = None
   last_val: float | None = None
   speed_said: bool = False  # the first speed reading gets a line of its own
+  mem_watch: memory.Watch = dataclasses.field(default_factory=memory.Watch)
 
   def elapsed(self) -> float:
     return self.elapsed_before + time.time() - self.t_run
@@ -250,6 +245,8 @@ def _progress(r: Run, state: TrainState, elapsed_before: float, best_val: float)
 def _loop(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> RunResult:
   t = r.cfg.train
   p = _progress(r, state, elapsed_before, best_val)
+  for hook in r.hooks:
+    hook.on_start(r, p.step)
   signal_stop = hook_stop = None
   if p.step >= t.max_steps:
     r.out.print(f"this run already reached step {p.step} (train.max_steps={t.max_steps}); raise "
@@ -335,12 +332,16 @@ def _log(r: Run, p: Progress) -> None:
     r.out.print(summary.speed_line(speed, r.programs.model_cfg.dtype,
                                    r.cfg.train.max_steps - p.step))
   lr, elapsed = float(p.schedule(p.step - 1)), p.elapsed()
+  mem, mem_text, mem_warning = p.mem_watch.read()
   r.out.progress(p.step, r.cfg.train.max_steps, p.last_loss, lr,
-                 speed.tokens_per_sec if speed else 0.0, elapsed, speed.eta_s if speed else 0.0)
+                 speed.tokens_per_sec if speed else 0.0, elapsed, speed.eta_s if speed else 0.0,
+                 mem_text)
+  if mem_warning:
+    r.out.print(mem_warning)
   saving_lib.check(r.ckpts, p.step)  # a background write that failed is reported now
   record = {"step": p.step, "loss": p.last_loss, "lr": lr, "grad_norm": grad_norm,
             "tokens_per_sec": speed.tokens_per_sec if speed else None,
-            "mfu": speed.mfu if speed else None, "elapsed_s": round(elapsed, 3)}
+            "mfu": speed.mfu if speed else None, "elapsed_s": round(elapsed, 3), **mem}
   r.metrics_file.write(**record)
   for hook in r.hooks:
     hook.on_log(p.step, record)

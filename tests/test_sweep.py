@@ -1,0 +1,135 @@
+"""`python -m jaxtrain.sweep`: the grid, its names and checks; a 2x1 sweep interrupted and
+resumed; a run that fails."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jaxtrain import runs, sweep
+from jaxtrain.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def tiny_file(corpus_file, tmp_path) -> Path:
+  """A config file of the tiny model on the test corpus."""
+  path = tmp_path / "tiny.py"
+  path.write_text("from jaxtrain.testing import tiny_config\n\n\ndef get_config():\n"
+                  f"  return tiny_config(**{{'data.path': {str(corpus_file)!r}}})\n")
+  return path
+
+
+def _sweep(*args: str, **kwargs):
+  return subprocess.Popen([sys.executable, "-m", "jaxtrain.sweep", *args], cwd=ROOT, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
+
+
+def test_grid_names_each_run_by_its_values(tiny_file, tmp_path):
+  args = sweep.parse([f"--config={tiny_file}", "--sweep=optim.lr=1e-3,3e-3",
+                      "--sweep=model.n_layers=1,2", "--sweep=train.skip_nonfinite=true",
+                      f"--root={tmp_path}", "--config.train.max_steps=7", "--jax_platforms=cpu"])
+  points = sweep.grid(args)
+  assert [p.name for p in points] == [
+      "lr=1e-3_n_layers=1_skip_nonfinite=True", "lr=1e-3_n_layers=2_skip_nonfinite=True",
+      "lr=3e-3_n_layers=1_skip_nonfinite=True", "lr=3e-3_n_layers=2_skip_nonfinite=True"]
+  assert all(p.max_steps == 7 for p in points)
+  cmd = sweep.command(args, points[1])
+  assert cmd[-6:] == ["--config.optim.lr=1e-3", "--config.model.n_layers=2",
+                      "--config.train.skip_nonfinite=True",
+                      f"--config.workdir={tmp_path / points[1].name}", "--config.headless=True",
+                      "--jax_platforms=cpu"]
+  assert "--config.train.max_steps=7" in cmd
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sweep=optim.lr=1e-3"], "--config is missing"),
+    (["--config=F", "--sweep=optim.lr=1e-3", "--root=r", "--parallel=0"], "--parallel=0"),
+    (["--config=F", "--sweep=optim.lrate=1", "--root=r"], "optim.lrate is not a config field"),
+    (["--config=F", "--sweep=optim.lr=", "--root=r"], "write --sweep=field=v1,v2"),
+    (["--config=F", "--sweep=workdir=a,b", "--root=r"], "drop it"),
+    (["--config=F", "--root=r", "--oops"], "unexpected argument --oops"),
+])
+def test_bad_arguments_say_what_to_do(argv, message, tiny_file):
+  argv = [a.replace("=F", f"={tiny_file}") for a in argv]
+  with pytest.raises(UserError, match=message.replace("-", "\\-").replace(".", "\\.")):
+    sweep.grid(sweep.parse(argv))
+
+
+def test_bad_values_stop_the_sweep_before_any_run(tiny_file, tmp_path):
+  with pytest.raises(UserError, match="'fast' is not a number"):
+    sweep.grid(sweep.parse([f"--config={tiny_file}", "--sweep=optim.lr=1e-3,fast",
+                            f"--root={tmp_path}"]))
+  with pytest.raises(UserError, match="model.d_model"):  # validated as the run would be
+    sweep.grid(sweep.parse([f"--config={tiny_file}", "--sweep=model.n_heads=3",
+                            f"--root={tmp_path}"]))
+
+
+def test_cores_are_split_between_concurrent_runs(monkeypatch):
+  monkeypatch.setattr(sweep.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+  assert sweep.core_slots(2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+  assert sweep.core_slots(3) == [[0, 1], [2, 3], [4, 5]]
+  assert sweep.core_slots(16)[9] == [1]  # more runs than cores: they share
+  assert sweep.core_slots(1) == [list(range(8))]
+
+
+def _wait_for_a_train_line(metrics: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline and proc.poll() is None:
+    if metrics.exists() and '"loss"' in metrics.read_text():
+      return
+    time.sleep(0.05)
+  raise AssertionError(f"no train line in {metrics}; sweep exit {proc.poll()}")
+
+
+@pytest.mark.slow
+def test_a_sweep_interrupted_and_run_again_continues(tiny_file, tmp_path):
+  root = tmp_path / "sweep"
+  argv = [f"--config={tiny_file}", "--sweep=optim.lr=1e-3,3e-3", "--sweep=model.n_layers=1",
+          f"--root={root}", "--config.train.max_steps=600", "--config.train.eval_every=300",
+          "--config.train.checkpoint_every=300", "--config.sample.num_samples=0"]
+  first, second = root / "lr=1e-3_n_layers=1", root / "lr=3e-3_n_layers=1"
+  proc = _sweep(*argv)
+  _wait_for_a_train_line(first / "metrics.jsonl", proc)
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=120)
+  assert proc.returncode == 143, out
+  assert "[1/2] lr=1e-3_n_layers=1: stopped at step" in out
+  assert "run the same command again to continue" in out
+  stopped = runs.load(first)
+  assert stopped.state == "stopped" and 0 < stopped.step < 600
+  assert not second.exists()  # no new run starts once the sweep is stopping
+
+  proc = _sweep(*argv)
+  out, _ = proc.communicate(timeout=300)
+  assert proc.returncode == 0, out
+  assert "sweep: ran 2, skipped 0, failed 0" in out
+  log = (root / "logs" / f"{first.name}.log").read_text()
+  assert f"resumed from checkpoint {first / 'checkpoints' / str(stopped.step)}" in log
+  for workdir in (first, second):
+    info = runs.load(workdir)
+    assert info.finished and info.step == 600
+    steps = [r["step"] for r in info.train]
+    assert steps == sorted(set(steps))  # the resumed run's lines continue without repeats
+  table = out[out.index("run "):]
+  assert first.name in table and second.name in table and "best: " in table
+  assert (root / "compare.md").exists() and (root / "loss_vs_step.png").exists()
+
+  proc = _sweep(*argv)  # a third call: nothing left to do
+  out, _ = proc.communicate(timeout=120)
+  assert proc.returncode == 0 and "sweep: ran 0, skipped 2, failed 0" in out, out
+
+
+@pytest.mark.slow
+def test_a_failed_run_is_reported_and_the_status_is_non_zero(tiny_file, tmp_path):
+  proc = _sweep(f"--config={tiny_file}", "--sweep=optim.lr=1e-3", f"--root={tmp_path / 's'}",
+                f"--config.data.path={tmp_path / 'missing.txt'}")
+  out, _ = proc.communicate(timeout=120)
+  assert proc.returncode == 1, out
+  assert "[1/1] lr=1e-3: FAILED (exit status 2)" in out and "missing.txt" in out
+  assert "failed 1" in out
+  assert not (tmp_path / "s" / "compare.md").exists()  # the run never started: nothing to compare
