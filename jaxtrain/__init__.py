@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     # configs
     "default_config": "jaxtrain.config", "load_config": "jaxtrain.config",
-    "override": "jaxtrain.config", "validate": "jaxtrain.config",
+    "override": "jaxtrain.config", "validate": "jaxtrain.validation",
     # model and optimizer
     "GPT": "jaxtrain.model", "ModelConfig": "jaxtrain.model", "param_count": "jaxtrain.model",
     "flops_per_token": "jaxtrain.model", "make_optimizer": "jaxtrain.optim",

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from jaxtrain import compare, config, fmt, runs
+from jaxtrain import compare, config, fmt, runs, validation
 from jaxtrain.errors import ConfigError, UserError
 
 USAGE = ("usage: python -m jaxtrain.sweep --config=F --sweep=field=v1,v2 [--sweep=...] --root=DIR "
@@ -134,7 +134,7 @@ def grid(args: Args) -> list[Point]:
       values.append((field, str(value) if isinstance(value, bool) else text))
     name = _name(values)
     cfg.workdir = str(args.root / name)
-    config.validate(cfg)
+    validation.validate(cfg)
     points.append(Point(name, values, args.root / name, args.root / "logs" / f"{name}.log",
                         cfg.train.max_steps))
   if len({p.name for p in points}) < len(points):
