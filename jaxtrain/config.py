@@ -26,6 +26,9 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.workdir = "runs/default"  # checkpoints, metrics.jsonl, config.json, samples.txt
   cfg.seed = 0  # params, dropout and the order of training windows all follow from it
   cfg.headless = False  # True: one plain log line per train.log_every steps instead of a bar
+  # A new run starts from these params (then step 0, a fresh optimizer): a jaxtrain run's workdir
+  # (its newest intact checkpoint) or a Hugging Face Llama/GPT-2 directory; "": a random init.
+  cfg.init_from = ""
 
   cfg.model = ml_collections.ConfigDict()
   cfg.model.n_layers = 4
@@ -53,6 +56,7 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.train.checkpoint_every = 200
   cfg.train.keep_checkpoints = 2  # the latest ones; the best by val loss is kept on top
   cfg.train.skip_nonfinite = False  # True: drop updates whose loss or gradients are inf/nan
+  cfg.train.early_stop_patience = 0  # stop after this many evaluations without a new best; 0: off
 
   cfg.optim = ml_collections.ConfigDict()
   cfg.optim.lr = 1e-3  # peak learning rate, after warmup
@@ -144,7 +148,8 @@ LIMITS = {
     "model.seq_len": 2**20, "model.vocab_size": 2**24, "train.batch_size": 2**24,
     "train.grad_accum": 2**16, "train.max_steps": STEPS_MAX, "train.log_every": STEPS_MAX,
     "train.eval_every": STEPS_MAX, "train.eval_steps": 2**12, "train.checkpoint_every": STEPS_MAX,
-    "train.keep_checkpoints": INT32_MAX, "optim.warmup_steps": STEPS_MAX,
+    "train.keep_checkpoints": INT32_MAX, "train.early_stop_patience": STEPS_MAX,
+    "optim.warmup_steps": STEPS_MAX,
     "optim.decay_steps": STEPS_MAX, "sample.num_samples": 1024, "sample.max_new_tokens": 2**16,
     "sample.top_k": 2**24, "mesh.data": 2**20, "mesh.fsdp": 2**20, "mesh.cpu_devices": 1024,
     "distributed.num_processes": 2**20, "distributed.process_id": 2**20,
@@ -154,7 +159,7 @@ MAX_PARAMS = 2**40  # ~1.1e12 parameters: 17.6 TB of float32 params, gradients a
 MAX_BATCH_TOKENS = 2**31  # tokens of one micro-batch, batch_size x (seq_len + 1)
 FLOAT32_BELOW_1 = 1 - 2**-24  # numbers from here to 1 round to 1 in float32
 # Path fields: a NUL or a newline in one is a mistake, and would break the one-line messages.
-PATH_FIELDS = ("workdir", "data.path", "data.cache_dir")
+PATH_FIELDS = ("workdir", "data.path", "data.cache_dir", "init_from")
 _KINDS = {bool: "True or False", int: "an integer", str: "a string",
           float: "a number within float32's range (|x| <= 3.4e38)"}
 
@@ -278,6 +283,7 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
   for f in ("batch_size", "grad_accum", "max_steps", "log_every", "eval_every", "eval_steps",
             "checkpoint_every", "keep_checkpoints"):
     _positive_int(cfg, f"train.{f}")
+  _positive_int(cfg, "train.early_stop_patience", minimum=0)
 
   _check(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}", "pass e.g. --config.optim.lr=1e-3")
   _check(0.0 <= o.min_lr_ratio <= 1.0, "optim.min_lr_ratio",

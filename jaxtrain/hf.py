@@ -186,8 +186,8 @@ def from_hf(hf_cfg: dict, tensors: dict[str, np.ndarray], c: ModelConfig,
       raise UserError(f"init_from: tensor {name} of {source} is a nonzero bias; jaxtrain's layers "
                       "have none, so this model cannot be loaded exactly")
   parts: dict[str, list] = {}
-  for hf_name, jt_name, cols, transposed in _names(arch, c.n_layers, c.d_model, c.mlp_hidden,
-                                                   c.tie_embeddings):
+  for hf_name, jt_name, _, transposed in _names(arch, c.n_layers, c.d_model, c.mlp_hidden,
+                                                c.tie_embeddings):
     if hf_name not in tensors:
       raise UserError(f"init_from: {source} has no tensor {hf_name}; match --config.model.* to "
                       "its config.json")
