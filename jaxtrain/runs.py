@@ -48,7 +48,7 @@ def best_step(workdir: Path) -> int:
   if not evaluated:
     raise UserError(f"no checkpoint of {workdir} has a validation loss (steps on disk: "
                     f"{sorted(on_disk) or 'none'}); pass --step=latest or a step number")
-  return min(evaluated, key=lambda s: (evaluated[s], -s))
+  return min(evaluated, key=lambda s: (evaluated[s], s))  # a tie: the first to reach it
 
 
 def resolve_step(workdir: Path, step: str) -> int | None:
@@ -66,6 +66,8 @@ def resolve_step(workdir: Path, step: str) -> int | None:
 def load(workdir: str, step: str = "latest") -> tuple[steps.TrainState, object]:
   """(state on one device, tokenizer) of a run's checkpoint named by `step`."""
   path = check_run(workdir)
+  if step not in ("latest", "best") and not str(step).isdigit():
+    resolve_step(path, step)  # raises: a typo in --step is named before anything is read
   if not (path / "tokenizer.json").exists():
     raise UserError(f"{path} has no tokenizer.json; it is not a complete jaxtrain run")
   ckpts = checkpoint.Checkpoints(str(path), read_only=True)
