@@ -133,13 +133,13 @@ def _logits_at(model, buf_BL, n, start, cache, *, use_cache: bool, keep: int):
   return jax.lax.cond(restarted, restart, step, cache)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "n_steps", "use_cache", "keep",
-                                             "temperature", "top_k", "top_p"),
+@functools.partial(jax.jit, static_argnames=("graphdef", "use_cache", "keep", "temperature",
+                                             "top_k", "top_p"),
                    donate_argnames=("carry",))
-def _decode(params, graphdef, carry, *, n_steps: int, use_cache: bool, keep: int,
+def _decode(params, graphdef, carry, n_steps, *, use_cache: bool, keep: int,
             temperature: float, top_k: int, top_p: float):
-  """`n_steps` tokens: each is drawn from the carried logits, written to the buffer, then run
-  through the model for the next logits."""
+  """`n_steps` tokens (traced: one compile for any count): each is drawn from the carried logits,
+  written to the buffer, then run through the model for the next logits."""
   model = nnx.merge(graphdef, params)
   T = model.c.seq_len
 
@@ -157,12 +157,15 @@ def _decode(params, graphdef, carry, *, n_steps: int, use_cache: bool, keep: int
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
-def _prefill(params, graphdef, window_BW):
-  """The logits for the token after the prompt's window, and the cache holding the window."""
+def _prefill(params, graphdef, window_BW, length):
+  """The logits for the token after the prompt's window (its first `length` tokens: the rest is
+  padding, so that prompts of similar lengths share a compile), and the cache holding it. The
+  padding's keys and values in the cache are never seen: each later token writes its own at its
+  position before attending up to it."""
   model = nnx.merge(graphdef, params)
   logits_BWV, cache = forward_cached(model, window_BW, empty_cache(model.c, window_BW.shape[0]),
                                      jnp.int32(0))
-  return logits_BWV[:, -1], cache
+  return jax.lax.dynamic_index_in_dim(logits_BWV, length - 1, axis=1, keepdims=False), cache
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "keep"))
@@ -188,23 +191,31 @@ def stream(params, graphdef, c: model_lib.ModelConfig, prompts_BP: np.ndarray, n
   T, keep = c.seq_len, keep_length(c.seq_len)
   chunk = n_new if chunk <= 0 else min(chunk, n_new)
   n_chunks = -(-n_new // chunk)
-  # Room for every chunk in full, and for a whole window past the last token (no-cache path).
-  buf_BL = np.zeros((B, P + n_chunks * chunk + T), np.int32)
+  # Room for every chunk in full, and for a whole window past the last token (no-cache path);
+  # rounded up, so that a few lengths share one compile.
+  buf_BL = np.zeros((B, _bucket(P + n_chunks * chunk + T, 256)), np.int32)
   buf_BL[:, :P] = prompts_BP
   if use_cache:
     start = window_start(P, T, keep)
-    logits_BV, cache = _prefill(params, graphdef, jnp.asarray(buf_BL[:, start:P]))
+    window_BW = np.zeros((B, min(T, _bucket(P - start, 8))), np.int32)
+    window_BW[:, :P - start] = buf_BL[:, start:P]
+    logits_BV, cache = _prefill(params, graphdef, jnp.asarray(window_BW), jnp.int32(P - start))
   else:
     logits_BV, cache = _prefill_uncached(params, graphdef, jnp.asarray(buf_BL), jnp.int32(P),
                                          keep=keep), None
   carry = (jnp.asarray(buf_BL), cache, jnp.int32(P), logits_BV, jax.random.PRNGKey(seed))
   done = 0
   for _ in range(n_chunks):
-    carry = _decode(params, graphdef, carry, n_steps=chunk, use_cache=use_cache, keep=keep,
+    carry = _decode(params, graphdef, carry, jnp.int32(chunk), use_cache=use_cache, keep=keep,
                     temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
     take = min(chunk, n_new - done)
     yield np.asarray(carry[0][:, P + done:P + done + take])
     done += take
+
+
+def _bucket(n: int, smallest: int) -> int:
+  """The power of two (at least `smallest`) at or above n."""
+  return max(smallest, 1 << (n - 1).bit_length())
 
 
 def generate(params, graphdef, c: model_lib.ModelConfig, prompts_BP: np.ndarray, n_new: int,

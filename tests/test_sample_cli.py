@@ -82,6 +82,7 @@ def test_bad_workdirs_are_one_line_and_exit_2(tmp_path):
 
 
 def test_step_best_is_the_kept_checkpoint_with_the_lowest_val_loss(tmp_path):
+  tmp_path = tmp_path / "run"
   state = make_run(tmp_path, tiny_config())  # saves step 0
   ckpts = checkpoint.Checkpoints(str(tmp_path), keep=5)
   for step in (2, 4, 6):
