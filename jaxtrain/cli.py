@@ -28,6 +28,9 @@ def main(run: Callable[[], None]) -> None:
       fail(f"unexpected arguments {argv[1:]}; flags look like --workdir=runs/nano")
     if not flags.FLAGS["verbosity"].present:
       logging.set_verbosity(logging.ERROR)  # orbax warns that a read-only manager is read-only
+    from jaxtrain import runtime
+
+    runtime.enable_compile_cache()  # the second sample of a run compiles nothing
     try:
       run()
     except UserError as e:

@@ -4,6 +4,7 @@ model switch and past the context window; top-k/top-p; chunked streaming."""
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 import jaxtrain as jt
 from jaxtrain import decode
@@ -49,12 +50,12 @@ def test_cached_logits_match_the_model_forward():
   tokens = np.random.default_rng(2).integers(0, 256, (2, 20)).astype(np.int32)
   model = state.model()
   whole = np.asarray(model(tokens))
-  # A prefill of 12 tokens, then one token at a time.
-  logits, cache = decode.forward_cached(model, tokens[:, :12], decode.empty_cache(state.model_cfg, 2),
-                                        0)
+  # A prefill of 16 tokens, then one token at a time.
+  forward = nnx.jit(decode.forward_cached)
+  logits, cache = forward(model, tokens[:, :16], decode.empty_cache(state.model_cfg, 2), 0)
   steps = [np.asarray(logits)]
-  for t in range(12, 20):
-    logits, cache = decode.forward_cached(model, tokens[:, t:t + 1], cache, t)
+  for t in range(16, 20):
+    logits, cache = forward(model, tokens[:, t:t + 1], cache, t)
     steps.append(np.asarray(logits))
   np.testing.assert_allclose(np.concatenate(steps, axis=1), whole, atol=2e-5)
 
