@@ -63,6 +63,8 @@ def test_exported_model_gives_jaxtrains_logits_in_transformers(layout, tmp_path)
   # And back: init_from reads the export as the params it came from.
   flat, _ = init_from.load_flat(str(out), state.model_cfg, tokenizer_lib.ByteTokenizer())
   jt.assert_trees_equal(hf.fill(state.params, flat, "x"), jax.device_get(state.params))
+  with pytest.raises(UserError, match="another tokenizer"):  # the export records its tokenizer
+    init_from.load_flat(str(out), state.model_cfg, tokenizer_lib.CharTokenizer("abc"))
 
 
 def test_exported_tokenizers_give_jaxtrains_ids(tmp_path):
