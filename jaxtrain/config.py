@@ -25,6 +25,9 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.workdir = "runs/default"  # checkpoints, metrics.jsonl, config.json, samples.txt
   cfg.seed = 0  # params, dropout and the order of training windows all follow from it
   cfg.headless = False  # True: one plain log line per train.log_every steps instead of a bar
+  # A new run starts from these params (then step 0, a fresh optimizer): a jaxtrain run's workdir
+  # (its newest intact checkpoint) or a Hugging Face Llama/GPT-2 directory; "": a random init.
+  cfg.init_from = ""
   cfg.model = _model()
   cfg.train = _train()
   cfg.optim = _optim()
@@ -69,6 +72,7 @@ def _train() -> ml_collections.ConfigDict:
   train.checkpoint_every = 200
   train.keep_checkpoints = 2  # the latest ones; the best by val loss is kept on top
   train.skip_nonfinite = False  # True: drop updates whose loss or gradients are inf/nan
+  train.early_stop_patience = 0  # stop after this many evaluations without a new best; 0: off
   return train
 
 

@@ -1,61 +1,31 @@
-"""Text generation from a trained state: temperature and top-k sampling, one compiled loop."""
+"""Text generation from a trained state (temperature, top-k, top-p) and the samples at the end of
+a run; `python -m jaxtrain.sample --workdir=W` samples from a saved run (jaxtrain/sample_cli.py)."""
 
-import functools
 import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx
 
-from jaxtrain import steps
+from jaxtrain import decode, steps
 from jaxtrain import tokenizer as tokenizer_lib
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "n_new", "seq_len", "temperature", "top_k"))
-def _generate(params, graphdef, buf_BL, n_prompt, key, *, n_new: int, seq_len: int,
-              temperature: float, top_k: int):
-  model = nnx.merge(graphdef, params)
-  T = seq_len
+def generate(state: steps.TrainState, prompts_BP: np.ndarray, n_new: int, *, seq_len: int | None = None,
+             temperature: float = 0.8, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+             use_cache: bool = True) -> np.ndarray:
+  """Continues each row of `prompts_BP` by `n_new` tokens; returns prompt and continuation.
 
-  def body(i, carry):
-    buf_BL, key = carry
-    n = n_prompt + i  # tokens known so far
-    # The last T known tokens; the model is causal, so anything after them is never seen.
-    start = jnp.maximum(0, n - T)
-    window_BT = jax.lax.dynamic_slice_in_dim(buf_BL, start, T, axis=1)
-    logits_BTV = model(window_BT)
-    logits_BV = jax.lax.dynamic_index_in_dim(logits_BTV, n - 1 - start, axis=1, keepdims=False)
-    key, sub = jax.random.split(key)
-    if temperature == 0.0:
-      next_B = jnp.argmax(logits_BV, axis=-1)
-    else:
-      logits_BV = logits_BV / temperature
-      if 0 < top_k < logits_BV.shape[-1]:  # a k past the vocabulary keeps every token
-        kth = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
-        logits_BV = jnp.where(logits_BV < kth, -jnp.inf, logits_BV)
-      next_B = jax.random.categorical(sub, logits_BV, axis=-1)
-    buf_BL = jax.lax.dynamic_update_slice_in_dim(buf_BL, next_B[:, None].astype(buf_BL.dtype), n,
-                                                 axis=1)
-    return buf_BL, key
-
-  buf_BL, _ = jax.lax.fori_loop(0, n_new, body, (buf_BL, key))
-  return buf_BL
-
-
-def generate(state: steps.TrainState, prompts_BP: np.ndarray, n_new: int, *, seq_len: int,
-             temperature: float = 0.8, top_k: int = 0, seed: int = 0) -> np.ndarray:
-  """Continues each row of `prompts_BP` by `n_new` tokens; returns prompt and continuation."""
-  B, P = prompts_BP.shape
-  L = max(P + n_new, seq_len)
-  buf_BL = np.zeros((B, L), np.int32)
-  buf_BL[:, :P] = prompts_BP
+  With a key-value cache (`decode`); `use_cache=False` runs the whole window for every token and
+  gives the same tokens, slower. `seq_len` is the model's (kept for older callers).
+  """
+  if seq_len is not None and seq_len != state.model_cfg.seq_len:
+    raise ValueError(f"generate: seq_len={seq_len} is not the model's {state.model_cfg.seq_len}")
   params = jax.device_get(state.params)  # small work: one device, outside the training mesh
-  out = _generate(params, state.graphdef, jnp.asarray(buf_BL), P, jax.random.PRNGKey(seed),
-                  n_new=n_new, seq_len=seq_len, temperature=float(temperature), top_k=int(top_k))
-  return np.asarray(out)[:, :P + n_new]
+  return decode.generate(params, state.graphdef, state.model_cfg, np.asarray(prompts_BP, np.int32),
+                         n_new, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                         use_cache=use_cache)
 
 
 def prompts_from_text(tokens: np.ndarray, newline_id: int | None, n: int, length: int,
@@ -99,3 +69,9 @@ def write_samples(s: ml_collections.ConfigDict, seq_len: int, seed: int, state: 
   for i, text in enumerate(texts):
     out.print(f"--- sample {i} ---\n{text}")
   return texts
+
+
+if __name__ == "__main__":
+  from jaxtrain import sample_cli
+
+  sample_cli.main()

@@ -21,7 +21,9 @@ from jaxtrain import (
   allocator,
   checkpoint,
   data,
+  early_stop,
   fmt,
+  init_from,
   memory,
   mesh,
   metrics,
@@ -162,7 +164,8 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
              ckpts=checkpoint.Checkpoints(str(workdir), cfg.train.keep_checkpoints),
              train_iter=train_iter,
              metrics_file=metrics.MetricsFile(workdir / "metrics.jsonl", enabled=is_main),
-             run_meta=run_meta, hooks=hooks, t_start=t_start, log=log)
+             run_meta=run_meta, hooks=hooks + early_stop.hooks(cfg.train), t_start=t_start,
+             log=log)
 
 
 def _write_run_files(workdir: Path, cfg: ml_collections.ConfigDict, run_meta: dict, tok) -> None:
@@ -187,6 +190,8 @@ def _start(r: Run) -> tuple[TrainState, float, float]:
     train_step = r.programs.compile_train()
     state, elapsed, best = pending.result()
   r.programs = dataclasses.replace(r.programs, train_step=train_step)
+  if latest is None and r.cfg.init_from:
+    state = init_from.apply(r.cfg.init_from, state, r.programs, r.corpus.tokenizer, r.out.print)
   if latest is None:
     r.out.print("starting a new run at step 0")
   if jax.process_index() == 0:  # after a resume was found sound: this config is the run's now

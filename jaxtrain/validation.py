@@ -42,7 +42,7 @@ LIMITS = {
     "model.seq_len": 2**20, "model.vocab_size": 2**24, "train.batch_size": 2**24,
     "train.grad_accum": 2**16, "train.max_steps": STEPS_MAX, "train.log_every": STEPS_MAX,
     "train.eval_every": STEPS_MAX, "train.eval_steps": 2**12, "train.checkpoint_every": STEPS_MAX,
-    "train.keep_checkpoints": INT32_MAX, "optim.warmup_steps": STEPS_MAX, "model.n_kv_heads": 2**16,
+    "train.keep_checkpoints": INT32_MAX, "train.early_stop_patience": STEPS_MAX, "optim.warmup_steps": STEPS_MAX, "model.n_kv_heads": 2**16,
     "optim.decay_steps": STEPS_MAX, "sample.num_samples": 1024, "sample.max_new_tokens": 2**16,
     "sample.top_k": 2**24, "mesh.data": 2**20, "mesh.fsdp": 2**20, "mesh.cpu_devices": 1024,
     "distributed.num_processes": 2**20, "distributed.process_id": 2**20,
@@ -52,7 +52,7 @@ MAX_PARAMS = 2**40  # ~1.1e12 parameters: 17.6 TB of float32 params, gradients a
 MAX_BATCH_TOKENS = 2**31  # tokens of one micro-batch, batch_size x (seq_len + 1)
 FLOAT32_BELOW_1 = 1 - 2**-24  # numbers from here to 1 round to 1 in float32
 # Path fields: a NUL or a newline in one is a mistake, and would break the one-line messages.
-PATH_FIELDS = ("workdir", "data.path", "data.cache_dir")
+PATH_FIELDS = ("workdir", "data.path", "data.cache_dir", "init_from")
 _KINDS = {bool: "True or False", int: "an integer", str: "a string",
           float: "a number within float32's range (|x| <= 3.4e38)"}
 
@@ -183,6 +183,7 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
   for f in ("batch_size", "grad_accum", "max_steps", "log_every", "eval_every", "eval_steps",
             "checkpoint_every", "keep_checkpoints"):
     _positive_int(cfg, f"train.{f}")
+  _positive_int(cfg, "train.early_stop_patience", minimum=0)
 
   _one_of(o.name, config.OPTIMIZERS, "optim.name")
   _one_of(o.schedule, config.SCHEDULES, "optim.schedule")

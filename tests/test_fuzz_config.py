@@ -180,6 +180,7 @@ PATHS = {
     "data.path": ["corpus.txt", "missing.txt", "*.txt", "*.none", ".", "~/corpus.txt", "a\nb",
                   "\x00", "/proc/jaxtrain-fuzz"],
     "data.cache_dir": ["", "cache", "corpus.txt", "~/cache", "a\nb", "\x00", "/proc/jaxtrain-fuzz"],
+    "init_from": ["", "missing", "corpus.txt", ".", "~/run", "a\nb", "\x00", "/proc/jaxtrain-fuzz"],
 }
 
 

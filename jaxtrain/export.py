@@ -1,0 +1,125 @@
+"""`python -m jaxtrain.export --workdir=runs/nano --out=hf/nano [--step=latest|best|N]`: a run's
+model as a Hugging Face transformers directory (config.json, model.safetensors, tokenizer.json),
+loadable with `transformers.AutoModelForCausalLM.from_pretrained(out)`. The mapping: hf.py."""
+
+import json
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from jaxtrain import hf, paths, trained
+from jaxtrain import tokenizer as tokenizer_lib
+from jaxtrain.errors import UserError
+
+WRITTEN = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+           "generation_config.json")
+
+
+def export(workdir: str, out: str, step: str = "latest") -> Path:
+  """Writes the model of `workdir`'s checkpoint `step` into directory `out`; returns it."""
+  state, tok = trained.load(workdir, step)
+  c = state.model_cfg
+  config = hf.hf_config(c)  # before anything is written: a model with no equivalent is refused
+  target = _target(out)
+  tensors = hf.to_hf(hf.flatten(jax.device_get(state.params)), c)
+  from safetensors.numpy import save_file
+
+  save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+  paths.write_json(target / "config.json", {**config, "jaxtrain": {
+      "workdir": str(Path(workdir).absolute()), "step": int(state.step)}})
+  paths.write_json(target / "generation_config.json", {"do_sample": True, "temperature": 0.8,
+                                                       "max_length": c.seq_len})
+  write_tokenizer(tok, target)
+  return target
+
+
+def _target(out: str) -> Path:
+  """`out`, created; refused if it holds files an export did not write (nothing is overwritten
+  but an earlier export)."""
+  path = Path(out).expanduser()
+  if path.exists() and not path.is_dir():
+    raise UserError(f"--out={path} is a file; pass --out=<a new or empty directory>")
+  if path.is_dir():
+    others = sorted(p.name for p in path.iterdir() if p.name not in WRITTEN)
+    if others:
+      raise UserError(f"--out={path} holds other files ({', '.join(others[:3])}); pass "
+                      "--out=<a new or empty directory> so nothing there is overwritten")
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"cannot create --out={path} ({e.strerror}); pass a directory you can "
+                    "write to") from None
+  return path
+
+
+def _byte_symbols() -> list[str]:
+  """The printable character that byte-level tokenizers (GPT-2's) show for each byte 0..255:
+  printable Latin-1 bytes stand for themselves, the others for code points from 256 on."""
+  printable = [b for b in range(256) if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255]
+  symbols, extra = {}, 0
+  for b in range(256):
+    if b in printable:
+      symbols[b] = chr(b)
+    else:
+      symbols[b] = chr(256 + extra)
+      extra += 1
+  return [symbols[b] for b in range(256)]
+
+
+def hf_tokenizer(tok):
+  """jaxtrain's tokenizer as a `tokenizers.Tokenizer` with the same ids: bytes as a byte-level
+  BPE without merges; characters as a BPE without merges over the vocabulary's characters."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+  if isinstance(tok, tokenizer_lib.ByteTokenizer):
+    vocab = {s: i for i, s in enumerate(_byte_symbols())}
+    t = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    t.decoder = decoders.ByteLevel()
+    return t
+  t = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(tok.chars)}, merges=[]))
+  t.decoder = decoders.Fuse()  # characters join with nothing between them
+  return t
+
+
+def write_tokenizer(tok, target: Path) -> None:
+  hf_tokenizer(tok).save(str(target / "tokenizer.json"))
+  paths.write_json(target / "tokenizer_config.json", {
+      "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 10**9,
+      "clean_up_tokenization_spaces": False, "jaxtrain_tokenizer": tok.to_json()})
+
+
+def main() -> None:
+  from absl import flags
+
+  from jaxtrain import cli
+
+  flags.DEFINE_string("workdir", None, "The run's workdir (e.g. runs/nano).")
+  flags.DEFINE_string("out", None, "The directory to write (new or empty).")
+  flags.DEFINE_string("step", "latest", "Checkpoint: latest, best (lowest val loss) or a step.")
+
+  def run() -> None:
+    f = flags.FLAGS
+    if not f.workdir or not f.out:
+      raise UserError("pass --workdir=<the workdir of a run> and --out=<a new directory>")
+    target = export(f.workdir, f.out, f.step)
+    arch = json.loads((target / "config.json").read_text())["architectures"][0]
+    n = sum(int(np.prod(x.shape)) for x in hf_load(target)[1].values())
+    print(f"wrote {arch} ({n:,} numbers) to {target}; load it with "
+          f"transformers.AutoModelForCausalLM.from_pretrained({str(target)!r})", file=sys.stderr)
+
+  cli.main(run)
+
+
+def hf_load(directory: Path) -> tuple[dict, dict[str, np.ndarray]]:
+  """(config.json, tensors) of a Hugging Face model directory with one model.safetensors."""
+  from safetensors.numpy import load_file
+
+  return json.loads((directory / "config.json").read_text()), \
+      load_file(str(directory / "model.safetensors"))
+
+
+if __name__ == "__main__":
+  main()

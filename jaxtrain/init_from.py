@@ -1,0 +1,90 @@
+"""`init_from`: a new run (step 0, a fresh optimizer, its own workdir) that starts from the params
+of another jaxtrain run or of a Hugging Face model directory in the layouts export writes (hf.py).
+Anything that does not fit this run's config is refused with one line naming the field or tensor."""
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from jaxtrain import checkpoint, hf, paths
+from jaxtrain.errors import UserError
+from jaxtrain.model import ModelConfig
+
+
+def load_flat(path: str, c: ModelConfig, tokenizer) -> tuple[dict[str, np.ndarray], str]:
+  """(flat params for a model of config `c`, what they are, for the log) from `path`."""
+  source = Path(path).expanduser()
+  try:
+    is_run = (source / paths.RUN_FILE).exists()
+    is_hf = (source / "config.json").exists() and any(source.glob("model*.safetensors"))
+  except OSError as e:  # a name too long, a directory that cannot be read
+    raise UserError(f"init_from: cannot read {source} ({e.strerror}); pass "
+                    "--config.init_from=<a run's workdir or an exported model directory>") from None
+  if is_run:
+    return _from_run(source, c, tokenizer)
+  if is_hf:
+    _check_tokenizer(source, _exported_tokenizer(source), tokenizer)
+    hf_cfg, tensors = _read_hf(source)
+    flat = hf.from_hf(hf_cfg, tensors, c, str(source))
+    return flat, f"the {hf_cfg['architectures'][0]} in {source}"
+  raise UserError(f"init_from: {source} is neither a jaxtrain run (no {paths.RUN_FILE}) nor a "
+                  "Hugging Face model directory (config.json + model.safetensors); pass "
+                  "--config.init_from=<a run's workdir or an exported model directory>")
+
+
+def _exported_tokenizer(source: Path) -> dict | None:
+  """The jaxtrain tokenizer an export recorded in tokenizer_config.json (None: not an export)."""
+  try:
+    return json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8")).get(
+        "jaxtrain_tokenizer")
+  except (OSError, ValueError, AttributeError):
+    return None
+
+
+def _check_tokenizer(source: Path, theirs: dict | None, tokenizer) -> None:
+  if theirs is not None and tokenizer is not None and theirs != tokenizer.to_json():
+    raise UserError(f"init_from: {source} was trained with another tokenizer ({theirs['name']}, "
+                    f"{len(theirs.get('chars', '')) or 256} tokens) than this run's "
+                    f"({tokenizer.name}, {tokenizer.vocab_size}); its token ids would mean other "
+                    "things: pass --config.data.tokenizer=byte for both, or the same text")
+
+
+def _from_run(source: Path, c: ModelConfig, tokenizer) -> tuple[dict[str, np.ndarray], str]:
+  theirs = json.loads((source / "tokenizer.json").read_text(encoding="utf-8")) \
+      if (source / "tokenizer.json").exists() else None
+  _check_tokenizer(source, theirs, tokenizer)
+  state = checkpoint.load_state(str(source))  # the newest intact checkpoint
+  src = state.model_cfg
+  for field in ("pos", "norm", "mlp", "n_heads", "tie_embeddings", "rope_theta"):
+    if getattr(src, field) != getattr(c, field):
+      raise UserError(f"init_from: {source} has model.{field}={getattr(src, field)}, this config "
+                      f"{getattr(c, field)}; pass --config.model.{field}={getattr(src, field)}")
+  if c.pos == "learned" and src.seq_len != c.seq_len:
+    raise UserError(f"init_from: {source} has model.seq_len={src.seq_len} (learned positions), "
+                    f"this config {c.seq_len}; pass --config.model.seq_len={src.seq_len}")
+  return hf.flatten(jax.device_get(state.params)), f"step {int(state.step)} of {source}"
+
+
+def _read_hf(source: Path) -> tuple[dict, dict[str, np.ndarray]]:
+  from safetensors.numpy import load_file
+
+  hf_cfg = json.loads((source / "config.json").read_text(encoding="utf-8"))
+  if not hf_cfg.get("architectures"):
+    raise UserError(f"init_from: {source / 'config.json'} names no architecture; is it a "
+                    "transformers model directory?")
+  tensors = {}
+  for part in sorted(source.glob("model*.safetensors")):  # one file, or the shards of one
+    tensors.update(load_file(str(part)))
+  return hf_cfg, tensors
+
+
+def apply(path: str, state, programs, tokenizer, log) -> object:
+  """`state` (a fresh one) with its params replaced by those at `path`, placed as its own."""
+  flat, what = load_flat(path, programs.model_cfg, tokenizer)
+  params = hf.fill(programs.abstract.params, flat, path)  # shapes checked, tensor by tensor
+  placed = jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
+                        params, programs.shardings.params)
+  log(f"init_from: params from {what}; step 0, a fresh optimizer")
+  return state.replace(params=placed)

@@ -1,0 +1,97 @@
+"""Generation with the key-value cache: the same tokens as the whole window every step, for every
+model switch and past the context window; top-k/top-p; chunked streaming."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import jaxtrain as jt
+from jaxtrain import decode
+from jaxtrain.testing import init, tiny_config
+
+SWITCHES = {
+    "rope-rmsnorm-swiglu-tied": {},
+    "learned-layernorm-gelu": {"model.pos": "learned", "model.norm": "layernorm",
+                               "model.mlp": "gelu"},
+    "rope-layernorm-gelu-untied": {"model.norm": "layernorm", "model.mlp": "gelu",
+                                   "model.tie_embeddings": False},
+    "learned-rmsnorm-swiglu-untied": {"model.pos": "learned", "model.tie_embeddings": False},
+}
+
+
+def _lively(state, seed: int = 0):
+  """The state with noise added to its params: a fresh init repeats one token greedily, which
+  would make any two generators agree."""
+  rng = np.random.default_rng(seed)
+  params = jax.tree.map(lambda x: np.asarray(x) + rng.normal(0, 0.3, x.shape).astype(x.dtype),
+                        jax.device_get(state.params))
+  return state.replace(params=params)
+
+
+@pytest.mark.parametrize("name", SWITCHES)
+def test_cached_greedy_tokens_equal_uncached(name):
+  cfg = tiny_config(**{"model.seq_len": 16, **SWITCHES[name]})
+  state = _lively(init(cfg))
+  rng = np.random.default_rng(1)
+  # Prompts shorter than the window and longer; 30 new tokens pass the 16-token window several
+  # times, so restarts of the window are covered.
+  for P in (5, 21):
+    prompts = rng.integers(0, 256, (2, P)).astype(np.int32)
+    cached = jt.generate(state, prompts, 30, temperature=0.0)
+    plain = jt.generate(state, prompts, 30, temperature=0.0, use_cache=False)
+    assert cached.shape == (2, P + 30) and np.array_equal(cached[:, :P], prompts)
+    assert len(np.unique(cached[:, P:])) > 5, "a degenerate model proves nothing"
+    np.testing.assert_array_equal(cached, plain)
+
+
+def test_cached_logits_match_the_model_forward():
+  state = _lively(init(tiny_config()))
+  tokens = np.random.default_rng(2).integers(0, 256, (2, 20)).astype(np.int32)
+  model = state.model()
+  whole = np.asarray(model(tokens))
+  # A prefill of 16 tokens, then one token at a time.
+  forward = nnx.jit(decode.forward_cached)
+  logits, cache = forward(model, tokens[:, :16], decode.empty_cache(state.model_cfg, 2), 0)
+  steps = [np.asarray(logits)]
+  for t in range(16, 20):
+    logits, cache = forward(model, tokens[:, t:t + 1], cache, t)
+    steps.append(np.asarray(logits))
+  np.testing.assert_allclose(np.concatenate(steps, axis=1), whole, atol=2e-5)
+
+
+def test_window_restarts_from_its_last_half():
+  T, keep = 8, decode.keep_length(8)
+  starts = [decode.window_start(n, T, keep) for n in range(1, 20)]
+  assert starts[:8] == [0] * 8  # up to a full window
+  assert starts[8] == 9 - keep  # token 9 restarts the window from the last `keep` tokens
+  for n, start in zip(range(1, 20), starts):
+    assert keep <= n - start <= T or n < keep
+  traced = [int(decode.window_start(np.int32(n), T, keep)) for n in range(1, 20)]
+  assert traced == starts
+
+
+def test_sampling_is_seeded_chunking_changes_nothing_and_filters_cut():
+  cfg = tiny_config()
+  state = _lively(init(cfg))
+  params, c = jax.device_get(state.params), state.model_cfg
+  prompts = np.full((3, 4), 65, np.int32)
+  kwargs = dict(temperature=1.0, top_k=20, top_p=0.9, seed=5)
+  whole = decode.generate(params, state.graphdef, c, prompts, 30, **kwargs)
+  chunks = list(decode.stream(params, state.graphdef, c, prompts, 30, chunk=7, **kwargs))
+  assert [x.shape[1] for x in chunks] == [7, 7, 7, 7, 2]
+  np.testing.assert_array_equal(np.concatenate([prompts, *chunks], axis=1), whole)
+  other = decode.generate(params, state.graphdef, c, prompts, 30, **{**kwargs, "seed": 6})
+  assert not np.array_equal(whole, other)
+  # A tiny top_p keeps only the likeliest token: greedy.
+  greedy = decode.generate(params, state.graphdef, c, prompts, 12, temperature=0.0)
+  sampled = decode.generate(params, state.graphdef, c, prompts, 12, temperature=1.0, top_p=1e-6)
+  np.testing.assert_array_equal(sampled, greedy)
+
+
+def test_pick_top_p_keeps_the_smallest_set_reaching_p():
+  logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], np.float32))
+  draws = {int(decode.pick(logits, jax.random.PRNGKey(i), 1.0, 0, 0.7)[0]) for i in range(200)}
+  assert draws == {0, 1}  # 0.5 < 0.7 <= 0.5 + 0.3
+  draws = {int(decode.pick(logits, jax.random.PRNGKey(i), 1.0, 0, 0.81)[0]) for i in range(200)}
+  assert draws == {0, 1, 2}

@@ -1,0 +1,143 @@
+"""Export to Hugging Face transformers and `init_from` back: logits equal within 1e-4 in torch,
+tokenizers with the same ids, round trips, and one-line refusals."""
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import jaxtrain as jt
+from jaxtrain import checkpoint, export, hf, init_from, paths
+from jaxtrain import tokenizer as tokenizer_lib
+from jaxtrain.errors import UserError
+from jaxtrain.testing import init, tiny_config
+
+torch = pytest.importorskip("torch", reason="the test extra installs torch (CPU)")
+transformers = pytest.importorskip("transformers")
+
+LAYOUTS = {
+    "llama": {},
+    "llama-untied": {"model.tie_embeddings": False},
+    "gpt2": {"model.pos": "learned", "model.norm": "layernorm", "model.mlp": "gelu"},
+}
+
+
+def make_run(directory: Path, cfg, tok=None, noise: float = 0.3) -> jt.TrainState:
+  """A run's workdir as training leaves it (run.json, tokenizer.json, a checkpoint with its
+  config), holding a fresh state with noise on its params so that every weight matters."""
+  tok = tok or tokenizer_lib.ByteTokenizer()
+  state = init(cfg, tok.vocab_size)
+  rng = np.random.default_rng(0)
+  state = state.replace(params=jax.tree.map(
+      lambda x: np.asarray(x) + rng.normal(0, noise, x.shape).astype(np.float32),
+      jax.device_get(state.params)))
+  directory.mkdir(parents=True)
+  ckpts = checkpoint.Checkpoints(str(directory))
+  ckpts.save(state, meta={"config": cfg.to_dict()}, val_loss=1.0)
+  ckpts.close()
+  paths.write_json(directory / paths.RUN_FILE, {})
+  tokenizer_lib.save(tok, str(directory / "tokenizer.json"))
+  return state
+
+
+def torch_logits(directory: Path, tokens: np.ndarray) -> np.ndarray:
+  model = transformers.AutoModelForCausalLM.from_pretrained(str(directory))
+  with torch.no_grad():
+    return model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_exported_model_gives_jaxtrains_logits_in_transformers(layout, tmp_path):
+  cfg = tiny_config(**LAYOUTS[layout])
+  state = make_run(tmp_path / "run", cfg)
+  out = export.export(str(tmp_path / "run"), str(tmp_path / "hf"))
+  assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+  tokens = np.random.default_rng(1).integers(0, 256, (2, cfg.model.seq_len))
+  theirs = torch_logits(out, tokens)
+  ours = np.asarray(state.model()(tokens))
+  assert np.abs(ours).max() > 1.0  # logits of a size where a wrong mapping shows
+  np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
+  arch = transformers.AutoConfig.from_pretrained(str(out)).architectures[0]
+  assert arch == (hf.GPT2 if layout == "gpt2" else hf.LLAMA)
+  # And back: init_from reads the export as the params it came from.
+  flat, _ = init_from.load_flat(str(out), state.model_cfg, tokenizer_lib.ByteTokenizer())
+  jt.assert_trees_equal(hf.fill(state.params, flat, "x"), jax.device_get(state.params))
+  with pytest.raises(UserError, match="another tokenizer"):  # the export records its tokenizer
+    init_from.load_flat(str(out), state.model_cfg, tokenizer_lib.CharTokenizer("abc"))
+
+
+def test_exported_tokenizers_give_jaxtrains_ids(tmp_path):
+  text = "def f(x):\n  return x  # héllo"
+  for tok in (tokenizer_lib.ByteTokenizer(), tokenizer_lib.CharTokenizer(text + "ab")):
+    export.write_tokenizer(tok, tmp_path)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    ids = hf_tok(text)["input_ids"]
+    assert ids == tok.encode(text).tolist()
+    assert hf_tok.decode(ids) == text
+
+
+def test_a_layout_without_an_hf_equivalent_is_refused_naming_the_switch(tmp_path):
+  make_run(tmp_path / "run", tiny_config(**{"model.norm": "layernorm"}))
+  with pytest.raises(UserError, match=r"model\.norm=layernorm"):
+    export.export(str(tmp_path / "run"), str(tmp_path / "hf"))
+  assert not (tmp_path / "hf").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("arch", [hf.LLAMA, hf.GPT2])
+def test_init_from_a_transformers_model_made_with_save_pretrained(arch, tmp_path):
+  torch.manual_seed(0)
+  if arch == hf.LLAMA:
+    over = {"model.rope_theta": 500.0}
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=32, intermediate_size=88, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32,
+        rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=True, initializer_range=0.3)
+    model = transformers.LlamaForCausalLM(hf_cfg)
+  else:
+    over = {"model.pos": "learned", "model.norm": "layernorm", "model.mlp": "gelu"}
+    hf_cfg = transformers.GPT2Config(vocab_size=256, n_embd=32, n_layer=2, n_head=4, n_positions=32,
+                                     n_inner=128, activation_function="gelu_new",
+                                     layer_norm_epsilon=1e-5, initializer_range=0.3)
+    model = transformers.GPT2LMHeadModel(hf_cfg)
+    with torch.no_grad():  # jaxtrain's layers have no biases: only a model without them maps
+      for name, p in model.named_parameters():
+        if name.endswith(".bias"):
+          p.zero_()
+  model.eval()  # no dropout
+  model.save_pretrained(str(tmp_path / "hf"))
+  cfg = tiny_config(**over)
+  programs = jt.build(cfg, 256, jax.devices()[:1])
+  flat, what = init_from.load_flat(str(tmp_path / "hf"), programs.model_cfg,
+                                   tokenizer_lib.ByteTokenizer())
+  assert arch in what
+  state = programs.abstract.replace(params=hf.fill(programs.abstract.params, flat, "x"))
+  tokens = np.random.default_rng(2).integers(0, 256, (2, 32))
+  ours = np.asarray(state.model()(tokens))
+  with torch.no_grad():
+    theirs = model(torch.tensor(tokens)).logits.numpy()
+  np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
+  # A config that does not fit: one line naming the field, or the tensor.
+  with pytest.raises(UserError, match=r"model\.n_heads=4"):
+    init_from.load_flat(str(tmp_path / "hf"), jt.build(tiny_config(**over, **{"model.n_heads": 2}),
+                                                       256, jax.devices()[:1]).model_cfg, None)
+  wide = jt.build(tiny_config(**over, **{"model.mlp_ratio": 2.0}), 256, jax.devices()[:1])
+  flat, _ = init_from.load_flat(str(tmp_path / "hf"), wide.model_cfg, None)
+  with pytest.raises(UserError, match=r"tensor blocks/0/mlp/(up|down)/kernel of .* has shape"):
+    hf.fill(wide.abstract.params, flat, str(tmp_path / "hf"))
+
+
+def test_init_from_a_run_checks_tokenizer_and_switches(tmp_path):
+  cfg = tiny_config()
+  state = make_run(tmp_path / "run", cfg)
+  c = state.model_cfg
+  flat, what = init_from.load_flat(str(tmp_path / "run"), c, tokenizer_lib.ByteTokenizer())
+  assert what.startswith("step 0 of")
+  jt.assert_trees_equal(hf.fill(state.params, flat, "x"), jax.device_get(state.params))
+  with pytest.raises(UserError, match="another tokenizer"):
+    init_from.load_flat(str(tmp_path / "run"), c, tokenizer_lib.CharTokenizer("abc"))
+  other = jt.build(tiny_config(**{"model.mlp": "gelu"}), 256, jax.devices()[:1]).model_cfg
+  with pytest.raises(UserError, match=r"model\.mlp=swiglu"):
+    init_from.load_flat(str(tmp_path / "run"), other, tokenizer_lib.ByteTokenizer())
+  with pytest.raises(UserError, match="neither a jaxtrain run"):
+    init_from.load_flat(str(tmp_path), c, tokenizer_lib.ByteTokenizer())

@@ -1,0 +1,99 @@
+"""After training: early stopping, `python -m jaxtrain.sample` and `python -m jaxtrain.export` on
+the run it leaves (also with --step=best), `init_from` starting a new run from it, and their
+one-line refusals of bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, run_cli
+from test_cli import TINY
+from test_export import make_run
+
+from jaxtrain import checkpoint, trained
+from jaxtrain.errors import UserError
+from jaxtrain.testing import tiny_config
+
+
+def module(name: str, *args: str, stdin: str | None = None):
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  return subprocess.run([sys.executable, "-m", name, "--jax_platforms=cpu", *args], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=300, input=stdin)
+
+
+def one_line_error(proc, *words: str) -> None:
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2, proc.stdout + proc.stderr
+  assert lines and lines[-1].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+  for word in words:
+    assert word in lines[-1], lines[-1]
+
+
+@pytest.mark.slow
+def test_early_stop_then_sample_export_and_fine_tune(corpus_file, tmp_path):
+  run = tmp_path / "run"
+  # lr 1e-30 leaves the params as they are: the val loss never improves after the first eval.
+  common = ["--config=configs/nano.py", "--jax_platforms=cpu", *TINY,
+            f"--config.data.path={corpus_file}", "--config.data.tokenizer=char",
+            "--config.headless=True", "--config.train.eval_every=2", "--config.train.eval_steps=1",
+            "--config.train.checkpoint_every=2", "--config.sample.num_samples=0"]
+  proc = run_cli(*common, f"--config.workdir={run}",
+                 "--config.train.max_steps=40", "--config.train.early_stop_patience=2",
+                 "--config.optim.lr=1e-30")
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert "stopped at step 6: early stop: no new best val loss in 2 evaluations" in proc.stdout
+  assert "best, " in proc.stdout and "at step 2" in proc.stdout
+
+  proc = module("jaxtrain.sample", f"--workdir={run}", "--prompt=The", "--max_new_tokens=20",
+                "--num_samples=2", "--temperature=0", "--step=best")
+  assert proc.returncode == 0, proc.stderr
+  best = trained.best_step(run)  # the val losses tie (lr 1e-30): the earliest step kept
+  assert f"step {best} of" in proc.stderr
+  samples = proc.stdout.split("--- sample ")[1:]
+  assert len(samples) == 2 and all(s.split("\n", 1)[1].startswith("The") for s in samples)
+  assert samples[0].split("\n", 1)[1] == samples[1].split("\n", 1)[1]  # greedy: the same
+  proc = module("jaxtrain.sample", f"--workdir={run}", "--interactive", "--max_new_tokens=5",
+                stdin="Th\nZ\u00e9\n\n")
+  assert proc.returncode == 0 and proc.stdout.startswith("prompt> Th"), proc.stdout + proc.stderr
+  assert "not in this run's char vocabulary" in proc.stderr  # said, then asked again
+  one_line_error(module("jaxtrain.sample", f"--workdir={run}", "--prompt=\u00e9"), "vocabulary")
+
+  proc = module("jaxtrain.export", f"--workdir={run}", f"--out={tmp_path / 'hf'}", "--step=best")
+  assert proc.returncode == 0, proc.stderr
+  assert json.loads((tmp_path / "hf" / "config.json").read_text())["jaxtrain"]["step"] == best
+
+  proc = run_cli(*common, f"--config.workdir={tmp_path / 'tuned'}", "--config.train.max_steps=2",
+                 f"--config.init_from={run}")
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert f"init_from: params from step 6 of {run}" in proc.stdout
+  assert "starting a new run at step 0" in proc.stdout
+
+
+def test_bad_workdirs_are_one_line_and_exit_2(tmp_path):
+  one_line_error(module("jaxtrain.sample", f"--workdir={tmp_path / 'none'}"), "does not exist")
+  one_line_error(module("jaxtrain.export", f"--workdir={tmp_path}", f"--out={tmp_path / 'o'}"),
+                 "is not a jaxtrain run")
+  (tmp_path / "run.json").write_text("{}")
+  (tmp_path / "tokenizer.json").write_text('{"name": "byte"}')
+  one_line_error(module("jaxtrain.sample", f"--workdir={tmp_path}"), "no checkpoint")
+  one_line_error(module("jaxtrain.sample", f"--workdir={tmp_path}", "--step=last"), "--step")
+
+
+def test_step_best_is_the_kept_checkpoint_with_the_lowest_val_loss(tmp_path):
+  tmp_path = tmp_path / "run"
+  state = make_run(tmp_path, tiny_config())  # saves step 0
+  ckpts = checkpoint.Checkpoints(str(tmp_path), keep=5)
+  for step in (2, 4, 6):
+    ckpts.save(state.replace(step=state.step + step), meta={"config": tiny_config().to_dict()})
+  ckpts.close()
+  records = [{"step": 2, "val_loss": 1.5}, {"step": 4, "loss": 0.1}, {"step": 4, "val_loss": 1.2},
+             {"step": 6, "val_loss": 1.3}, {"step": 8, "val_loss": 0.5}]  # 8: no checkpoint
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"st')
+  assert trained.best_step(tmp_path) == 4
+  assert trained.resolve_step(tmp_path, "best") == 4 and trained.resolve_step(tmp_path, "6") == 6
+  assert trained.resolve_step(tmp_path, "latest") is None
+  (tmp_path / "metrics.jsonl").unlink()
+  with pytest.raises(UserError, match="no checkpoint .* has a validation loss"):
+    trained.best_step(tmp_path)
