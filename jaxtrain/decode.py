@@ -40,7 +40,7 @@ def window_start(n, seq_len: int, keep: int):
 
 
 def empty_cache(c: model_lib.ModelConfig, batch: int) -> Cache:
-  shape = (batch, c.seq_len, c.n_heads, c.head_dim)
+  shape = (batch, c.seq_len, c.kv_heads, c.head_dim)
   return [(jnp.zeros(shape, c.dtype), jnp.zeros(shape, c.dtype)) for _ in range(c.n_layers)]
 
 
@@ -53,7 +53,7 @@ def forward_cached(model: model_lib.GPT, tokens_BT: jax.Array, cache: Cache,
   """
   c = model.c
   B, T = tokens_BT.shape
-  S, H, K = c.seq_len, c.n_heads, c.head_dim
+  S, H, G, K = c.seq_len, c.n_heads, c.kv_heads, c.head_dim
   x_BTD = model.wte(tokens_BT)
   rope = None
   if c.pos == "learned":
@@ -64,19 +64,22 @@ def forward_cached(model: model_lib.GPT, tokens_BT: jax.Array, cache: Cache,
   # Query t (at window position pos + t) sees cached positions s <= pos + t.
   visible_TS = jnp.arange(S)[None, :] <= pos + jnp.arange(T)[:, None]
   new_cache = []
-  for block, (k_cache_BSHK, v_cache_BSHK) in zip(model.blocks, cache):
+  for block, (k_cache_BSGK, v_cache_BSGK) in zip(model.blocks, cache):
     attn = block.attn
-    qkv_BT3HK = attn.qkv(block.norm1(x_BTD)).reshape(B, T, 3, H, K)
-    q_BTHK, k_BTHK, v_BTHK = qkv_BT3HK[:, :, 0], qkv_BT3HK[:, :, 1], qkv_BT3HK[:, :, 2]
+    q_BTHK, k_BTGK, v_BTGK = model_lib.qkv_heads(attn.qkv(block.norm1(x_BTD)), H, G, K)
+    if c.qk_norm:
+      q_BTHK, k_BTGK = model_lib.rms_heads(q_BTHK), model_lib.rms_heads(k_BTGK)
     if rope is not None:
-      q_BTHK, k_BTHK = model_lib.apply_rope(q_BTHK, *rope), model_lib.apply_rope(k_BTHK, *rope)
-    k_cache_BSHK = jax.lax.dynamic_update_slice_in_dim(k_cache_BSHK, k_BTHK.astype(c.dtype), pos, 1)
-    v_cache_BSHK = jax.lax.dynamic_update_slice_in_dim(v_cache_BSHK, v_BTHK.astype(c.dtype), pos, 1)
-    new_cache.append((k_cache_BSHK, v_cache_BSHK))
-    scores_BHTS = jnp.einsum("bthk,bshk->bhts", q_BTHK * K**-0.5, k_cache_BSHK).astype(jnp.float32)
-    probs_BHTS = jax.nn.softmax(jnp.where(visible_TS, scores_BHTS, -jnp.inf), axis=-1)
-    y_BTHK = jnp.einsum("bhts,bshk->bthk", probs_BHTS.astype(q_BTHK.dtype), v_cache_BSHK)
-    x_BTD = x_BTD + attn.out(y_BTHK.reshape(B, T, H * K))
+      q_BTHK, k_BTGK = model_lib.apply_rope(q_BTHK, *rope), model_lib.apply_rope(k_BTGK, *rope)
+    k_cache_BSGK = jax.lax.dynamic_update_slice_in_dim(k_cache_BSGK, k_BTGK.astype(c.dtype), pos, 1)
+    v_cache_BSGK = jax.lax.dynamic_update_slice_in_dim(v_cache_BSGK, v_BTGK.astype(c.dtype), pos, 1)
+    new_cache.append((k_cache_BSGK, v_cache_BSGK))
+    # Query head h = g * R + r reads key/value head g, as the model's repeat of k and v does.
+    q_BTGRK = (q_BTHK * K**-0.5).reshape(B, T, G, H // G, K)
+    scores_BGRTS = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_cache_BSGK).astype(jnp.float32)
+    probs_BGRTS = jax.nn.softmax(jnp.where(visible_TS, scores_BGRTS, -jnp.inf), axis=-1)
+    y_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", probs_BGRTS.astype(q_BTHK.dtype), v_cache_BSGK)
+    x_BTD = x_BTD + attn.out(y_BTGRK.reshape(B, T, H * K))
     x_BTD = x_BTD + block.mlp(block.norm2(x_BTD))
   x_BTD = model.norm_f(x_BTD)
   if c.tie_embeddings:
@@ -84,7 +87,7 @@ def forward_cached(model: model_lib.GPT, tokens_BT: jax.Array, cache: Cache,
     logits_BTV = x_BTD.astype(dtype) @ model.wte.embedding[...].astype(dtype).T
   else:
     logits_BTV = model.lm_head(x_BTD)
-  return logits_BTV.astype(jnp.float32), new_cache
+  return model_lib.softcap(logits_BTV.astype(jnp.float32), c.logit_softcap), new_cache
 
 
 def pick(logits_BV: jax.Array, key: jax.Array, temperature: float, top_k: int,

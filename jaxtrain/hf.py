@@ -43,6 +43,13 @@ def fill(template, flat: dict[str, np.ndarray], source: str):
 
 def architecture(c: ModelConfig) -> str:
   """LLAMA or GPT2; a model with no exact equivalent is refused, naming the switch."""
+  for field, off in (("qk_norm", False), ("logit_softcap", 0.0)):
+    if getattr(c, field) != off:
+      raise UserError(f"model.{field}={getattr(c, field)} has no exact Hugging Face equivalent in "
+                      "Llama or GPT-2; export a model trained without it")
+  if c.pos != "rope" and c.kv_heads != c.n_heads:
+    raise UserError(f"model.n_kv_heads={c.n_kv_heads} has no exact Hugging Face equivalent with "
+                    "model.pos=learned (GPT-2 has no grouped-query attention)")
   if c.pos == "rope":
     for field, want in (("norm", "rmsnorm"), ("mlp", "swiglu")):
       if getattr(c, field) != want:
@@ -65,7 +72,7 @@ def hf_config(c: ModelConfig) -> dict:
   if architecture(c) == LLAMA:
     return {"architectures": [LLAMA], "model_type": "llama", "hidden_size": c.d_model,
             "intermediate_size": c.mlp_hidden, "num_hidden_layers": c.n_layers,
-            "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_heads,
+            "num_attention_heads": c.n_heads, "num_key_value_heads": c.kv_heads,
             "head_dim": c.head_dim, "hidden_act": "silu", "max_position_embeddings": c.seq_len,
             "rms_norm_eps": EPS, "rope_parameters": {"rope_type": "default",
                                                      "rope_theta": c.rope_theta},
@@ -77,13 +84,14 @@ def hf_config(c: ModelConfig) -> dict:
           "scale_attn_weights": True, **common}
 
 
-def _llama_names(i: int, D: int, F: int) -> list[tuple[str, str, slice | None, bool]]:
-  """(HF name, jaxtrain name, columns of the jaxtrain kernel, transposed) of layer i."""
+def _llama_names(i: int, D: int, KV: int, F: int) -> list[tuple[str, str, slice | None, bool]]:
+  """(HF name, jaxtrain name, columns of the jaxtrain kernel, transposed) of layer i; KV: the
+  width of the keys (and of the values)."""
   hf, jt = f"model.layers.{i}.", f"blocks/{i}/"
   return [(hf + "input_layernorm.weight", jt + "norm1/scale", None, False),
           (hf + "self_attn.q_proj.weight", jt + "attn/qkv/kernel", slice(0, D), True),
-          (hf + "self_attn.k_proj.weight", jt + "attn/qkv/kernel", slice(D, 2 * D), True),
-          (hf + "self_attn.v_proj.weight", jt + "attn/qkv/kernel", slice(2 * D, 3 * D), True),
+          (hf + "self_attn.k_proj.weight", jt + "attn/qkv/kernel", slice(D, D + KV), True),
+          (hf + "self_attn.v_proj.weight", jt + "attn/qkv/kernel", slice(D + KV, D + 2 * KV), True),
           (hf + "self_attn.o_proj.weight", jt + "attn/out/kernel", None, True),
           (hf + "post_attention_layernorm.weight", jt + "norm2/scale", None, False),
           (hf + "mlp.gate_proj.weight", jt + "mlp/up/kernel", slice(0, F), True),
@@ -101,11 +109,13 @@ def _gpt2_names(i: int) -> list[tuple[str, str, slice | None, bool]]:
           (hf + "mlp.c_proj.weight", jt + "mlp/down/kernel", None, False)]
 
 
-def _names(arch: str, n_layers: int, d_model: int, mlp_hidden: int, tied: bool):
+def _names(arch: str, c: ModelConfig):
+  n_layers, d_model, mlp_hidden, tied = c.n_layers, c.d_model, c.mlp_hidden, c.tie_embeddings
   if arch == LLAMA:
     names = [("model.embed_tokens.weight", "wte/embedding", None, False),
              ("model.norm.weight", "norm_f/scale", None, False)]
-    names += [n for i in range(n_layers) for n in _llama_names(i, d_model, mlp_hidden)]
+    kv_width = c.kv_heads * c.head_dim
+    names += [n for i in range(n_layers) for n in _llama_names(i, d_model, kv_width, mlp_hidden)]
   else:
     names = [("transformer.wte.weight", "wte/embedding", None, False),
              ("transformer.wpe.weight", "wpe", None, False),
@@ -129,8 +139,7 @@ def to_hf(flat: dict[str, np.ndarray], c: ModelConfig) -> dict[str, np.ndarray]:
   """jaxtrain's flat params -> HF's state dict (float32, contiguous)."""
   arch = architecture(c)
   out = {}
-  for hf_name, jt_name, cols, transposed in _names(arch, c.n_layers, c.d_model, c.mlp_hidden,
-                                                   c.tie_embeddings):
+  for hf_name, jt_name, cols, transposed in _names(arch, c):
     x = np.asarray(flat[jt_name], np.float32)
     x = x[:, cols] if cols is not None else x
     out[hf_name] = np.ascontiguousarray(x.T if transposed else x)
@@ -165,17 +174,17 @@ def from_hf(hf_cfg: dict, tensors: dict[str, np.ndarray], c: ModelConfig,
   """HF's state dict -> jaxtrain's flat params for a model of config `c`; a model that does not
   fit `c` is refused with one line naming the field or the tensor."""
   fields = model_fields(hf_cfg)
-  if fields.get("kv_heads", fields["n_heads"]) != fields["n_heads"]:
-    raise UserError(f"init_from: {source} shares keys and values over heads (num_key_value_heads="
-                    f"{fields['kv_heads']}), which jaxtrain's attention does not do")
+  architecture(c)  # this config's own switches must have an HF form
   mine = {"pos": c.pos, "norm": c.norm, "mlp": c.mlp, "n_heads": c.n_heads, "n_layers": c.n_layers,
-          "d_model": c.d_model, "tie_embeddings": c.tie_embeddings, "rope_theta": c.rope_theta}
+          "d_model": c.d_model, "tie_embeddings": c.tie_embeddings, "rope_theta": c.rope_theta,
+          "kv_heads": c.kv_heads}
   for field, theirs in fields.items():
     if field in mine and mine[field] != theirs:
-      raise UserError(f"init_from: {source} has model.{field}={theirs}, this config "
-                      f"{mine[field]}; pass --config.model.{field}={theirs}")
+      name = "n_kv_heads" if field == "kv_heads" else field
+      raise UserError(f"init_from: {source} has model.{name}={theirs}, this config "
+                      f"{mine[field]}; pass --config.model.{name}={theirs}")
   arch = LLAMA if c.pos == "rope" else GPT2
-  known = {hf for hf, *_ in _names(arch, c.n_layers, c.d_model, c.mlp_hidden, c.tie_embeddings)}
+  known = {hf for hf, *_ in _names(arch, c)}
   known |= set(_biases(arch, c.n_layers))
   if c.tie_embeddings:
     known.add("lm_head.weight")  # some savers write the tied copy too
@@ -186,8 +195,7 @@ def from_hf(hf_cfg: dict, tensors: dict[str, np.ndarray], c: ModelConfig,
       raise UserError(f"init_from: tensor {name} of {source} is a nonzero bias; jaxtrain's layers "
                       "have none, so this model cannot be loaded exactly")
   parts: dict[str, list] = {}
-  for hf_name, jt_name, _, transposed in _names(arch, c.n_layers, c.d_model, c.mlp_hidden,
-                                                c.tie_embeddings):
+  for hf_name, jt_name, _, transposed in _names(arch, c):
     if hf_name not in tensors:
       raise UserError(f"init_from: {source} has no tensor {hf_name}; match --config.model.* to "
                       "its config.json")

@@ -195,7 +195,7 @@ class Attention(nnx.Module):
     H, G, K = c.n_heads, c.kv_heads, c.head_dim
     q_BTHK, k_BTGK, v_BTGK = qkv_heads(self.qkv(x_BTD), H, G, K)
     if c.qk_norm:
-      q_BTHK, k_BTGK = _rms(q_BTHK), _rms(k_BTGK)
+      q_BTHK, k_BTGK = rms_heads(q_BTHK), rms_heads(k_BTGK)
     if rope is not None:
       q_BTHK, k_BTGK = apply_rope(q_BTHK, *rope), apply_rope(k_BTGK, *rope)
     if c.attention == "cudnn":  # takes G < H as it is
@@ -215,11 +215,15 @@ def qkv_heads(qkv_BTN: jax.Array, H: int, G: int, K: int) -> tuple[jax.Array, ..
   return q.reshape(B, T, H, K), k.reshape(B, T, G, K), v.reshape(B, T, G, K)
 
 
-def _rms(x: jax.Array) -> jax.Array:
+def rms_heads(x: jax.Array) -> jax.Array:
   """QK-norm: each head's query or key scaled to unit RMS (no weights), so that attention logits
   cannot grow without bound."""
   x32 = x.astype(jnp.float32)
   return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)).astype(x.dtype)
+
+
+def softcap(logits: jax.Array, cap: float) -> jax.Array:
+  return cap * jnp.tanh(logits / cap) if cap > 0 else logits
 
 
 def _out_std(c: ModelConfig) -> float:
@@ -302,10 +306,7 @@ class GPT(nnx.Module):
       logits_BTV = ops.dense_transposed(x_BTD.astype(dtype), self.wte.embedding[...].astype(dtype))
     else:
       logits_BTV = self.lm_head(x_BTD)
-    logits_BTV = logits_BTV.astype(jnp.float32)
-    if c.logit_softcap > 0:
-      logits_BTV = c.logit_softcap * jnp.tanh(logits_BTV / c.logit_softcap)
-    return logits_BTV
+    return softcap(logits_BTV.astype(jnp.float32), c.logit_softcap)
 
 
 def init(c: ModelConfig, key: jax.Array, exact_shapes: bool = False) -> GPT:

@@ -17,6 +17,8 @@ SWITCHES = {
     "rope-layernorm-gelu-untied": {"model.norm": "layernorm", "model.mlp": "gelu",
                                    "model.tie_embeddings": False},
     "learned-rmsnorm-swiglu-untied": {"model.pos": "learned", "model.tie_embeddings": False},
+    "gqa-qknorm-relu2-softcap": {"model.n_kv_heads": 2, "model.qk_norm": True,
+                                 "model.mlp": "relu2", "model.logit_softcap": 5.0},
 }
 
 
@@ -45,8 +47,10 @@ def test_cached_greedy_tokens_equal_uncached(name):
     np.testing.assert_array_equal(cached, plain)
 
 
-def test_cached_logits_match_the_model_forward():
-  state = _lively(init(tiny_config()))
+@pytest.mark.parametrize("switches", [{}, {"model.n_kv_heads": 1, "model.qk_norm": True,
+                                            "model.logit_softcap": 5.0}])
+def test_cached_logits_match_the_model_forward(switches):
+  state = _lively(init(tiny_config(**switches)))
   tokens = np.random.default_rng(2).integers(0, 256, (2, 20)).astype(np.int32)
   model = state.model()
   whole = np.asarray(model(tokens))

@@ -19,6 +19,7 @@ transformers = pytest.importorskip("transformers")
 LAYOUTS = {
     "llama": {},
     "llama-untied": {"model.tie_embeddings": False},
+    "llama-gqa": {"model.n_kv_heads": 2, "model.mlp": "swiglu", "model.zero_init_out": True},
     "gpt2": {"model.pos": "learned", "model.norm": "layernorm", "model.mlp": "gelu"},
 }
 
@@ -77,9 +78,11 @@ def test_exported_tokenizers_give_jaxtrains_ids(tmp_path):
     assert hf_tok.decode(ids) == text
 
 
-def test_a_layout_without_an_hf_equivalent_is_refused_naming_the_switch(tmp_path):
-  make_run(tmp_path / "run", tiny_config(**{"model.norm": "layernorm"}))
-  with pytest.raises(UserError, match=r"model\.norm=layernorm"):
+@pytest.mark.parametrize("switch,value", [("norm", "layernorm"), ("qk_norm", True),
+                                          ("logit_softcap", 5.0), ("mlp", "relu2")])
+def test_a_layout_without_an_hf_equivalent_is_refused_naming_the_switch(switch, value, tmp_path):
+  make_run(tmp_path / "run", tiny_config(**{f"model.{switch}": value}))
+  with pytest.raises(UserError, match=rf"model\.{switch}={value}"):
     export.export(str(tmp_path / "run"), str(tmp_path / "hf"))
   assert not (tmp_path / "hf").exists()  # refused before anything was written
 
