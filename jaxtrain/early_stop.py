@@ -7,8 +7,10 @@ import math
 
 import ml_collections
 
+from jaxtrain.hooks import Hook
 
-class EarlyStop:
+
+class EarlyStop(Hook):
   """Counts evaluations since the best validation loss this process has seen (after a resume it
   counts again from the resumed step's first evaluation)."""
 
@@ -17,9 +19,6 @@ class EarlyStop:
     self.best = math.inf
     self.best_step: int | None = None
     self.since_best = 0
-
-  def on_log(self, step: int, record: dict) -> None:
-    pass
 
   def on_eval(self, step: int, record: dict) -> None:
     val = record["val_loss"]
