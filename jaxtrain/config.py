@@ -17,7 +17,7 @@ POSITIONS = ("rope", "learned")
 MLPS = ("swiglu", "gelu")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION = ("auto", "xla", "cudnn")
-TOKENIZERS = ("byte", "char")
+TOKENIZERS = ("byte", "char", "bpe")  # or the path of a tokenizer.json
 LOSS_SCALING = ("auto", "dynamic", "off")
 
 
@@ -42,6 +42,7 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.model.rope_theta = 10000.0
   cfg.model.dtype = "float32"  # compute dtype; params and optimizer state stay float32
   cfg.model.attention = "auto"  # auto | xla | cudnn ("auto": cudnn on GPU when it applies)
+  cfg.model.doc_mask = False  # True: tokens attend only within their document (else packed)
 
   cfg.train = ml_collections.ConfigDict()
   cfg.train.batch_size = 16  # sequences per micro-batch, over all devices and processes
@@ -67,8 +68,10 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.optim.loss_scaling = "auto"  # auto (dynamic for float16, else off) | dynamic | off
 
   cfg.data = ml_collections.ConfigDict()
-  cfg.data.path = ""  # a text file, a directory or a glob; "": the Python standard library's .py files
-  cfg.data.tokenizer = "byte"  # byte | char
+  cfg.data.path = ""  # text, .jsonl or .parquet files: a file, directory or glob; "": Python's stdlib
+  cfg.data.text_field = "text"  # the .jsonl field or .parquet column that holds each document
+  cfg.data.tokenizer = "byte"  # byte | char | bpe (trained on the corpus) | a tokenizer.json path
+  cfg.data.vocab_size = 4096  # tokens of the bpe vocabulary, end-of-text included (>= 257)
   cfg.data.val_fraction = 0.1  # the last part of the token stream is held out for validation
   cfg.data.cache_dir = ""  # tokenized corpora; "": $JAXTRAIN_CACHE or ~/.cache/jaxtrain
   cfg.data.allow_changed = False  # True: resume even though the data differs from the run's
@@ -141,7 +144,7 @@ STEPS_MAX = 2**30  # step counts: the device's step counter and the schedule's s
 # far above a real run's, so a typo'd number stops here instead of hanging or crashing later.
 LIMITS = {
     "seed": 2**63 - 1, "model.n_layers": 256, "model.n_heads": 2**16, "model.d_model": 2**16,
-    "model.seq_len": 2**20, "model.vocab_size": 2**24, "train.batch_size": 2**24,
+    "model.seq_len": 2**20, "model.vocab_size": 2**24, "data.vocab_size": 2**20, "train.batch_size": 2**24,
     "train.grad_accum": 2**16, "train.max_steps": STEPS_MAX, "train.log_every": STEPS_MAX,
     "train.eval_every": STEPS_MAX, "train.eval_steps": 2**12, "train.checkpoint_every": STEPS_MAX,
     "train.keep_checkpoints": INT32_MAX, "optim.warmup_steps": STEPS_MAX,
@@ -154,7 +157,7 @@ MAX_PARAMS = 2**40  # ~1.1e12 parameters: 17.6 TB of float32 params, gradients a
 MAX_BATCH_TOKENS = 2**31  # tokens of one micro-batch, batch_size x (seq_len + 1)
 FLOAT32_BELOW_1 = 1 - 2**-24  # numbers from here to 1 round to 1 in float32
 # Path fields: a NUL or a newline in one is a mistake, and would break the one-line messages.
-PATH_FIELDS = ("workdir", "data.path", "data.cache_dir")
+PATH_FIELDS = ("workdir", "data.path", "data.cache_dir", "data.tokenizer", "data.text_field")
 _KINDS = {bool: "True or False", int: "an integer", str: "a string",
           float: "a number within float32's range (|x| <= 3.4e38)"}
 
@@ -299,7 +302,12 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
 
 def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
   d, s = cfg.data, cfg.sample
-  _one_of(d.tokenizer, TOKENIZERS, "data.tokenizer")
+  _check(d.tokenizer in TOKENIZERS or os.path.isfile(os.path.expanduser(d.tokenizer)),
+         "data.tokenizer", f"{_show(d.tokenizer)} is not byte, char, bpe or a tokenizer.json file",
+         "pass --config.data.tokenizer=bpe (or byte, char, or the path of a tokenizer.json)")
+  _check(d.text_field != "", "data.text_field", "is empty", "pass --config.data.text_field=text")
+  _check(d.vocab_size >= 257, "data.vocab_size", f"{d.vocab_size} is too small for byte-level "
+         "BPE (256 byte tokens + end-of-text)", "pass --config.data.vocab_size=4096 (at least 257)")
   # Whether each split holds a window depends on the corpus: data.check_lengths says at run time.
   # Underflow-sized fractions are refused here (the tokens they would need overflow a float).
   _check(1e-30 <= d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1) (at least "
