@@ -166,7 +166,9 @@ class Documents:
           for text in column.to_pylist():
             yield text, True
       except pa.ArrowInvalid as e:
-        raise _jsonl_error(path, self.field, str(e)) from None
+        error = _jsonl_error(path, self.field, str(e))
+        if error is not None:  # else the file holds no records
+          raise error from None
 
   def _parquet(self, path: Path, bar) -> Iterator[tuple[str, bool]]:
     import pyarrow as pa
@@ -263,14 +265,16 @@ def _short(e: Exception) -> str:
   return " ".join(str(e).split())[:160]
 
 
-def _jsonl_error(path: Path, field: str, arrow_message: str) -> UserError:
+def _jsonl_error(path: Path, field: str, arrow_message: str) -> UserError | None:
   """The first line of `path` that is wrong, found by reading it again line by line (only when
-  pyarrow has refused it)."""
+  pyarrow has refused it); None for a file of blank lines (no documents)."""
   fix = "fix that line or leave the file out of --config.data.path"
+  records = 0
   with open(path, encoding="utf-8", errors="replace") as f:
     for number, line in enumerate(f, start=1):
       if not line.strip():
         continue
+      records += 1
       try:
         record = json.loads(line)
       except json.JSONDecodeError as e:
@@ -285,7 +289,8 @@ def _jsonl_error(path: Path, field: str, arrow_message: str) -> UserError:
         return UserError(f"{path} line {number}: field {field!r} is "
                          f"{type(record[field]).__name__}, not text; pass "
                          "--config.data.text_field=<a field of strings>")
-  return UserError(f"{path} does not read as JSON lines ({_short(arrow_message)}); {fix}")
+  return UserError(f"{path} does not read as JSON lines ({_short(arrow_message)}); {fix}") \
+      if records else None
 
 
 def _codepoints(text: str) -> np.ndarray:
