@@ -105,12 +105,13 @@ class Documents:
     self.total = sum(f.stat().st_size for f in files)
     self.counter = _Counter()
     self.binary: list[Path] = []
+    self.misread = False  # this pass yielded part of a file that then turned out binary
 
   def __call__(self, desc: str) -> Iterator[tuple[str, bool]]:
     """(text, ends_document) pieces in order; the bar shows the bytes of the files read."""
     from tqdm import tqdm  # the terminal bar: tqdm.auto would want ipywidgets in notebooks
 
-    self.counter.count = 0
+    self.counter.count, self.misread = 0, False
     with tqdm(total=self.total, unit="B", unit_scale=True, desc=desc,
               disable=not self.show_progress, leave=False) as bar:
       for f in self.files:
@@ -123,7 +124,8 @@ class Documents:
             yield from self._parquet(f, bar)
           else:
             yield from self._text(f, bar)
-        except _Binary:
+        except _Binary as e:
+          self.misread |= e.args[1]
           if len(self.files) == 1:
             raise UserError(f"{f} looks binary (it has NUL bytes), not text; point "
                             "--config.data.path at UTF-8 text, .jsonl or .parquet") from None
@@ -134,18 +136,18 @@ class Documents:
 
   def _text(self, path: Path, bar) -> Iterator[tuple[str, bool]]:
     decoder = codecs.getincrementaldecoder("utf-8")(errors=self.counter.name)
-    carry = ""
+    carry, yielded = "", False
     with open(path, "rb") as f:
       while chunk := f.read(CHUNK_BYTES):
         if b"\0" in chunk:
-          raise _Binary(path)
+          raise _Binary(path, yielded)
         bar.update(len(chunk))
         text = carry + decoder.decode(chunk)
         start = 0
         while len(text) - start > PIECE_CHARS:  # pieces end after a newline where there is one
           cut = text.rfind("\n", start, start + PIECE_CHARS) + 1 or start + PIECE_CHARS
           yield text[start:cut], False
-          start = cut
+          start, yielded = cut, True
         carry = text[start:]
     yield carry + decoder.decode(b"", final=True), True
 
@@ -208,18 +210,24 @@ class Documents:
 
 
 def survey(docs: Documents, want_chars: bool) -> tuple[np.ndarray, str]:
-  """(UTF-8 bytes of each document, the characters of the text if `want_chars`): one pass."""
-  sizes, size, seen, pending = array("q"), 0, set(), []
-  for text, end in docs("reading"):
-    size += len(text.encode("utf-8"))
-    if want_chars:
-      pending.append(text)
-      if sum(map(len, pending)) > PIECE_CHARS or end:
-        seen.update(np.unique(_codepoints("".join(pending))).tolist())
-        pending = []
-    if end:
-      sizes.append(size)
-      size = 0
+  """(UTF-8 bytes of each document, the characters of the text if `want_chars`): one pass, again
+  if it found a text file binary only past its start (the later passes skip that file whole)."""
+  while True:
+    sizes, size, seen, pending, n_pending = array("q"), 0, set(), [], 0
+    for text, end in docs("reading"):
+      size += len(text.encode("utf-8"))
+      if want_chars:
+        pending.append(text)
+        n_pending += len(text)
+        if n_pending > PIECE_CHARS:
+          seen.update(np.unique(_codepoints("".join(pending))).tolist())
+          pending, n_pending = [], 0
+      if end:
+        sizes.append(size)
+        size = 0
+    if not docs.misread:
+      break
+  seen.update(np.unique(_codepoints("".join(pending))).tolist())
   return np.frombuffer(sizes, np.int64) if sizes else np.zeros(0, np.int64), \
       "".join(map(chr, seen))
 

@@ -4,13 +4,17 @@ Every tokenizer has an end-of-text token (`eot_id`) that the token stream puts a
 document, and writes itself as a Hugging Face `tokenizer.json` (`hf_json`) that
 `tokenizers.Tokenizer.from_file` loads, so any tool can decode a model's output. Byte and char
 encode with numpy (hundreds of MB/s); BPE and tokenizer.json files with `tokenizers`, batched
-over all cores. Encoding never turns text that spells "<|endoftext|>" into the end-of-text token.
+over all cores, or, for byte-level BPE with GPT-2's pre-tokenizer (what `bpe` trains, and GPT-2's
+own file), with `tiktoken` on the same vocabulary: the same ids, about 5x faster (checked on a
+probe text when built; any difference falls back to `tokenizers`). Encoding never turns text that
+spells "<|endoftext|>" into the end-of-text token.
 """
 
 import functools
 import hashlib
 import itertools
 import json
+import os
 from collections.abc import Iterable
 
 import numpy as np
@@ -20,6 +24,9 @@ from jaxtrain.errors import UserError
 EOT = "<|endoftext|>"
 BUILTIN = ("byte", "char", "bpe")
 MIN_BPE_VOCAB = 257  # the 256 byte tokens and the end-of-text token
+# GPT-2's pre-tokenizer, the one `tokenizers`' ByteLevel(use_regex=True) applies.
+GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+_PROBE = "Hello, wörld! It's 2026: x_1 += 3.14159;\n\tdef f(a,  b):  return a**b  # ok?\n\n→ ü\r\n"
 
 
 @functools.cache
@@ -143,15 +150,20 @@ class HFTokenizer:
     self.tok.encode_special_tokens = True  # text that spells "<|endoftext|>" stays text
     self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
     self.dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
+    self._fast = None  # tiktoken's encoder of this vocabulary, built on first use, or False
 
   def encode(self, text: str) -> np.ndarray:
-    return np.array(self.tok.encode(text, add_special_tokens=False).ids, self.dtype)
+    return self.encode_batch([text])[0]
 
   def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-    encodings = self.tok.encode_batch_fast(texts, add_special_tokens=False)  # on all cores
-    lengths = [len(e.ids) for e in encodings]
-    flat = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), self.dtype,
-                       count=sum(lengths))
+    if self._fast is None:
+      self._fast = _tiktoken(self) or False
+    if self._fast:
+      ids = self._fast.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
+    else:  # on all cores too
+      ids = [e.ids for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
+    lengths = [len(i) for i in ids]
+    flat = np.fromiter(itertools.chain.from_iterable(ids), self.dtype, count=sum(lengths))
     return np.split(flat, np.cumsum(lengths)[:-1])
 
   def decode(self, ids) -> str:
@@ -175,6 +187,33 @@ class HFTokenizer:
 
   def hf_json(self) -> str:
     return self._json
+
+
+def _tiktoken(tok: HFTokenizer):
+  """tiktoken's encoder of `tok`'s vocabulary, if it is byte-level BPE with GPT-2's pre-tokenizer
+  and ids in merge order (tiktoken merges by id), and it encodes a probe text alike; else None."""
+  d = json.loads(tok.hf_json())
+  model, pre = d.get("model") or {}, d.get("pre_tokenizer") or {}
+  if model.get("type") != "BPE" or model.get("dropout") or d.get("normalizer") is not None or \
+      pre != {**pre, "type": "ByteLevel", "add_prefix_space": False, "use_regex": True}:
+    return None
+  index = {c: b for b, c in enumerate(byte_chars())}
+  added = {a["content"] for a in d.get("added_tokens") or []}
+  vocab = {piece: i for piece, i in (model.get("vocab") or {}).items() if piece not in added}
+  if not all(c in index for piece in vocab for c in piece):
+    return None
+  merged = [vocab.get("".join(m if isinstance(m, list) else m.split(" ", 1)))
+            for m in model.get("merges") or []]
+  if None in merged or merged != sorted(merged):
+    return None
+  import tiktoken
+
+  ranks = {bytes(index[c] for c in piece): i for piece, i in vocab.items()}
+  if len(ranks) != len(vocab) or sum(len(r) == 1 for r in ranks) != 256:
+    return None
+  fast = tiktoken.Encoding("jaxtrain", pat_str=GPT2_SPLIT, mergeable_ranks=ranks, special_tokens={})
+  slow = tok.tok.encode(_PROBE, add_special_tokens=False).ids
+  return fast if fast.encode_ordinary(_PROBE) == slow else None
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> HFTokenizer:

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tokenizers
+from conftest import run_cli
 from flax import nnx
 
 from jaxtrain import config, data, ops, tokenizer
@@ -106,7 +107,9 @@ def test_each_tokenizer_round_trips_and_writes_a_tokenizer_json_that_loads(kind,
   ids = np.asarray(corpus.tokens[:400]).tolist()
   assert hf.decode(ids, skip_special_tokens=False) == tok.decode(ids)
   assert hf.token_to_id(EOT) == tok.eot_id and hf.get_vocab_size() == tok.vocab_size
-  assert tokenizer.load(str(saved)).decode(ids) == tok.decode(ids)
+  loaded = tokenizer.load(str(saved))
+  assert loaded.decode(ids) == tok.decode(ids)
+  assert loaded.encode(docs[5]).tolist() == tok.encode(docs[5]).tolist()
 
 
 def test_bpe_is_trained_once_per_corpus_and_vocab_size(tmp_path):
@@ -244,3 +247,31 @@ def test_a_vocab_size_below_the_byte_alphabet_is_refused_up_front(tmp_path):
   with pytest.raises(ConfigError, match="^config.data.tokenizer: .* is not byte, char, bpe or a "
                      "tokenizer.json file"):
     config.validate(cfg)
+
+
+def test_the_command_line_names_the_bad_jsonl_line_and_exits_2(tmp_path):
+  path = bad(tmp_path, "docs.jsonl", '{"body": "fine"}\n{"body": "fine"}\n{body: 1}\n')
+  result = run_cli("--config=configs/nano.py", "--jax_platforms=cpu",
+                   f"--config.workdir={tmp_path / 'run'}", f"--config.data.path={path}",
+                   "--config.data.text_field=body", "--config.data.tokenizer=bpe",
+                   f"--config.data.cache_dir={tmp_path / 'cache'}", timeout=120)
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.strip().splitlines() == [
+      f"error: {path} line 3 is not JSON (Expecting property name enclosed in double quotes at "
+      "column 2); fix that line or leave the file out of --config.data.path"]
+  assert not (tmp_path / "run").exists() and not list((tmp_path / "cache").rglob("*.*"))
+
+
+def test_bpe_encodes_through_tiktoken_with_the_ids_tokenizers_gives(tmp_path):
+  path = write(tmp_path / "docs.jsonl", make_docs())
+  tok = data.prepare(cfg_for(path, tmp_path, **{"data.tokenizer": "bpe",
+                                                "data.vocab_size": 400}).data,
+                     show_progress=False).tokenizer
+  rng = np.random.default_rng(0)
+  alphabet = list("ab Zé→ü1 2\t\n\r.,'s;:_-(){}ll ve  ") + ["  ", "\n\n", "'re", "42", "日本"]
+  texts = make_docs(50, seed=1) + ["".join(rng.choice(alphabet, rng.integers(1, 60)))
+                                   for _ in range(300)]
+  got = tok.encode_batch(texts)
+  assert tok._fast  # the fast path is on for a byte-level BPE this trains
+  for text, ids in zip(texts, got):
+    assert ids.tolist() == tok.tok.encode(text, add_special_tokens=False).ids, repr(text)
