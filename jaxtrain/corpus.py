@@ -153,24 +153,38 @@ class Documents:
 
   def _jsonl(self, path: Path, bar) -> Iterator[tuple[str, bool]]:
     import pyarrow as pa
+
+    done, block = 0, _BLOCK_BYTES
+    while True:  # again with larger blocks when a record is longer than a block
+      try:
+        for i, text in enumerate(self._jsonl_records(path, bar, block)):
+          if i >= done:
+            done += 1
+            yield text, True
+        return
+      except pa.ArrowInvalid as e:
+        if "straddl" in str(e) and block < 2**30:
+          block *= 8
+          continue
+        error = _jsonl_error(path, self.field, str(e))
+        if error is not None:  # else the file holds no records
+          raise error from None
+        return
+
+  def _jsonl_records(self, path: Path, bar, block: int) -> Iterator[str]:
+    import pyarrow as pa
     import pyarrow.json as pj
 
     schema = pa.schema([(self.field, pa.string())])
     options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     with open(path, "rb") as raw:
-      try:
-        reader = pj.open_json(_Counted(raw, bar), read_options=pj.ReadOptions(
-            block_size=_BLOCK_BYTES), parse_options=options)
-        for batch in reader:
-          column = batch.column(0)
-          if column.null_count:
-            raise pa.ArrowInvalid("a null")
-          for text in column.to_pylist():
-            yield text, True
-      except pa.ArrowInvalid as e:
-        error = _jsonl_error(path, self.field, str(e))
-        if error is not None:  # else the file holds no records
-          raise error from None
+      reader = pj.open_json(_Counted(raw, bar), read_options=pj.ReadOptions(block_size=block),
+                            parse_options=options)
+      for batch in reader:
+        column = batch.column(0)
+        if column.null_count:
+          raise pa.ArrowInvalid("a null")
+        yield from column.to_pylist()
 
   def _parquet(self, path: Path, bar) -> Iterator[tuple[str, bool]]:
     import pyarrow as pa

@@ -275,3 +275,12 @@ def test_bpe_encodes_through_tiktoken_with_the_ids_tokenizers_gives(tmp_path):
   assert tok._fast  # the fast path is on for a byte-level BPE this trains
   for text, ids in zip(texts, got):
     assert ids.tolist() == tok.tok.encode(text, add_special_tokens=False).ids, repr(text)
+
+
+def test_a_jsonl_record_longer_than_a_parse_block_still_reads(tmp_path, monkeypatch):
+  from jaxtrain import corpus
+
+  monkeypatch.setattr(corpus, "_BLOCK_BYTES", 1 << 10)
+  docs = ["short", "x" * 5000 + " long", "after"] * 3
+  path = write(tmp_path / "big.jsonl", docs)
+  assert documents(data.prepare(cfg_for(path, tmp_path).data, show_progress=False)) == docs
