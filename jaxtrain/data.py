@@ -72,8 +72,8 @@ def _cache_key(files: list[Path], data: ml_collections.ConfigDict) -> str:
     try:
       tok = hashlib.sha256(Path(tok).expanduser().read_bytes()).hexdigest()
     except OSError as e:
-      raise UserError(f"config.data.tokenizer: cannot read {tok} ({e.strerror}); pass byte, "
-                      "char, bpe or the path of a Hugging Face tokenizer.json") from None
+      raise ConfigError("data.tokenizer", f"cannot read {tok} ({e.strerror})", "pass byte, "
+                        "char, bpe or the path of a Hugging Face tokenizer.json") from None
   h = hashlib.sha256(json.dumps({"v": _CACHE_VERSION, "tokenizer": tok, "field": data.text_field,
                                  "vocab": data.vocab_size if tok == "bpe" else 0,
                                  "val": data.val_fraction}).encode())

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from jaxtrain.errors import UserError
+from jaxtrain.errors import ConfigError, UserError
 
 EOT = "<|endoftext|>"
 BUILTIN = ("byte", "char", "bpe")
@@ -235,8 +235,8 @@ def read_file(path: str) -> HFTokenizer:
       return HFTokenizer(f.read())
   except (OSError, UnicodeDecodeError, ValueError) as e:
     why = getattr(e, "strerror", None) or str(e)
-    raise UserError(f"config.data.tokenizer: {path} is not a tokenizer.json that loads ({why}); "
-                    "pass byte, char, bpe or the path of a Hugging Face tokenizer.json") from None
+    raise ConfigError("data.tokenizer", f"{path} is not a tokenizer.json that loads ({why})",
+                      "pass byte, char, bpe or the path of a Hugging Face tokenizer.json") from None
 
 
 def newline_id(tokenizer) -> int | None:
