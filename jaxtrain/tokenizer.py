@@ -10,6 +10,7 @@ probe text when built; any difference falls back to `tokenizers`). Encoding neve
 spells "<|endoftext|>" into the end-of-text token.
 """
 
+import concurrent.futures
 import functools
 import hashlib
 import itertools
@@ -159,7 +160,7 @@ class HFTokenizer:
     if self._fast is None:
       self._fast = _tiktoken(self) or False
     if self._fast:
-      ids = self._fast.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
+      ids = _on_all_cores(self._fast.encode_ordinary, texts)
     else:  # on all cores too
       ids = [e.ids for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
     lengths = [len(i) for i in ids]
@@ -187,6 +188,18 @@ class HFTokenizer:
 
   def hf_json(self) -> str:
     return self._json
+
+
+def _on_all_cores(encode, texts: list[str]) -> list[list[int]]:
+  """`encode` over `texts` in one thread per core, each over a contiguous share (tiktoken
+  releases the GIL; its own batch call pays a future per text, most of the time for short ones)."""
+  n = min(os.cpu_count() or 1, max(1, len(texts) // 16))
+  if n == 1:
+    return [encode(t) for t in texts]
+  bounds = np.linspace(0, len(texts), n + 1).astype(int)
+  with concurrent.futures.ThreadPoolExecutor(n) as pool:
+    shares = pool.map(lambda i: [encode(t) for t in texts[bounds[i]:bounds[i + 1]]], range(n))
+    return [ids for share in shares for ids in share]
 
 
 def _tiktoken(tok: HFTokenizer):
