@@ -2,9 +2,10 @@
 
 python -m jaxtrain --config=configs/gpt2_124m.py --jax_platforms=cuda
 
-The vocabulary is GPT-2's padded 50304 so that parameters (124M) and FLOPs match GPT-2 small.
-With the byte tokenizer only the first 256 rows are ever used; with your own data and the
-char tokenizer, set model.vocab_size=0 to size it to the text instead.
+The tokenizer is a byte-level BPE of GPT-2's 50257 tokens, trained once on the training split
+of the data (cached); the embedding is padded to 50304 rows so that parameters (124M) and FLOPs
+match GPT-2 small. With GPT-2's own tokenizer.json at hand, pass
+--config.data.tokenizer=path/to/tokenizer.json instead.
 """
 
 from jaxtrain.config import default_config
@@ -43,5 +44,6 @@ def get_config():
   cfg.optim.clip_norm = 1.0
 
   cfg.data.path = ""  # the Python standard library's .py files; point it at a bigger corpus
-  cfg.data.tokenizer = "byte"
+  cfg.data.tokenizer = "bpe"
+  cfg.data.vocab_size = 50257  # GPT-2's count: 256 bytes, 50000 merges, end-of-text
   return cfg

@@ -258,5 +258,6 @@ def _programs(workdir: str, meta: dict) -> programs_lib.Programs:
   cfg.mesh.data, cfg.mesh.fsdp = 1, 1  # one device, whatever the run trained on
   if jax.devices()[0].platform == "cpu" and cfg.model.dtype == "float16":
     cfg.model.dtype = "float32"  # compute dtype only (params are float32): CPUs lack float16
-  vocab_size = cfg.model.vocab_size or load_tokenizer(workdir).vocab_size
-  return programs_lib.build(cfg, vocab_size, devices=jax.devices()[:1])
+  tok = load_tokenizer(workdir)
+  return programs_lib.build(cfg, cfg.model.vocab_size or tok.vocab_size, devices=jax.devices()[:1],
+                            eot_id=tok.eot_id)

@@ -16,7 +16,7 @@ OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd", "constant")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION = ("auto", "xla", "cudnn")
-TOKENIZERS = ("byte", "char")
+TOKENIZERS = ("byte", "char", "bpe")  # or the path of a tokenizer.json
 LOSS_SCALING = ("auto", "dynamic", "off")
 
 
@@ -58,6 +58,7 @@ def _model() -> ml_collections.ConfigDict:
   model.qk_norm = False  # True: queries and keys scaled to unit RMS per head
   model.logit_softcap = 0.0  # > 0: logits = cap * tanh(logits / cap); 0: off
   model.zero_init_out = False  # True: attention and MLP output projections start at zero
+  model.doc_mask = False  # True: tokens attend only within their document (else packed)
   return model
 
 
@@ -100,8 +101,10 @@ def _optim() -> ml_collections.ConfigDict:
 
 def _data() -> ml_collections.ConfigDict:
   data = ml_collections.ConfigDict()
-  data.path = ""  # a text file, a directory or a glob; "": the Python standard library's .py files
-  data.tokenizer = "byte"  # byte | char
+  data.path = ""  # text, .jsonl or .parquet files: a file, directory or glob; "": Python's stdlib
+  data.text_field = "text"  # the .jsonl field or .parquet column that holds each document
+  data.tokenizer = "byte"  # byte | char | bpe (trained on the corpus) | a tokenizer.json path
+  data.vocab_size = 4096  # tokens of the bpe vocabulary, end-of-text included (>= 257)
   data.val_fraction = 0.1  # the last part of the token stream is held out for validation
   data.cache_dir = ""  # tokenized corpora; "": $JAXTRAIN_CACHE or ~/.cache/jaxtrain
   data.allow_changed = False  # True: resume even though the data differs from the run's
@@ -171,7 +174,7 @@ STATE_FIELDS = (
     "model.vocab_size", "model.norm", "model.pos", "model.mlp", "model.mlp_ratio",
     "model.tie_embeddings", "model.rope_theta", "data.tokenizer", "data.val_fraction",
     "train.grad_accum", "train.skip_nonfinite", "optim.loss_scaling", "model.n_kv_heads",
-    "model.qk_norm", "model.logit_softcap", "optim.name",
+    "model.qk_norm", "model.logit_softcap", "optim.name", "data.vocab_size", "model.doc_mask",
 )
 
 

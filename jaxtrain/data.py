@@ -1,68 +1,40 @@
-"""Text in, batches out: find the files, tokenize once into a cached memmap, feed random windows.
+"""Documents in, batches out: tokenize once into a cached memmap, feed random windows.
 
-The token stream is the files concatenated (several files in a fixed pseudo-random order, so the
-held-out tail is a sample of the whole corpus). The last `val_fraction` of it is validation.
-The micro-batch with index i holds `batch_size` windows of `seq_len + 1` tokens at offsets drawn
-from a generator seeded by (seed, i): any batch can be rebuilt from the seed and its index.
+The token stream is the documents (jaxtrain/corpus.py) in order, each followed by the
+tokenizer's end-of-text token; several files come in a fixed pseudo-random order, so the held-out
+tail samples the whole corpus. Validation is the smallest tail of whole documents holding
+`val_fraction` of the text's bytes (documents too large for that: the stream is cut inside
+one), so every tokenizer sees the same validation text. The micro-batch with index i holds
+`batch_size` windows of `seq_len + 1` tokens at offsets drawn from a generator seeded by
+(seed, i), packed across documents: any batch can be rebuilt from the seed and its index.
 """
 
-import codecs
 import contextlib
 import dataclasses
 import errno
-import glob
 import hashlib
+import itertools
 import json
+import math
 import os
 import socket
-import sysconfig
 from pathlib import Path
 
 import grain
 import ml_collections
 import numpy as np
 
+from jaxtrain import corpus as corpus_lib
 from jaxtrain import fmt
 from jaxtrain import tokenizer as tokenizer_lib
+from jaxtrain.corpus import Documents, describe, resolve_files, stdlib_dir  # noqa: F401 (API)
 from jaxtrain.errors import ConfigError, UserError
 from jaxtrain.lock import FileLock, describe_holder, is_held
 from jaxtrain.paths import cache_dir as default_cache_dir
 
-_CACHE_VERSION = 1
-_CHUNK_BYTES = 8 << 20
+_CACHE_VERSION = 2
+_BATCH_CHARS = 4 << 20  # text encoded per call: BPE spreads a batch over all cores
 _TRAIN_STREAM, _EVAL_STREAM = 0, 1
-
-
-def stdlib_dir() -> Path:
-  return Path(sysconfig.get_paths()["stdlib"])
-
-
-def resolve_files(path: str) -> list[Path]:
-  """The files behind `data.path`: one file, every non-hidden file under a directory, or a glob."""
-  if not path:
-    return _walk(stdlib_dir(), suffix=".py", skip=("site-packages", "dist-packages"))
-  p = Path(path).expanduser()
-  if p.is_file():
-    return [p]
-  if p.is_dir():
-    return _walk(p)
-  return sorted(Path(f) for f in glob.glob(os.path.expanduser(path), recursive=True)
-                if os.path.isfile(f))
-
-
-def _walk(root: Path, suffix: str = "", skip: tuple[str, ...] = ()) -> list[Path]:
-  """Non-hidden files under `root`, sorted (os.walk: several times faster than Path.rglob)."""
-  root = root.absolute()
-  found = []
-  for folder, dirs, files in os.walk(root):
-    dirs[:] = [d for d in dirs if not d.startswith(".") and d not in skip]
-    found.extend(os.path.join(folder, f) for f in files
-                 if f.endswith(suffix) and not f.startswith("."))
-  return [Path(f) for f in sorted(found)]
-
-
-def describe(path: str) -> str:
-  return path or f"the Python standard library's .py files in {stdlib_dir()}"
 
 
 @dataclasses.dataclass
@@ -74,6 +46,7 @@ class Corpus:
   n_files: int
   n_bytes: int
   notes: list[str]  # what was skipped or replaced, for the log
+  n_docs: int = 0
 
   @property
   def train(self) -> np.ndarray:
@@ -84,36 +57,6 @@ class Corpus:
     return self.tokens[self.n_train:]
 
 
-class _Counter:
-  """A codec error handler that replaces undecodable bytes with U+FFFD and counts them."""
-
-  def __init__(self):
-    self.count = 0
-    self.name = f"jaxtrain_count_{id(self)}"
-    codecs.register_error(self.name, self._handle)
-
-  def _handle(self, err: UnicodeDecodeError):
-    self.count += err.end - err.start
-    return "\ufffd", err.end
-
-
-def _read_text(path: Path, counter: _Counter, progress=None):
-  """Yields the file's text in chunks; raises _Binary on a NUL byte."""
-  decoder = codecs.getincrementaldecoder("utf-8")(errors=counter.name)
-  with open(path, "rb") as f:
-    while chunk := f.read(_CHUNK_BYTES):
-      if b"\0" in chunk:
-        raise _Binary(path)
-      if progress is not None:
-        progress.update(len(chunk))
-      yield decoder.decode(chunk)
-  yield decoder.decode(b"", final=True)
-
-
-class _Binary(Exception):
-  pass
-
-
 def _ordered(files: list[Path]) -> list[Path]:
   # A fixed permutation (independent of the run's seed): the validation tail then samples
   # the whole corpus instead of the files that sort last.
@@ -122,8 +65,18 @@ def _ordered(files: list[Path]) -> list[Path]:
   return [files[i] for i in np.random.default_rng(0).permutation(len(files))]
 
 
-def _cache_key(files: list[Path], tok_name: str) -> str:
-  h = hashlib.sha256(json.dumps({"v": _CACHE_VERSION, "tokenizer": tok_name}).encode())
+def _cache_key(files: list[Path], data: ml_collections.ConfigDict) -> str:
+  """Names, sizes and mtimes of the files, and every setting that changes the tokens or split."""
+  tok = data.tokenizer
+  if tok not in tokenizer_lib.BUILTIN:  # a tokenizer.json: its content
+    try:
+      tok = hashlib.sha256(Path(tok).expanduser().read_bytes()).hexdigest()
+    except OSError as e:
+      raise ConfigError("data.tokenizer", f"cannot read {tok} ({e.strerror})", "pass byte, "
+                        "char, bpe or the path of a Hugging Face tokenizer.json") from None
+  h = hashlib.sha256(json.dumps({"v": _CACHE_VERSION, "tokenizer": tok, "field": data.text_field,
+                                 "vocab": data.vocab_size if tok == "bpe" else 0,
+                                 "val": data.val_fraction}).encode())
   for f in files:
     st = os.stat(f)
     h.update(f"{os.path.abspath(f)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
@@ -131,14 +84,14 @@ def _cache_key(files: list[Path], tok_name: str) -> str:
 
 
 def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=print) -> Corpus:
-  """Tokenizes `data.path` once (cached by file names, sizes and mtimes) and maps it."""
+  """Tokenizes `data.path` once (cached by file names, sizes, mtimes and the tokenizer's
+  settings) and maps it."""
   files = _ordered(resolve_files(data.path))
   if not files:
     raise ConfigError("data.path", f"{describe(data.path)!r} matches no file (not a file, a "
                       "directory with files, or a glob)", "point --config.data.path at your text "
                       "(file, directory or glob), or leave it empty for the Python standard library")
-  cache = _Cache(Path(data.cache_dir or default_cache_dir()) / "tokens",
-                 _cache_key(files, data.tokenizer))
+  cache = _Cache(Path(data.cache_dir or default_cache_dir()) / "tokens", _cache_key(files, data))
   meta, damage = cache.load()
   if meta is None:
     with cache.writing(log):
@@ -147,12 +100,12 @@ def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=pri
         if damage:
           log(f"data: ignoring the token cache {cache.bin} ({damage}); tokenizing again")
         meta = _tokenize(files, data, cache, show_progress, log)
-  tok = tokenizer_lib.from_json(meta["tokenizer"])
+  tok = tokenizer_lib.from_cache(meta)
   n = meta["n_tokens"]
   tokens = np.memmap(cache.bin, dtype=np.dtype(meta["dtype"]), mode="r", shape=(n,))
-  n_val = int(n * data.val_fraction)
-  return Corpus(tokens=tokens, tokenizer=tok, n_train=n - n_val, fingerprint=meta["fingerprint"],
-                n_files=meta["n_files"], n_bytes=meta["n_bytes"], notes=meta["notes"])
+  return Corpus(tokens=tokens, tokenizer=tok, n_train=meta["n_train"],
+                fingerprint=meta["fingerprint"], n_files=meta["n_files"], n_bytes=meta["n_bytes"],
+                notes=meta["notes"], n_docs=meta["n_docs"])
 
 
 class _Cache:
@@ -229,93 +182,96 @@ class _Cache:
                      "--config.data.cache_dir=<a writable directory>")
 
 
-_META_KEYS = {"tokenizer", "dtype", "n_tokens", "fingerprint", "n_files", "n_bytes", "notes"}
+_META_KEYS = {"tokenizer", "dtype", "n_tokens", "n_train", "fingerprint", "n_files", "n_bytes",
+              "n_docs", "notes"}
 
 
 def _tokenize(files, data, cache: _Cache, show_progress: bool, log) -> dict:
-  """Writes the cache entry (the tokens, then the .json that marks them complete); its meta."""
-  total = sum(f.stat().st_size for f in files)
+  """Writes the cache entry (the tokens, then the .json that marks them complete); its meta.
+  Bad input is found by the first pass, before anything is written."""
+  tok = None if data.tokenizer in tokenizer_lib.BUILTIN else \
+      tokenizer_lib.read_file(os.path.expanduser(data.tokenizer))  # one that does not load: now
+  docs = Documents(files, data.path, data.text_field, show_progress)
   if not show_progress:
-    log(f"data: tokenizing {len(files)} file(s), {total / 1e6:.1f} MB, once (then cached)")
-  source = _Texts(files, data.path, total, show_progress)
-  if data.tokenizer == "char":
-    seen = set()
-    for text in source("reading"):
-      seen.update(np.unique(tokenizer_lib.CharTokenizer.codepoints(text)).tolist())
-    tok = tokenizer_lib.CharTokenizer("".join(map(chr, seen)))
-    source.counter.count = 0
-  else:
+    log(f"data: tokenizing {len(files)} file(s), {docs.total / 1e6:.1f} MB, once (then cached)")
+  sizes, chars = corpus_lib.survey(docs, data.tokenizer == "char")
+  if not sizes.sum():
+    raise UserError(f"{describe(data.path)} holds no text (no documents, or only empty ones); "
+                    "point --config.data.path at non-empty text, .jsonl or .parquet files")
+  cut = corpus_lib.cut(sizes, data.val_fraction)
+  if data.tokenizer == "bpe":
+    log(f"data: training a {data.vocab_size}-token BPE vocabulary on the training split "
+        f"({fmt.nbytes(int(sizes[:cut[0]].sum()) + cut[1])})")
+    pieces = itertools.takewhile(lambda p: p[2], corpus_lib.split(docs("BPE"), cut))
+    tok = tokenizer_lib.train_bpe((text for text, _, _ in pieces), data.vocab_size)
+  elif data.tokenizer == "char":
+    tok = tokenizer_lib.CharTokenizer(chars)
+  elif data.tokenizer == "byte":
     tok = tokenizer_lib.ByteTokenizer()
-  sha = hashlib.sha256()
-  n_tokens = 0
   tmp, tmp_meta = cache.tmp(cache.bin), cache.tmp(cache.meta)
   try:
     cache.meta.unlink(missing_ok=True)  # a damaged entry's: only a complete new one may count
     with open(tmp, "wb") as out:
-      for text in source("tokenizing"):
-        ids = tok.encode(text)
-        out.write(ids.tobytes())
-        sha.update(ids.tobytes())
-        n_tokens += len(ids)
+      writer = _Writer(tok, out)
+      for piece in corpus_lib.split(docs("tokenizing"), cut):
+        writer.add(*piece)
+      writer.flush()
       out.flush()
       os.fsync(out.fileno())  # on disk before the rename: a crash never leaves a short .bin
-    if n_tokens <= 1 + len(files):
-      raise UserError(f"{describe(data.path)} holds no text (empty files); point "
-                      "--config.data.path at a non-empty UTF-8 text")
     os.replace(tmp, cache.bin)
-    meta = {"tokenizer": tok.to_json(), "dtype": np.dtype(tok.dtype).name, "n_tokens": n_tokens,
-            "fingerprint": sha.hexdigest(), "n_files": len(files) - len(source.binary),
-            "n_bytes": total, "notes": source.notes(), "source": describe(data.path)}
+    meta = {"tokenizer": tok.to_json(), "dtype": np.dtype(tok.dtype).name,
+            "n_tokens": writer.n_tokens, "n_train": writer.n_train,
+            "fingerprint": writer.sha.hexdigest(), "n_files": len(files) - len(docs.binary),
+            "n_bytes": int(sizes.sum()), "n_docs": int((sizes > 0).sum()), "notes": docs.notes(),
+            "source": describe(data.path)}
+    if isinstance(tok, tokenizer_lib.HFTokenizer):
+      meta["tokenizer_json"] = tok.hf_json()
     with open(tmp_meta, "w") as out:
       out.write(json.dumps(meta, ensure_ascii=False))
       out.flush()
       os.fsync(out.fileno())
     os.replace(tmp_meta, cache.meta)  # last: from now on the entry is trusted
   except OSError as e:
-    raise cache.write_error(e, total * np.dtype(tok.dtype).itemsize) from None
+    raise cache.write_error(e, docs.total * np.dtype(tok.dtype).itemsize) from None
   finally:
     tmp.unlink(missing_ok=True)
     tmp_meta.unlink(missing_ok=True)
   return meta
 
 
-class _Texts:
-  """Each usable file's text in chunks, once per call; binary files are skipped (or fatal)."""
+class _Writer:
+  """Encodes pieces in batches, writes the tokens with end-of-text after each non-empty
+  document, and counts what the training split holds."""
 
-  def __init__(self, files: list[Path], path: str, total: int, show_progress: bool):
-    self.files, self.path, self.total, self.show_progress = files, path, total, show_progress
-    self.counter = _Counter()
-    self.binary: list[Path] = []
+  def __init__(self, tok, out):
+    self.tok, self.out = tok, out
+    self.sha, self.n_tokens, self.n_train = hashlib.sha256(), 0, 0
+    self.pending: list[tuple[str, bool, bool]] = []
+    self.chars, self.doc_chars = 0, 0
+    self.eot = np.array([tok.eot_id], tok.dtype)
 
-  def __call__(self, desc: str):
-    from tqdm import tqdm  # the terminal bar: tqdm.auto would want ipywidgets in notebooks
+  def add(self, text: str, end: bool, train: bool) -> None:
+    self.pending.append((text, end, train))
+    self.chars += len(text)
+    if self.chars >= _BATCH_CHARS:
+      self.flush()
 
-    single = len(self.files) == 1
-    with tqdm(total=self.total, unit="B", unit_scale=True, desc=desc,
-              disable=not self.show_progress, leave=False) as bar:
-      for f in self.files:
-        if f in self.binary:
-          continue
-        try:
-          yield from _read_text(f, self.counter, bar)
-          if not single:
-            yield "\n"  # files never run into each other
-        except _Binary:
-          if single:
-            raise UserError(f"{f} looks binary (it has NUL bytes), not text; point "
-                            "--config.data.path at UTF-8 text") from None
-          self.binary.append(f)
-        except OSError as e:
-          raise UserError(f"cannot read {f} ({e.strerror}); fix its permissions or leave it "
-                          "out of --config.data.path") from None
-
-  def notes(self) -> list[str]:
-    notes = []
-    if self.binary:
-      notes.append(f"skipped {len(self.binary)} binary file(s), e.g. {self.binary[0]}")
-    if self.counter.count:
-      notes.append(f"replaced {self.counter.count} byte(s) that are not UTF-8 with U+FFFD")
-    return notes
+  def flush(self) -> None:
+    if not self.pending:
+      return
+    encoded = self.tok.encode_batch([t for t, _, _ in self.pending])
+    parts = []
+    for ids, (text, end, train) in zip(encoded, self.pending):
+      self.doc_chars += len(text)
+      n = len(ids) + (end and self.doc_chars > 0)
+      parts += [ids, self.eot] if end and self.doc_chars > 0 else [ids]
+      self.n_tokens += n
+      self.n_train += n if train else 0
+      self.doc_chars = 0 if end else self.doc_chars
+    block = np.concatenate(parts).astype(self.tok.dtype, copy=False).tobytes()
+    self.out.write(block)
+    self.sha.update(block)
+    self.pending, self.chars = [], 0
 
 
 class WindowBatches:
@@ -375,3 +331,14 @@ def check_lengths(corpus: Corpus, seq_len: int, val_fraction: float) -> None:
                     f"({len(corpus.train)}) is shorter than one window of seq_len+1={window}; "
                     "pass a smaller --config.data.val_fraction or --config.model.seq_len, or "
                     "use more text")
+
+
+def bits_per_byte(corpus: Corpus, batch_size: int, seq_len: int, seed: int,
+                  n_batches: int) -> float:
+  """What turns the mean validation loss (nats per target token) into val_bpb, bits per UTF-8
+  byte: targets / (ln 2 x the bytes they stand for), over every row of the evaluation batches.
+  End-of-text targets count in the loss and as no bytes."""
+  nbytes = corpus.tokenizer.token_bytes()
+  targets = [b["tokens"][:, 1:] for b in eval_batches(corpus, batch_size, seq_len, seed, n_batches)]
+  text = sum(int(nbytes[t].sum()) for t in targets)
+  return sum(t.size for t in targets) / (math.log(2) * text) if text else math.nan

@@ -42,6 +42,8 @@ class ModelConfig:
   qk_norm: bool = False
   logit_softcap: float = 0.0  # 0: off
   zero_init_out: bool = False
+  doc_mask: bool = False  # attention stays within documents, which end at eot_id
+  eot_id: int = -1  # the tokenizer's end-of-text token
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "ModelConfig":
@@ -189,7 +191,8 @@ class Attention(nnx.Module):
                      kernel_init=_init(0.02), rngs=rngs)
     self.out = Dense(c.d_model, c.d_model, dtype=dtype, kernel_init=_init(_out_std(c)), rngs=rngs)
 
-  def __call__(self, x_BTD: jax.Array, rope: tuple[jax.Array, jax.Array] | None) -> jax.Array:
+  def __call__(self, x_BTD: jax.Array, rope: tuple[jax.Array, jax.Array] | None,
+               same_doc_BTS: jax.Array | None = None) -> jax.Array:
     B, T, D = x_BTD.shape
     c = self.c
     H, G, K = c.n_heads, c.kv_heads, c.head_dim
@@ -199,12 +202,15 @@ class Attention(nnx.Module):
     if rope is not None:
       q_BTHK, k_BTGK = apply_rope(q_BTHK, *rope), apply_rope(k_BTGK, *rope)
     if c.attention == "cudnn":  # takes G < H as it is
-      y_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTGK, v_BTGK, is_causal=True,
+      mask = None if same_doc_BTS is None else same_doc_BTS[:, None]
+      y_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTGK, v_BTGK, mask=mask, is_causal=True,
                                             implementation="cudnn")
     else:  # heads first: each head's attention is then a batch of plain matmuls
       heads = lambda x: jnp.transpose(x, (0, 2, 1, 3))  # BTHK <-> BHTK
       k_BTHK, v_BTHK = (jnp.repeat(x, H // G, axis=2) for x in (k_BTGK, v_BTGK))
-      y_BTHK = heads(ops.causal_attention(heads(q_BTHK), heads(k_BTHK), heads(v_BTHK)))
+      qkv = heads(q_BTHK), heads(k_BTHK), heads(v_BTHK)
+      y_BTHK = heads(ops.causal_attention(*qkv) if same_doc_BTS is None else
+                     ops.document_attention(*qkv, same_doc_BTS))
     return self.out(y_BTHK.reshape(B, T, D))
 
 
@@ -264,9 +270,9 @@ class Block(nnx.Module):
     self.norm2 = _norm(c, rngs)
     self.mlp = MLP(c, rngs)
 
-  def __call__(self, x_BTD, rope, key: jax.Array | None):
+  def __call__(self, x_BTD, rope, key: jax.Array | None, same_doc_BTS: jax.Array | None = None):
     k1, k2 = jax.random.split(key) if key is not None else (None, None)
-    x_BTD = x_BTD + _dropout(self.attn(self.norm1(x_BTD), rope), self.dropout, k1)
+    x_BTD = x_BTD + _dropout(self.attn(self.norm1(x_BTD), rope, same_doc_BTS), self.dropout, k1)
     return x_BTD + _dropout(self.mlp(self.norm2(x_BTD)), self.dropout, k2)
 
 
@@ -298,8 +304,9 @@ class GPT(nnx.Module):
     if dropout_key is not None and c.dropout > 0:
       keys = list(jax.random.split(dropout_key, c.n_layers + 1))
     x_BTD = _dropout(x_BTD, c.dropout, keys[0])
+    same_doc_BTS = same_document(tokens_BT, c.eot_id) if c.doc_mask else None
     for block, key in zip(self.blocks, keys[1:]):
-      x_BTD = block(x_BTD, rope, key)
+      x_BTD = block(x_BTD, rope, key, same_doc_BTS)
     x_BTD = self.norm_f(x_BTD)
     if c.tie_embeddings:
       dtype = jnp.dtype(c.dtype)
@@ -307,6 +314,14 @@ class GPT(nnx.Module):
     else:
       logits_BTV = self.lm_head(x_BTD)
     return softcap(logits_BTV.astype(jnp.float32), c.logit_softcap)
+
+
+def same_document(tokens_BT: jax.Array, eot_id: int) -> jax.Array:
+  """bool[B, T, T]: whether positions t and s hold tokens of one document. A document's
+  end-of-text token is its last; the next token starts another."""
+  is_eot_BT = (tokens_BT == eot_id).astype(jnp.int32)
+  doc_BT = jnp.cumsum(is_eot_BT, axis=1) - is_eot_BT
+  return doc_BT[:, :, None] == doc_BT[:, None, :]
 
 
 def init(c: ModelConfig, key: jax.Array, exact_shapes: bool = False) -> GPT:

@@ -59,11 +59,13 @@ def causal_attention(q_BHTK: jax.Array, k_BHTK: jax.Array, v_BHTK: jax.Array) ->
   return _attention_fwd(q_BHTK, k_BHTK, v_BHTK)[0]
 
 
-def _attention_fwd(q, k, v):
+def _attention_fwd(q, k, v, same_doc_BTS=None):
   T, K = q.shape[-2], q.shape[-1]
   scores_BHTS = ((q * K**-0.5) @ _transposed(k)).astype(jnp.float32)
-  causal_TS = jnp.tril(jnp.ones((T, T), bool))
-  probs_BHTS = jax.nn.softmax(jnp.where(causal_TS, scores_BHTS, -jnp.inf), axis=-1)
+  allowed = jnp.tril(jnp.ones((T, T), bool))  # every row keeps its diagonal: never all -inf
+  if same_doc_BTS is not None:
+    allowed = allowed & same_doc_BTS[:, None]
+  probs_BHTS = jax.nn.softmax(jnp.where(allowed, scores_BHTS, -jnp.inf), axis=-1)
   probs_BHTS = probs_BHTS.astype(q.dtype)
   return probs_BHTS @ v, (q, k, v, probs_BHTS)
 
@@ -82,3 +84,14 @@ def _attention_bwd(residuals, dout_BHTK):
 
 
 causal_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+@jax.custom_vjp
+def document_attention(q_BHTK: jax.Array, k_BHTK: jax.Array, v_BHTK: jax.Array,
+                       same_doc_BTS: jax.Array) -> jax.Array:
+  """`causal_attention` where position t also sees only positions s with same_doc[t, s]. Masked
+  probabilities are 0, so the backward pass is causal_attention's."""
+  return _attention_fwd(q_BHTK, k_BHTK, v_BHTK, same_doc_BTS)[0]
+
+
+document_attention.defvjp(_attention_fwd, lambda res, dout: (*_attention_bwd(res, dout), None))

@@ -59,10 +59,11 @@ class Programs:
 
 
 def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None = None,
-          compiler_options: dict | None = None) -> Programs:
+          compiler_options: dict | None = None, eot_id: int = -1) -> Programs:
   """The programs for `cfg` on `devices` (default: all). Nothing is compiled until first use.
 
-  `compiler_options` default to `runtime.cpu_step_options` on CPU and none elsewhere.
+  `compiler_options` default to `runtime.cpu_step_options` on CPU and none elsewhere. `eot_id`:
+  the tokenizer's end-of-text token, where `model.doc_mask` ends documents.
   """
   devices = jax.devices() if devices is None else devices
   m = cfg.model
@@ -70,7 +71,10 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   device_mesh = mesh.make_mesh(cfg.mesh, devices)
   impl, why = model_lib.resolve_attention(m.attention, m.dtype, m.seq_len, m.n_heads,
                                           m.d_model // m.n_heads, devices[0].platform)
-  model_cfg = dataclasses.replace(model_lib.ModelConfig.from_config(m, vocab_size), attention=impl)
+  if m.doc_mask and not 0 <= eot_id < vocab_size:
+    raise ValueError(f"model.doc_mask needs the tokenizer's end-of-text id, got eot_id={eot_id}")
+  model_cfg = dataclasses.replace(model_lib.ModelConfig.from_config(m, vocab_size), attention=impl,
+                                  eot_id=eot_id)
   loss_scaling = config.dynamic_loss_scaling(cfg.optim.loss_scaling, m.dtype)
   optimizer = optim.make_optimizer(cfg.optim, max_steps=cfg.train.max_steps,
                                    grad_accum=cfg.train.grad_accum,

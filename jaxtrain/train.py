@@ -150,7 +150,7 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
   corpus = data.prepare(cfg.data, show_progress=out.use_bar, log=out.print)
   data.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
   programs = programs_lib.build(cfg, summary.vocab_size(cfg.model.vocab_size, corpus.tokenizer),
-                                devices)
+                                devices, eot_id=corpus.tokenizer.eot_id)
   summary.describe(out, cfg, corpus, programs)
   train_iter = data.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed,
                                    jax.process_index(), jax.process_count())
@@ -221,6 +221,7 @@ class Progress:
   meter: monitor.Throughput
   schedule: object  # jitted: the learning rate at a step
   eval_set: list[dict]  # the same placed validation batches at every evaluation
+  bpb: float  # val_bpb / val_loss over eval_set (data.bits_per_byte)
   pending: tuple[int, list[dict]] | None = None  # a step whose metrics are still on the device
   last_loss: float | None = None
   last_val: float | None = None
@@ -244,7 +245,8 @@ def _progress(r: Run, state: TrainState, elapsed_before: float, best_val: float)
                                flops_per_token(r.programs.model_cfg), t.max_steps,
                                peak=lambda: summary.peak_flops(dtype)),
       schedule=jax.jit(optim.lr_schedule(cfg.optim, t.max_steps)),
-      eval_set=[r.programs.place(b) for b in eval_batches])
+      eval_set=[r.programs.place(b) for b in eval_batches],
+      bpb=data.bits_per_byte(r.corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps))
 
 
 def _loop(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> RunResult:
@@ -359,8 +361,10 @@ def _evaluate(r: Run, p: Progress, state: TrainState) -> float:
     _throttle(losses)
   val = p.last_val = float(np.mean(jax.device_get(losses)))
   ppl = math.exp(min(val, 50))
-  r.out.print(f"eval step {p.step}: val loss {val:.4f} | perplexity {ppl:.2f}")
-  record = {"step": p.step, "val_loss": val, "val_ppl": ppl, "elapsed_s": round(p.elapsed(), 3)}
+  r.out.print(f"eval step {p.step}: val loss {val:.4f} | perplexity {ppl:.2f} | "
+              f"{val * p.bpb:.4f} bits/byte")
+  record = {"step": p.step, "val_loss": val, "val_ppl": ppl, "val_bpb": val * p.bpb,
+            "elapsed_s": round(p.elapsed(), 3)}
   r.metrics_file.write(**record)
   for hook in r.hooks:
     hook.on_eval(p.step, record)

@@ -5,6 +5,7 @@ Whatever needs devices or data (a mesh that fits, a corpus long enough) is check
 """
 
 import math
+import os
 
 import ml_collections
 
@@ -39,7 +40,7 @@ STEPS_MAX = 2**30  # step counts: the device's step counter and the schedule's s
 # far above a real run's, so a typo'd number stops here instead of hanging or crashing later.
 LIMITS = {
     "seed": 2**63 - 1, "model.n_layers": 256, "model.n_heads": 2**16, "model.d_model": 2**16,
-    "model.seq_len": 2**20, "model.vocab_size": 2**24, "train.batch_size": 2**24,
+    "model.seq_len": 2**20, "model.vocab_size": 2**24, "data.vocab_size": 2**20, "train.batch_size": 2**24,
     "train.grad_accum": 2**16, "train.max_steps": STEPS_MAX, "train.log_every": STEPS_MAX,
     "train.eval_every": STEPS_MAX, "train.eval_steps": 2**12, "train.checkpoint_every": STEPS_MAX,
     "train.keep_checkpoints": INT32_MAX, "train.early_stop_patience": STEPS_MAX,
@@ -53,7 +54,8 @@ MAX_PARAMS = 2**40  # ~1.1e12 parameters: 17.6 TB of float32 params, gradients a
 MAX_BATCH_TOKENS = 2**31  # tokens of one micro-batch, batch_size x (seq_len + 1)
 FLOAT32_BELOW_1 = 1 - 2**-24  # numbers from here to 1 round to 1 in float32
 # Path fields: a NUL or a newline in one is a mistake, and would break the one-line messages.
-PATH_FIELDS = ("workdir", "data.path", "data.cache_dir", "init_from")
+PATH_FIELDS = ("workdir", "data.path", "data.cache_dir", "init_from", "data.tokenizer",
+               "data.text_field")
 _KINDS = {bool: "True or False", int: "an integer", str: "a string",
           float: "a number within float32's range (|x| <= 3.4e38)"}
 
@@ -217,7 +219,12 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
 
 def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
   d, s = cfg.data, cfg.sample
-  _one_of(d.tokenizer, config.TOKENIZERS, "data.tokenizer")
+  _check(d.tokenizer in config.TOKENIZERS or os.path.isfile(os.path.expanduser(d.tokenizer)),
+         "data.tokenizer", f"{_show(d.tokenizer)} is not byte, char, bpe or a tokenizer.json file",
+         "pass --config.data.tokenizer=bpe (or byte, char, or the path of a tokenizer.json)")
+  _check(d.text_field != "", "data.text_field", "is empty", "pass --config.data.text_field=text")
+  _check(d.vocab_size >= 257, "data.vocab_size", f"{d.vocab_size} is too small for byte-level "
+         "BPE (256 byte tokens + end-of-text)", "pass --config.data.vocab_size=4096 (at least 257)")
   # Whether each split holds a window depends on the corpus: data.check_lengths says at run time.
   # Underflow-sized fractions are refused here (the tokens they would need overflow a float).
   _check(1e-30 <= d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1) (at least "

@@ -32,7 +32,7 @@ BAD = [
     ({"optim.weight_decay": -0.1}, "optim.weight_decay", ">= 0"),
     ({"optim.clip_norm": -1.0}, "optim.clip_norm", ">= 0"),
     ({"optim.b2": 1.0}, "optim.b2", "[0, 1)"),
-    ({"data.tokenizer": "bpe"}, "data.tokenizer", "not one of"),
+    ({"data.tokenizer": "wordpiece"}, "data.tokenizer", "is not byte, char, bpe or a tokenizer.json file"),
     ({"data.val_fraction": 0.0}, "data.val_fraction", "(0, 1)"),
     ({"data.val_fraction": 1.0}, "data.val_fraction", "(0, 1)"),
     ({"data.val_fraction": 1e-31}, "data.val_fraction", "at least 1e-30"),

@@ -16,7 +16,7 @@ def test_tokenizers_round_trip():
   assert b.decode(b.encode(text)) == text and b.vocab_size == 256
   c = tokenizer.CharTokenizer(text)
   ids = c.encode(text)
-  assert c.decode(ids) == text and ids.max() < c.vocab_size == len(set(text))
+  assert c.decode(ids) == text and ids.max() < c.vocab_size == len(set(text)) + 1  # + end-of-text
   assert tokenizer.from_json(c.to_json()).chars == c.chars
   with pytest.raises(UserError, match="not in this run's char vocabulary"):
     c.encode("Z")
@@ -26,9 +26,10 @@ def test_prepare_caches_and_splits_off_the_tail(tiny, tmp_path):
   tiny.data.cache_dir = str(tmp_path / "cache")
   corpus = data.prepare(tiny.data, show_progress=False)
   text = open(tiny.data.path, encoding="utf-8").read()
-  assert len(corpus.tokens) == len(text.encode())  # one file: no separator added
-  assert corpus.tokenizer.decode(corpus.val) == text.encode()[corpus.n_train:].decode()
-  assert len(corpus.val) == int(len(corpus.tokens) * tiny.data.val_fraction)
+  assert len(corpus.tokens) == len(text.encode()) + 1  # one document: its end-of-text token
+  assert corpus.tokenizer.decode(corpus.val) == text.encode()[corpus.n_train:].decode() + "<|endoftext|>"
+  # One document: the split cuts it where the last val_fraction of its bytes begins.
+  assert corpus.n_train == int(len(text.encode()) * (1 - tiny.data.val_fraction))
   cached = list((tmp_path / "cache" / "tokens").iterdir())
   again = data.prepare(tiny.data, show_progress=False)
   assert sorted((tmp_path / "cache" / "tokens").iterdir()) == sorted(cached)
@@ -40,7 +41,7 @@ def test_char_corpus_vocab_is_the_text_characters(tiny, tmp_path):
   tiny.data.cache_dir = str(tmp_path / "cache")
   corpus = data.prepare(tiny.data, show_progress=False)
   text = open(tiny.data.path, encoding="utf-8").read()
-  assert corpus.tokenizer.vocab_size == len(set(text))
+  assert corpus.tokenizer.vocab_size == len(set(text)) + 1
   assert corpus.tokenizer.decode(corpus.tokens[:200]) == text[:200]
 
 

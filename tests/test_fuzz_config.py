@@ -133,7 +133,7 @@ def reads_before_compile(cfg: ml_collections.ConfigDict) -> None:
   optim.make_optimizer(cfg.optim, max_steps=cfg.train.max_steps).transformation()
   float(optim.lr_schedule(cfg.optim, cfg.train.max_steps)(0))
   if cfg.model.n_layers <= 64:  # tracing hundreds of layers takes seconds, and is no different
-    p = programs.build(cfg, vocab, devices)  # traces init for its shapes; compiles nothing
+    p = programs.build(cfg, vocab, devices, eot_id=255)  # traces init; compiles nothing
     estimate.memory_estimate(p.model_cfg, cfg.train.batch_size, cfg.train.grad_accum)
 
 

@@ -3,14 +3,17 @@
 import json
 
 import jax
+import pytest
+import tokenizers
 
 from jaxtrain import checkpoint, data, programs, train
+from jaxtrain.errors import UserError
 from jaxtrain.testing import assert_trees_equal
 
 
 def _final_arrays(cfg):
   corpus = data.prepare(cfg.data, show_progress=False)
-  p = programs.build(cfg, corpus.tokenizer.vocab_size)
+  p = programs.build(cfg, corpus.tokenizer.vocab_size, eot_id=corpus.tokenizer.eot_id)
   ckpts = checkpoint.Checkpoints(cfg.workdir, cfg.train.keep_checkpoints)
   it = data.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed)
   state = ckpts.restore(ckpts.latest_step(), p.abstract, p.shardings, it)
@@ -24,7 +27,31 @@ def _logged(cfg, key):
 
 
 def test_resume_is_bit_for_bit(tiny, tmp_path):
-  n = 6
+  _check_resume(tiny, tmp_path, n=6)
+
+
+@pytest.mark.slow
+def test_resume_is_bit_for_bit_with_bpe_on_jsonl_documents(tiny, tmp_path):
+  lines = open(tiny.data.path, encoding="utf-8").read().splitlines()
+  docs = tmp_path / "docs.jsonl"  # every sentence a document
+  docs.write_text("".join(json.dumps({"body": line}) + "\n" for line in lines))
+  tiny.data.path, tiny.data.text_field = str(docs), "body"
+  tiny.data.tokenizer, tiny.data.vocab_size = "bpe", 320
+  tiny.model.doc_mask = True
+  _check_resume(tiny, tmp_path, n=3)
+  hf = tokenizers.Tokenizer.from_file(str(tmp_path / "whole" / "tokenizer.json"))
+  assert hf.get_vocab_size() == 320 and hf.decode(hf.encode("Seven wise kings").ids) == \
+      "Seven wise kings"
+  evals = [r for r in map(json.loads, open(tmp_path / "whole" / "metrics.jsonl")) if "val_loss" in r]
+  assert evals and all(0 < r["val_bpb"] < r["val_loss"] for r in evals)  # > 1 byte a token
+  # The same workdir with another tokenizer: refused in one line.
+  tiny.workdir, tiny.data.tokenizer = str(tmp_path / "whole"), "byte"
+  with pytest.raises(UserError, match=r"^cannot resume .* data.tokenizer: 'bpe' -> 'byte'; the "
+                     r"tokenizer's vocabulary differs from the checkpoint's\. Change these back"):
+    train.run(tiny, show_progress=False)
+
+
+def _check_resume(tiny, tmp_path, n: int):
   tiny.train.grad_accum = 2
   tiny.model.dropout = 0.1
   tiny.optim.decay_steps = 2 * n  # the schedule must not depend on where the first leg stops
