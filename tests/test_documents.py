@@ -15,7 +15,7 @@ import tokenizers
 from conftest import run_cli
 from flax import nnx
 
-from jaxtrain import config, data, ops, tokenizer
+from jaxtrain import data, ops, tokenizer, validation
 from jaxtrain import model as model_lib
 from jaxtrain.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
@@ -231,7 +231,7 @@ def test_bad_input_is_one_line_and_writes_nothing_to_the_cache(name, content, ov
   (tmp_path / "tok.json").write_text('{"model": {"type": "BPE", "vocab": 3}}')
   overrides = {k: v.format(tok=tmp_path / "tok.json") for k, v in overrides.items()}
   cfg = cfg_for(path, tmp_path, **overrides)
-  config.validate(cfg)
+  validation.validate(cfg)
   with pytest.raises(UserError, match=message) as e:
     data.prepare(cfg.data, show_progress=False)
   assert "\n" not in str(e.value)
@@ -242,11 +242,11 @@ def test_a_vocab_size_below_the_byte_alphabet_is_refused_up_front(tmp_path):
   cfg = tiny_config(**{"data.tokenizer": "bpe", "data.vocab_size": 200})
   with pytest.raises(ConfigError, match=r"^config.data.vocab_size: 200 is too small for "
                      r"byte-level BPE \(256 byte tokens \+ end-of-text\); pass"):
-    config.validate(cfg)
+    validation.validate(cfg)
   cfg.data.vocab_size, cfg.data.tokenizer = 4096, str(tmp_path / "missing.json")
   with pytest.raises(ConfigError, match="^config.data.tokenizer: .* is not byte, char, bpe or a "
                      "tokenizer.json file"):
-    config.validate(cfg)
+    validation.validate(cfg)
 
 
 def test_the_command_line_names_the_bad_jsonl_line_and_exits_2(tmp_path):
