@@ -10,7 +10,6 @@ import jax
 import numpy as np
 
 from jaxtrain import hf, paths, trained
-from jaxtrain import tokenizer as tokenizer_lib
 from jaxtrain.errors import UserError
 
 WRITTEN = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -54,38 +53,10 @@ def _target(out: str) -> Path:
   return path
 
 
-def _byte_symbols() -> list[str]:
-  """The printable character that byte-level tokenizers (GPT-2's) show for each byte 0..255:
-  printable Latin-1 bytes stand for themselves, the others for code points from 256 on."""
-  printable = [b for b in range(256) if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255]
-  symbols, extra = {}, 0
-  for b in range(256):
-    if b in printable:
-      symbols[b] = chr(b)
-    else:
-      symbols[b] = chr(256 + extra)
-      extra += 1
-  return [symbols[b] for b in range(256)]
-
-
-def hf_tokenizer(tok):
-  """jaxtrain's tokenizer as a `tokenizers.Tokenizer` with the same ids: bytes as a byte-level
-  BPE without merges; characters as a BPE without merges over the vocabulary's characters."""
-  from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-  if isinstance(tok, tokenizer_lib.ByteTokenizer):
-    vocab = {s: i for i, s in enumerate(_byte_symbols())}
-    t = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    t.decoder = decoders.ByteLevel()
-    return t
-  t = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(tok.chars)}, merges=[]))
-  t.decoder = decoders.Fuse()  # characters join with nothing between them
-  return t
-
-
 def write_tokenizer(tok, target: Path) -> None:
-  hf_tokenizer(tok).save(str(target / "tokenizer.json"))
+  """tokenizer.json (every jaxtrain tokenizer has an exact `tokenizers` form, end-of-text token
+  included) and the tokenizer_config.json that transformers' AutoTokenizer reads beside it."""
+  (target / "tokenizer.json").write_text(tok.hf_json(), encoding="utf-8")
   paths.write_json(target / "tokenizer_config.json", {
       "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 10**9,
       "clean_up_tokenization_spaces": False, "jaxtrain_tokenizer": tok.to_json()})

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from jaxtrain import checkpoint, hf, paths
+from jaxtrain import tokenizer as tokenizer_lib
 from jaxtrain.errors import UserError
 from jaxtrain.model import ModelConfig
 
@@ -25,7 +26,7 @@ def load_flat(path: str, c: ModelConfig, tokenizer) -> tuple[dict[str, np.ndarra
   if is_run:
     return _from_run(source, c, tokenizer)
   if is_hf:
-    _check_tokenizer(source, _exported_tokenizer(source), tokenizer)
+    _check_tokenizer(source, _tokenizer_at(source), tokenizer)
     hf_cfg, tensors = _read_hf(source)
     flat = hf.from_hf(hf_cfg, tensors, c, str(source))
     return flat, f"the {hf_cfg['architectures'][0]} in {source}"
@@ -34,27 +35,31 @@ def load_flat(path: str, c: ModelConfig, tokenizer) -> tuple[dict[str, np.ndarra
                   "--config.init_from=<a run's workdir or an exported model directory>")
 
 
-def _exported_tokenizer(source: Path) -> dict | None:
-  """The jaxtrain tokenizer an export recorded in tokenizer_config.json (None: not an export)."""
-  try:
-    return json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8")).get(
-        "jaxtrain_tokenizer")
-  except (OSError, ValueError, AttributeError):
+def _tokenizer_at(source: Path):
+  """The tokenizer in a run's workdir or an export (its tokenizer.json), None if it has none."""
+  path = source / "tokenizer.json"
+  if not path.exists():
     return None
+  try:
+    return tokenizer_lib.load(str(path))
+  except (OSError, ValueError, KeyError) as e:
+    raise UserError(f"init_from: {path} does not load ({e}); pass --config.init_from=<a run's "
+                    "workdir or an exported model directory>") from None
 
 
-def _check_tokenizer(source: Path, theirs: dict | None, tokenizer) -> None:
-  if theirs is not None and tokenizer is not None and theirs != tokenizer.to_json():
-    raise UserError(f"init_from: {source} was trained with another tokenizer ({theirs['name']}, "
-                    f"{len(theirs.get('chars', '')) or 256} tokens) than this run's "
-                    f"({tokenizer.name}, {tokenizer.vocab_size}); its token ids would mean other "
-                    "things: pass --config.data.tokenizer=byte for both, or the same text")
+def _check_tokenizer(source: Path, theirs, tokenizer) -> None:
+  """Token ids mean the same on both sides: the same tokenizer.json, whatever its kind's name."""
+  if theirs is None or tokenizer is None:
+    return
+  if json.loads(theirs.hf_json()) != json.loads(tokenizer.hf_json()):
+    raise UserError(f"init_from: {source} was trained with another tokenizer ({theirs.name}, "
+                    f"{theirs.vocab_size} tokens) than this run's ({tokenizer.name}, "
+                    f"{tokenizer.vocab_size}); its token ids would mean other things: pass the "
+                    "same --config.data.tokenizer (and, for char or bpe, the same text)")
 
 
 def _from_run(source: Path, c: ModelConfig, tokenizer) -> tuple[dict[str, np.ndarray], str]:
-  theirs = json.loads((source / "tokenizer.json").read_text(encoding="utf-8")) \
-      if (source / "tokenizer.json").exists() else None
-  _check_tokenizer(source, theirs, tokenizer)
+  _check_tokenizer(source, _tokenizer_at(source), tokenizer)
   state = checkpoint.load_state(str(source))  # the newest intact checkpoint
   src = state.model_cfg
   for field in ("pos", "norm", "mlp", "n_heads", "tie_embeddings", "rope_theta"):
