@@ -162,7 +162,12 @@ class HFTokenizer:
     if self._fast:
       ids = _on_all_cores(self._fast.encode_ordinary, texts)
     else:  # on all cores too
-      ids = [e.ids for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
+      try:
+        ids = [e.ids for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
+      except Exception:  # a word-level (char) vocabulary meets a character it lacks
+        ch = next((c for t in texts for c in t if self.tok.token_to_id(c) is None), "?")
+        raise UserError(f"character {ch!r} is not in this run's vocabulary ({self.vocab_size} "
+                        "tokens); use only characters from the training text") from None
     lengths = [len(i) for i in ids]
     flat = np.fromiter(itertools.chain.from_iterable(ids), self.dtype, count=sum(lengths))
     return np.split(flat, np.cumsum(lengths)[:-1])

@@ -5,6 +5,7 @@ Real runs, real files, real orbax: a run saves steps 2 and 4, then the newest is
 """
 
 import errno
+import gc
 import json
 import shutil
 from pathlib import Path
@@ -22,6 +23,13 @@ from jaxtrain.testing import assert_trees_equal
 # whenever they are collected. A CLI run sends those to workdir/logs/ (the CLI test below checks
 # its stderr); in process they are expected noise.
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+@pytest.fixture(autouse=True)
+def _collect_abandoned_reads():
+  """Collected here, the abandoned reads end under this module's filter, not in a later test."""
+  yield
+  gc.collect()
 
 FIRST, TOTAL = 4, 6  # the damaged run saved steps 2 and 4; the resumed one goes on to 6
 

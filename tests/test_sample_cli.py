@@ -57,7 +57,7 @@ def test_early_stop_then_sample_export_and_fine_tune(corpus_file, tmp_path):
   proc = module("jaxtrain.sample", f"--workdir={run}", "--interactive", "--max_new_tokens=5",
                 stdin="Th\nZ\u00e9\n\n")
   assert proc.returncode == 0 and proc.stdout.startswith("prompt> Th"), proc.stdout + proc.stderr
-  assert "not in this run's char vocabulary" in proc.stderr  # said, then asked again
+  assert "is not in this run's vocabulary" in proc.stderr  # said, then asked again
   one_line_error(module("jaxtrain.sample", f"--workdir={run}", "--prompt=\u00e9"), "vocabulary")
 
   proc = module("jaxtrain.export", f"--workdir={run}", f"--out={tmp_path / 'hf'}", "--step=best")
