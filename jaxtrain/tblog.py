@@ -8,7 +8,9 @@ it restored, as metrics.jsonl does, so its curves continue without a second copy
 """
 
 import math
+import os
 import struct
+import time
 from pathlib import Path
 
 import jax
@@ -66,7 +68,10 @@ class TensorBoard(Hook):
 
     workdir = Path(run.workdir)
     old = sorted(workdir.glob(EVENT_FILES))
-    self.writer = SummaryWriter(logdir=str(workdir), flush_secs=self.flush_secs)
+    # tensorboardX names files by the second: a suffix keeps a quick second leg's file apart
+    # from the first's, which is deleted below.
+    self.writer = SummaryWriter(logdir=str(workdir), flush_secs=self.flush_secs,
+                                filename_suffix=f".{os.getpid()}.{time.time_ns()}")
     file_writer = self.writer.file_writer
     seen = set()
     for path in old:  # into the new file: what an earlier leg wrote up to `step`
