@@ -50,19 +50,14 @@ def architecture(c: ModelConfig) -> str:
   if c.pos != "rope" and c.kv_heads != c.n_heads:
     raise UserError(f"model.n_kv_heads={c.n_kv_heads} has no exact Hugging Face equivalent with "
                     "model.pos=learned (GPT-2 has no grouped-query attention)")
-  if c.pos == "rope":
-    for field, want in (("norm", "rmsnorm"), ("mlp", "swiglu")):
-      if getattr(c, field) != want:
-        raise UserError(f"model.{field}={getattr(c, field)} has no exact Hugging Face equivalent "
-                        f"with model.pos=rope (Llama needs model.{field}={want}); export a model "
-                        "trained with rope+rmsnorm+swiglu or learned+layernorm+gelu")
-    return LLAMA
-  for field, want in (("norm", "layernorm"), ("mlp", "gelu")):
+  arch, name, needs = (LLAMA, "Llama", (("norm", "rmsnorm"), ("mlp", "swiglu"))) \
+      if c.pos == "rope" else (GPT2, "GPT-2", (("norm", "layernorm"), ("mlp", "gelu")))
+  for field, want in needs:
     if getattr(c, field) != want:
       raise UserError(f"model.{field}={getattr(c, field)} has no exact Hugging Face equivalent "
-                      f"with model.pos=learned (GPT-2 needs model.{field}={want}); export a model "
+                      f"with model.pos={c.pos} ({name} needs model.{field}={want}); export a model "
                       "trained with rope+rmsnorm+swiglu or learned+layernorm+gelu")
-  return GPT2
+  return arch
 
 
 def hf_config(c: ModelConfig) -> dict:

@@ -16,10 +16,10 @@ def lr_schedule(optim, max_steps: int, peak: float | None = None) -> optax.Sched
   linear decay to it over the last `decay_fraction` of the steps) or "constant".
   `optim`: the config's section or an `Optimizer`."""
   peak = optim.lr if peak is None else peak
-  warmup, kind = optim.warmup_steps, getattr(optim, "schedule", "cosine")
+  warmup, kind = optim.warmup_steps, optim.schedule
   end = peak * optim.min_lr_ratio
   decay_end = max(optim.decay_steps or max_steps, warmup + 1)
-  decay_start = max(warmup, decay_end - getattr(optim, "decay_fraction", 1.0) * decay_end)
+  decay_start = max(warmup, decay_end - optim.decay_fraction * decay_end)
 
   def schedule(step):
     step = jnp.asarray(step, jnp.float32)
