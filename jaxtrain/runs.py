@@ -47,7 +47,8 @@ class Status(Hook):
     paths.write_json(self.path, self.info)
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
+  """The records of a .jsonl file such as metrics.jsonl ([] if there is none)."""
   records = []
   if path.exists():
     for line in path.read_text(encoding="utf-8").splitlines():
@@ -127,7 +128,7 @@ def load(path: Path) -> RunInfo:
     status = paths.read_json(status_path) if status_path.exists() else {}
   except ValueError:
     status = {}
-  records = _read_jsonl(path / "metrics.jsonl")
+  records = read_jsonl(path / "metrics.jsonl")
   return RunInfo(path, flat, [r for r in records if "loss" in r],
                  [r for r in records if "val_loss" in r], status)
 

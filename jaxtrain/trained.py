@@ -2,10 +2,9 @@
 `--step=latest|best|N` names, and the state and tokenizer there. Reads go through
 `checkpoint.load_state`, like every other reader of checkpoints."""
 
-import json
 from pathlib import Path
 
-from jaxtrain import checkpoint, paths, steps
+from jaxtrain import checkpoint, paths, runs, steps
 from jaxtrain.errors import UserError
 
 
@@ -23,18 +22,8 @@ def check_run(workdir: str) -> Path:
 
 def val_losses(workdir: Path) -> dict[int, float]:
   """{step: val loss} of every evaluation in metrics.jsonl (the later one where a step repeats)."""
-  found = {}
-  metrics = workdir / "metrics.jsonl"
-  if not metrics.exists():
-    return found
-  for line in metrics.read_text(encoding="utf-8").splitlines():
-    try:
-      record = json.loads(line)
-    except ValueError:  # a line cut short by a kill
-      continue
-    if isinstance(record, dict) and record.get("val_loss") is not None:
-      found[int(record["step"])] = float(record["val_loss"])
-  return found
+  return {int(r["step"]): float(r["val_loss"]) for r in runs.read_jsonl(workdir / "metrics.jsonl")
+          if isinstance(r, dict) and r.get("val_loss") is not None}
 
 
 def best_step(workdir: Path) -> int:
