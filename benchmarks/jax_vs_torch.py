@@ -1,6 +1,10 @@
 """CPU training speed, side by side: jaxtrain against a PyTorch reference of the same model.
 
   python benchmarks/jax_vs_torch.py --shapes=small,large --rounds=3 --steps=10
+  python benchmarks/jax_vs_torch.py --torch=nanogpt --nanogpt_dir=../nanoGPT --shapes=large
+
+The PyTorch side is benchmarks/torch_reference.py (--torch=reference, the default), or nanoGPT
+itself (--torch=nanogpt: its own model.py, optimizer and train.py step; see torch_nanogpt.py).
 
 Each framework lives in its own worker process (own thread pool, pinned to the same cores). After
 warm-up they take turns, one block of `--steps` timed steps at a time, for `--rounds` rounds, so
@@ -8,8 +12,8 @@ background load that comes and goes hits both alike. Both train on the same toke
 the same initial parameters (jaxtrain's, copied into torch), so their losses must agree. The f32
 matmul peak is measured in the same run and in the same workers; MFU is against the higher of the
 two. Writes jax_vs_torch.{json,md,png} to --out (default:
-benchmarks/results/<date>-jax_vs_torch_<label>/, the label defaulting to the shapes) and prints
-the table.
+benchmarks/results/<date>-jax_vs_torch_<label>/, or <date>-jax_vs_nanogpt_<label>/ with
+--torch=nanogpt, the label defaulting to the shapes) and prints the table.
 """
 
 import argparse
@@ -27,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 import common  # noqa: E402  (after the path above)
+import torch_nanogpt  # noqa: E402
 
 from jaxtrain import allocator  # noqa: E402
 
@@ -37,6 +42,7 @@ TORCH_HINT = ("PyTorch is not installed, so only the jaxtrain side runs. For a C
               "(or pip install torch)")
 INIT_LOSS_TOLERANCE = 0.3  # ~ln(vocab): logits start near zero (std ~0.02*sqrt(d_model))
 SAME_PARAMS_LOSS_TOLERANCE = 1e-4
+REFERENCE_SIDE = {"name": "reference", "description": "benchmarks/torch_reference.py"}
 
 
 class JaxSide:
@@ -160,6 +166,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   p.add_argument("--label", default=None,
                  help="names the default output directory (default: the shapes, e.g. small)")
   p.add_argument("--no-torch", action="store_true", help="time the jaxtrain side only")
+  p.add_argument("--torch", choices=("reference", "nanogpt"), default="reference",
+                 help="the PyTorch side: reference (benchmarks/torch_reference.py) or nanogpt "
+                      "(nanoGPT's own model.py and train step, from --nanogpt_dir)")
+  p.add_argument("--nanogpt_dir", "--nanogpt-dir", default=None,
+                 help="a nanoGPT checkout (its model.py); required with --torch=nanogpt")
   p.add_argument("--peak-size", type=int, default=2048, help="n of the n x n f32 matmul peak")
   p.add_argument("--peak-repeats", type=int, default=10)
   p.add_argument("--torch-allocator", choices=("glibc", "jaxtrain"), default="glibc",
@@ -171,7 +182,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   if unknown or not args.shapes:
     p.error(f"--shapes: unknown {unknown}; choose from {', '.join(common.SHAPES)}")
   args.label = args.label or "_".join(args.shapes)
-  args.out = args.out or str(common.results_dir(f"{NAME}_{args.label}"))
+  error = torch_nanogpt.check_args(args.torch, args.nanogpt_dir, args.no_torch)
+  if error:  # one line, no usage
+    print(f"jax_vs_torch.py: error: {error}", file=sys.stderr)
+    raise SystemExit(2)
+  prefix = "jax_vs_nanogpt" if args.torch == "nanogpt" else NAME
+  args.out = args.out or str(common.results_dir(f"{prefix}_{args.label}"))
   for name in ("steps", "rounds", "threads", "peak_size", "peak_repeats"):
     if getattr(args, name) < 1:
       p.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -214,7 +230,7 @@ def bench_shape(shape: common.Shape, workers: dict, args, sampler: common.LoadSa
   infos = {"jax": {k: v for k, v in jx.items() if k != "params"}}
   if "torch" in workers:
     th = workers["torch"].call("setup", shape=shape, hyper=hyper, jax_params=jx["params"])
-    infos["torch"] = th
+    infos["torch"] = dict(th, side=args.torch)
     log(f"  torch: {th['param_count']:,} params, initial loss {th['own_init_loss']:.4f} with its "
         f"own init, {th['init_loss']:.4f} with jaxtrain's params "
         f"(|diff| {abs(th['init_loss'] - jx['init_loss']):.1e}), {th['num_threads']} threads")
@@ -222,8 +238,12 @@ def bench_shape(shape: common.Shape, workers: dict, args, sampler: common.LoadSa
           f"parameter counts differ: jax {jx['param_count']}, torch {th['param_count']}")
     check(abs(th["own_init_loss"] - ln_v) < INIT_LOSS_TOLERANCE,
           f"torch initial loss {th['own_init_loss']}")
-    check(abs(th["init_loss"] - jx["init_loss"]) < SAME_PARAMS_LOSS_TOLERANCE,
-          f"same params, different loss: jax {jx['init_loss']}, torch {th['init_loss']}")
+    tolerance = (torch_nanogpt.LOSS_TOLERANCE if args.torch == "nanogpt"
+                 else SAME_PARAMS_LOSS_TOLERANCE)
+    infos["torch"]["same_params_loss_tolerance"] = tolerance
+    check(abs(th["init_loss"] - jx["init_loss"]) < tolerance,
+          f"same params, different loss: jax {jx['init_loss']}, torch {th['init_loss']} "
+          f"(tolerance {tolerance})")
 
   times = {fw: [] for fw in workers}
   rounds = {fw: [] for fw in workers}
@@ -274,13 +294,18 @@ def add_mfu(results: list[dict], peak_gflops: float) -> None:
       res["jax_over_torch_speed"] = fws["jax"]["tokens_per_s"] / fws["torch"]["tokens_per_s"]
 
 
+def shown(name: str, fw: dict) -> str:
+  """A framework's name in the table and chart: nanoGPT's torch side says so."""
+  return "nanogpt" if fw.get("side") == "nanogpt" else name
+
+
 def table(results: list[dict]) -> str:
   rows = []
   for res in results:
     for name, fw in res["frameworks"].items():
       medians = [r["median_s"] * 1e3 for r in fw["rounds"]]
       ratio = res.get("jax_over_torch_speed")
-      rows.append([res["shape"]["name"], name, f"{fw['stats']['median_s'] * 1e3:.1f}",
+      rows.append([res["shape"]["name"], shown(name, fw), f"{fw['stats']['median_s'] * 1e3:.1f}",
                    f"{min(medians):.1f}-{max(medians):.1f}", f"{fw['tokens_per_s']:,.0f}",
                    f"{100 * fw['mfu']:.1f}",
                    "-" if ratio is None else (f"{ratio:.2f}" if name == "jax" else "1 (ref)"),
@@ -292,8 +317,14 @@ def table(results: list[dict]) -> str:
 def markdown(report: dict) -> str:
   m, peak = report["machine"], report["matmul_peak"]
   peaks = ", ".join(f"{fw} {p['gflops']:.1f}" for fw, p in peak["by_framework"].items())
+  side = report.get("torch_side") or {"name": None, "description": "none (jaxtrain only)"}
+  nano = side["name"] == "nanogpt"
   lines = [
-      f"# jaxtrain vs PyTorch, CPU training step ({report['timestamp']})", "",
+      f"# jaxtrain vs {'nanoGPT (PyTorch)' if nano else 'PyTorch'}, CPU training step "
+      f"({report['timestamp']})", "",
+      f"- PyTorch side: {side['description']}"
+      + (f"; first losses from the same parameters agree within {torch_nanogpt.LOSS_TOLERANCE} "
+         "(not 1e-4: nanoGPT's GELU is exact erf, jaxtrain's tanh-approximate)" if nano else ""),
       f"- machine: {m['cpu_model']} (lscpu: {m['lscpu_model']}; family/model/stepping "
       f"{m['cpu_family_model_stepping']}), {m['cores_available']} cores "
       f"available, avx2={m['cpu_flags']['avx2']}, avx512f={m['cpu_flags']['avx512f']}, "
@@ -325,7 +356,8 @@ def markdown(report: dict) -> str:
       "",
   ]
   for res in report["results"]:
-    losses = ", ".join(f"{fw} {v['rounds'][-1]['loss']:.4f}" for fw, v in res["frameworks"].items())
+    losses = ", ".join(f"{shown(fw, v)} {v['rounds'][-1]['loss']:.4f}"
+                       for fw, v in res["frameworks"].items())
     lines.append(f"- {res['shape']['name']}: {res['param_count']:,} params, "
                  f"{res['flops_per_token'] / 1e6:.2f} MFLOP/token; last loss: {losses}")
   if report.get("torch_skipped"):
@@ -345,6 +377,13 @@ def measure_peaks(workers: dict, peaks: dict, args, sampler: common.LoadSampler,
         f"of {args.peak_repeats}), other processes {_pct(run['cpu'])} of the machine")
 
 
+def torch_worker(args, side: dict, environ: dict) -> common.Worker:
+  log(f"PyTorch side: {side['description']}")
+  factory = ((torch_nanogpt.NanoGPTSide, args.threads, args.nanogpt_dir, SEED)
+             if args.torch == "nanogpt" else (TorchSide, args.threads))
+  return common.Worker("torch", *factory, environ=environ)
+
+
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(argv)
   # Each framework as its users start it: jaxtrain with the allocator `python -m jaxtrain` sets up
@@ -358,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
                 for fw, e in (("jax", jax_env), ("torch", torch_env))}
   loadavg_before = os.getloadavg()  # before we start anything: the machine as we found it
   use_torch = not args.no_torch
+  torch_side = (torch_nanogpt.describe(args.nanogpt_dir) if args.torch == "nanogpt"
+                else REFERENCE_SIDE)
   torch_skipped = None
   if use_torch and importlib.util.find_spec("torch") is None:
     torch_skipped, use_torch = TORCH_HINT, False
@@ -377,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
       workers["jax"] = common.Worker("jax", JaxSide, args.threads, shapes[0], args.cpu_devices,
                                      environ=jax_env)
       if use_torch:
-        workers["torch"] = common.Worker("torch", TorchSide, args.threads, environ=torch_env)
+        workers["torch"] = torch_worker(args, torch_side, torch_env)
       peaks = {fw: [] for fw in workers}
       measure_peaks(workers, peaks, args, sampler, "before")
       results = []
@@ -401,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
   report = {
       "benchmark": NAME, "timestamp": common.timestamp(),
       "args": vars(args), "machine": machine, "torch_skipped": torch_skipped,
+      "torch_side": torch_side if use_torch else None,
       "allocators": allocators,
       "matmul_peak": {"dtype": "float32", "n": args.peak_size, "gflops": best[peak_fw]["gflops"],
                       "from": peak_fw, "by_framework": best, "all": peaks},
@@ -412,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
   md = markdown(report)
   (out_dir / f"{NAME}.md").write_text(md)
   common.bar_chart(str(out_dir / f"{NAME}.png"),
-                   {r["shape"]["name"]: {fw: v["tokens_per_s"] for fw, v in r["frameworks"].items()}
+                   {r["shape"]["name"]: {shown(fw, v): v["tokens_per_s"]
+                                         for fw, v in r["frameworks"].items()}
                     for r in results},
                    ylabel="tokens/s (median step)",
                    title=f"training tokens/s, {machine['cores_available']}-core CPU, f32")

@@ -1,7 +1,9 @@
 """Validation loss against wall time: real `python -m jaxtrain` runs on one corpus, side by side.
 
 Each run is a command line (a config file and overrides); it runs to its own `train.max_steps`,
-and its wall time counts from the command's start to its exit, start-up included. The report
+or, with `--budget_s`, to as many steps as fit that wall time (measured by a short probe run of
+the same command first: start-up, seconds per step and per eval). Wall time counts from the
+command's start to its exit, start-up included. The report
 has each run's final and best val loss, steps, tokens/s and wall time, medians over seeds, and a
 plot of val loss against time. Runs go one after another, never together, so each has the
 machine to itself; the background load is sampled and recorded.
@@ -29,12 +31,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import common  # noqa: E402  (after the path above)
 
 CHILDREN: list[int] = []  # the run going on, for the load sampler
+PROBE_STEPS = 60
 
 
-def run_once(args: list[str], data: str, seed: int, workdir: Path) -> dict:
+def run_once(args: list[str], data: str | None, seed: int, workdir: Path) -> dict:
   cmd = [sys.executable, "-m", "jaxtrain", "--jax_platforms=cpu", *args, f"--config.seed={seed}",
-         f"--config.data.path={data}", f"--config.workdir={workdir}", "--config.headless=True",
-         "--config.sample.num_samples=0"]
+         *([f"--config.data.path={data}"] if data else []), f"--config.workdir={workdir}",
+         "--config.headless=True", "--config.sample.num_samples=0"]
   start = time.perf_counter()
   proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           text=True)
@@ -46,10 +49,38 @@ def run_once(args: list[str], data: str, seed: int, workdir: Path) -> dict:
     raise RuntimeError(f"{shlex.join(cmd)} exited {proc.returncode}: {stderr[-2000:]}")
   lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   evals = [(x["elapsed_s"], x["step"], x["val_loss"]) for x in lines if "val_loss" in x]
+  bpb = [x["val_bpb"] for x in lines if x.get("val_bpb") is not None]
   train = [x for x in lines if x.get("tokens_per_sec")]
   return {"wall_s": wall, "final_val": evals[-1][2], "best_val": min(e[2] for e in evals),
-          "steps": evals[-1][1], "evals": evals,
+          "steps": evals[-1][1], "evals": evals, "final_bpb": bpb[-1] if bpb else None,
+          "last_train_elapsed_s": train[-1]["elapsed_s"],
           "tokens_per_sec": statistics.median(x["tokens_per_sec"] for x in train) if train else None}
+
+
+def _field(args: list[str], field: str):
+  """A config field's value for a run's command line: its override, else the config file's."""
+  for arg in args:
+    if arg.startswith(f"--config.{field}="):
+      return int(arg.partition("=")[2])
+  from jaxtrain import config, validation
+  return validation.get(config.load_config(args[0].partition("=")[2]), field)
+
+
+def steps_for_budget(args: list[str], data: str | None, budget_s: float, workdir: Path) -> tuple[int, dict]:
+  """The `train.max_steps` that make a run of `args` end about `budget_s` after its start, from a
+  probe run of PROBE_STEPS steps (its own eval at the end): start-up, step and eval seconds."""
+  probe = run_once([*args, f"--config.train.max_steps={PROBE_STEPS}",
+                    f"--config.train.eval_every={PROBE_STEPS}"], data, 0, workdir)
+  step_s = _field(args, "train.batch_size") * _field(args, "model.seq_len") / probe["tokens_per_sec"]
+  trained, evaled = probe["last_train_elapsed_s"], probe["evals"][-1][0]
+  eval_s = max(evaled - trained, 0.0)
+  startup_s = probe["wall_s"] - evaled  # before the first step and after the last
+  every = _field(args, "train.eval_every")
+  steps = int((budget_s - startup_s) / (step_s + eval_s / every))
+  if steps < 1:
+    raise SystemExit(f"error: --budget_s={budget_s} is shorter than one step plus start-up "
+                     f"({startup_s + step_s:.1f} s) for {' '.join(args)}")
+  return steps, {"startup_s": startup_s, "step_s": step_s, "eval_s": eval_s, "steps": steps}
 
 
 def plot(path: Path, results: dict) -> None:
@@ -71,12 +102,35 @@ def plot(path: Path, results: dict) -> None:
   fig.savefig(path, dpi=120)
 
 
+def markdown(report: dict) -> str:
+  rows = []
+  for name, run in report["runs"].items():
+    runs = run["results"]
+    med = lambda key, runs=runs: statistics.median(r[key] for r in runs)
+    bpb = [r["final_bpb"] for r in runs if r["final_bpb"] is not None]
+    rows.append([name, f"{med('final_val'):.4f}", " ".join(f"{r['final_val']:.4f}" for r in runs),
+                 f"{statistics.median(bpb):.4f}" if bpb else "-", runs[0]["steps"],
+                 f"{med('tokens_per_sec'):,.0f}", f"{med('wall_s'):.1f}", " ".join(run["command"])])
+  table = common.markdown_table(["run", "final val (median)", "each seed", "val bpb", "steps",
+                                 "tokens/s", "wall s (median)", "command"], rows)
+  budget = report["budget_s"]
+  steps = f"steps set to fit {budget:g} s each" if budget else "each config's own max_steps"
+  corpus = report["data"] or "each config's own"
+  return (f"# Val loss against wall time ({common.timestamp()})\n\n"
+          f"{common.cpu_line(report['machine'])}\n{common.load_line(report['load'])}\n\n"
+          f"corpus: {corpus}; seeds: {report['seeds']};"
+          f" {steps}\n\n{table}\n")
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--run", action="append", required=True,
                   help='"name=config.py --config.x=y ...": one per configuration')
-  ap.add_argument("--data", required=True, help="the corpus every run trains on")
+  ap.add_argument("--data", default=None,
+                  help="the corpus every run trains on (default: each config's own)")
   ap.add_argument("--seeds", type=int, default=1)
+  ap.add_argument("--budget_s", type=float, default=None,
+                  help="each run's wall-time budget: its max_steps is set to fit (default: its own)")
   ap.add_argument("--name", default="quality")
   ap.add_argument("--out", default=None, help="default: benchmarks/results/<date>-<name>")
   opts = ap.parse_args()
@@ -89,30 +143,25 @@ def main() -> None:
     specs[name] = [f"--config={config}", *overrides]
   results: dict[str, list[dict]] = {name: [] for name in specs}
   loadavg_before = os.getloadavg()
+  probes, data = {}, opts.data and os.path.abspath(opts.data)
   with tempfile.TemporaryDirectory() as tmp, common.LoadSampler(lambda: list(CHILDREN)) as load:
+    for name, args in specs.items() if opts.budget_s else ():
+      steps, probes[name] = steps_for_budget(args, data, opts.budget_s, Path(tmp) / f"{name}-probe")
+      args.append(f"--config.train.max_steps={steps}")
+      print(f"{name}: {steps} steps fit {opts.budget_s:g} s ({probes[name]})", flush=True)
     for seed in range(opts.seeds):
       for name, args in specs.items():
-        r = run_once(args, os.path.abspath(opts.data), seed, Path(tmp) / f"{name}-{seed}")
+        r = run_once(args, data, seed, Path(tmp) / f"{name}-{seed}")
         results[name].append(r)
         print(f"{name} seed {seed}: val {r['final_val']:.4f} (best {r['best_val']:.4f}) after "
               f"{r['steps']} steps in {r['wall_s']:.1f} s", flush=True)
   load_summary = {"loadavg_before": loadavg_before, "loadavg_after": os.getloadavg(),
                   "sampler": load.summary()}
-  rows = []
-  for name, runs in results.items():
-    med = lambda key, runs=runs: statistics.median(r[key] for r in runs)
-    rows.append([name, f"{med('final_val'):.4f}", f"{med('best_val'):.4f}", runs[0]["steps"],
-                 f"{med('tokens_per_sec'):,.0f}", f"{med('wall_s'):.1f}",
-                 " ".join(specs[name])])
-  machine = common.machine_info()
-  report = {"machine": machine, "load": load_summary, "seeds": opts.seeds, "data": opts.data,
+  report = {"machine": common.machine_info(), "load": load_summary, "seeds": opts.seeds,
+            "data": opts.data, "budget_s": opts.budget_s, "probes": probes,
             "runs": {name: {"command": specs[name], "results": results[name]} for name in specs}}
   (out / "quality.json").write_text(json.dumps(report, indent=1))
-  table = common.markdown_table(["run", "final val (median)", "best val", "steps", "tokens/s",
-                                 "wall s (median)", "command"], rows)
-  text = (f"# Val loss against wall time ({common.timestamp()})\n\n{common.cpu_line(machine)}\n"
-          f"{common.load_line(load_summary)}\n\ncorpus: {opts.data}; seeds: {opts.seeds}\n\n"
-          f"{table}\n")
+  text = markdown(report)
   (out / "quality.md").write_text(text)
   plot(out / "quality.png", results)
   print(text)

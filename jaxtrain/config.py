@@ -91,7 +91,10 @@ def _optim() -> ml_collections.ConfigDict:
   optim.warmup_steps = 100
   optim.decay_steps = 0  # 0: decay over train.max_steps
   optim.weight_decay = 0.1  # on matrices only; never on norms or vectors
-  optim.clip_norm = 1.0  # global gradient norm; 0 turns clipping off
+  optim.embedding_weight_decay = 0.0  # muon: AdamW decay of the embeddings
+  optim.head_weight_decay = -1.0  # muon: AdamW decay of an untied head; -1: optim.weight_decay
+  optim.clip_norm = 1.0  # gradient norm limit; 0 turns clipping off
+  optim.clip_per_group = False  # clip each group (matrix, embedding, head, vector) by its own norm
   optim.b1 = 0.9
   optim.b2 = 0.95
   optim.eps = 1e-8
@@ -175,6 +178,7 @@ STATE_FIELDS = (
     "model.tie_embeddings", "model.rope_theta", "data.tokenizer", "data.val_fraction",
     "train.grad_accum", "train.skip_nonfinite", "optim.loss_scaling", "model.n_kv_heads",
     "model.qk_norm", "model.logit_softcap", "optim.name", "data.vocab_size", "model.doc_mask",
+    "optim.clip_per_group",
 )
 
 

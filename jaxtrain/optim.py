@@ -1,5 +1,5 @@
 """AdamW, or Muon on the hidden matrices with AdamW on the rest; warmup then cosine, warmup-stable-
-decay or constant learning rates; global-norm clipping and gradient accumulation."""
+decay or constant learning rates; gradient-norm clipping (global or per group) and accumulation."""
 
 import dataclasses
 from typing import NamedTuple
@@ -46,6 +46,9 @@ def _matrix_dims(updates):
   return jax.tree.map(lambda _: optax.contrib.MuonDimensionNumbers(), updates)
 
 
+GROUPS = ("matrix", "embedding", "head", "vector")
+
+
 def param_groups(params) -> dict:
   """Each param's group for Muon: "embedding" (token and position embeddings), "head" (an
   untied output projection), "matrix" (the blocks' kernels) or "vector" (norm scales)."""
@@ -84,10 +87,13 @@ class Optimizer:
   embedding_lr: float = 0.0  # 0: lr
   head_lr: float = 0.0  # 0: lr
   momentum: float = 0.95
+  embedding_weight_decay: float = 0.0
+  head_weight_decay: float = -1.0  # -1: weight_decay
+  clip_per_group: bool = False
 
   def transformation(self) -> optax.GradientTransformation:
     """The optimizer with its schedule and clipping, accumulated over grad_accum micro-batches."""
-    parts = [optax.clip_by_global_norm(self.clip_norm)] if self.clip_norm > 0 else []
+    parts = [self._clip()] if self.clip_norm > 0 else []
     parts.append(self._adamw(self.lr, self.weight_decay) if self.name == "adamw" else
                  self._muon())
     inner = optax.chain(*parts)
@@ -98,6 +104,13 @@ class Optimizer:
     # MultiSteps averages grad_accum micro-batch gradients, then applies one inner update.
     multi = optax.MultiSteps(inner, every_k_schedule=self.grad_accum)
     return skip_nonfinite_steps(multi) if skip else multi.gradient_transformation()
+
+  def _clip(self) -> optax.GradientTransformation:
+    if not self.clip_per_group:
+      return optax.clip_by_global_norm(self.clip_norm)
+    # Each group by its own norm: a spike in one (often the embeddings) leaves the others' steps.
+    clip = optax.clip_by_global_norm(self.clip_norm)
+    return optax.partition({g: clip for g in GROUPS}, param_groups)
 
   def _adamw(self, peak: float, weight_decay: float) -> optax.GradientTransformation:
     return optax.adamw(lr_schedule(self, self.max_steps, peak), b1=self.b1, b2=self.b2,
@@ -115,8 +128,9 @@ class Optimizer:
         optax.scale_by_learning_rate(lr_schedule(self, self.max_steps, self.matrix_lr)))
     return optax.partition({
         "matrix": matrix,
-        "embedding": self._adamw(self.embedding_lr or self.lr, 0.0),
-        "head": self._adamw(self.head_lr or self.lr, self.weight_decay),
+        "embedding": self._adamw(self.embedding_lr or self.lr, self.embedding_weight_decay),
+        "head": self._adamw(self.head_lr or self.lr, self.weight_decay
+                            if self.head_weight_decay < 0 else self.head_weight_decay),
         "vector": self._adamw(self.lr, 0.0),
     }, param_groups)
 
@@ -131,7 +145,8 @@ def make_optimizer(optim: ml_collections.ConfigDict, *, max_steps: int, grad_acc
                    loss_scaling=loss_scaling, name=optim.name, schedule=optim.schedule,
                    decay_fraction=optim.decay_fraction, matrix_lr=optim.matrix_lr,
                    embedding_lr=optim.embedding_lr, head_lr=optim.head_lr,
-                   momentum=optim.momentum)
+                   momentum=optim.momentum, embedding_weight_decay=optim.embedding_weight_decay,
+                   head_weight_decay=optim.head_weight_decay, clip_per_group=optim.clip_per_group)
 
 
 class SkipState(NamedTuple):

@@ -206,6 +206,12 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
   _positive_int(cfg, "optim.decay_steps", minimum=0)
   _check(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}",
          "pass --config.optim.weight_decay=0.1")
+  _check(o.embedding_weight_decay >= 0, "optim.embedding_weight_decay",
+         f"must be >= 0, got {o.embedding_weight_decay}",
+         "pass --config.optim.embedding_weight_decay=0")
+  _check(o.head_weight_decay >= 0 or o.head_weight_decay == -1, "optim.head_weight_decay",
+         f"must be >= 0, or -1 for optim.weight_decay, got {o.head_weight_decay}",
+         "pass --config.optim.head_weight_decay=-1")
   _check(o.clip_norm >= 0, "optim.clip_norm", f"must be >= 0 (0 turns clipping off), got {o.clip_norm}",
          "pass --config.optim.clip_norm=1.0")
   for b, usual in (("b1", 0.9), ("b2", 0.95)):  # AdamW divides by 1 - b**step, in float32
