@@ -17,6 +17,7 @@ machine to itself; the background load is sampled and recorded.
 import argparse
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -31,6 +32,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import common  # noqa: E402  (after the path above)
 
 CHILDREN: list[int] = []  # the run going on, for the load sampler
+# nanoGPT's CPU recipe for shakespeare_char, as its README gives it (eval_iters 20 to match ours,
+# a log line per iteration for its speed, dropout 0 as in the README's line)
+NANOGPT_ARGS = ["train.py", "config/train_shakespeare_char.py", "--device=cpu", "--compile=False",
+                "--eval_iters=20", "--log_interval=1", "--block_size=64", "--batch_size=12",
+                "--n_layer=4", "--n_head=4", "--n_embd=128", "--max_iters=2000",
+                "--lr_decay_iters=2000", "--dropout=0.0"]
+NANOGPT_NAME = "nanoGPT itself"
 PROBE_STEPS = 60
 
 
@@ -55,6 +63,34 @@ def run_once(args: list[str], data: str | None, seed: int, workdir: Path) -> dic
           "steps": evals[-1][1], "evals": evals, "final_bpb": bpb[-1] if bpb else None,
           "last_train_elapsed_s": train[-1]["elapsed_s"],
           "tokens_per_sec": statistics.median(x["tokens_per_sec"] for x in train) if train else None}
+
+
+def run_nanogpt(nanogpt_dir: Path, log: Path) -> dict:
+  """nanoGPT's own CPU recipe in its checkout (data/shakespeare_char prepared there): val loss
+  against wall time from its printed evals, tokens/s from its per-iteration times."""
+  if not (nanogpt_dir / "data/shakespeare_char/train.bin").is_file():
+    raise SystemExit(f"error: {nanogpt_dir}/data/shakespeare_char/train.bin is missing; run "
+                     "python data/shakespeare_char/prepare.py there first")
+  start, evals, iter_ms = time.perf_counter(), [], []
+  with log.open("w") as out:
+    proc = subprocess.Popen([sys.executable, *NANOGPT_ARGS], cwd=nanogpt_dir, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    CHILDREN[:] = [proc.pid]
+    for line in proc.stdout:
+      out.write(line)
+      if m := re.match(r"step (\d+): train loss [\d.]+, val loss ([\d.]+)", line):
+        evals.append((time.perf_counter() - start, int(m[1]), float(m[2])))
+      elif (m := re.match(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms", line)) and int(m[1]) > 0:
+        iter_ms.append(float(m[2]))
+  wall = time.perf_counter() - start
+  CHILDREN.clear()
+  if proc.wait() != 0 or not evals:
+    raise RuntimeError(f"nanoGPT exited {proc.returncode}; its output: {log}")
+  tokens = 12 * 64  # batch_size x block_size above
+  return {"wall_s": wall, "final_val": evals[-1][2], "best_val": min(e[2] for e in evals),
+          "steps": evals[-1][1], "evals": [(t - evals[0][0], s, v) for t, s, v in evals],
+          "final_bpb": None, "tokens_per_sec": tokens / (statistics.median(iter_ms) / 1000),
+          "startup_s": evals[0][0]}
 
 
 def _field(args: list[str], field: str):
@@ -91,7 +127,7 @@ def plot(path: Path, results: dict) -> None:
   for name, runs in results.items():
     for i, r in enumerate(runs):
       # elapsed_s counts from the first step; shift by start-up so the x axis is wall time
-      startup = r["wall_s"] - r["evals"][-1][0]
+      startup = r.get("startup_s", r["wall_s"] - r["evals"][-1][0])
       ax.plot([t + startup for t, _, _ in r["evals"]], [v for _, _, v in r["evals"]],
               label=name if i == 0 else None, color=f"C{list(results).index(name)}", alpha=0.8)
   ax.set_xlabel("wall time from command start (s)")
@@ -131,6 +167,9 @@ def main() -> None:
   ap.add_argument("--seeds", type=int, default=1)
   ap.add_argument("--budget_s", type=float, default=None,
                   help="each run's wall-time budget: its max_steps is set to fit (default: its own)")
+  ap.add_argument("--nanogpt", default=None, metavar="DIR",
+                  help="also run nanoGPT's own CPU recipe from this karpathy/nanoGPT checkout, "
+                       "interleaved with the others, for each seed")
   ap.add_argument("--name", default="quality")
   ap.add_argument("--out", default=None, help="default: benchmarks/results/<date>-<name>")
   opts = ap.parse_args()
@@ -141,17 +180,24 @@ def main() -> None:
     name, _, command = spec.partition("=")
     config, *overrides = shlex.split(command)
     specs[name] = [f"--config={config}", *overrides]
+  if opts.nanogpt:
+    specs = {NANOGPT_NAME: [f"(in {opts.nanogpt})", "python", *NANOGPT_ARGS], **specs}
   results: dict[str, list[dict]] = {name: [] for name in specs}
   loadavg_before = os.getloadavg()
   probes, data = {}, opts.data and os.path.abspath(opts.data)
   with tempfile.TemporaryDirectory() as tmp, common.LoadSampler(lambda: list(CHILDREN)) as load:
     for name, args in specs.items() if opts.budget_s else ():
+      if name == NANOGPT_NAME:
+        continue
       steps, probes[name] = steps_for_budget(args, data, opts.budget_s, Path(tmp) / f"{name}-probe")
       args.append(f"--config.train.max_steps={steps}")
       print(f"{name}: {steps} steps fit {opts.budget_s:g} s ({probes[name]})", flush=True)
     for seed in range(opts.seeds):
       for name, args in specs.items():
-        r = run_once(args, data, seed, Path(tmp) / f"{name}-{seed}")
+        if name == NANOGPT_NAME:  # its seed is its own (1337); repeats measure its time
+          r = run_nanogpt(Path(opts.nanogpt).resolve(), out / f"nanogpt_{seed}.log")
+        else:
+          r = run_once(args, data, seed, Path(tmp) / f"{name}-{seed}")
         results[name].append(r)
         print(f"{name} seed {seed}: val {r['final_val']:.4f} (best {r['best_val']:.4f}) after "
               f"{r['steps']} steps in {r['wall_s']:.1f} s", flush=True)

@@ -4,10 +4,11 @@ import difflib
 import os
 import sys
 
-from jaxtrain import allocator
+from jaxtrain import allocator, exiting
 
 if __name__ == "__main__":
   allocator.reexec()  # first of all: the allocator is chosen when a process starts
+  exiting.install()
 
 import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
@@ -22,7 +23,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file
 
 def _fail(message: str) -> None:
   print(f"error: {message}", file=sys.stderr)
-  sys.exit(2)
+  exiting.exit_now(2)
 
 
 def _unknown_field(argv: list[str]) -> str | None:
@@ -69,13 +70,13 @@ def main(argv: list[str]) -> None:
     result = train.run(cfg, library_log=True)
   except UserError as e:  # the run has finished or abandoned its checkpoint writes
     print("; ".join([f"error: {e}", *getattr(e, "__notes__", [])]), file=sys.stderr)
-    sys.exit(e.exit_code)
+    exiting.exit_now(e.exit_code)
   except KeyboardInterrupt:  # before training started: nothing to save yet
     print("interrupted before the first step; nothing was saved", file=sys.stderr)
-    sys.exit(130)
+    exiting.exit_now(130)
   if result.stopped_by:
     print(f"to resume: python -m jaxtrain {' '.join(sys.argv[1:])}")
-  sys.exit(result.exit_code)
+  exiting.exit_now(result.exit_code)
 
 
 if __name__ == "__main__":
