@@ -39,7 +39,7 @@ NANOGPT_ARGS = ["train.py", "config/train_shakespeare_char.py", "--device=cpu", 
                 "--n_layer=4", "--n_head=4", "--n_embd=128", "--max_iters=2000",
                 "--lr_decay_iters=2000", "--dropout=0.0"]
 NANOGPT_NAME = "nanoGPT itself"
-PROBE_STEPS = 60
+PROBE_STEPS = 100
 
 
 def run_once(args: list[str], data: str | None, seed: int, workdir: Path) -> dict:
@@ -61,7 +61,7 @@ def run_once(args: list[str], data: str | None, seed: int, workdir: Path) -> dic
   train = [x for x in lines if x.get("tokens_per_sec")]
   return {"wall_s": wall, "final_val": evals[-1][2], "best_val": min(e[2] for e in evals),
           "steps": evals[-1][1], "evals": evals, "final_bpb": bpb[-1] if bpb else None,
-          "last_train_elapsed_s": train[-1]["elapsed_s"],
+          "train_clock": [(x["step"], x["elapsed_s"]) for x in train],
           "tokens_per_sec": statistics.median(x["tokens_per_sec"] for x in train) if train else None}
 
 
@@ -106,9 +106,13 @@ def steps_for_budget(args: list[str], data: str | None, budget_s: float, workdir
   """The `train.max_steps` that make a run of `args` end about `budget_s` after its start, from a
   probe run of PROBE_STEPS steps (its own eval at the end): start-up, step and eval seconds."""
   probe = run_once([*args, f"--config.train.max_steps={PROBE_STEPS}",
-                    f"--config.train.eval_every={PROBE_STEPS}"], data, 0, workdir)
-  step_s = _field(args, "train.batch_size") * _field(args, "model.seq_len") / probe["tokens_per_sec"]
-  trained, evaled = probe["last_train_elapsed_s"], probe["evals"][-1][0]
+                    f"--config.train.eval_every={PROBE_STEPS}",
+                    f"--config.train.log_every={PROBE_STEPS // 10}"], data, 0, workdir)
+  # Seconds per step from the log lines' clocks past the first interval, which also holds the
+  # first step's compile and the one-off matmul-peak measurement of the speed line.
+  (s0, t0), (s1, t1) = probe["train_clock"][1], probe["train_clock"][-1]
+  step_s = (t1 - t0) / (s1 - s0)
+  trained, evaled = t1, probe["evals"][-1][0]
   eval_s = max(evaled - trained, 0.0)
   startup_s = probe["wall_s"] - evaled  # before the first step and after the last
   every = _field(args, "train.eval_every")

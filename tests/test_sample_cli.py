@@ -34,14 +34,14 @@ def one_line_error(proc, *words: str) -> None:
 @pytest.mark.slow
 def test_early_stop_then_sample_export_and_fine_tune(corpus_file, tmp_path):
   run = tmp_path / "run"
-  # lr 1e-30 leaves the params as they are: the val loss never improves after the first eval.
+  # lrs of 1e-30 leave the params as they are: the val loss never improves after the first eval.
   common = ["--config=configs/nano.py", "--jax_platforms=cpu", *TINY,
             f"--config.data.path={corpus_file}", "--config.data.tokenizer=char",
             "--config.headless=True", "--config.train.eval_every=2", "--config.train.eval_steps=1",
             "--config.train.checkpoint_every=2", "--config.sample.num_samples=0"]
   proc = run_cli(*common, f"--config.workdir={run}",
                  "--config.train.max_steps=40", "--config.train.early_stop_patience=2",
-                 "--config.optim.lr=1e-30")
+                 "--config.optim.lr=1e-30", "--config.optim.matrix_lr=1e-30")
   assert proc.returncode == 0, proc.stdout + proc.stderr
   assert "stopped at step 6: early stop: no new best val loss in 2 evaluations" in proc.stdout
   assert "best, " in proc.stdout and "at step 2" in proc.stdout
