@@ -34,10 +34,11 @@ import common  # noqa: E402  (after the path above)
 CHILDREN: list[int] = []  # the run going on, for the load sampler
 # nanoGPT's CPU recipe for shakespeare_char, as its README gives it (eval_iters 20 to match ours,
 # a log line per iteration for its speed, dropout 0 as in the README's line)
+NANOGPT_BATCH, NANOGPT_BLOCK = 12, 64
 NANOGPT_ARGS = ["train.py", "config/train_shakespeare_char.py", "--device=cpu", "--compile=False",
-                "--eval_iters=20", "--log_interval=1", "--block_size=64", "--batch_size=12",
-                "--n_layer=4", "--n_head=4", "--n_embd=128", "--max_iters=2000",
-                "--lr_decay_iters=2000", "--dropout=0.0"]
+                "--eval_iters=20", "--log_interval=1", f"--block_size={NANOGPT_BLOCK}",
+                f"--batch_size={NANOGPT_BATCH}", "--n_layer=4", "--n_head=4", "--n_embd=128",
+                "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
 NANOGPT_NAME = "nanoGPT itself"
 PROBE_STEPS = 100
 
@@ -59,10 +60,16 @@ def run_once(args: list[str], data: str | None, seed: int, workdir: Path) -> dic
   evals = [(x["elapsed_s"], x["step"], x["val_loss"]) for x in lines if "val_loss" in x]
   bpb = [x["val_bpb"] for x in lines if x.get("val_bpb") is not None]
   train = [x for x in lines if x.get("tokens_per_sec")]
+  return _result(wall, evals, final_bpb=bpb[-1] if bpb else None,
+                 train_clock=[(x["step"], x["elapsed_s"]) for x in train],
+                 tokens_per_sec=statistics.median(x["tokens_per_sec"] for x in train) if train
+                 else None)
+
+
+def _result(wall: float, evals: list[tuple], **more) -> dict:
+  """One run's record from its wall time and its evaluations (elapsed s, step, val loss)."""
   return {"wall_s": wall, "final_val": evals[-1][2], "best_val": min(e[2] for e in evals),
-          "steps": evals[-1][1], "evals": evals, "final_bpb": bpb[-1] if bpb else None,
-          "train_clock": [(x["step"], x["elapsed_s"]) for x in train],
-          "tokens_per_sec": statistics.median(x["tokens_per_sec"] for x in train) if train else None}
+          "steps": evals[-1][1], "evals": evals, **more}
 
 
 def run_nanogpt(nanogpt_dir: Path, log: Path) -> dict:
@@ -86,11 +93,9 @@ def run_nanogpt(nanogpt_dir: Path, log: Path) -> dict:
   CHILDREN.clear()
   if proc.wait() != 0 or not evals:
     raise RuntimeError(f"nanoGPT exited {proc.returncode}; its output: {log}")
-  tokens = 12 * 64  # batch_size x block_size above
-  return {"wall_s": wall, "final_val": evals[-1][2], "best_val": min(e[2] for e in evals),
-          "steps": evals[-1][1], "evals": [(t - evals[0][0], s, v) for t, s, v in evals],
-          "final_bpb": None, "tokens_per_sec": tokens / (statistics.median(iter_ms) / 1000),
-          "startup_s": evals[0][0]}
+  return _result(wall, [(t - evals[0][0], s, v) for t, s, v in evals], final_bpb=None,
+                 tokens_per_sec=NANOGPT_BATCH * NANOGPT_BLOCK / (statistics.median(iter_ms) / 1000),
+                 startup_s=evals[0][0])
 
 
 def _field(args: list[str], field: str):

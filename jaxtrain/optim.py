@@ -106,10 +106,10 @@ class Optimizer:
     return skip_nonfinite_steps(multi) if skip else multi.gradient_transformation()
 
   def _clip(self) -> optax.GradientTransformation:
-    if not self.clip_per_group:
-      return optax.clip_by_global_norm(self.clip_norm)
-    # Each group by its own norm: a spike in one (often the embeddings) leaves the others' steps.
     clip = optax.clip_by_global_norm(self.clip_norm)
+    if not self.clip_per_group:
+      return clip
+    # Each group by its own norm: a spike in one (often the embeddings) leaves the others' steps.
     return optax.partition({g: clip for g in GROUPS}, param_groups)
 
   def _adamw(self, peak: float, weight_decay: float) -> optax.GradientTransformation:
