@@ -50,7 +50,9 @@ def final_eval(cfg, workdir: str) -> dict:
   import jax
   import numpy as np
 
-  from jaxtrain import checkpoint, data, steps
+  from jaxtrain.checkpoints import store as checkpoint
+  from jaxtrain.core import steps
+  from jaxtrain.data import corpus as data
 
   corpus = data.prepare(cfg.data, show_progress=False, log=lambda _: None)
   state = checkpoint.load_state(workdir)
@@ -65,7 +67,8 @@ def final_eval(cfg, workdir: str) -> dict:
 
 
 def one_run(spec: str, args, scratch: Path) -> dict:
-  from jaxtrain import config, train
+  from jaxtrain import train
+  from jaxtrain.config import defaults as config
 
   kind, _, vocab = spec.partition(":")
   cfg = config.load_config(str(ROOT / "configs" / "nano.py"), **{

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxtrain import fmt
+from jaxtrain.system import fmt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +59,7 @@ SHAPES = {
 def gpt2_config(shape: Shape):
   """The jaxtrain config of the GPT-2 layout at `shape`: LayerNorm, learned positions, GELU,
   tied embeddings."""
-  from jaxtrain.config import default_config
+  from jaxtrain.config.defaults import default_config
 
   cfg = default_config()
   for field in ("n_layers", "n_heads", "d_model", "seq_len", "vocab_size"):
@@ -134,7 +134,7 @@ def _version(package: str) -> str | None:
 def jaxtrain_environment() -> dict:
   """The variables `python -m jaxtrain` sets for itself when it starts (mimalloc preloaded, huge
   pages: jaxtrain/allocator.py) that this process does not have yet."""
-  from jaxtrain import allocator
+  from jaxtrain.system import allocator
 
   env = allocator.environment(argv=["--jax_platforms=cpu"]) or {}  # the workers' platform
   return {k: v for k, v in env.items() if os.environ.get(k) != v}
@@ -266,8 +266,8 @@ class LoadSampler:
 # ---- matmul peak ---------------------------------------------------------------------------
 
 def measure_matmul_peak(dtype: str = "float32", n: int = 2048, repeats: int = 10) -> dict:
-  """jaxtrain's own matmul timing (`jaxtrain.estimate.time_matmul`, behind its MFU), uncached."""
-  from jaxtrain import estimate
+  """jaxtrain's own matmul timing (`jaxtrain.loop.estimate.time_matmul`, behind its MFU), uncached."""
+  from jaxtrain.loop import estimate
 
   return _peak_row("jax", dtype, n, repeats, estimate.time_matmul(dtype, n, repeats))
 

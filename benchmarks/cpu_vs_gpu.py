@@ -5,14 +5,14 @@
 
 Every (platform, config) row runs in a fresh worker process with JAX_PLATFORMS set to that
 platform, so its peak host memory (ru_maxrss) and peak device memory are its own. A row builds
-its steps as `python -m jaxtrain` does (`jaxtrain.programs.build`; on the CPU, the cores split
-into XLA devices by `jaxtrain.runtime.split_cpu`; on a GPU, one device), then times: the trace +
+its steps as `python -m jaxtrain` does (`jaxtrain.core.programs.build`; on the CPU, the cores split
+into XLA devices by `jaxtrain.system.cpu.split_cpu`; on a GPU, one device), then times: the trace +
 lower + compile of the train step (the persistent compile cache off unless --compile-cache),
 warm-up steps, then the median of the timed steps. Batches are random int32 tokens [B, T+1]:
 no corpus is read. grad_accum is forced to 1, so one step is one micro-batch of the config's
 batch_size x seq_len (--batch-size overrides B). Each platform's f32 and bf16 matmul peaks are
-measured in the same run (`jaxtrain.estimate.time_matmul`); MFU is against the measured peak of
-the config's dtype and, for a GPU that jaxtrain.estimate knows, against its datasheet peak.
+measured in the same run (`jaxtrain.loop.estimate.time_matmul`); MFU is against the measured peak of
+the config's dtype and, for a GPU that jaxtrain.loop.estimate knows, against its datasheet peak.
 Writes cpu_vs_gpu.{json,md,png} to --out (default: benchmarks/results/<date>-cpu_vs_gpu/).
 
 Default steps: 1 warm-up + 5 timed on a CPU, 3 + 20 on a GPU. The default run on a 2-core CPU
@@ -34,7 +34,7 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 import common  # noqa: E402  (after the path above)
 
-from jaxtrain.allocator import cuda_installed  # noqa: E402
+from jaxtrain.system.allocator import cuda_installed  # noqa: E402
 
 NAME = "cpu_vs_gpu"
 SEED = 0
@@ -56,17 +56,17 @@ def _rss_bytes() -> int:
 
 def load(config_path: str, overrides: dict):
   """The row's config: one micro-batch per step (grad_accum 1), `overrides` on top."""
-  from jaxtrain import config
+  from jaxtrain.config import defaults as config
 
   return config.load_config(config_path, **{"train.grad_accum": 1, **overrides})
 
 
 class StepWorker:
-  """jaxtrain's train step on one platform, built by `jaxtrain.programs.build` as `python -m
+  """jaxtrain's train step on one platform, built by `jaxtrain.core.programs.build` as `python -m
   jaxtrain` builds it, in a worker process of its own.
 
   Given a config, the process sets up its CPU by jaxtrain's rule for that config
-  (`runtime.split_cpu`: how many XLA devices, single-threaded matmuls for small steps). That has
+  (`cpu.split_cpu`: how many XLA devices, single-threaded matmuls for small steps). That has
   to happen before jax starts its backend, hence here, first thing in a fresh process.
   """
 
@@ -75,10 +75,11 @@ class StepWorker:
     os.environ["JAX_PLATFORMS"] = platform
     import jax
 
-    from jaxtrain import runtime
+    from jaxtrain.core import cpu
+    from jaxtrain.system import runtime
 
     if config_path:
-      runtime.split_cpu(load(config_path, overrides or {}))
+      cpu.split_cpu(load(config_path, overrides or {}))
     if compile_cache:
       runtime.enable_compile_cache()
     else:  # a cache hit would time reading a file, not compiling
@@ -89,7 +90,7 @@ class StepWorker:
   def device_info(self, dtypes: list[str]) -> dict:
     import jax
 
-    from jaxtrain import estimate
+    from jaxtrain.loop import estimate
 
     d = self.devices[0]
     try:
@@ -112,8 +113,11 @@ class StepWorker:
     batches, and the train step compiled."""
     import numpy as np
 
-    from jaxtrain import config, estimate, programs, validation
-    from jaxtrain import model as model_lib
+    from jaxtrain.config import defaults as config
+    from jaxtrain.config import validate as validation
+    from jaxtrain.core import model as model_lib
+    from jaxtrain.core import programs
+    from jaxtrain.loop import estimate
 
     self.state = self.batches = self.step_fn = None  # a previous setup's buffers go first
     cfg = load(config_path, overrides)  # its data is never read: the steps see random tokens
@@ -136,7 +140,7 @@ class StepWorker:
             "available_what": what}
     _, too_big = estimate.memory_report(mc, B, 1, devices, fsdp)
     if too_big:
-      return dict(info, skipped=f"jaxtrain.estimate: {too_big}")
+      return dict(info, skipped=f"jaxtrain.loop.estimate: {too_big}")
     self.programs = p
     self.rss_before = _rss_bytes()
     state = p.init()
@@ -195,7 +199,7 @@ def reason(e: Exception) -> str:
   if not lines:
     return type(e).__name__
   last = lines[-1]
-  if last.startswith("jaxtrain.errors."):  # jaxtrain's own errors already say what to do
+  if last.startswith("jaxtrain.system.errors."):  # jaxtrain's own errors already say what to do
     last = last.split(": ", 1)[-1]
   return last[:400]
 
@@ -421,7 +425,7 @@ def markdown(report: dict) -> str:
       + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v and k != "torch"),
       "- data: random int32 tokens [B, T+1], uniform over the vocabulary (no corpus is read); "
       "grad_accum forced to 1, so a step is one micro-batch of B x T tokens",
-      "- compile: trace + lower + compile of the train step `jaxtrain.programs.build` makes, as "
+      "- compile: trace + lower + compile of the train step `jaxtrain.core.programs.build` makes, as "
       "`python -m jaxtrain` runs it; persistent compile cache "
       + ("ON (times may be cache hits)" if report["args"]["compile_cache"] else "off"),
   ]
@@ -442,7 +446,7 @@ def markdown(report: dict) -> str:
             speed_table(report["results"]), "",
             "tokens/s: B x T over the median step. MFU: flops_per_token (6N + 12*L*T*D) x "
             "tokens/s over the matmul peak of the row's dtype, measured in this run on that "
-            "platform, or the vendor's dense datasheet peak (GPUs jaxtrain.estimate knows). "
+            "platform, or the vendor's dense datasheet peak (GPUs jaxtrain.loop.estimate knows). "
             "others' CPU: share of the whole machine other processes used during that row's timed "
             "steps (with 2 cores, 50 = one core busy elsewhere): a high value means a noisy "
             "measurement.", ""]
@@ -455,7 +459,7 @@ def markdown(report: dict) -> str:
             "for small models); added by the row: the end peak minus the RSS just before the "
             "state was built (state, batches, compiler, step buffers). device "
             "peak: memory_stats()['peak_bytes_in_use'] on a GPU; null on CPU, where device memory "
-            "is host RAM. jaxtrain estimate: jaxtrain.estimate.memory_estimate; XLA buffer plan: "
+            "is host RAM. jaxtrain estimate: jaxtrain.loop.estimate.memory_estimate; XLA buffer plan: "
             "arguments + temporaries of the compiled step.", ""]
   if report["speedups"]:
     lines += ["## GPU over CPU", "", speedup_table(report["speedups"]), ""]
@@ -517,7 +521,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def config_dtypes(names: list[str]) -> list[str]:
-  from jaxtrain.config import load_config  # configs only: no jax in this process
+  from jaxtrain.config.defaults import load_config  # configs only: no jax in this process
 
   return sorted({load_config(config_path(n)).model.dtype for n in names})
 

@@ -4,13 +4,13 @@ delivers against what the train step consumes.
     python benchmarks/data_pipeline.py                  # the standard library's .py files
     python benchmarks/data_pipeline.py --path=docs.jsonl --repeats=5
 
-Tokenizing: `jaxtrain.data.prepare` on an empty cache, as a first run does, for each tokenizer:
+Tokenizing: `jaxtrain.data.corpus.prepare` on an empty cache, as a first run does, for each tokenizer:
 byte, char, a BPE trained on the corpus (4096 tokens, and GPT-2's 50257 as configs/gpt2_124m.py
 trains), and each trained BPE again as a given tokenizer.json (encoding only, no training). MB/s
 are the UTF-8 bytes of the documents over the wall time of `prepare` (every pass: reading,
 training where there is one, encoding, writing the cache), the median of --repeats.
 
-Pipeline: `jaxtrain.data.train_iterator` (grain, one reader thread, as a run uses it) at the
+Pipeline: `jaxtrain.data.corpus.train_iterator` (grain, one reader thread, as a run uses it) at the
 micro-batch shape of configs/nano.py, small.py and gpt2_124m.py, each on its own tokenizer's
 corpus: micro-batches per second over --batches, the median of --repeats. Consumption: the
 compiled train step's micro-batches per second, measured here on the CPU for nano and small
@@ -42,7 +42,8 @@ SHAPES = ("nano", "small", "gpt2_124m")
 
 def tokenizing(path: str, repeats: int, scratch: Path, sampler) -> list[dict]:
   """Rows of MB/s per tokenizer; each run's token cache stays in scratch/<label>-<repeat>."""
-  from jaxtrain import data, tokenizer
+  from jaxtrain.data import corpus as data
+  from jaxtrain.data import tokenizer
   from jaxtrain.testing import tiny_config
 
   rows, saved = [], {}
@@ -72,7 +73,7 @@ def tokenizing(path: str, repeats: int, scratch: Path, sampler) -> list[dict]:
 
 
 def pipeline_rate(cfg, path: str, cache: Path, batches: int, repeats: int) -> tuple[float, list]:
-  from jaxtrain import data
+  from jaxtrain.data import corpus as data
 
   cfg.data.path, cfg.data.cache_dir = path, str(cache)
   corpus = data.prepare(cfg.data, show_progress=False, log=lambda _: None)
@@ -94,7 +95,7 @@ def cpu_step_rate(cfg, vocab: int, eot: int, steps: int = 8, budget_s: float = 3
   import jax
   import numpy as np
 
-  from jaxtrain import programs
+  from jaxtrain.core import programs
 
   p = programs.build(cfg, vocab, jax.devices()[:1], eot_id=eot)
   step = p.compile_train()
@@ -119,7 +120,8 @@ def h100_rates() -> dict:
 
 
 def pipeline(args, scratch: Path, sampler) -> list[dict]:
-  from jaxtrain import config, data
+  from jaxtrain.config import defaults as config
+  from jaxtrain.data import corpus as data
 
   h100, rows = h100_rates(), []
   for shape in SHAPES:
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--out", default="")
   args = parser.parse_args(argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  from jaxtrain.corpus import describe
+  from jaxtrain.data.documents import describe
 
   out = Path(args.out or common.results_dir(NAME))
   load_before = os.getloadavg()

@@ -47,18 +47,19 @@ REFERENCE_SIDE = {"name": "reference", "description": "benchmarks/torch_referenc
 
 class JaxSide:
   """jaxtrain as a run of `shape` uses it: the CPU set up by jaxtrain's own rules
-  (`runtime.split_cpu`: cores split into XLA devices, matmul threading) and the steps
+  (`cpu.split_cpu`: cores split into XLA devices, matmul threading) and the steps
   `programs.build` makes, the state donated. One worker per shape: those rules are process-wide
   and must be applied before jax starts its backend."""
 
   def __init__(self, threads: int, shape: common.Shape, cpu_devices: int):
     common.pin_cores(threads)
     os.environ["JAX_PLATFORMS"] = "cpu"
-    from jaxtrain import runtime
+    from jaxtrain.core import cpu
+    from jaxtrain.system import runtime
 
     cfg = common.gpt2_config(shape)
     cfg.mesh.cpu_devices = cpu_devices  # 0: jaxtrain's automatic choice
-    runtime.split_cpu(cfg)
+    cpu.split_cpu(cfg)
     runtime.enable_compile_cache()
 
   def peak(self, n: int, repeats: int) -> dict:
@@ -67,8 +68,8 @@ class JaxSide:
   def setup(self, shape: common.Shape) -> dict:
     import jax
 
-    from jaxtrain import model as model_lib
-    from jaxtrain import programs
+    from jaxtrain.core import model as model_lib
+    from jaxtrain.core import programs
 
     p = programs.build(common.gpt2_config(shape), shape.vocab_size)
     self.state = p.init()

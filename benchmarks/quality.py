@@ -103,7 +103,8 @@ def _field(args: list[str], field: str):
   for arg in args:
     if arg.startswith(f"--config.{field}="):
       return int(arg.partition("=")[2])
-  from jaxtrain import config, validation
+  from jaxtrain.config import defaults as config
+  from jaxtrain.config import validate as validation
   return validation.get(config.load_config(args[0].partition("=")[2]), field)
 
 

@@ -4,9 +4,9 @@
   python benchmarks/scaling.py --platforms=cuda        # real GPUs: 1, 2, 4, ... up to all of them
 
 Each (device count, config) runs in a fresh worker process; on the CPU it splits the machine into
-that many virtual devices as a run with mesh.cpu_devices=N does (jaxtrain.runtime.split_cpu,
+that many virtual devices as a run with mesh.cpu_devices=N does (jaxtrain.system.cpu.split_cpu,
 before jax starts). The mesh (data=N or fsdp=N), the init, the jitted step and the global batch
-come from jaxtrain.programs.build, as in `python -m jaxtrain`. The global batch is the same for
+come from jaxtrain.core.programs.build, as in `python -m jaxtrain`. The global batch is the same for
 every N, so each device gets batch/N rows, and every row trains on the same random-token batches
 from the same init, so their losses agree.
 Virtual CPU devices share this machine's cores: no real speedup is expected there, and the CPU
@@ -26,7 +26,7 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 import common  # noqa: E402  (after the path above)
 import cpu_vs_gpu as cvg  # noqa: E402  (its StepWorker, row measurement and report helpers)
 
-from jaxtrain.allocator import cuda_installed  # noqa: E402
+from jaxtrain.system.allocator import cuda_installed  # noqa: E402
 
 NAME = "scaling"
 MODES = {"dp": lambda n: {"mesh.data": n, "mesh.fsdp": 1},
@@ -135,7 +135,7 @@ def markdown(report: dict) -> str:
             "speedup vs 1: tokens/s over the 1-device row of the same platform and config; "
             "efficiency: speedup / devices. The 1-device row is the baseline of both modes. "
             "Every row trains on the same batches from the same init: the losses agree up to the "
-            "order of floating-point sums. est. memory/device: jaxtrain.estimate.memory_estimate "
+            "order of floating-point sums. est. memory/device: jaxtrain.loop.estimate.memory_estimate "
             "(FSDP splits params, gradients and optimizer state). others' CPU: share of the whole "
             "machine other processes used during the row's timed steps.", ""]
   lines += [f"- {r['config']} {r['mode']} x{r['devices']}: {cvg.programs_line(r)}"
@@ -182,7 +182,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     [s.strip() for s in args.platforms.split(",") if s.strip()])
   if args.steps < 1 or args.warmup < 0:
     p.error("--steps must be >= 1 and --warmup >= 0")
-  from jaxtrain.config import load_config  # configs only: no jax in this process
+  from jaxtrain.config.defaults import load_config  # configs only: no jax in this process
 
   counts = args.devices or [1, 2, 4]
   for name in args.configs:
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     for platform in args.platforms:
       if platform == "cpu":
         counts = device_counts(args.devices or [1, 2, 4], None)
-        note = (f"virtual devices (mesh.cpu_devices=N, set up by jaxtrain.runtime.split_cpu) "
+        note = (f"virtual devices (mesh.cpu_devices=N, set up by jaxtrain.system.cpu.split_cpu) "
                 f"sharing this machine's {machine['cores_available']} cores: no real speedup is "
                 "expected, the table shows the overhead of sharding (a gain over 1 device only "
                 "means that one device's ops did not keep every core busy)")

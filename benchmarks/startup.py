@@ -35,7 +35,7 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 import common  # noqa: E402  (after the path above)
 
-from jaxtrain.allocator import describe  # noqa: E402
+from jaxtrain.system.allocator import describe  # noqa: E402
 
 NAME = "startup"
 FIRST_STEP = "compiled and ran the first step"

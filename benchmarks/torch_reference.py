@@ -1,9 +1,9 @@
 """A PyTorch reference of jaxtrain's GPT-2 layout, and its AdamW train step, in plain eager mode.
 
-Same model as `jaxtrain.model.GPT` with norm="layernorm", pos="learned", mlp="gelu",
+Same model as `jaxtrain.core.model.GPT` with norm="layernorm", pos="learned", mlp="gelu",
 tie_embeddings=True, dropout=0: pre-norm blocks, LayerNorm without bias, causal attention,
 tanh-approximate GELU MLP (4x), learned positions, tied input/output embedding, no biases,
-float32. Same optimizer as `jaxtrain.optim`: AdamW with decay on matrices only, global-norm
+float32. Same optimizer as `jaxtrain.core.optim`: AdamW with decay on matrices only, global-norm
 clipping, linear warmup then cosine decay.
 Shape suffixes: B batch, T time, D d_model, H heads, K head size, F MLP width, V vocab.
 """

@@ -8,7 +8,18 @@ The public surface, for notebooks and for unit tests of your own model and step 
     state = programs.init()
     state, metrics = programs.train_step(state, programs.place(jt.random_batch(cfg)))
 
-Attributes load on first use, so `import jaxtrain` stays fast.
+Attributes load on first use, so `import jaxtrain` stays fast. Where things live (each folder's
+`__init__` says what it holds and may import; a folder imports only folders listed before it):
+
+    system/       processes, files, locks, signals, errors: no other jaxtrain folder
+    config/       every knob with its default, and its validation
+    core/         the model, optimizer, pure steps, mesh, and `build` (the compiled programs)
+    data/         documents, tokenizers, the token cache, batches
+    checkpoints/  orbax storage, choosing an intact checkpoint, save/resume, loading, HF weights
+    generation/   decoding with a KV cache, and the samples at the end of a run
+    loop/         the training loop's hooks and reporting (console, metrics, TensorBoard, ...)
+    tools/        the commands beside training: sample, export, compare, sweep
+    train.py      the loop itself (`jt.run`); __main__.py the `python -m jaxtrain` command
 """
 
 import importlib
@@ -17,26 +28,28 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     # configs
-    "default_config": "jaxtrain.config", "load_config": "jaxtrain.config",
-    "override": "jaxtrain.config", "validate": "jaxtrain.validation",
+    "default_config": "jaxtrain.config.defaults", "load_config": "jaxtrain.config.defaults",
+    "override": "jaxtrain.config.defaults", "validate": "jaxtrain.config.validate",
     # model and optimizer
-    "GPT": "jaxtrain.model", "ModelConfig": "jaxtrain.model", "param_count": "jaxtrain.model",
-    "flops_per_token": "jaxtrain.model", "make_optimizer": "jaxtrain.optim",
+    "GPT": "jaxtrain.core.model", "ModelConfig": "jaxtrain.core.model",
+    "param_count": "jaxtrain.core.model", "flops_per_token": "jaxtrain.core.model",
+    "make_optimizer": "jaxtrain.core.optim",
     # pure steps, and the programs a run compiles from them
-    "TrainState": "jaxtrain.steps", "init_state": "jaxtrain.steps", "train_step": "jaxtrain.steps",
-    "eval_step": "jaxtrain.steps", "loss_fn": "jaxtrain.steps",
-    "build": "jaxtrain.programs", "Programs": "jaxtrain.programs",
+    "TrainState": "jaxtrain.core.steps", "init_state": "jaxtrain.core.steps",
+    "train_step": "jaxtrain.core.steps", "eval_step": "jaxtrain.core.steps",
+    "loss_fn": "jaxtrain.core.steps",
+    "build": "jaxtrain.core.programs", "Programs": "jaxtrain.core.programs",
     # test helpers
     "tiny_config": "jaxtrain.testing", "model_config": "jaxtrain.testing",
     "init": "jaxtrain.testing", "random_batch": "jaxtrain.testing",
     "split_batch": "jaxtrain.testing", "assert_trees_equal": "jaxtrain.testing",
     "assert_trees_close": "jaxtrain.testing",
     # runs
-    "run": "jaxtrain.train", "RunResult": "jaxtrain.train", "Hook": "jaxtrain.train",
-    "load_state": "jaxtrain.checkpoint",
-    "load_tokenizer": "jaxtrain.checkpoint", "Checkpoints": "jaxtrain.checkpoint",
-    "generate": "jaxtrain.sample",
-    "memory_estimate": "jaxtrain.estimate",
+    "run": "jaxtrain.train", "RunResult": "jaxtrain.train", "Hook": "jaxtrain.loop.hooks",
+    "load_state": "jaxtrain.checkpoints.load", "load_tokenizer": "jaxtrain.checkpoints.load",
+    "Checkpoints": "jaxtrain.checkpoints.store",
+    "generate": "jaxtrain.generation.decode",
+    "memory_estimate": "jaxtrain.loop.estimate",
 }
 
 __all__ = sorted(_EXPORTS)

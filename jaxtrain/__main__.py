@@ -4,7 +4,7 @@ import difflib
 import os
 import sys
 
-from jaxtrain import allocator, exiting
+from jaxtrain.system import allocator, exiting
 
 if __name__ == "__main__":
   allocator.reexec()  # first of all: the allocator is chosen when a process starts
@@ -14,16 +14,14 @@ import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from jaxtrain import config, train  # noqa: E402
-from jaxtrain.errors import UserError  # noqa: E402
+from jaxtrain import train  # noqa: E402
+from jaxtrain.config import defaults as config  # noqa: E402
+from jaxtrain.system.errors import UserError  # noqa: E402
+from jaxtrain.tools import cli  # noqa: E402
+from jaxtrain.tools.cli import fail  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
                                           lock_config=True)
-
-
-def _fail(message: str) -> None:
-  print(f"error: {message}", file=sys.stderr)
-  exiting.exit_now(2)
 
 
 def _unknown_field(argv: list[str]) -> str | None:
@@ -46,24 +44,21 @@ def _parse_flags(argv: list[str]) -> list[str]:
     if arg.startswith("--config="):
       path = arg.split("=", 1)[1].split(":")[0]
       if not os.path.isfile(path):
-        _fail(f"config file {path} not found; pass --config=configs/nano.py or another file "
+        fail(f"config file {path} not found; pass --config=configs/nano.py or another file "
               "in configs/")
   try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    message = str(e).splitlines()[0] if str(e) else type(e).__name__
-    _fail(f"{message}; see --helpfull for every flag, or the config file for every field")
+    return cli.parse_flags(argv, "see --helpfull for every flag, or the config file for every field")
   except Exception as e:  # raised by ml_collections for unknown fields or a broken config file
-    _fail(_unknown_field(argv) or f"the config could not be loaded ({type(e).__name__}: "
-          f"{str(e).splitlines()[0] if str(e) else ''}); fix the config file or the override")
+    fail(_unknown_field(argv) or f"the config could not be loaded ({type(e).__name__}: "
+         f"{cli.first_line(e)}); fix the config file or the override")
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
-    _fail(f"unexpected arguments {argv[1:]}; flags look like --config.train.max_steps=100")
+    fail(f"unexpected arguments {argv[1:]}; flags look like --config.train.max_steps=100")
   cfg = _CONFIG.value
   if cfg is None:
-    _fail("no config given; pass --config=configs/nano.py (or another file in configs/)")
+    fail("no config given; pass --config=configs/nano.py (or another file in configs/)")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax and grain log every save at INFO
   try:

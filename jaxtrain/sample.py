@@ -1,77 +1,8 @@
-"""Text generation from a trained state (temperature, top-k, top-p) and the samples at the end of
-a run; `python -m jaxtrain.sample --workdir=W` samples from a saved run (jaxtrain/sample_cli.py)."""
+"""`python -m jaxtrain.sample --workdir=runs/nano [--prompt=...]`: text from a trained run.
 
-import time
-from pathlib import Path
+The command lives in jaxtrain/tools/sample.py."""
 
-import jax
-import ml_collections
-import numpy as np
-
-from jaxtrain import decode, steps
-from jaxtrain import tokenizer as tokenizer_lib
-
-
-def generate(state: steps.TrainState, prompts_BP: np.ndarray, n_new: int, *, seq_len: int | None = None,
-             temperature: float = 0.8, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             use_cache: bool = True) -> np.ndarray:
-  """Continues each row of `prompts_BP` by `n_new` tokens; returns prompt and continuation.
-
-  With a key-value cache (`decode`); `use_cache=False` runs the whole window for every token and
-  gives the same tokens, slower. `seq_len` is the model's (kept for older callers).
-  """
-  if seq_len is not None and seq_len != state.model_cfg.seq_len:
-    raise ValueError(f"generate: seq_len={seq_len} is not the model's {state.model_cfg.seq_len}")
-  params = jax.device_get(state.params)  # small work: one device, outside the training mesh
-  return decode.generate(params, state.graphdef, state.model_cfg, np.asarray(prompts_BP, np.int32),
-                         n_new, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                         use_cache=use_cache)
-
-
-def prompts_from_text(tokens: np.ndarray, newline_id: int | None, n: int, length: int,
-                      seed: int) -> np.ndarray:
-  """`n` prompts of `length` tokens taken from `tokens`, each starting after a newline if possible."""
-  rng = np.random.default_rng([seed, 2])
-  rows = []
-  for start in rng.integers(0, len(tokens) - 2 * length, size=n):
-    chunk = np.asarray(tokens[start:start + 2 * length])
-    if newline_id is not None:
-      hits = np.flatnonzero(chunk[:length] == newline_id)
-      if len(hits):
-        start += hits[0] + 1
-    rows.append(np.asarray(tokens[start:start + length], np.int32))
-  return np.stack(rows)
-
-
-def write_samples(s: ml_collections.ConfigDict, seq_len: int, seed: int, state: steps.TrainState,
-                  val_tokens: np.ndarray, tok, workdir: Path, out) -> list[str]:
-  """The `sample` section's samples at the end of a run: printed, appended to samples.txt."""
-  if s.num_samples == 0 or s.max_new_tokens == 0:
-    return []
-  if s.prompt:
-    ids = tok.encode(s.prompt).astype(np.int32)[-seq_len:]
-    prompts = np.tile(ids, (s.num_samples, 1))
-  else:
-    prompts = prompts_from_text(val_tokens, tokenizer_lib.newline_id(tok), s.num_samples,
-                                min(32, seq_len // 2), seed)
-  t0 = time.time()
-  ids = generate(state, prompts, s.max_new_tokens, seq_len=seq_len, temperature=s.temperature,
-                 top_k=s.top_k, seed=seed)
-  texts = [tok.decode(row[:len(p)]) + "\u2502" + tok.decode(row[len(p):])
-           for row, p in zip(ids, prompts)]
-  step = int(state.step)
-  with open(workdir / "samples.txt", "a", encoding="utf-8") as f:
-    for i, text in enumerate(texts):
-      f.write(f"=== step {step} sample {i} (prompt {len(prompts[i])} tokens, then "
-              f"{s.max_new_tokens} sampled at temperature {s.temperature}) ===\n{text}\n")
-  out.print(f"samples at step {step} ({time.time() - t0:.1f}s; the prompt ends at \u2502), also in "
-            f"{workdir / 'samples.txt'}:")
-  for i, text in enumerate(texts):
-    out.print(f"--- sample {i} ---\n{text}")
-  return texts
-
+from jaxtrain.tools.sample import main
 
 if __name__ == "__main__":
-  from jaxtrain import sample_cli
-
-  sample_cli.main()
+  main()

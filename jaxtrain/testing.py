@@ -1,12 +1,14 @@
-"""Helpers that keep unit tests of models and steps short: a tiny config, batches, tree checks."""
+"""Helpers that keep unit tests of models and steps short: a tiny config, batches, tree checks, and
+a checkpoint round trip."""
 
 import jax
 import ml_collections
 import numpy as np
 
-from jaxtrain import model as model_lib
-from jaxtrain import programs, steps
-from jaxtrain.config import default_config, override
+from jaxtrain.checkpoints.store import Checkpoints, Damaged
+from jaxtrain.config.defaults import default_config, override
+from jaxtrain.core import model as model_lib
+from jaxtrain.core import programs, steps
 
 
 def tiny_config(**overrides) -> ml_collections.ConfigDict:
@@ -70,3 +72,15 @@ def assert_trees_close(a, b, atol: float = 1e-6, rtol: float = 0.0) -> None:
   for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=rtol,
                                err_msg=jax.tree_util.keystr(path))
+
+
+def restore(ckpts: Checkpoints, step: int, state: steps.TrainState,
+            shardings: steps.TrainState | None = None, iterator=None) -> steps.TrainState:
+  """Step `step` of `ckpts` read into `state`'s structure, once pending saves are written; raises
+  Damaged if its arrays fail their checksums (an `iterator` is repositioned in place)."""
+  ckpts.manager.wait_until_finished()
+  restored, saved = ckpts.read(step, state, shardings, iterator)
+  problem = ckpts.verify(restored, saved)
+  if problem:
+    raise Damaged(problem)
+  return restored

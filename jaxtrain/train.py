@@ -16,38 +16,25 @@ import jax
 import ml_collections
 import numpy as np
 
-from jaxtrain import (
-  __version__,
-  allocator,
-  checkpoint,
-  data,
-  early_stop,
-  fmt,
-  init_from,
-  memory,
-  mesh,
-  metrics,
-  monitor,
-  optim,
-  paths,
-  runs,
-  runtime,
-  signals,
-  summary,
-  tblog,
-  validation,
-)
-from jaxtrain import hooks as hooks_lib
-from jaxtrain import programs as programs_lib
-from jaxtrain import sample as sampling
-from jaxtrain import saving as saving_lib
-from jaxtrain import tokenizer as tokenizer_lib
-from jaxtrain.console import Console, LibraryLog
-from jaxtrain.errors import UserError
-from jaxtrain.hooks import Hook
-from jaxtrain.lock import WorkdirLock, in_use_error
-from jaxtrain.model import flops_per_token
-from jaxtrain.steps import TrainState
+from jaxtrain import __version__
+from jaxtrain.checkpoints import init_from
+from jaxtrain.checkpoints import lifecycle as saving_lib
+from jaxtrain.checkpoints import store as checkpoint
+from jaxtrain.config import validate as validation
+from jaxtrain.core import cpu, mesh, optim
+from jaxtrain.core import programs as programs_lib
+from jaxtrain.core.model import flops_per_token
+from jaxtrain.core.steps import TrainState
+from jaxtrain.data import corpus as data
+from jaxtrain.data import tokenizer as tokenizer_lib
+from jaxtrain.generation import samples as sampling
+from jaxtrain.loop import early_stop, estimate, memory, metrics, monitor, status, summary, tblog
+from jaxtrain.loop import hooks as hooks_lib
+from jaxtrain.loop.console import Console, LibraryLog
+from jaxtrain.loop.hooks import Hook
+from jaxtrain.system import allocator, fmt, paths, runtime, signals
+from jaxtrain.system.errors import UserError
+from jaxtrain.system.lock import WorkdirLock, in_use_error
 
 # Dispatches queued ahead of the device within one step (micro-batches, eval batches). XLA:CPU
 # deadlocked in a cross-device all-reduce with 50-100 two-device steps queued; a few ahead
@@ -101,13 +88,14 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
   terminal, until the process exits (for a process that ends with the run: the CLI).
   """
   validation.validate(cfg)
+  cpu.split_cpu(cfg)  # before jax starts its backends
   platform = runtime.setup(cfg)
   t_start = time.time()
   workdir = Path(cfg.workdir).expanduser()
   existed = workdir.exists()
   r, lock, result = None, WorkdirLock(), None  # the lock: taken in setup, released at the end
   try:
-    r = _setup(cfg, platform, show_progress, [*hooks, tblog.TensorBoard(), runs.Status()],
+    r = _setup(cfg, platform, show_progress, [*hooks, tblog.TensorBoard(), status.Status()],
                t_start, library_log, lock)
     if r.log is not None:
       r.log.start()
@@ -149,7 +137,7 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
             + (f" | {allocator.in_use()} allocator" if platform == "cpu" else ""))
   corpus = data.prepare(cfg.data, show_progress=out.use_bar, log=out.print)
   data.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
-  programs = programs_lib.build(cfg, summary.vocab_size(cfg.model.vocab_size, corpus.tokenizer),
+  programs = programs_lib.build(cfg, tokenizer_lib.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer),
                                 devices, eot_id=corpus.tokenizer.eot_id)
   summary.describe(out, cfg, corpus, programs)
   train_iter = data.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed,
@@ -243,7 +231,7 @@ def _progress(r: Run, state: TrainState, elapsed_before: float, best_val: float)
       guard=monitor.NonFiniteGuard(t.skip_nonfinite, r.programs.abstract.dynamic_loss_scale),
       meter=monitor.Throughput(t.batch_size * t.grad_accum * cfg.model.seq_len,
                                flops_per_token(r.programs.model_cfg), t.max_steps,
-                               peak=lambda: summary.peak_flops(dtype)),
+                               peak=lambda: estimate.peak_flops(jax.devices(), dtype)[0]),
       schedule=jax.jit(optim.lr_schedule(cfg.optim, t.max_steps)),
       eval_set=[r.programs.place(b) for b in eval_batches],
       bpb=data.bits_per_byte(r.corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps))

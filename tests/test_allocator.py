@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from jaxtrain import allocator
+from jaxtrain.system import allocator
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux" or allocator.mimalloc_library() is None,
                                 reason="mimalloc is a Linux-only dependency")

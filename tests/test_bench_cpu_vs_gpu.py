@@ -90,7 +90,7 @@ def test_cpu_vs_gpu_writes_a_cpu_row_with_speed_mfu_and_memory(tmp_path):
 
 
 TINY_CONFIG = """
-from jaxtrain.config import default_config, override
+from jaxtrain.config.defaults import default_config, override
 
 
 def get_config():

@@ -3,7 +3,10 @@
 import jax
 import numpy as np
 
-from jaxtrain import checkpoint, data, programs
+from jaxtrain import testing
+from jaxtrain.checkpoints import store as checkpoint
+from jaxtrain.core import programs
+from jaxtrain.data import corpus as data
 from jaxtrain.testing import assert_trees_equal, init, tiny_config
 
 
@@ -22,9 +25,8 @@ def test_save_then_restore_gives_an_identical_state(tiny, tmp_path):
 
   ckpts = checkpoint.Checkpoints(tiny.workdir, keep=2)
   ckpts.save(state, it, {"note": "hi"})
-  ckpts.wait()
   fresh_it = data.train_iterator(corpus, *args)
-  restored = ckpts.restore(int(state.step), p.abstract, p.shardings, fresh_it)
+  restored = testing.restore(ckpts, int(state.step), p.abstract, p.shardings, fresh_it)
   ckpts.close()
   assert_trees_equal(jax.device_get(restored.arrays()), saved)
   assert fresh_it.get_state() == it.get_state() == {"next_index": 5}

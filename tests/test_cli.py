@@ -6,7 +6,7 @@ import sys
 import pytest
 from conftest import run_cli
 
-from jaxtrain import allocator
+from jaxtrain.system import allocator
 
 TINY = ["--config.model.n_layers=2", "--config.model.d_model=32", "--config.model.n_heads=4",
         "--config.model.seq_len=32", "--config.train.batch_size=8", "--config.train.eval_steps=2",

@@ -7,7 +7,9 @@ import sys
 import matplotlib.image
 import pytest
 
-from jaxtrain import compare, config, paths, runs
+from jaxtrain.config import defaults as config
+from jaxtrain.system import paths
+from jaxtrain.tools import compare, runs
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -29,7 +31,7 @@ def _make_run(path, lr: float, n_layers: int, val: list[float], max_steps: int =
   (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines)
                                       + '{"step": 99, "loss"')  # a line a kill cut short
   if status is not None:
-    paths.write_json(path / runs.STATUS_FILE, status)
+    paths.write_json(path / paths.STATUS_FILE, status)
 
 
 @pytest.fixture
@@ -76,8 +78,8 @@ def test_globs_and_single_runs(sweep_root):
 def test_a_finished_run_without_status_file_counts_by_its_steps(tmp_path):
   _make_run(tmp_path / "old", 1e-3, 2, [3.0, 2.0, 1.5, 1.4])
   _make_run(tmp_path / "short", 1e-3, 2, [3.0])
-  assert runs.load(tmp_path / "old").state == "finished"
-  assert runs.load(tmp_path / "short").state == "unfinished"
+  assert runs.read(tmp_path / "old").state == "finished"
+  assert runs.read(tmp_path / "short").state == "unfinished"
 
 
 def test_cli_says_what_is_wrong_in_one_line(tmp_path):

@@ -6,8 +6,10 @@ from pathlib import Path
 import jax
 import pytest
 
-from jaxtrain import mesh, summary, tokenizer, validation
-from jaxtrain.errors import ConfigError
+from jaxtrain.config import validate as validation
+from jaxtrain.core import mesh
+from jaxtrain.data import tokenizer
+from jaxtrain.system.errors import ConfigError
 from jaxtrain.testing import tiny_config
 
 BAD = [
@@ -79,7 +81,7 @@ def test_batch_must_split_over_devices_and_processes():
 
 def test_vocab_smaller_than_the_tokenizer_is_rejected():
   with pytest.raises(ConfigError, match="model.vocab_size: 100 is smaller"):
-    summary.vocab_size(100, tokenizer.ByteTokenizer())
+    tokenizer.model_vocab_size(100, tokenizer.ByteTokenizer())
 
 
 @pytest.mark.parametrize("overrides", [

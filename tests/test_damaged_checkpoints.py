@@ -15,8 +15,13 @@ import killharness as kh
 import pytest
 from conftest import run_cli
 
-from jaxtrain import checkpoint, data, lock, programs, restore, train
-from jaxtrain.errors import UserError
+from jaxtrain import testing, train
+from jaxtrain.checkpoints import recover as restore
+from jaxtrain.checkpoints import store as checkpoint
+from jaxtrain.core import programs
+from jaxtrain.data import corpus as data
+from jaxtrain.system import lock
+from jaxtrain.system.errors import UserError
 from jaxtrain.testing import assert_trees_equal
 
 # After a failed array read, orbax abandons the step's other reads; they end as unraisable errors
@@ -54,7 +59,7 @@ def _final(cfg) -> tuple[dict, dict]:
   p = programs.build(cfg, corpus.tokenizer.vocab_size)
   ckpts = checkpoint.Checkpoints(cfg.workdir, cfg.train.keep_checkpoints)
   it = data.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed)
-  state = ckpts.restore(ckpts.latest_step(), p.abstract, p.shardings, it)
+  state = testing.restore(ckpts, ckpts.latest_step(), p.abstract, p.shardings, it)
   ckpts.close()
   return jax.device_get(state.arrays()), it.get_state()
 

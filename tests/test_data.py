@@ -5,8 +5,9 @@ import os
 import numpy as np
 import pytest
 
-from jaxtrain import data, tokenizer
-from jaxtrain.errors import ConfigError, UserError
+from jaxtrain.data import corpus as data
+from jaxtrain.data import tokenizer
+from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
 
 
@@ -158,7 +159,7 @@ def test_a_cache_that_cannot_be_written_is_one_line_naming_the_fix(tiny, tmp_pat
 
 
 def test_tokenizing_removes_what_dead_writers_left_and_keeps_live_ones(tiny, tmp_path):
-  from jaxtrain import lock
+  from jaxtrain.system import lock
 
   tokens = tmp_path / "cache" / "tokens"
   tokens.mkdir(parents=True)

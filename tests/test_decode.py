@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 import jaxtrain as jt
-from jaxtrain import decode
+from jaxtrain.generation import decode
 from jaxtrain.testing import init, tiny_config
 
 SWITCHES = {
@@ -78,18 +78,17 @@ def test_window_restarts_from_its_last_half():
 def test_sampling_is_seeded_chunking_changes_nothing_and_filters_cut():
   cfg = tiny_config()
   state = _lively(init(cfg))
-  params, c = jax.device_get(state.params), state.model_cfg
   prompts = np.full((3, 4), 65, np.int32)
   kwargs = dict(temperature=1.0, top_k=20, top_p=0.9, seed=5)
-  whole = decode.generate(params, state.graphdef, c, prompts, 30, **kwargs)
-  chunks = list(decode.stream(params, state.graphdef, c, prompts, 30, chunk=7, **kwargs))
+  whole = decode.generate(state, prompts, 30, **kwargs)
+  chunks = list(decode.stream(state, prompts, 30, chunk=7, **kwargs))
   assert [x.shape[1] for x in chunks] == [7, 7, 7, 7, 2]
   np.testing.assert_array_equal(np.concatenate([prompts, *chunks], axis=1), whole)
-  other = decode.generate(params, state.graphdef, c, prompts, 30, **{**kwargs, "seed": 6})
+  other = decode.generate(state, prompts, 30, **{**kwargs, "seed": 6})
   assert not np.array_equal(whole, other)
   # A tiny top_p keeps only the likeliest token: greedy.
-  greedy = decode.generate(params, state.graphdef, c, prompts, 12, temperature=0.0)
-  sampled = decode.generate(params, state.graphdef, c, prompts, 12, temperature=1.0, top_p=1e-6)
+  greedy = decode.generate(state, prompts, 12, temperature=0.0)
+  sampled = decode.generate(state, prompts, 12, temperature=1.0, top_p=1e-6)
   np.testing.assert_array_equal(sampled, greedy)
 
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from jaxtrain.config import default_config
+from jaxtrain.config.defaults import default_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,11 +15,14 @@ import tokenizers
 from conftest import run_cli
 from flax import nnx
 
-from jaxtrain import data, ops, tokenizer, validation
-from jaxtrain import model as model_lib
-from jaxtrain.errors import ConfigError, UserError
+from jaxtrain.config import validate as validation
+from jaxtrain.core import model as model_lib
+from jaxtrain.core import ops
+from jaxtrain.data import corpus as data
+from jaxtrain.data import tokenizer
+from jaxtrain.data.tokenizer import EOT
+from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
-from jaxtrain.tokenizer import EOT
 
 WORDS = "the route climbs a crux past jugs and crimps, then a slab; é→ ü done <|endoftext|>".split()
 
@@ -278,7 +281,7 @@ def test_bpe_encodes_through_tiktoken_with_the_ids_tokenizers_gives(tmp_path):
 
 
 def test_a_jsonl_record_longer_than_a_parse_block_still_reads(tmp_path, monkeypatch):
-  from jaxtrain import corpus
+  from jaxtrain.data import documents as corpus
 
   monkeypatch.setattr(corpus, "_BLOCK_BYTES", 1 << 10)
   docs = ["short", "x" * 5000 + " long", "after"] * 3

@@ -8,9 +8,9 @@ import sys
 import jax
 import pytest
 
-from jaxtrain import estimate
-from jaxtrain import model as model_lib
-from jaxtrain.config import override
+from jaxtrain.config.defaults import override
+from jaxtrain.core import model as model_lib
+from jaxtrain.loop import estimate
 from jaxtrain.testing import model_config, tiny_config
 
 
@@ -33,7 +33,8 @@ def test_memory_estimate_by_hand():
 _PEAK = """
 import json, sys
 import jax
-from jaxtrain import estimate, programs
+from jaxtrain.loop import estimate
+from jaxtrain.core import programs
 from jaxtrain.testing import random_batch, tiny_config
 
 def status(field):
@@ -109,7 +110,7 @@ def test_published_peaks():
 
 def test_attention_choice():
   assert model_lib.resolve_attention("auto", "bfloat16", 64, 4, 32, "cpu")[0] == "xla"
-  from jaxtrain.errors import ConfigError
+  from jaxtrain.system.errors import ConfigError
 
   with pytest.raises(ConfigError, match="model.attention: cudnn needs an NVIDIA GPU"):
     model_lib.resolve_attention("cudnn", "bfloat16", 64, 4, 32, "cpu")

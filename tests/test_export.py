@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 
 import jaxtrain as jt
-from jaxtrain import checkpoint, export, hf, init_from, paths
-from jaxtrain import tokenizer as tokenizer_lib
-from jaxtrain.errors import UserError
+from jaxtrain.checkpoints import hf, init_from
+from jaxtrain.checkpoints import store as checkpoint
+from jaxtrain.data import tokenizer as tokenizer_lib
+from jaxtrain.system import paths
+from jaxtrain.system.errors import UserError
 from jaxtrain.testing import init, tiny_config
+from jaxtrain.tools import export
 
 torch = pytest.importorskip("torch", reason="the test extra installs torch (CPU)")
 transformers = pytest.importorskip("transformers")

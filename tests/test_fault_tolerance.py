@@ -267,7 +267,7 @@ def test_out_of_disk_space(corpus_file, tmp_path):
 
 
 def test_a_signal_during_a_routine_save_still_stops_the_run():
-  from jaxtrain import signals
+  from jaxtrain.system import signals
 
   with signals.GracefulStop() as stop:
     stop.saving = True  # a periodic checkpoint is being written when Ctrl-C comes

@@ -24,9 +24,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from jaxtrain import config, estimate, mesh, optim, programs, runtime, summary, tokenizer, validation
-from jaxtrain import model as model_lib
-from jaxtrain.errors import ConfigError, UserError
+from jaxtrain.config import defaults as config
+from jaxtrain.config import validate as validation
+from jaxtrain.core import cpu, mesh, optim, programs
+from jaxtrain.core import model as model_lib
+from jaxtrain.data import tokenizer
+from jaxtrain.loop import estimate
+from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,11 +128,11 @@ def _alarm(signum, frame):
 def reads_before_compile(cfg: ml_collections.ConfigDict) -> None:
   """What a run does with its config before the first compile, less files and data (a random
   path could name anything on this machine, "/" included: those run in subprocesses below)."""
-  runtime.cpu_device_count(cfg, cores=2)
-  runtime.step_flops(cfg)
+  cpu.cpu_device_count(cfg, cores=2)
+  cpu.step_flops(cfg)
   devices = jax.devices()[:1]
   mesh.check_devices(cfg.mesh, cfg.train.batch_size, devices, cfg.model.dtype)
-  vocab = summary.vocab_size(cfg.model.vocab_size, tokenizer.ByteTokenizer())
+  vocab = tokenizer.model_vocab_size(cfg.model.vocab_size, tokenizer.ByteTokenizer())
   model_lib.flops_per_token(model_lib.ModelConfig.from_config(cfg.model, vocab))
   optim.make_optimizer(cfg.optim, max_steps=cfg.train.max_steps).transformation()
   float(optim.lr_schedule(cfg.optim, cfg.train.max_steps)(0))
@@ -201,7 +205,7 @@ CONFIG_FILE = """import json
 
 import ml_collections
 
-from jaxtrain import config
+from jaxtrain.config import defaults as config
 
 
 def get_config():

@@ -18,7 +18,7 @@ from test_scale_out import free_port
 
 TIMEOUT_S = 15  # distributed.timeout_s
 LINE = re.compile(r"error: lost contact with process 1 of 2 at step (\d+) \((.+)\); restart every "
-                  r"process to resume from the checkpoint of step (\d+)")
+                  r"process to resume from the intact checkpoint of step (\d+)")
 
 
 class Job:

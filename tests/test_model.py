@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxtrain import model as model_lib
-from jaxtrain import programs
+from jaxtrain.core import model as model_lib
+from jaxtrain.core import programs
 from jaxtrain.testing import tiny_config
 
 
@@ -161,7 +161,7 @@ def test_switches_change_what_they_should():
 def test_gradients_with_every_new_switch_match_autodiff(pos, monkeypatch):
   """ops.py's hand-written backward passes, composed with GQA's repeat, QK-norm, ReLU^2 and the
   soft cap, against autodiff of the same forward functions (each custom_vjp's `fun`)."""
-  from jaxtrain import ops, steps
+  from jaxtrain.core import ops, steps
   c = tiny_model_config(n_heads=4, n_kv_heads=2, qk_norm=True, mlp="relu2", logit_softcap=3.0,
                         pos=pos, tie_embeddings=False)
   graphdef, params = nnx.split(model_lib.GPT(c, nnx.Rngs(2)), nnx.Param)

@@ -6,8 +6,8 @@ import math
 import pytest
 
 import jaxtrain as jt
-from jaxtrain import monitor
-from jaxtrain.errors import NonFiniteLoss
+from jaxtrain.loop import monitor
+from jaxtrain.system.errors import NonFiniteLoss
 
 
 def test_throughput_times_only_training_and_gives_mfu_and_eta():
@@ -131,7 +131,7 @@ def test_the_library_log_keeps_library_messages_out_of_the_terminal(tmp_path, ca
 
   from absl import logging as absl_logging
 
-  from jaxtrain.console import LibraryLog
+  from jaxtrain.loop.console import LibraryLog
 
   hooks = (sys.unraisablehook, threading.excepthook)
   with LibraryLog(tmp_path / "logs" / "process_0.log") as log:

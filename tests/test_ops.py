@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtrain import ops
+from jaxtrain.core import ops
 
 
 def _grads(f, *args):

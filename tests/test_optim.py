@@ -5,7 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxtrain import optim, programs
+from jaxtrain import testing
+from jaxtrain.core import optim, programs
 from jaxtrain.testing import assert_trees_equal, random_batch, split_batch, tiny_config
 
 
@@ -76,7 +77,7 @@ def test_muon_accumulation_equals_one_big_batch():
 
 
 def test_muon_state_goes_through_a_checkpoint(tmp_path):
-  from jaxtrain import checkpoint
+  from jaxtrain.checkpoints import store as checkpoint
   cfg = tiny_config(**{"optim.name": "muon", "optim.schedule": "wsd"})
   p = programs.build(cfg, 256, jax.devices()[:1])
   state = p.init()
@@ -84,8 +85,7 @@ def test_muon_state_goes_through_a_checkpoint(tmp_path):
     state, _ = p.train_step(state, random_batch(cfg, seed=seed))
   ckpts = checkpoint.Checkpoints(str(tmp_path))
   ckpts.save(state)
-  ckpts.wait()
-  restored = ckpts.restore(3, p.abstract, p.shardings)
+  restored = testing.restore(ckpts, 3, p.abstract, p.shardings)
   ckpts.close()
   assert_trees_equal(restored.arrays(), state.arrays())
   batch = random_batch(cfg, seed=9)
@@ -130,7 +130,7 @@ def test_muon_weight_decay_is_set_per_group():
 
 
 def test_per_group_clipping_trains_and_resumes_only_with_the_same_setting():
-  from jaxtrain import config
+  from jaxtrain.config import defaults as config
   cfg = tiny_config(**{"optim.name": "muon", "optim.clip_per_group": True})
   p = programs.build(cfg, 256, jax.devices()[:1])
   state, batch = p.init(), random_batch(cfg, seed=1)

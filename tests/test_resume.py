@@ -6,8 +6,11 @@ import jax
 import pytest
 import tokenizers
 
-from jaxtrain import checkpoint, data, programs, train
-from jaxtrain.errors import UserError
+from jaxtrain import testing, train
+from jaxtrain.checkpoints import store as checkpoint
+from jaxtrain.core import programs
+from jaxtrain.data import corpus as data
+from jaxtrain.system.errors import UserError
 from jaxtrain.testing import assert_trees_equal
 
 
@@ -16,7 +19,7 @@ def _final_arrays(cfg):
   p = programs.build(cfg, corpus.tokenizer.vocab_size, eot_id=corpus.tokenizer.eot_id)
   ckpts = checkpoint.Checkpoints(cfg.workdir, cfg.train.keep_checkpoints)
   it = data.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed)
-  state = ckpts.restore(ckpts.latest_step(), p.abstract, p.shardings, it)
+  state = testing.restore(ckpts, ckpts.latest_step(), p.abstract, p.shardings, it)
   ckpts.close()
   return jax.device_get(state.arrays()), it.get_state()
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import jax
 
-from jaxtrain import config, programs, runtime
+from jaxtrain.config import defaults as config
+from jaxtrain.core import cpu, programs
 from jaxtrain.testing import tiny_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -19,21 +20,21 @@ LEAN = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
 
 def test_cores_become_devices_that_split_the_batch_evenly():
   nano = config.load_config(NANO)  # batch 16
-  assert runtime.cpu_device_count(nano, cores=2) == 2
-  assert runtime.cpu_device_count(nano, cores=3) == 2  # 16 rows do not split 3 ways
+  assert cpu.cpu_device_count(nano, cores=2) == 2
+  assert cpu.cpu_device_count(nano, cores=3) == 2  # 16 rows do not split 3 ways
   odd = tiny_config(**{"train.batch_size": 3})
-  assert runtime.cpu_device_count(odd, cores=2) == 1
-  assert runtime.cpu_device_count(tiny_config(**{"mesh.cpu_devices": 4}), cores=2) == 4
+  assert cpu.cpu_device_count(odd, cores=2) == 1
+  assert cpu.cpu_device_count(tiny_config(**{"mesh.cpu_devices": 4}), cores=2) == 4
 
 
 def test_every_step_schedules_for_memory_big_ones_also_compile_without_ynn_fusions():
-  small, nano = (runtime.step_flops(config.load_config(c)) for c in (SMALL, NANO))
-  assert small > runtime.LARGE_CPU_STEP_FLOPS > nano
-  assert runtime.cpu_step_options(small) == {**LEAN, **NO_YNN}
-  assert runtime.cpu_step_options(nano) == LEAN
+  small, nano = (cpu.step_flops(config.load_config(c)) for c in (SMALL, NANO))
+  assert small > cpu.LARGE_CPU_STEP_FLOPS > nano
+  assert cpu.cpu_step_options(small) == {**LEAN, **NO_YNN}
+  assert cpu.cpu_step_options(nano) == LEAN
   # The user's own choice in XLA_FLAGS wins.
-  assert runtime.cpu_step_options(small, "--xla_cpu_experimental_ynn_fusion_type=DOT") == LEAN
-  assert runtime.cpu_step_options(nano, "--xla_cpu_scheduler_type=DEFAULT") == {}
+  assert cpu.cpu_step_options(small, "--xla_cpu_experimental_ynn_fusion_type=DOT") == LEAN
+  assert cpu.cpu_step_options(nano, "--xla_cpu_scheduler_type=DEFAULT") == {}
 
 
 def test_build_chooses_the_options_and_they_reach_the_compiled_step(monkeypatch):
@@ -58,7 +59,7 @@ def test_split_cpu_leaves_a_started_backend_and_the_users_flags_alone(monkeypatc
   jax.devices()  # this process's backend has started
   monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/nonexistent")
   before = jax.config.jax_num_cpu_devices
-  runtime.split_cpu(config.load_config(NANO))
+  cpu.split_cpu(config.load_config(NANO))
   assert jax.config.jax_num_cpu_devices == before
   assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/nonexistent"
 
@@ -66,10 +67,11 @@ def test_split_cpu_leaves_a_started_backend_and_the_users_flags_alone(monkeypatc
 _SPLIT = """
 import json, os, sys
 import jax
-from jaxtrain import config, runtime
+from jaxtrain.config import defaults as config
+from jaxtrain.core import cpu
 cfg = config.load_config(sys.argv[1])
-runtime.split_cpu(cfg)
-print(json.dumps([len(jax.devices()), runtime.cpu_device_count(cfg), os.environ.get("XLA_FLAGS", "")]))
+cpu.split_cpu(cfg)
+print(json.dumps([len(jax.devices()), cpu.cpu_device_count(cfg), os.environ.get("XLA_FLAGS", "")]))
 """
 
 

@@ -12,8 +12,9 @@ from conftest import ROOT, run_cli
 from test_cli import TINY
 from test_export import make_run
 
-from jaxtrain import checkpoint, trained
-from jaxtrain.errors import UserError
+from jaxtrain.checkpoints import load as trained
+from jaxtrain.checkpoints import store as checkpoint
+from jaxtrain.system.errors import UserError
 from jaxtrain.testing import tiny_config
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import jaxtrain as jt
-from jaxtrain import mesh, programs, steps
-from jaxtrain.errors import ConfigError
+from jaxtrain.core import mesh, programs, steps
+from jaxtrain.system.errors import ConfigError
 from jaxtrain.testing import (
   assert_trees_close,
   assert_trees_equal,
@@ -191,11 +191,11 @@ def test_generate_continues_prompts_greedily_and_with_any_top_k():
   cfg = tiny_config()
   state = init(cfg)
   prompts = np.asarray(random_batch(cfg, batch_size=2)["tokens"][:, :5])
-  greedy = jt.generate(state, prompts, 6, seq_len=cfg.model.seq_len, temperature=0.0)
-  again = jt.generate(state, prompts, 6, seq_len=cfg.model.seq_len, temperature=0.0)
+  greedy = jt.generate(state, prompts, 6, temperature=0.0)
+  again = jt.generate(state, prompts, 6, temperature=0.0)
   assert greedy.shape == (2, 11) and np.array_equal(greedy[:, :5], prompts)
   assert np.array_equal(greedy, again)
   # A top_k past the vocabulary keeps every token (as 0 does) instead of failing.
-  wide = jt.generate(state, prompts, 6, seq_len=cfg.model.seq_len, top_k=1000, seed=3)
-  every = jt.generate(state, prompts, 6, seq_len=cfg.model.seq_len, top_k=0, seed=3)
+  wide = jt.generate(state, prompts, 6, top_k=1000, seed=3)
+  every = jt.generate(state, prompts, 6, top_k=0, seed=3)
   assert np.array_equal(wide, every)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxtrain import runs, sweep
-from jaxtrain.errors import UserError
+from jaxtrain.system.errors import UserError
+from jaxtrain.tools import runs, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,7 +100,7 @@ def test_a_sweep_interrupted_and_run_again_continues(tiny_file, tmp_path):
   assert proc.returncode == 143, out
   assert "[1/2] lr=1e-3_n_layers=1: stopped at step" in out
   assert "run the same command again to continue" in out
-  stopped = runs.load(first)
+  stopped = runs.read(first)
   assert stopped.state == "stopped" and 0 < stopped.step < 600
   assert not second.exists()  # no new run starts once the sweep is stopping
 
@@ -111,7 +111,7 @@ def test_a_sweep_interrupted_and_run_again_continues(tiny_file, tmp_path):
   log = (root / "logs" / f"{first.name}.log").read_text()
   assert f"resumed from checkpoint {first / 'checkpoints' / str(stopped.step)}" in log
   for workdir in (first, second):
-    info = runs.load(workdir)
+    info = runs.read(workdir)
     assert info.finished and info.step == 600
     steps = [r["step"] for r in info.train]
     assert steps == sorted(set(steps))  # the resumed run's lines continue without repeats

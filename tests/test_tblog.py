@@ -7,7 +7,9 @@ import shutil
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from jaxtrain import memory, runs, tblog, train
+from jaxtrain import train
+from jaxtrain.loop import memory, tblog
+from jaxtrain.system import paths
 
 
 def _accumulator(workdir, purge: bool = True) -> event_accumulator.EventAccumulator:
@@ -31,7 +33,7 @@ def test_event_files_hold_the_run_and_a_resume_continues_them(tiny, tmp_path):
   assert first.step == 10
   # As if the run had been killed after logging step 10 but before its checkpoint was written.
   shutil.rmtree(workdir / "checkpoints" / "10")
-  status = json.loads((workdir / runs.STATUS_FILE).read_text())
+  status = json.loads((workdir / paths.STATUS_FILE).read_text())
   assert status["state"] == "finished" and status["step"] == 10 and status["params"] > 0
 
   second = train.run(tiny, show_progress=False)

@@ -16,8 +16,8 @@ import pytest
 from conftest import ROOT, run_cli
 
 import jaxtrain as jt
-from jaxtrain import lock, paths
-from jaxtrain.errors import UserError
+from jaxtrain.system import lock, paths
+from jaxtrain.system.errors import UserError
 
 
 class _Proc:

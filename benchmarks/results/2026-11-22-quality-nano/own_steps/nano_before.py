@@ -3,7 +3,7 @@
 python -m jaxtrain --config=configs/nano.py --jax_platforms=cpu
 """
 
-from jaxtrain.config import default_config
+from jaxtrain.config.defaults import default_config
 
 
 def get_config():

@@ -1,0 +1,7 @@
+"""A run's saved state: orbax storage with checksums (`store`), choosing the newest intact checkpoint
+and setting damaged ones aside (`recover`), saving and resuming in the loop (`lifecycle`), reading
+a trained run outside the loop (`load`: `load_state`, `load_tokenizer`, `--step=latest|best|N`),
+starting from another run or a Hugging Face model (`init_from`, `hf`).
+
+May import: system, config, core, data.
+"""

@@ -1,0 +1,145 @@
+"""Saving a run so that nothing good is lost, and resuming it only where that is sound.
+
+A failed write becomes one line that says what to do, and the last complete checkpoint stays the
+latest: orbax writes each step into a temporary directory and renames it when complete. A state
+whose params are not finite, or a disk without room for it, is never written.
+"""
+
+import os
+import re
+import shutil
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from jaxtrain.checkpoints.recover import Damaged, newest_intact
+from jaxtrain.checkpoints.store import Checkpoints
+from jaxtrain.config import defaults as config
+from jaxtrain.core.steps import TrainState
+from jaxtrain.system import fmt, peers, runtime
+from jaxtrain.system.errors import NonFiniteLoss, UserError
+
+
+def save(ckpts: Checkpoints, state: TrainState, iterator, run_meta: dict, val: float | None,
+         best: float | None, elapsed: float) -> None:
+  """Starts an async save of `state` at its step, after checking it can be written whole."""
+  step = int(state.step)
+  if not bool(_all_finite(state.params)):
+    raise NonFiniteLoss(f"parameters became non-finite by step {step}: stopped without saving "
+                        "them; the last good checkpoint is kept. Lower --config.optim.lr")
+  size = sum(x.nbytes for x in jax.tree.leaves(state.arrays()))
+  free, needed = shutil.disk_usage(ckpts.directory).free, 1.1 * size + 2**20
+  if runtime.any_process(free < needed):  # before writing: the last checkpoint stays whole
+    raise UserError(f"not enough disk space for the checkpoint of step {step} in "
+                    f"{ckpts.directory} (needs ~{fmt.count(needed)}B, {fmt.count(free)}B free); "
+                    f"free some space, then run again to {_resume_hint(ckpts)}")
+  meta = dict(run_meta, elapsed_s=elapsed, best_val_loss=best)
+  _writing(ckpts, lambda: ckpts.save(state, iterator, meta, val_loss=val), step)
+
+
+def check(ckpts: Checkpoints, step: int) -> None:
+  """Raises, as one line, the error of a background write that failed."""
+  _writing(ckpts, ckpts.check, step)
+
+
+def finish(ckpts: Checkpoints, step: int) -> None:
+  """Waits for pending writes; a failed one raises as one line."""
+  _writing(ckpts, ckpts.close, step)
+
+
+def close(ckpts: Checkpoints) -> None:
+  """On the way out of a run, also after an error: a write going well still completes; one that
+  failed was the error, or is reported by it."""
+  try:
+    ckpts.close()
+  except Exception:  # the previous checkpoint stays the latest complete one
+    pass
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+  return jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def _writing(ckpts: Checkpoints, action, step: int) -> None:
+  try:
+    action()
+  except (OSError, ValueError, RuntimeError) as e:
+    peers.end_if_lost(e)  # a collective that failed for a lost process is no disk fault
+    raise UserError(f"writing a checkpoint (by step {step}) in {ckpts.directory} failed "
+                    f"({_os_reason(e)}); fix the cause (disk space, permissions), then "
+                    f"run again to {_resume_hint(ckpts)}") from None
+
+
+def _os_reason(e: Exception) -> str:
+  """The operating system's words for a failed write, also when tensorstore wraps them."""
+  if getattr(e, "strerror", None):
+    return e.strerror
+  code = re.search(r"os_error_code='?(\d+)", str(e))
+  if code:
+    return f"{os.strerror(int(code.group(1)))}, errno {code.group(1)}"
+  return str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+
+
+def _resume_hint(ckpts: Checkpoints) -> str:
+  """What a restart resumes from: a half-written checkpoint is not among the complete steps."""
+  complete = ckpts.complete_steps()
+  if not complete:
+    return "start afresh (no checkpoint was saved yet)"
+  return f"resume from the intact checkpoint of step {complete[-1]}"
+
+
+def resume(ckpts: Checkpoints, programs, iterator, run_meta: dict,
+           cfg: ml_collections.ConfigDict, out) -> tuple[int, TrainState, dict]:
+  """(step, state, meta) of the newest checkpoint that reads whole and fits this config, with
+  `iterator` at its position. A damaged one is set aside with a warning line, and an earlier one
+  used; none that reads whole is a UserError that says how to start afresh."""
+  notes = []
+
+  def read(step: int):
+    meta = ckpts.read_meta(step)
+    notes[:] = check_resumable(meta, run_meta, cfg.workdir, cfg.data.allow_changed)
+    state, saved = ckpts.read(step, programs.abstract, programs.shardings, iterator)
+    position, k = iterator.get_state()["next_index"], cfg.train.grad_accum
+    if position != step * k:
+      raise Damaged(f"its data position {position} is not step x grad_accum = {step * k}")
+    return state, saved, meta
+
+  step, state, meta = newest_intact(
+      ckpts, read, out.print, using="resuming from",
+      fresh=f"to start afresh, pass a new --config.workdir, or move {ckpts.directory} away")
+  for note in notes:
+    out.print(note)
+  return step, state, meta
+
+
+def check_resumable(meta: dict, run_meta: dict, workdir: str,
+                    allow_changed_data: bool) -> list[str]:
+  """Refuses a resume whose config or data changed what the checkpoint's numbers mean; returns
+  the lines that say what changed harmlessly."""
+  breaking, harmless = config.config_changes(meta.get("config", {}), run_meta["config"])
+  if meta.get("tokenizer") != run_meta["tokenizer"]:
+    breaking.append("the tokenizer's vocabulary differs from the checkpoint's")
+  if breaking:
+    raise UserError(f"cannot resume {workdir} with this config: {'; '.join(breaking)}. "
+                    "Change these back, or pass a new --config.workdir to start a fresh run")
+  notes = []
+  if meta.get("data_fingerprint") != run_meta["data_fingerprint"]:
+    if not allow_changed_data:
+      raise UserError(f"the data differs from the data {workdir} was trained on (fingerprint "
+                      f"now {run_meta['data_fingerprint'][:12]}, then "
+                      f"{str(meta.get('data_fingerprint'))[:12]}); pass "
+                      "--config.data.allow_changed=True to resume on it anyway, or a new "
+                      "--config.workdir")
+    notes.append("data: resuming on different data than before (data.allow_changed=True)")
+  if harmless:
+    notes.append(f"config changes since the checkpoint: {'; '.join(harmless)}")
+  return notes
+
+
+def peers_watched(ckpts: Checkpoints, step):
+  """Around the training loop of a multi-process run: if another process is lost, this one ends
+  at once with one line naming it and the checkpoint a restart resumes from (`step()`: the step
+  the loop is at). It exits, since jax and orbax would otherwise wait for the lost process."""
+  return peers.watch_peers(step, lambda: _resume_hint(ckpts))

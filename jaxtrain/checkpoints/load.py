@@ -1,0 +1,124 @@
+"""Reading a trained run's workdir outside the training loop (sample, export, init_from, notebooks):
+the state of a checkpoint on one device, its tokenizer, and which checkpoint `--step=latest|best|N`
+names. No data is needed."""
+
+import sys
+from pathlib import Path
+
+import jax
+
+from jaxtrain.checkpoints import recover
+from jaxtrain.checkpoints.store import Checkpoints
+from jaxtrain.config import defaults as config
+from jaxtrain.core import programs as programs_lib
+from jaxtrain.core import steps
+from jaxtrain.data import tokenizer as tokenizer_lib
+from jaxtrain.system import lock, paths
+from jaxtrain.system.errors import UserError
+
+
+def check_run(workdir: str) -> Path:
+  """The workdir of a jaxtrain run, or a one-line UserError."""
+  path = Path(workdir).expanduser()
+  if not path.is_dir():
+    raise UserError(f"workdir {path} does not exist; pass --workdir=<the workdir of a run>, "
+                    "e.g. runs/nano")
+  if not (path / paths.RUN_FILE).exists():
+    raise UserError(f"{path} is not a jaxtrain run (no {paths.RUN_FILE}); pass --workdir=<the "
+                    "workdir of a run>, e.g. runs/nano")
+  return path
+
+
+def val_losses(workdir: Path) -> dict[int, float]:
+  """{step: val loss} of every evaluation in metrics.jsonl (the later one where a step repeats)."""
+  return {int(r["step"]): float(r["val_loss"]) for r in paths.read_jsonl(workdir / "metrics.jsonl")
+          if isinstance(r, dict) and r.get("val_loss") is not None}
+
+
+def best_step(workdir: Path) -> int:
+  """The checkpointed step with the lowest validation loss (the run keeps that checkpoint)."""
+  ckpts = Checkpoints(str(workdir), read_only=True)
+  try:
+    on_disk = set(ckpts.all_steps())
+  finally:
+    ckpts.close()
+  evaluated = {s: v for s, v in val_losses(workdir).items() if s in on_disk}
+  if not evaluated:
+    raise UserError(f"no checkpoint of {workdir} has a validation loss (steps on disk: "
+                    f"{sorted(on_disk) or 'none'}); pass --step=latest or a step number")
+  return min(evaluated, key=lambda s: (evaluated[s], s))  # a tie: the first to reach it
+
+
+def resolve_step(workdir: Path, step: str) -> int | None:
+  """`--step`'s value as a step number; None for the newest intact checkpoint."""
+  step = str(step).strip()
+  if step == "latest":
+    return None
+  if step == "best":
+    return best_step(workdir)
+  if step.isdigit():
+    return int(step)
+  raise UserError(f"--step={step} is not latest, best or a step number; pass e.g. --step=best")
+
+
+def load(workdir: str, step: str = "latest") -> tuple[steps.TrainState, object]:
+  """(state on one device, tokenizer) of a run's checkpoint named by `step`."""
+  path = check_run(workdir)
+  if step not in ("latest", "best") and not str(step).isdigit():
+    resolve_step(path, step)  # raises: a typo in --step is named before anything is read
+  if not (path / "tokenizer.json").exists():
+    raise UserError(f"{path} has no tokenizer.json; it is not a complete jaxtrain run")
+  ckpts = Checkpoints(str(path), read_only=True)
+  try:
+    any_step = bool(ckpts.all_steps())
+  finally:
+    ckpts.close()
+  if not any_step:
+    raise UserError(f"no checkpoint in {path / 'checkpoints'} yet; train first, or wait for the "
+                    "run's first checkpoint (train.checkpoint_every)")
+  state = load_state(str(path), resolve_step(path, step))
+  return state, load_tokenizer(str(path))
+
+
+def load_tokenizer(workdir: str):
+  """The tokenizer a run in `workdir` trained with: `.encode(text)`, `.decode(ids)`."""
+  return tokenizer_lib.load(str(Path(workdir) / "tokenizer.json"))
+
+
+def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
+  """The train state saved in a run's workdir, on one device: its newest checkpoint that reads
+  whole (a damaged one is set aside, as a resuming run would, with a warning on stderr; while a
+  run holds the workdir, nothing is moved), or step `step`.
+
+  For sampling, evaluation or inspection outside the training loop: no data is needed.
+  """
+  ckpts = Checkpoints(workdir, read_only=True)
+  try:
+    def read(s: int):
+      meta = ckpts.read_meta(s)
+      programs = _programs(workdir, meta)
+      return *ckpts.read(s, programs.abstract, programs.shardings), None
+
+    if step is None:
+      if ckpts.latest_step() is None:
+        raise UserError(f"no checkpoint in {ckpts.directory}; train first (python -m jaxtrain)")
+      live = lock.is_held(Path(workdir) / lock.WORKDIR_LOCK)
+      return recover.newest_intact(ckpts, read, lambda line: print(line, file=sys.stderr),
+                           using="loading", fresh="nothing to load", collective=False,
+                           move=not live)[1]
+    if step not in ckpts.all_steps():
+      raise UserError(f"no checkpoint of step {step} in {ckpts.directory} (it has steps "
+                      f"{ckpts.all_steps()})")
+    return recover.read_one(ckpts, step, read)
+  finally:
+    ckpts.close()
+
+
+def _programs(workdir: str, meta: dict) -> programs_lib.Programs:
+  cfg = config.from_saved(meta["config"])
+  cfg.mesh.data, cfg.mesh.fsdp = 1, 1  # one device, whatever the run trained on
+  if jax.devices()[0].platform == "cpu" and cfg.model.dtype == "float16":
+    cfg.model.dtype = "float32"  # compute dtype only (params are float32): CPUs lack float16
+  tok = load_tokenizer(workdir)
+  return programs_lib.build(cfg, cfg.model.vocab_size or tok.vocab_size, devices=jax.devices()[:1],
+                            eot_id=tok.eot_id)

@@ -1,0 +1,216 @@
+"""Checkpoints through orbax: the state's arrays, the grain iterator and the run's metadata.
+
+Orbax writes each step into a temporary directory and renames it when complete, so a crash
+mid-save never leaves a checkpoint that `latest_step` would pick. Kept: the `keep` latest steps
+plus the one with the best validation loss. A checkpoint damaged later (a flipped bit, a lost or
+cut-short file) is found on restore: each array's checksum is saved in the step's metadata, and
+any read error that shows damage counts. `recover.newest_intact` then sets the damaged one aside
+and uses an earlier one.
+"""
+
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import grain
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as policies
+
+from jaxtrain.core import steps
+
+
+class Damaged(Exception):
+  """A checkpoint that cannot be read whole: files missing, cut short or corrupted."""
+
+
+@contextlib.contextmanager
+def naming(what: str):
+  """A JSON file that does not parse is damage: named, since the parser does not say which."""
+  try:
+    yield
+  except json.JSONDecodeError as e:
+    raise Damaged(f"{what} is not valid JSON: {e}") from None
+
+
+def _val_loss(metrics: dict) -> float:
+  return metrics["val_loss"]
+
+
+class Checkpoints:
+
+  def __init__(self, workdir: str, keep: int = 1, read_only: bool = False):
+    self.directory = Path(workdir).absolute() / "checkpoints"
+    policy = policies.AnyPreservationPolicy([
+        policies.LatestN(n=keep),
+        # reverse=True sorts by descending loss, and BestN keeps the tail: the lowest loss.
+        policies.BestN(get_metric_fn=_val_loss, reverse=True, n=1,
+                       keep_checkpoints_without_metrics=False),
+    ])
+    # cleanup_tmp_directories: a save cut short by a kill leaves a temporary directory; it is
+    # never mistaken for a checkpoint, and the next start removes it.
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=None if read_only else policy, create=not read_only,
+        read_only=read_only, enable_async_checkpointing=True,
+        cleanup_tmp_directories=not read_only)
+    self.manager = ocp.CheckpointManager(self.directory, options=options)
+    # Reads go through a checkpointer of this process alone: the manager's restore ends in a
+    # barrier of all processes, which a process that failed to read would never reach.
+    alone = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(),
+                                               active_processes={jax.process_index()})
+    self._reader = ocp.Checkpointer(
+        ocp.CompositeCheckpointHandler(
+            composite_options=ocp.CompositeOptions(multiprocessing_options=alone)),
+        multiprocessing_options=alone)
+    self._closed = False
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self.manager.all_steps())
+
+  def complete_steps(self) -> list[int]:
+    """Steps whose checkpoint is whole on disk as far as a listing tells: orbax gives a step's
+    directory its number only once everything in it is written (a failed save stays a
+    temporary directory), and a damaged one set aside has a name that is not a number."""
+    if not self.directory.is_dir():
+      return []
+    return sorted(int(p.name) for p in self.directory.iterdir()
+                  if p.name.isdigit() and (p / "state").is_dir() and (p / "meta").is_dir())
+
+  def save(self, state: steps.TrainState, iterator: grain.DatasetIterator | None = None,
+           meta: dict | None = None, val_loss: float | None = None) -> None:
+    """Starts an async save of `state` at its step; returns once the arrays are copied."""
+    step = int(state.step)
+    # The checksums travel in the metadata: any tool that reads orbax checkpoints reads these.
+    meta = {**(meta or {}), "checksums": checksums(state.arrays())}
+    items = {"state": ocp.args.StandardSave(state.arrays()), "meta": ocp.args.JsonSave(meta)}
+    if iterator is not None:
+      items["data"] = grain.checkpoint.CheckpointSave(iterator)
+    args = ocp.args.Composite(**items)
+    metrics = None if val_loss is None else {"val_loss": float(val_loss)}
+    self.manager.save(step, args=args, metrics=metrics, force=True)
+
+  def read_meta(self, step: int) -> dict:
+    """The `meta` that step `step` was saved with."""
+    meta = self._read_meta(step)
+    meta.pop("checksums", None)
+    return meta
+
+  def _read_meta(self, step: int) -> dict:
+    with naming("meta/metadata"):
+      return self._reader.restore(self.directory / str(step),
+                                  args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+
+  def read(self, step: int, state: steps.TrainState, shardings: steps.TrainState | None = None,
+           iterator: grain.DatasetIterator | None = None) -> tuple[steps.TrainState, dict | None]:
+    """(the state, the checksums its arrays were saved with: None in checkpoints older than
+    them) read into `state`'s structure and `shardings` (default: one device); an `iterator`
+    is repositioned in place. Reads this process's part only, with no collectives: a damaged
+    checkpoint raises here, on each process that finds it. `verify` the state before use."""
+    if shardings is None:
+      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      shardings = jax.tree.map(lambda _: device, state)
+    target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          state.arrays(), shardings.arrays())
+    if iterator is not None:
+      iterator.set_state(self._iterator_state(step))
+    with naming("a metadata file of its arrays"):
+      restored = self._reader.restore(self.directory / str(step),
+                                      args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+    return state.with_arrays(restored.state), self._read_meta(step).get("checksums")
+
+  def _iterator_state(self, step: int) -> dict:
+    data_dir = self.directory / str(step) / "data"
+    n = jax.process_count()
+    mine = data_dir / f"process_{jax.process_index()}-of-{n}.json"
+    if not mine.exists():
+      # Saved by another number of processes: every process's iterator stands at the same
+      # micro-batch index (each reads its own rows of the same global batch), so any file will
+      # do. Saved by as many processes as now, this process's own file is missing.
+      saved = sorted(data_dir.glob("process_*-of-*.json"))
+      if not saved or any(p.name.endswith(f"-of-{n}.json") for p in saved):
+        raise Damaged(f"no data iterator state {mine.name} in {data_dir}")
+      mine = saved[0]
+    with naming(f"data/{mine.name}"):
+      return json.loads(mine.read_text())
+
+  def verify(self, state: steps.TrainState, saved: dict | None) -> str | None:
+    """What is wrong with `state`'s arrays, or None if they match the checksums they were
+    saved with. A collective: every process calls it, and all get the same answer."""
+    if saved is None:
+      return None
+    now = checksums(state.arrays())
+    wrong = [name for name in sorted(set(saved) | set(now)) if saved.get(name) != now.get(name)]
+    if not wrong:
+      return None
+    more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+    return f"array data differs from what was saved: checksum of {', '.join(wrong[:3])}{more}"
+
+  def set_aside(self, step: int) -> Path | None:
+    """Renames step `step`'s directory to `<step>.damaged-<time>`: orbax takes only numbers for
+    steps, so neither restores nor retention nor the clean-up of temporary directories touch
+    it, and its files stay for a look. None if it is gone already. Call `reload` after."""
+    target = self.directory / f"{step}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+    n = 1
+    while target.exists():
+      n += 1
+      target = target.with_name(f"{target.name.split('~')[0]}~{n}")
+    try:
+      (self.directory / str(step)).rename(target)
+    except FileNotFoundError:
+      return None
+    return target
+
+  def reload(self) -> None:
+    """Lists the steps on disk again (the manager reads them once, when it starts)."""
+    self.manager.reload()
+
+  def check(self) -> None:
+    """Raises the error of a background save that failed, if any."""
+    self.manager.check_for_errors()
+
+  def close(self) -> None:
+    """Waits for pending saves; raises what a failed background write raised."""
+    if not self._closed:
+      self._closed = True
+      try:
+        self.manager.wait_until_finished()
+      finally:
+        self.manager.close()
+        self._reader.close()
+
+
+def _digest(x: jax.Array) -> jax.Array:
+  """A uint32 digest of an array's bits, each mixed with its position: a sum of integers, so
+  the same whatever the sharding."""
+  if x.dtype == jnp.bool_ or x.dtype.itemsize == 1:
+    bits = x.astype(jnp.uint32)
+  elif x.dtype.itemsize == 2:
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+  else:  # 8-byte types become pairs of uint32
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+  index, stride = jnp.zeros(bits.shape, jnp.uint32), 1
+  for axis in reversed(range(bits.ndim)):
+    index += jax.lax.broadcasted_iota(jnp.uint32, bits.shape, axis) * jnp.uint32(stride % 2**32)
+    stride *= bits.shape[axis]
+  h = bits ^ (index * jnp.uint32(0x9E3779B9))
+  h = (h ^ (h >> 16)) * jnp.uint32(0x85EBCA6B)  # murmur3's finalizer: every bit counts
+  h = (h ^ (h >> 13)) * jnp.uint32(0xC2B2AE35)
+  return jnp.sum(h ^ (h >> 16), dtype=jnp.uint32)
+
+
+_digests = jax.jit(lambda tree: jax.tree.map(_digest, tree))
+
+
+def checksums(arrays: dict) -> dict[str, int]:
+  """{array path: digest} of a state's arrays (a collective when they span processes)."""
+  return _named(jax.device_get(_digests(arrays)))
+
+
+def _named(digests: dict) -> dict[str, int]:
+  return {jax.tree_util.keystr(path, simple=True, separator="/"): int(d)
+          for path, d in jax.tree_util.tree_flatten_with_path(digests)[0]}

@@ -1,0 +1,222 @@
+"""Every knob of a run, with its default, and the up-front validation of all of them.
+
+`configs/*.py` start from `default_config()` and set what defines their run. `validation.validate`
+checks every field once, before any work.
+"""
+
+import importlib.util
+import math
+import os
+
+import ml_collections
+
+NORMS = ("rmsnorm", "layernorm")
+POSITIONS = ("rope", "learned")
+MLPS = ("swiglu", "gelu", "relu2")
+OPTIMIZERS = ("adamw", "muon")
+SCHEDULES = ("cosine", "wsd", "constant")
+DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION = ("auto", "xla", "cudnn")
+TOKENIZERS = ("byte", "char", "bpe")  # or the path of a tokenizer.json
+LOSS_SCALING = ("auto", "dynamic", "off")
+
+
+def default_config() -> ml_collections.ConfigDict:
+  cfg = ml_collections.ConfigDict()
+  cfg.workdir = "runs/default"  # checkpoints, metrics.jsonl, config.json, samples.txt
+  cfg.seed = 0  # params, dropout and the order of training windows all follow from it
+  cfg.headless = False  # True: one plain log line per train.log_every steps instead of a bar
+  # A new run starts from these params (then step 0, a fresh optimizer): a jaxtrain run's workdir
+  # (its newest intact checkpoint) or a Hugging Face Llama/GPT-2 directory; "": a random init.
+  cfg.init_from = ""
+  cfg.model = _model()
+  cfg.train = _train()
+  cfg.optim = _optim()
+  cfg.data = _data()
+  cfg.sample = _sample()
+  cfg.mesh = _mesh()
+  cfg.distributed = _distributed()
+  return cfg
+
+
+def _model() -> ml_collections.ConfigDict:
+  model = ml_collections.ConfigDict()
+  model.n_layers = 4
+  model.n_heads = 4
+  model.d_model = 128
+  model.seq_len = 128  # context length in tokens
+  model.vocab_size = 0  # 0: take it from the tokenizer (256 for byte, corpus size for char)
+  model.norm = "rmsnorm"  # rmsnorm | layernorm (neither has a bias)
+  model.pos = "rope"  # rope | learned
+  model.mlp = "swiglu"  # swiglu | gelu | relu2 (relu(x)^2, ungated)
+  model.mlp_ratio = 4.0  # hidden width / d_model for gelu; swiglu uses 2/3 of it (same params)
+  model.tie_embeddings = True  # output projection shares the token embedding
+  model.dropout = 0.0
+  model.rope_theta = 10000.0
+  model.dtype = "float32"  # compute dtype; params and optimizer state stay float32
+  model.attention = "auto"  # auto | xla | cudnn ("auto": cudnn on GPU when it applies)
+  model.n_kv_heads = 0  # key/value heads; 0: n_heads; a divisor of n_heads: grouped-query
+  model.qk_norm = False  # True: queries and keys scaled to unit RMS per head
+  model.logit_softcap = 0.0  # > 0: logits = cap * tanh(logits / cap); 0: off
+  model.zero_init_out = False  # True: attention and MLP output projections start at zero
+  model.doc_mask = False  # True: tokens attend only within their document (else packed)
+  return model
+
+
+def _train() -> ml_collections.ConfigDict:
+  train = ml_collections.ConfigDict()
+  train.batch_size = 16  # sequences per micro-batch, over all devices and processes
+  train.grad_accum = 1  # micro-batches per optimizer step (optax.MultiSteps)
+  train.max_steps = 1000  # optimizer steps
+  train.log_every = 10
+  train.eval_every = 200
+  train.eval_steps = 20  # validation batches per evaluation (the same batches every time)
+  train.checkpoint_every = 200
+  train.keep_checkpoints = 2  # the latest ones; the best by val loss is kept on top
+  train.skip_nonfinite = False  # True: drop updates whose loss or gradients are inf/nan
+  train.early_stop_patience = 0  # stop after this many evaluations without a new best; 0: off
+  return train
+
+
+def _optim() -> ml_collections.ConfigDict:
+  optim = ml_collections.ConfigDict()
+  optim.name = "adamw"  # adamw | muon (Muon on hidden matrices, AdamW on the rest)
+  optim.schedule = "cosine"  # cosine | wsd (warmup, stable, linear decay) | constant
+  optim.lr = 1e-3  # peak learning rate, after warmup (with muon: norms and other vectors)
+  optim.min_lr_ratio = 0.1  # cosine or wsd decay ends at lr * min_lr_ratio
+  optim.decay_fraction = 0.2  # wsd: the last fraction of the steps decays linearly
+  optim.matrix_lr = 0.02  # muon: peak lr of the hidden matrices
+  optim.embedding_lr = 0.0  # muon: peak AdamW lr of the embeddings; 0: optim.lr
+  optim.head_lr = 0.0  # muon: peak AdamW lr of an untied output head; 0: optim.lr
+  optim.momentum = 0.95  # muon: momentum of the hidden matrices (Nesterov)
+  optim.warmup_steps = 100
+  optim.decay_steps = 0  # 0: decay over train.max_steps
+  optim.weight_decay = 0.1  # on matrices only; never on norms or vectors
+  optim.embedding_weight_decay = 0.0  # muon: AdamW decay of the embeddings
+  optim.head_weight_decay = -1.0  # muon: AdamW decay of an untied head; -1: optim.weight_decay
+  optim.clip_norm = 1.0  # gradient norm limit; 0 turns clipping off
+  optim.clip_per_group = False  # clip each group (matrix, embedding, head, vector) by its own norm
+  optim.b1 = 0.9
+  optim.b2 = 0.95
+  optim.eps = 1e-8
+  optim.loss_scaling = "auto"  # auto (dynamic for float16, else off) | dynamic | off
+  return optim
+
+
+def _data() -> ml_collections.ConfigDict:
+  data = ml_collections.ConfigDict()
+  data.path = ""  # text, .jsonl or .parquet files: a file, directory or glob; "": Python's stdlib
+  data.text_field = "text"  # the .jsonl field or .parquet column that holds each document
+  data.tokenizer = "byte"  # byte | char | bpe (trained on the corpus) | a tokenizer.json path
+  data.vocab_size = 4096  # tokens of the bpe vocabulary, end-of-text included (>= 257)
+  data.val_fraction = 0.1  # the last part of the token stream is held out for validation
+  data.cache_dir = ""  # tokenized corpora; "": $JAXTRAIN_CACHE or ~/.cache/jaxtrain
+  data.allow_changed = False  # True: resume even though the data differs from the run's
+  return data
+
+
+def _sample() -> ml_collections.ConfigDict:
+  sample = ml_collections.ConfigDict()
+  sample.num_samples = 3  # printed and written to workdir/samples.txt at the end
+  sample.max_new_tokens = 256
+  sample.temperature = 0.8
+  sample.top_k = 0  # 0: sample from the whole distribution
+  sample.prompt = ""  # "": start from a random stretch of validation text
+  return sample
+
+
+def _mesh() -> ml_collections.ConfigDict:
+  mesh = ml_collections.ConfigDict()
+  mesh.data = -1  # data-parallel axis size; -1: all devices left after the other axes
+  mesh.fsdp = 1  # params and optimizer state sharded over this many devices
+  mesh.cpu_devices = 0  # on CPU: XLA devices to split the cores into; 0: auto; 1: one
+  return mesh
+
+
+def _distributed() -> ml_collections.ConfigDict:
+  distributed = ml_collections.ConfigDict()
+  distributed.coordinator_address = ""  # host:port of process 0; "": single process or Slurm
+  distributed.num_processes = 0  # 0: from the environment (Slurm) or 1
+  distributed.process_id = -1  # -1: from the environment (Slurm) or 0
+  distributed.timeout_s = 300  # how long to wait for every process to join
+  return distributed
+
+
+def override(cfg: ml_collections.ConfigDict, **dotted) -> ml_collections.ConfigDict:
+  """Sets fields by dotted name, in place: `override(cfg, **{"train.max_steps": 100})`."""
+  for key, value in dotted.items():
+    node = cfg
+    *path, leaf = key.split(".")
+    for part in path:
+      node = node[part]
+    node[leaf] = value
+  return cfg
+
+
+def from_saved(saved: dict) -> ml_collections.ConfigDict:
+  """A run's saved config (config.json, a checkpoint's metadata) on top of today's defaults: a run
+  saved before a field existed gets the field's default, which is what it trained with."""
+  cfg = default_config()
+  defaults = flatten(cfg.to_dict())
+  override(cfg, **{k: v for k, v in flatten(saved).items() if k in defaults})
+  return cfg
+
+
+def load_config(path: str, **dotted) -> ml_collections.ConfigDict:
+  """The ConfigDict of a config file (e.g. "configs/nano.py"), with dotted overrides applied."""
+  spec = importlib.util.spec_from_file_location(f"jaxtrain_config_{abs(hash(path))}", path)
+  if spec is None or not os.path.isfile(path):
+    raise FileNotFoundError(f"no config file at {path}")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return override(module.get_config(), **dotted)
+
+
+# Changing these changes the train state's shapes or what its numbers mean: no resume across them.
+STATE_FIELDS = (
+    "seed", "model.n_layers", "model.n_heads", "model.d_model", "model.seq_len",
+    "model.vocab_size", "model.norm", "model.pos", "model.mlp", "model.mlp_ratio",
+    "model.tie_embeddings", "model.rope_theta", "data.tokenizer", "data.val_fraction",
+    "train.grad_accum", "train.skip_nonfinite", "optim.loss_scaling", "model.n_kv_heads",
+    "model.qk_norm", "model.logit_softcap", "optim.name", "data.vocab_size", "model.doc_mask",
+    "optim.clip_per_group",
+)
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+  """{"a": {"b": 1}} -> {"a.b": 1}: the dotted names `--config.a.b=...` overrides use."""
+  out = {}
+  for key, value in d.items():
+    if isinstance(value, dict):
+      out.update(flatten(value, f"{prefix}{key}."))
+    else:
+      out[prefix + key] = value
+  return out
+
+
+def config_changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:
+  """(changes that forbid a resume, harmless changes), each as 'field: old -> new'."""
+  old, new = flatten(from_saved(saved).to_dict()), flatten(current)
+  breaking, harmless = [], []
+  for field in sorted(new):
+    if field in old and old[field] != new[field]:
+      change = f"{field}: {old[field]!r} -> {new[field]!r}"
+      # Clipping on or off adds or removes an optimizer-state entry; its value alone does not.
+      toggles_clip = field == "optim.clip_norm" and (old[field] == 0) != (new[field] == 0)
+      (breaking if field in STATE_FIELDS or toggles_clip else harmless).append(change)
+  return breaking, harmless
+
+
+def mlp_width(mlp: str, mlp_ratio: float, d_model: int) -> int:
+  """The MLP's hidden width. SwiGLU has three matrices instead of two: 2/3 of the width keeps the
+  parameter count, rounded up to a multiple of 8."""
+  if mlp != "swiglu":
+    return int(mlp_ratio * d_model)
+  return 8 * math.ceil(2 / 3 * mlp_ratio * d_model / 8)
+
+
+def dynamic_loss_scaling(loss_scaling: str, dtype: str) -> bool:
+  """Whether `optim.loss_scaling` turns dynamic loss scaling on for compute in `dtype`."""
+  if loss_scaling == "auto":
+    return dtype == "float16"
+  return loss_scaling == "dynamic"

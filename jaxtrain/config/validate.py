@@ -1,0 +1,275 @@
+"""Every config field checked once, up front: its type, its range, and how it fits the others.
+
+`validate` runs before any work and raises `ConfigError` naming the first bad field and its fix.
+Whatever needs devices or data (a mesh that fits, a corpus long enough) is checked where they are.
+"""
+
+import os
+
+import ml_collections
+
+from jaxtrain.config import defaults as config
+from jaxtrain.system.errors import ConfigError
+
+
+def _check(ok: bool, field: str, problem: str, fix: str) -> None:
+  if not ok:
+    raise ConfigError(field, problem, fix)
+
+
+def get(cfg: ml_collections.ConfigDict, field: str):
+  """The value of a dotted field name: `get(cfg, "train.max_steps")`."""
+  for part in field.split("."):
+    cfg = cfg[part]
+  return cfg
+
+
+def _show(value) -> str:
+  """A value as an error message shows it: one short line, whatever the value is."""
+  if isinstance(value, dict | ml_collections.ConfigDict):
+    return "a section (a dict of fields)"
+  text = " ".join(repr(value).split())
+  return text if len(text) <= 60 else text[:57] + "..."
+
+
+INT32_MAX = 2**31 - 1
+STEPS_MAX = 2**30  # step counts: the device's step counter and the schedule's step + 1 are int32
+# The largest value of each integer field: past these a run cannot work or cannot end (int32
+# counters, 64-bit seeds, layers unrolled when traced, CPU devices all created at start). Each is
+# far above a real run's, so a typo'd number stops here instead of hanging or crashing later.
+LIMITS = {
+    "seed": 2**63 - 1, "model.n_layers": 256, "model.n_heads": 2**16, "model.d_model": 2**16,
+    "model.seq_len": 2**20, "model.vocab_size": 2**24, "data.vocab_size": 2**20, "train.batch_size": 2**24,
+    "train.grad_accum": 2**16, "train.max_steps": STEPS_MAX, "train.log_every": STEPS_MAX,
+    "train.eval_every": STEPS_MAX, "train.eval_steps": 2**12, "train.checkpoint_every": STEPS_MAX,
+    "train.keep_checkpoints": INT32_MAX, "train.early_stop_patience": STEPS_MAX,
+    "optim.warmup_steps": STEPS_MAX, "model.n_kv_heads": 2**16,
+    "optim.decay_steps": STEPS_MAX, "sample.num_samples": 1024, "sample.max_new_tokens": 2**16,
+    "sample.top_k": 2**24, "mesh.data": 2**20, "mesh.fsdp": 2**20, "mesh.cpu_devices": 1024,
+    "distributed.num_processes": 2**20, "distributed.process_id": 2**20,
+    "distributed.timeout_s": INT32_MAX,
+}
+MAX_PARAMS = 2**40  # ~1.1e12 parameters: 17.6 TB of float32 params, gradients and AdamW state
+MAX_BATCH_TOKENS = 2**31  # tokens of one micro-batch, batch_size x (seq_len + 1)
+FLOAT32_BELOW_1 = 1 - 2**-24  # numbers from here to 1 round to 1 in float32
+# Path fields: a NUL or a newline in one is a mistake, and would break the one-line messages.
+PATH_FIELDS = ("workdir", "data.path", "data.cache_dir", "init_from", "data.tokenizer",
+               "data.text_field")
+KINDS = {bool: "True or False", int: "an integer", str: "a string",
+          float: "a number within float32's range (|x| <= 3.4e38)"}
+
+
+def _is_kind(value, kind: type) -> bool:
+  if isinstance(value, bool) or kind is bool:
+    return isinstance(value, bool) and kind is bool
+  if kind is float:  # finite in float32, where the steps use them; ints as JAX takes them, int32
+    if isinstance(value, int):
+      return abs(value) <= INT32_MAX
+    return isinstance(value, float) and abs(value) <= 3.4028234663852886e38  # float32's largest
+  return isinstance(value, kind)
+
+
+def _validate_types(cfg: ml_collections.ConfigDict) -> None:
+  """Every field is there and has its default's type (a config file can set anything)."""
+  for field, default in config.flatten(config.default_config().to_dict()).items():
+    try:
+      value = get(cfg, field)
+    except (KeyError, AttributeError, TypeError):
+      raise ConfigError(field, "is missing", "build the config on jaxtrain.config.defaults.default_config() "
+                        "as configs/*.py do") from None
+    kind = type(default)
+    example = default if default != "" else "<text>"
+    _check(_is_kind(value, kind), field, f"must be {KINDS[kind]}, got {_show(value)}",
+           f"pass e.g. --config.{field}={example}")
+    if field in PATH_FIELDS:
+      _check(not any(ord(c) < 32 for c in value), field,
+             f"{_show(value)} holds a control character (NUL, newline, tab)",
+             f"pass --config.{field}=<a plain path>")
+    if field in LIMITS:
+      _check(value <= LIMITS[field], field, f"must be at most {LIMITS[field]}, got {_show(value)}",
+             f"pass a smaller --config.{field}")
+
+
+def _positive_int(cfg: ml_collections.ConfigDict, field: str, minimum: int = 1) -> None:
+  value = get(cfg, field)
+  _check(value >= minimum, field, f"must be an integer >= {minimum}, got {value!r}",
+         f"pass --config.{field}=<integer >= {minimum}>")
+
+
+def _one_of(value, choices, field: str) -> None:
+  _check(value in choices, field, f"{_show(value)} is not one of {', '.join(choices)}",
+         f"pass --config.{field}={choices[0]} (or another of those)")
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+  """Checks every field that can be checked without devices or data; raises ConfigError."""
+  _validate_types(cfg)
+  _check(cfg.workdir.strip() != "", "workdir", "is empty",
+         "pass --config.workdir=<directory for this run>")
+  _positive_int(cfg, "seed", minimum=0)
+  _validate_model(cfg)
+  _validate_train_optim(cfg)
+  _validate_sizes(cfg)
+  _validate_data_sample(cfg)
+  _validate_mesh_distributed(cfg)
+
+
+def _validate_model(cfg: ml_collections.ConfigDict) -> None:
+  m = cfg.model
+  for f in ("n_layers", "n_heads", "d_model", "seq_len"):
+    _positive_int(cfg, f"model.{f}")
+  _positive_int(cfg, "model.vocab_size", minimum=0)
+  _check(m.d_model % m.n_heads == 0, "model.d_model",
+         f"{m.d_model} is not divisible by model.n_heads={m.n_heads}",
+         "make d_model a multiple of n_heads")
+  head_dim = m.d_model // m.n_heads
+  _check(m.pos != "rope" or head_dim % 2 == 0, "model.d_model",
+         f"RoPE needs an even head size, got d_model/n_heads={head_dim}",
+         "change d_model or n_heads, or pass --config.model.pos=learned")
+  _one_of(m.norm, config.NORMS, "model.norm")
+  _one_of(m.pos, config.POSITIONS, "model.pos")
+  _one_of(m.mlp, config.MLPS, "model.mlp")
+  _one_of(m.dtype, config.DTYPES, "model.dtype")
+  _one_of(m.attention, config.ATTENTION, "model.attention")
+  _positive_int(cfg, "model.n_kv_heads", minimum=0)
+  _check(m.n_kv_heads == 0 or m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
+         f"{m.n_kv_heads} does not divide model.n_heads={m.n_heads}",
+         "pass a divisor of n_heads, or 0 for as many as n_heads")
+  _check(m.logit_softcap == 0 or m.logit_softcap >= 1e-3, "model.logit_softcap",
+         f"must be 0 (off) or at least 1e-3, got {m.logit_softcap}",
+         "pass --config.model.logit_softcap=15.0 (or 0 for none)")
+  _check(0 < m.mlp_ratio <= 256, "model.mlp_ratio", f"must be in (0, 256], got {m.mlp_ratio}",
+         "pass --config.model.mlp_ratio=4.0")
+  _check(m.mlp == "swiglu" or int(m.mlp_ratio * m.d_model) >= 1, "model.mlp_ratio",
+         f"the MLP would have width int(mlp_ratio * d_model) = {int(m.mlp_ratio * m.d_model)}",
+         "pass --config.model.mlp_ratio=4.0")
+  _check(0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {m.dropout}",
+         "pass --config.model.dropout=0.0")
+  # At 0 or below (or a base float32 rounds to 0), RoPE's angles become inf * 0 or nan.
+  _check(m.rope_theta >= 1e-30, "model.rope_theta", f"must be > 0 (at least 1e-30), got "
+         f"{m.rope_theta}", "pass --config.model.rope_theta=10000.0")
+
+
+# Sizes of a typical large run: a product of fields that is too large names its largest factor.
+_TYPICAL = {"model.n_layers": 12, "model.d_model": 768, "model.mlp_ratio": 4,
+            "model.vocab_size": 50304, "model.seq_len": 1024, "train.batch_size": 512}
+
+
+def _largest(cfg: ml_collections.ConfigDict, *fields: str) -> str:
+  return max(fields, key=lambda f: get(cfg, f) / _TYPICAL[f])
+
+
+def _validate_sizes(cfg: ml_collections.ConfigDict) -> None:
+  """Sizes that no machine holds are refused here, before anything is allocated."""
+  m, t = cfg.model, cfg.train
+  # About the model's parameters, as model.ModelConfig counts them (vocab 256 where it is 0).
+  width = config.mlp_width(m.mlp, m.mlp_ratio, m.d_model)
+  per_layer = 4 * m.d_model**2 + (2 if m.mlp != "swiglu" else 3) * m.d_model * width
+  n = m.n_layers * per_layer + (1 if m.tie_embeddings else 2) * (m.vocab_size or 256) * m.d_model \
+      + (m.seq_len * m.d_model if m.pos == "learned" else 0)
+  _check(n <= MAX_PARAMS, _largest(cfg, "model.n_layers", "model.d_model", "model.mlp_ratio",
+                                   "model.vocab_size"),
+         f"the model would have ~{n:.3g} parameters, more than the {MAX_PARAMS:.3g} any machine "
+         "can train", "make model.d_model, model.n_layers, model.mlp_ratio or model.vocab_size "
+         "smaller")
+  tokens = t.batch_size * (m.seq_len + 1)
+  _check(tokens <= MAX_BATCH_TOKENS, _largest(cfg, "train.batch_size", "model.seq_len"),
+         f"one micro-batch would hold batch_size x (seq_len + 1) = {tokens:.3g} tokens, more than "
+         f"{MAX_BATCH_TOKENS:.3g}", "lower train.batch_size (raise train.grad_accum to keep the "
+         "tokens per step) or model.seq_len")
+
+
+def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
+  o = cfg.optim
+  for f in ("batch_size", "grad_accum", "max_steps", "log_every", "eval_every", "eval_steps",
+            "checkpoint_every", "keep_checkpoints"):
+    _positive_int(cfg, f"train.{f}")
+  _positive_int(cfg, "train.early_stop_patience", minimum=0)
+
+  _one_of(o.name, config.OPTIMIZERS, "optim.name")
+  _one_of(o.schedule, config.SCHEDULES, "optim.schedule")
+  _check(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}", "pass e.g. --config.optim.lr=1e-3")
+  _check(o.matrix_lr > 0, "optim.matrix_lr", f"must be > 0, got {o.matrix_lr}",
+         "pass e.g. --config.optim.matrix_lr=0.02")
+  for f in ("embedding_lr", "head_lr"):
+    _check(o[f] >= 0, f"optim.{f}", f"must be >= 0 (0: optim.lr), got {o[f]}",
+           f"pass --config.optim.{f}=0")
+  _check(0 < o.decay_fraction <= 1, "optim.decay_fraction",
+         f"must be in (0, 1], got {o.decay_fraction}", "pass --config.optim.decay_fraction=0.2")
+  _check(0.0 <= o.momentum < FLOAT32_BELOW_1, "optim.momentum", f"must be in [0, 1), got "
+         f"{o.momentum}", "pass --config.optim.momentum=0.95")
+  _check(0.0 <= o.min_lr_ratio <= 1.0, "optim.min_lr_ratio",
+         f"must be in [0, 1], got {o.min_lr_ratio}", "pass --config.optim.min_lr_ratio=0.1")
+  _positive_int(cfg, "optim.warmup_steps", minimum=0)
+  _positive_int(cfg, "optim.decay_steps", minimum=0)
+  _check(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}",
+         "pass --config.optim.weight_decay=0.1")
+  _check(o.embedding_weight_decay >= 0, "optim.embedding_weight_decay",
+         f"must be >= 0, got {o.embedding_weight_decay}",
+         "pass --config.optim.embedding_weight_decay=0")
+  _check(o.head_weight_decay >= 0 or o.head_weight_decay == -1, "optim.head_weight_decay",
+         f"must be >= 0, or -1 for optim.weight_decay, got {o.head_weight_decay}",
+         "pass --config.optim.head_weight_decay=-1")
+  _check(o.clip_norm >= 0, "optim.clip_norm", f"must be >= 0 (0 turns clipping off), got {o.clip_norm}",
+         "pass --config.optim.clip_norm=1.0")
+  for b, usual in (("b1", 0.9), ("b2", 0.95)):  # AdamW divides by 1 - b**step, in float32
+    _check(0.0 <= o[b] < FLOAT32_BELOW_1, f"optim.{b}", f"must be in [0, 1) (and below 1 in "
+           f"float32), got {o[b]}", f"pass --config.optim.{b}={usual}")
+  # A smaller eps rounds to 0 in float32, and a parameter with no gradient yet gets 0 / 0.
+  _check(o.eps >= 1e-30, "optim.eps", f"must be > 0 (at least 1e-30), got {o.eps}",
+         "pass --config.optim.eps=1e-8")
+  _one_of(o.loss_scaling, config.LOSS_SCALING, "optim.loss_scaling")
+
+
+def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
+  d, s = cfg.data, cfg.sample
+  _check(d.tokenizer in config.TOKENIZERS or os.path.isfile(os.path.expanduser(d.tokenizer)),
+         "data.tokenizer", f"{_show(d.tokenizer)} is not byte, char, bpe or a tokenizer.json file",
+         "pass --config.data.tokenizer=bpe (or byte, char, or the path of a tokenizer.json)")
+  _check(d.text_field != "", "data.text_field", "is empty", "pass --config.data.text_field=text")
+  _check(d.vocab_size >= 257, "data.vocab_size", f"{d.vocab_size} is too small for byte-level "
+         "BPE (256 byte tokens + end-of-text)", "pass --config.data.vocab_size=4096 (at least 257)")
+  # Whether each split holds a window depends on the corpus: data.check_lengths says at run time.
+  # Underflow-sized fractions are refused here (the tokens they would need overflow a float).
+  _check(1e-30 <= d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1) (at least "
+         f"1e-30), got {d.val_fraction}", "pass --config.data.val_fraction=0.1")
+
+  _positive_int(cfg, "sample.num_samples", minimum=0)
+  _positive_int(cfg, "sample.max_new_tokens", minimum=0)
+  # Logits are divided by it in float32, where a smaller temperature is 0: nan samples.
+  _check(s.temperature == 0 or s.temperature >= 1e-30, "sample.temperature", f"must be >= 0 (0 "
+         f"is greedy; else at least 1e-30), got {s.temperature}", "pass --config.sample.temperature=0.8")
+  _positive_int(cfg, "sample.top_k", minimum=0)
+
+
+def _validate_mesh_distributed(cfg: ml_collections.ConfigDict) -> None:
+  for f in ("data", "fsdp"):
+    v = cfg.mesh[f]
+    _check(v == -1 or v >= 1, f"mesh.{f}",
+           f"must be -1 (all devices) or >= 1, got {v!r}", f"pass --config.mesh.{f}=-1")
+  _positive_int(cfg, "mesh.cpu_devices", minimum=0)
+  dist = cfg.distributed
+  _positive_int(cfg, "distributed.num_processes", minimum=0)
+  _positive_int(cfg, "distributed.timeout_s")
+  _check(dist.process_id >= -1, "distributed.process_id",
+         f"must be -1 (from the environment) or >= 0, got {dist.process_id!r}",
+         "pass --config.distributed.process_id=<0 .. num_processes-1>")
+  if dist.coordinator_address:
+    host, _, port = dist.coordinator_address.rpartition(":")
+    _check(bool(host) and port.isascii() and port.isdigit() and 0 < int(port) < 2**16,
+           "distributed.coordinator_address",
+           f"{dist.coordinator_address!r} is not host:port",
+           "pass e.g. --config.distributed.coordinator_address=10.0.0.1:1234")
+    _check(dist.num_processes >= 1 and 0 <= dist.process_id < dist.num_processes,
+           "distributed.process_id",
+           f"with a coordinator address, num_processes ({dist.num_processes}) and process_id "
+           f"({dist.process_id}) must be set, 0 <= process_id < num_processes",
+           "pass --config.distributed.num_processes=N --config.distributed.process_id=i")
+  # Each process takes an equal share of the rows of every micro-batch.
+  _check(dist.num_processes == 0 or cfg.train.batch_size % dist.num_processes == 0,
+         "train.batch_size", f"{cfg.train.batch_size} does not split evenly over "
+         f"distributed.num_processes={dist.num_processes}",
+         f"pass a multiple of {dist.num_processes}")
+  _check(not (cfg.mesh.data == -1 and cfg.mesh.fsdp == -1), "mesh.fsdp",
+         "only one mesh axis can be -1",
+         "pass --config.mesh.fsdp=1 or give mesh.data an explicit size")

@@ -1,0 +1,396 @@
+"""Decoder-only, pre-norm transformer in flax NNX, with no biases anywhere.
+
+Switches: RMSNorm or LayerNorm, RoPE or learned positions, SwiGLU, GELU or ReLU^2 MLP, tied or
+separate output embedding, grouped-query attention, QK-norm, logit soft-capping and zero-initialised
+output projections. Linear layers and attention use `ops`' backward passes (fast on CPU);
+on GPUs with 16-bit compute, attention can go to cuDNN's fused kernel instead.
+Shape suffixes: B batch, T time, D d_model, H heads, G key/value heads, K head size, F MLP width,
+V vocab.
+"""
+
+import dataclasses
+import functools
+import math
+import threading
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from jaxtrain.config import defaults as config
+from jaxtrain.core import ops
+from jaxtrain.system.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  vocab_size: int
+  n_layers: int
+  n_heads: int
+  d_model: int
+  seq_len: int
+  norm: str = "rmsnorm"
+  pos: str = "rope"
+  mlp: str = "swiglu"
+  mlp_ratio: float = 4.0
+  tie_embeddings: bool = True
+  dropout: float = 0.0
+  rope_theta: float = 10000.0
+  dtype: str = "float32"
+  attention: str = "xla"  # "xla" (jaxtrain's, in XLA ops), "cudnn", or "auto" (see resolve_attention)
+  n_kv_heads: int = 0  # 0: n_heads (multi-head attention); fewer: grouped-query attention
+  qk_norm: bool = False
+  logit_softcap: float = 0.0  # 0: off
+  zero_init_out: bool = False
+  doc_mask: bool = False  # attention stays within documents, which end at eot_id
+  eot_id: int = -1  # the tokenizer's end-of-text token
+
+  @classmethod
+  def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "ModelConfig":
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in model.to_dict().items() if k in fields}
+    kwargs["vocab_size"] = vocab_size
+    return cls(**kwargs)
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.n_heads
+
+  @property
+  def kv_heads(self) -> int:
+    return self.n_kv_heads or self.n_heads
+
+  @property
+  def mlp_hidden(self) -> int:
+    return config.mlp_width(self.mlp, self.mlp_ratio, self.d_model)
+
+
+def resolve_attention(choice: str, dtype: str, seq_len: int, n_heads: int, head_dim: int,
+                      platform: str) -> tuple[str, str]:
+  """(implementation, why) on `platform`'s devices: "auto" takes cuDNN's fused attention where it
+  compiles, else XLA's."""
+  on_gpu = platform == "gpu"
+  if choice == "cudnn" and not on_gpu:
+    raise ConfigError("model.attention", "cudnn needs an NVIDIA GPU",
+                      "pass --config.model.attention=auto (or xla)")
+  if choice != "auto":
+    return choice, "as configured"
+  if not on_gpu:
+    return "xla", f"{platform} has no cuDNN"
+  if dtype not in ("bfloat16", "float16"):
+    return "xla", "cuDNN attention needs 16-bit inputs"
+  x = jax.ShapeDtypeStruct((1, seq_len, n_heads, head_dim), jnp.dtype(dtype))
+  try:  # shapes cuDNN does not support fail here, at compile time
+    jax.jit(lambda q, k, v: jax.nn.dot_product_attention(
+        q, k, v, is_causal=True, implementation="cudnn")).lower(x, x, x).compile()
+  except Exception as e:  # the reasons vary by cuDNN version: any failure means "not here"
+    return "xla", f"cuDNN attention unavailable ({str(e).splitlines()[0][:100]})"
+  return "cudnn", "cuDNN fused attention"
+
+
+def matmul_param_count(c: ModelConfig) -> int:
+  """Parameters that take part in a matmul: attention and MLP kernels, and the output projection.
+
+  Norm scales, position embeddings and the input embedding lookup cost no matmul FLOPs.
+  """
+  F = c.mlp_hidden
+  attn = c.d_model * (c.n_heads + 2 * c.kv_heads) * c.head_dim + c.d_model * c.d_model
+  mlp = (3 if c.mlp == "swiglu" else 2) * c.d_model * F
+  return c.n_layers * (attn + mlp) + c.vocab_size * c.d_model
+
+
+def flops_per_token(c: ModelConfig, training: bool = True) -> int:
+  """Matmul FLOPs per token: 2N forward plus 4*L*T*D for the attention scores and values.
+
+  Training (forward + backward) is 3x the forward pass: 6N + 12*L*T*D.
+  """
+  forward = 2 * matmul_param_count(c) + 4 * c.n_layers * c.seq_len * c.d_model
+  return 3 * forward if training else forward
+
+
+def flops_per_step(c: ModelConfig, batch_size: int) -> int:
+  """Training FLOPs of one micro-batch of `batch_size` full-length rows."""
+  return flops_per_token(c) * batch_size * c.seq_len
+
+
+
+class Dense(nnx.Module):
+  """A bias-free linear layer whose backward pass is `ops.dense`'s (params stay float32)."""
+
+  def __init__(self, d_in: int, d_out: int, *, dtype, kernel_init, rngs: nnx.Rngs):
+    self.kernel = nnx.Param(kernel_init(rngs.params(), (d_in, d_out), jnp.float32))
+    self.dtype = dtype
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return ops.dense(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+
+
+# Per thread, the draws that `init` collects to make in batches (none: initializers draw at once).
+_BATCHING = threading.local()
+
+
+def _init(std: float):
+  def init(key, shape: tuple[int, ...], dtype) -> jax.Array:
+    draws = getattr(_BATCHING, "draws", None)
+    if draws is None:
+      return jax.random.normal(key, shape, dtype) * jnp.array(std, dtype)
+    placeholder = jnp.zeros(shape, dtype)
+    draws.append((placeholder, key, std))  # key: the index `_NumberedKeys` gave out
+    return placeholder
+  return init
+
+
+class _NumberedKeys:
+  """Stands in for `nnx.Rngs` while `init` builds the model: the i-th params key it hands out
+  is the number i, where `nnx.Rngs(params=key)` would hand out `fold_in(key, i)`."""
+
+  def __init__(self):
+    self.count = 0
+
+  def params(self) -> int:
+    self.count += 1
+    return self.count - 1
+
+
+def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
+  if rate == 0.0 or key is None:
+    return x
+  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
+def _norm(c: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+  dtype = jnp.dtype(c.dtype)
+  if c.norm == "rmsnorm":
+    return nnx.RMSNorm(c.d_model, epsilon=1e-5, dtype=dtype, rngs=rngs)
+  return nnx.LayerNorm(c.d_model, epsilon=1e-5, use_bias=False, dtype=dtype, rngs=rngs)
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+  inv_freq_K = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  angles_TK = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq_K[None, :]
+  return jnp.cos(angles_TK), jnp.sin(angles_TK)
+
+
+def apply_rope(x_BTHK: jax.Array, cos_TK: jax.Array, sin_TK: jax.Array) -> jax.Array:
+  half = x_BTHK.shape[-1] // 2
+  x1, x2 = x_BTHK[..., :half], x_BTHK[..., half:]
+  cos, sin = cos_TK[None, :, None, :].astype(x_BTHK.dtype), sin_TK[None, :, None, :].astype(x_BTHK.dtype)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, c: ModelConfig, rngs: nnx.Rngs):
+    self.c = c
+    dtype = jnp.dtype(c.dtype)
+    self.qkv = Dense(c.d_model, (c.n_heads + 2 * c.kv_heads) * c.head_dim, dtype=dtype,
+                     kernel_init=_init(0.02), rngs=rngs)
+    self.out = Dense(c.d_model, c.d_model, dtype=dtype, kernel_init=_init(_out_std(c)), rngs=rngs)
+
+  def __call__(self, x_BTD: jax.Array, rope: tuple[jax.Array, jax.Array] | None,
+               same_doc_BTS: jax.Array | None = None) -> jax.Array:
+    B, T, D = x_BTD.shape
+    c = self.c
+    H, G, K = c.n_heads, c.kv_heads, c.head_dim
+    q_BTHK, k_BTGK, v_BTGK = qkv_heads(self.qkv(x_BTD), H, G, K)
+    if c.qk_norm:
+      q_BTHK, k_BTGK = rms_heads(q_BTHK), rms_heads(k_BTGK)
+    if rope is not None:
+      q_BTHK, k_BTGK = apply_rope(q_BTHK, *rope), apply_rope(k_BTGK, *rope)
+    if c.attention == "cudnn":  # takes G < H as it is
+      mask = None if same_doc_BTS is None else same_doc_BTS[:, None]
+      y_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTGK, v_BTGK, mask=mask, is_causal=True,
+                                            implementation="cudnn")
+    else:  # heads first: each head's attention is then a batch of plain matmuls
+      heads = lambda x: jnp.transpose(x, (0, 2, 1, 3))  # BTHK <-> BHTK
+      k_BTHK, v_BTHK = (jnp.repeat(x, H // G, axis=2) for x in (k_BTGK, v_BTGK))
+      qkv = heads(q_BTHK), heads(k_BTHK), heads(v_BTHK)
+      y_BTHK = heads(ops.causal_attention(*qkv) if same_doc_BTS is None else
+                     ops.document_attention(*qkv, same_doc_BTS))
+    return self.out(y_BTHK.reshape(B, T, D))
+
+
+def qkv_heads(qkv_BTN: jax.Array, H: int, G: int, K: int) -> tuple[jax.Array, ...]:
+  """Queries [B, T, H, K], keys and values [B, T, G, K] from the fused projection's output."""
+  B, T, _ = qkv_BTN.shape
+  q, k, v = jnp.split(qkv_BTN, [H * K, (H + G) * K], axis=-1)
+  return q.reshape(B, T, H, K), k.reshape(B, T, G, K), v.reshape(B, T, G, K)
+
+
+def rms_heads(x: jax.Array) -> jax.Array:
+  """QK-norm: each head's query or key scaled to unit RMS (no weights), so that attention logits
+  cannot grow without bound."""
+  x32 = x.astype(jnp.float32)
+  return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)).astype(x.dtype)
+
+
+def softcap(logits: jax.Array, cap: float) -> jax.Array:
+  return cap * jnp.tanh(logits / cap) if cap > 0 else logits
+
+
+def _out_std(c: ModelConfig) -> float:
+  """Projections back into the residual stream: zero (each block starts as the identity) or
+  scaled down, since 2 residual branches per layer add up."""
+  return 0.0 if c.zero_init_out else 0.02 / math.sqrt(2 * c.n_layers)
+
+
+class MLP(nnx.Module):
+
+  def __init__(self, c: ModelConfig, rngs: nnx.Rngs):
+    self.kind = c.mlp
+    dtype = jnp.dtype(c.dtype)
+    F = c.mlp_hidden
+    # SwiGLU's gate and up projections are one matrix: one matmul instead of two.
+    self.up = Dense(c.d_model, 2 * F if self.kind == "swiglu" else F, dtype=dtype,
+                    kernel_init=_init(0.02), rngs=rngs)
+    self.down = Dense(F, c.d_model, dtype=dtype, kernel_init=_init(_out_std(c)), rngs=rngs)
+
+  def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    h = self.up(x_BTD)
+    if self.kind == "swiglu":
+      gate_BTF, up_BTF = jnp.split(h, 2, axis=-1)
+      h_BTF = jax.nn.silu(gate_BTF) * up_BTF
+    elif self.kind == "relu2":
+      h_BTF = jnp.square(jax.nn.relu(h))
+    else:
+      h_BTF = jax.nn.gelu(h, approximate=True)
+    return self.down(h_BTF)
+
+
+class Block(nnx.Module):
+
+  def __init__(self, c: ModelConfig, rngs: nnx.Rngs):
+    self.dropout = c.dropout
+    self.norm1 = _norm(c, rngs)
+    self.attn = Attention(c, rngs)
+    self.norm2 = _norm(c, rngs)
+    self.mlp = MLP(c, rngs)
+
+  def __call__(self, x_BTD, rope, key: jax.Array | None, same_doc_BTS: jax.Array | None = None):
+    k1, k2 = jax.random.split(key) if key is not None else (None, None)
+    x_BTD = x_BTD + _dropout(self.attn(self.norm1(x_BTD), rope, same_doc_BTS), self.dropout, k1)
+    return x_BTD + _dropout(self.mlp(self.norm2(x_BTD)), self.dropout, k2)
+
+
+class GPT(nnx.Module):
+
+  def __init__(self, c: ModelConfig, rngs: nnx.Rngs):
+    self.c = c
+    dtype = jnp.dtype(c.dtype)
+    self.wte = nnx.Embed(c.vocab_size, c.d_model, dtype=dtype, embedding_init=_init(0.02), rngs=rngs)
+    if c.pos == "learned":
+      self.wpe = nnx.Param(_init(0.01)(rngs.params(), (c.seq_len, c.d_model), jnp.float32))
+    self.blocks = nnx.List([Block(c, rngs) for _ in range(c.n_layers)])
+    self.norm_f = _norm(c, rngs)
+    if not c.tie_embeddings:
+      self.lm_head = Dense(c.d_model, c.vocab_size, dtype=dtype,
+                                kernel_init=_init(0.02), rngs=rngs)
+
+  def __call__(self, tokens_BT: jax.Array, *, dropout_key: jax.Array | None = None) -> jax.Array:
+    """Returns float32 logits for the next token at every position."""
+    c = self.c
+    T = tokens_BT.shape[1]
+    x_BTD = self.wte(tokens_BT)
+    rope = None
+    if c.pos == "learned":
+      x_BTD = x_BTD + self.wpe[:T].astype(x_BTD.dtype)
+    else:
+      rope = rope_tables(T, c.head_dim, c.rope_theta)
+    keys = [None] * (c.n_layers + 1)
+    if dropout_key is not None and c.dropout > 0:
+      keys = list(jax.random.split(dropout_key, c.n_layers + 1))
+    x_BTD = _dropout(x_BTD, c.dropout, keys[0])
+    same_doc_BTS = same_document(tokens_BT, c.eot_id) if c.doc_mask else None
+    for block, key in zip(self.blocks, keys[1:]):
+      x_BTD = block(x_BTD, rope, key, same_doc_BTS)
+    x_BTD = self.norm_f(x_BTD)
+    if c.tie_embeddings:
+      dtype = jnp.dtype(c.dtype)
+      logits_BTV = ops.dense_transposed(x_BTD.astype(dtype), self.wte.embedding[...].astype(dtype))
+    else:
+      logits_BTV = self.lm_head(x_BTD)
+    return softcap(logits_BTV.astype(jnp.float32), c.logit_softcap)
+
+
+def same_document(tokens_BT: jax.Array, eot_id: int) -> jax.Array:
+  """bool[B, T, T]: whether positions t and s hold tokens of one document. A document's
+  end-of-text token is its last; the next token starts another."""
+  is_eot_BT = (tokens_BT == eot_id).astype(jnp.int32)
+  doc_BT = jnp.cumsum(is_eot_BT, axis=1) - is_eot_BT
+  return doc_BT[:, :, None] == doc_BT[:, None, :]
+
+
+def init(c: ModelConfig, key: jax.Array, exact_shapes: bool = False) -> GPT:
+  """`GPT(c, nnx.Rngs(params=key))`, with the same values, but cheaper to compile.
+
+  Under jit every normal draw is a threefry loop that is slow to compile on CPU. Here the
+  draws are collected while the model is built, then made as one vmapped draw per group (a batch
+  of keys gives what each key gives alone). A group holds draws of similar sizes, each padded to
+  the group's largest and cut back: with partitionable threefry (jax's default) a key's first n
+  values do not depend on how many are drawn, so the params are bit for bit those of separate
+  draws, from a few loops instead of one per parameter. `exact_shapes` groups only
+  draws of one shape, drawn in that shape: params split over devices (FSDP) are then drawn by
+  each device for its own part, where a padded flat draw would be made whole on every device.
+  """
+  _BATCHING.draws = draws = []
+  try:
+    model = GPT(c, _NumberedKeys())
+  finally:
+    _BATCHING.draws = None
+  keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.array([i for _, i, _ in draws],
+                                                                 jnp.uint32))
+  pad = jax.config.jax_threefry_partitionable and not exact_shapes
+  values = {}
+  for group in _draw_groups([placeholder for placeholder, _, _ in draws], pad):
+    first = draws[group[0]][0]
+    shape = first.shape if not pad else (first.size,)
+    stds = jnp.array([draws[d][2] for d in group], first.dtype)
+    draw = functools.partial(_scaled_normal, shape=shape, dtype=first.dtype)
+    drawn = jax.vmap(draw)(keys[jnp.array(group)], stds)
+    for j, d in enumerate(group):
+      placeholder = draws[d][0]
+      values[id(placeholder)] = drawn[j] if not pad else \
+          drawn[j, :placeholder.size].reshape(placeholder.shape)
+  params = nnx.state(model, nnx.Param)
+  nnx.update(model, jax.tree.map(lambda x: values.pop(id(x), x), params))
+  if values:
+    raise RuntimeError(f"model.init: {len(values)} drawn parameter(s) not found in the model")
+  return model
+
+
+def _scaled_normal(key: jax.Array, std: jax.Array, *, shape: tuple[int, ...], dtype) -> jax.Array:
+  return jax.random.normal(key, shape, dtype) * std
+
+
+MAX_PADDING = 2**24  # values drawn only to be thrown away, per group (64 MiB of float32)
+
+
+def _draw_groups(placeholders: list[jax.Array], pad: bool = True) -> list[list[int]]:
+  """Indices of draws made together, largest first in each group. With `pad`, sizes join a group
+  while padding each draw to the group's largest at most doubles the group's values and wastes at
+  most MAX_PADDING; without it, a group is one shape and dtype."""
+  order = sorted(range(len(placeholders)), key=lambda d: (
+      -placeholders[d].size, placeholders[d].dtype.name, placeholders[d].shape))
+  groups: list[list[int]] = []
+  for d in order:
+    p = placeholders[d]
+    if groups:
+      group = groups[-1]
+      first = placeholders[group[0]]
+      total = sum(placeholders[g].size for g in group) + p.size
+      padded = first.size * (len(group) + 1)
+      fits = padded <= 2 * total and padded - total <= MAX_PADDING if pad else \
+          p.shape == first.shape
+      if p.dtype == first.dtype and fits:
+        group.append(d)
+        continue
+    groups.append([d])
+  return groups
+
+
+def param_count(c: ModelConfig) -> int:
+  """All parameters, counted from abstract shapes (nothing is allocated)."""
+  abstract = nnx.eval_shape(lambda: GPT(c, nnx.Rngs(0)))
+  return sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))

@@ -1,0 +1,112 @@
+"""From a config to the programs a run executes: the one way jaxtrain builds its steps.
+
+`build(cfg, vocab_size)` makes the device mesh, the optimizer, the state's layout and the jitted
+init, train and eval programs with their shardings. The training loop, `load_state`, the test
+helpers, the notebooks and every benchmark call it, so what is measured is what users run.
+"""
+
+import dataclasses
+import os
+from collections.abc import Callable
+
+import jax
+import ml_collections
+from jax.sharding import Mesh
+
+from jaxtrain.config import defaults as config
+from jaxtrain.core import cpu, mesh, optim, steps
+from jaxtrain.core import model as model_lib
+
+# Data-parallel CPU steps under this many FLOPs per device all-reduce their gradients at once
+# (`mesh.one_allreduce_step`); larger ones keep XLA's per-gradient all-reduces.
+ONE_ALLREDUCE_FLOPS = 4e9
+
+
+@dataclasses.dataclass(frozen=True)
+class Programs:
+  """Everything a run compiles, for one config on one set of devices."""
+
+  mesh: Mesh
+  model_cfg: model_lib.ModelConfig  # attention resolved for the platform
+  attention_why: str  # why that attention: configured, or what "auto" found
+  optimizer: optim.Optimizer  # settings; every state built from this config shares them
+  abstract: steps.TrainState  # shapes and dtypes; its static parts are every state's
+  shardings: steps.TrainState  # a NamedSharding for every array of the state
+  batch_shape: tuple[int, int]  # one global micro-batch of tokens: (batch_size, seq_len + 1)
+  compiler_options: dict  # XLA options of the train and eval steps
+  one_allreduce: bool  # the train step all-reduces its gradients as one buffer
+  init_arrays: Callable[[], dict]  # jitted: a fresh state's arrays, each with its sharding
+  train_step: Callable  # jitted (state, batch) -> (state, metrics); the state is donated
+  eval_step: Callable  # jitted (state, batch) -> metrics
+
+  def init(self) -> steps.TrainState:
+    """A fresh state, every array created directly where its sharding puts it."""
+    return self.abstract.with_arrays(self.init_arrays())
+
+  def place(self, batch: dict) -> dict:
+    """This process's rows of a micro-batch -> global arrays split over the batch axes."""
+    return mesh.global_batch(batch, self.mesh)
+
+  def batch_spec(self) -> dict:
+    return {"tokens": jax.ShapeDtypeStruct(self.batch_shape, "int32",
+                                           sharding=mesh.batch_sharding(self.mesh))}
+
+  def lower_init(self) -> jax.stages.Lowered:
+    return self.init_arrays.lower()
+
+  def compile_train(self) -> jax.stages.Compiled:
+    """The train step compiled now (a `Compiled` takes the same arguments)."""
+    return self.train_step.lower(self.abstract, self.batch_spec()).compile()
+
+
+def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None = None,
+          compiler_options: dict | None = None, eot_id: int = -1) -> Programs:
+  """The programs for `cfg` on `devices` (default: all). Nothing is compiled until first use.
+
+  `compiler_options` default to `cpu.cpu_step_options` on CPU and none elsewhere. `eot_id`:
+  the tokenizer's end-of-text token, where `model.doc_mask` ends documents.
+  """
+  devices = jax.devices() if devices is None else devices
+  m = cfg.model
+  mesh.check_devices(cfg.mesh, cfg.train.batch_size, devices, m.dtype)
+  device_mesh = mesh.make_mesh(cfg.mesh, devices)
+  impl, why = model_lib.resolve_attention(m.attention, m.dtype, m.seq_len, m.n_heads,
+                                          m.d_model // m.n_heads, devices[0].platform)
+  if m.doc_mask and not 0 <= eot_id < vocab_size:
+    raise ValueError(f"model.doc_mask needs the tokenizer's end-of-text id, got eot_id={eot_id}")
+  model_cfg = dataclasses.replace(model_lib.ModelConfig.from_config(m, vocab_size), attention=impl,
+                                  eot_id=eot_id)
+  loss_scaling = config.dynamic_loss_scaling(cfg.optim.loss_scaling, m.dtype)
+  optimizer = optim.make_optimizer(cfg.optim, max_steps=cfg.train.max_steps,
+                                   grad_accum=cfg.train.grad_accum,
+                                   skip_nonfinite=cfg.train.skip_nonfinite,
+                                   loss_scaling=loss_scaling)
+
+  def fresh() -> steps.TrainState:
+    # Params split over devices are drawn in their own shapes: each device draws its part.
+    return steps.init_state(model_cfg, optimizer, seed=cfg.seed,
+                            exact_shapes=device_mesh.shape["fsdp"] != 1)
+
+  abstract = jax.eval_shape(fresh)
+  shardings = mesh.state_shardings(abstract, device_mesh)
+  on_cpu = devices[0].platform == "cpu"
+  step_flops = model_lib.flops_per_step(model_cfg, cfg.train.batch_size)
+  if compiler_options is None:
+    compiler_options = cpu.cpu_step_options(step_flops, os.environ.get("XLA_FLAGS", "")) \
+        if on_cpu else {}
+  one_allreduce = (on_cpu and device_mesh.shape["data"] > 1 and device_mesh.shape["fsdp"] == 1
+                   and model_cfg.dropout == 0 and step_flops / len(devices) < ONE_ALLREDUCE_FLOPS)
+  train_fn = mesh.one_allreduce_step(device_mesh) if one_allreduce else steps.train_step
+  batch = {"tokens": mesh.batch_sharding(device_mesh)}
+  rep = mesh.replicated(device_mesh)
+  return Programs(
+      mesh=device_mesh, model_cfg=model_cfg, attention_why=why, optimizer=optimizer,
+      abstract=abstract, shardings=shardings,
+      batch_shape=(cfg.train.batch_size, m.seq_len + 1), compiler_options=compiler_options,
+      one_allreduce=one_allreduce,
+      init_arrays=jax.jit(lambda: fresh().arrays(), out_shardings=shardings.arrays()),
+      train_step=jax.jit(train_fn, in_shardings=(shardings, batch), out_shardings=(shardings, rep),
+                         donate_argnums=0, compiler_options=compiler_options),
+      eval_step=jax.jit(steps.eval_step, in_shardings=(shardings, batch), out_shardings=rep,
+                        compiler_options=compiler_options),
+  )

@@ -1,0 +1,122 @@
+"""The train state and the pure train and eval steps.
+
+`train_step(state, batch) -> (state, metrics)` and `eval_step(state, batch) -> metrics` read
+nothing but their arguments, so a test can call them directly, with or without `jax.jit`.
+A batch is `{"tokens": int32[B, T+1]}`: inputs are tokens[:, :-1], targets tokens[:, 1:].
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+from jaxtrain.core import model as model_lib
+from jaxtrain.core import optim
+
+TRAIN_METRICS = ("loss", "grad_norm", "skipped", "loss_scale")  # what train_step reports
+EVAL_METRICS = ("loss",)
+INITIAL_LOSS_SCALE = 2.0**15
+LOSS_SCALE_GROWTH = 2.0 ** (1 / 1000)
+
+
+@struct.dataclass
+class TrainState:
+  params: Any  # nested dict of float32 arrays (the NNX Param state as a pure dict)
+  opt_state: optax.OptState
+  step: jax.Array  # int32: optimizer steps taken (micro-batches / grad_accum)
+  rng: jax.Array  # uint32[2]: raw key data for dropout
+  loss_scale: jax.Array  # float32: the loss is multiplied by it before backprop (1 unless dynamic)
+  graphdef: nnx.GraphDef = struct.field(pytree_node=False)
+  optimizer: optim.Optimizer = struct.field(pytree_node=False)
+  model_cfg: model_lib.ModelConfig = struct.field(pytree_node=False)
+  dynamic_loss_scale: bool = struct.field(pytree_node=False, default=False)
+
+  @property
+  def tx(self) -> optax.GradientTransformation:
+    return self.optimizer.transformation()
+
+  def model(self) -> model_lib.GPT:
+    return nnx.merge(self.graphdef, self.params)
+
+  def arrays(self) -> dict:
+    """What a checkpoint holds: every array of the state, and nothing static."""
+    return {"params": self.params, "opt_state": self.opt_state, "step": self.step, "rng": self.rng,
+            "loss_scale": self.loss_scale}
+
+  def with_arrays(self, arrays: dict) -> "TrainState":
+    return self.replace(**arrays)
+
+
+def init_state(model_cfg: model_lib.ModelConfig, optimizer: optim.Optimizer, *,
+               seed: int, exact_shapes: bool = False) -> TrainState:
+  """A fresh state from `seed`: the same seed gives the same params on every platform.
+
+  `exact_shapes`: draw each param in its own shape (params split over devices, so that each
+  device draws its own part). The optimizer's `loss_scaling` turns on dynamic loss scaling.
+  """
+  key = jax.random.PRNGKey(seed)
+  param_key, dropout_key = jax.random.split(key)
+  model = model_lib.init(model_cfg, param_key, exact_shapes=exact_shapes)
+  graphdef, params = nnx.split(model, nnx.Param)
+  params = nnx.to_pure_dict(params)
+  scale = INITIAL_LOSS_SCALE if optimizer.loss_scaling else 1.0
+  return TrainState(params=params, opt_state=optimizer.transformation().init(params),
+                    step=jnp.array(0, jnp.int32), rng=dropout_key,
+                    loss_scale=jnp.array(scale, jnp.float32), graphdef=graphdef,
+                    optimizer=optimizer, model_cfg=model_cfg,
+                    dynamic_loss_scale=optimizer.loss_scaling)
+
+
+def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
+  return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT).mean()
+
+
+def loss_fn(params, graphdef: nnx.GraphDef, tokens_BT1: jax.Array,
+            dropout_key: jax.Array | None = None) -> jax.Array:
+  model = nnx.merge(graphdef, params)
+  logits_BTV = model(tokens_BT1[:, :-1], dropout_key=dropout_key)
+  return cross_entropy(logits_BTV, tokens_BT1[:, 1:])
+
+
+def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+  """One micro-batch: gradients, then the optimizer (which applies an update every grad_accum)."""
+  rng, dropout_key = jax.random.split(state.rng)
+  loss, grads = gradients(state, batch["tokens"], dropout_key)
+  return apply_gradients(state, rng, loss, grads)
+
+
+def gradients(state: TrainState, tokens_BT1: jax.Array,
+              dropout_key: jax.Array | None) -> tuple[jax.Array, Any]:
+  """(loss, gradients of the params) for a micro-batch, through the loss scale and back."""
+  scale = state.loss_scale
+
+  def scaled_loss(params):
+    return loss_fn(params, state.graphdef, tokens_BT1, dropout_key) * scale
+
+  scaled, grads = jax.value_and_grad(scaled_loss)(state.params)
+  return scaled / scale, jax.tree.map(lambda g: g / scale, grads)
+
+
+def apply_gradients(state: TrainState, rng: jax.Array, loss: jax.Array,
+                    grads: Any) -> tuple[TrainState, dict]:
+  """The optimizer's part of `train_step`; `rng` is the state's next dropout key."""
+  scale = state.loss_scale
+  grad_norm = optax.tree.norm(grads)
+  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  step = state.step + optim.is_update_step(opt_state).astype(jnp.int32)
+  if state.dynamic_loss_scale:
+    # Halve on overflow (the optimizer drops that step), else creep up, doubling over ~1000
+    # good steps, so that small float16 gradients do not flush to zero.
+    scale = jnp.clip(jnp.where(jnp.isfinite(grad_norm), scale * LOSS_SCALE_GROWTH, scale / 2),
+                     1.0, 2.0**24)
+  metrics = {"loss": loss, "grad_norm": grad_norm, "skipped": optim.skipped_steps(opt_state),
+             "loss_scale": scale}
+  return state.replace(params=params, opt_state=opt_state, step=step, rng=rng,
+                       loss_scale=scale), metrics
+
+
+def eval_step(state: TrainState, batch: dict) -> dict:
+  return {"loss": loss_fn(state.params, state.graphdef, batch["tokens"])}

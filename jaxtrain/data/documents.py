@@ -1,0 +1,316 @@
+"""Documents from `data.path`: text files, .jsonl and .parquet files, directories and globs.
+
+A text file is one document; a .jsonl line or a .parquet row is one, its text in the field or
+column `data.text_field`. `Documents` streams them as pieces (text, whether a document ends
+there) without ever holding a whole file, with a progress bar in MB/s of the files read. pyarrow
+parses .jsonl and .parquet in blocks on all cores. Bad input is one line naming the file (and
+the line) and what to do.
+"""
+
+import codecs
+import glob
+import json
+import os
+import sysconfig
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from jaxtrain.data.tokenizer import codepoints
+from jaxtrain.system.errors import UserError
+
+CHUNK_BYTES = 8 << 20  # read from text files at a time
+PIECE_CHARS = 1 << 18  # text files are cut into pieces about this long, at line ends
+_BLOCK_BYTES = 16 << 20  # .jsonl bytes parsed at a time
+_PARQUET_ROWS = 8192
+
+
+def stdlib_dir() -> Path:
+  return Path(sysconfig.get_paths()["stdlib"])
+
+
+def resolve_files(path: str) -> list[Path]:
+  """The files behind `data.path`: one file, every non-hidden file under a directory, or a glob."""
+  if not path:
+    return _walk(stdlib_dir(), suffix=".py", skip=("site-packages", "dist-packages"))
+  p = Path(path).expanduser()
+  if p.is_file():
+    return [p]
+  if p.is_dir():
+    return _walk(p)
+  return sorted(Path(f) for f in glob.glob(os.path.expanduser(path), recursive=True)
+                if os.path.isfile(f))
+
+
+def _walk(root: Path, suffix: str = "", skip: tuple[str, ...] = ()) -> list[Path]:
+  """Non-hidden files under `root`, sorted (os.walk: several times faster than Path.rglob)."""
+  root = root.absolute()
+  found = []
+  for folder, dirs, files in os.walk(root):
+    dirs[:] = [d for d in dirs if not d.startswith(".") and d not in skip]
+    found.extend(os.path.join(folder, f) for f in files
+                 if f.endswith(suffix) and not f.startswith("."))
+  return [Path(f) for f in sorted(found)]
+
+
+def describe(path: str) -> str:
+  return path or f"the Python standard library's .py files in {stdlib_dir()}"
+
+
+def kind(path: Path) -> str:
+  suffix = path.suffix.lower()
+  return {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}.get(suffix, "text")
+
+
+class _Counter:
+  """A codec error handler that replaces undecodable bytes with U+FFFD and counts them."""
+
+  def __init__(self):
+    self.count = 0
+    self.name = f"jaxtrain_count_{id(self)}"
+    codecs.register_error(self.name, self._handle)
+
+  def _handle(self, err: UnicodeDecodeError):
+    self.count += err.end - err.start
+    return "\ufffd", err.end
+
+
+class _Binary(Exception):
+  pass
+
+
+class _Counted:
+  """A binary file that counts the bytes read from it (pyarrow reads through it): the bar's
+  progress."""
+
+  def __init__(self, f, bar):
+    self.f, self.bar = f, bar
+
+  def read(self, n: int = -1) -> bytes:
+    b = self.f.read(n)
+    self.bar.update(len(b))
+    return b
+
+  def __getattr__(self, name):
+    return getattr(self.f, name)
+
+
+class Documents:
+  """Each usable file's documents as pieces, once per call; binary text files are skipped (or
+  fatal when they are all there is)."""
+
+  def __init__(self, files: list[Path], path: str, text_field: str, show_progress: bool):
+    self.files, self.path, self.field, self.show_progress = files, path, text_field, show_progress
+    self.total = sum(f.stat().st_size for f in files)
+    self.counter = _Counter()
+    self.binary: list[Path] = []
+    self.misread = False  # this pass yielded part of a file that then turned out binary
+
+  def __call__(self, desc: str) -> Iterator[tuple[str, bool]]:
+    """(text, ends_document) pieces in order; the bar shows the bytes of the files read."""
+    from tqdm import tqdm  # the terminal bar: tqdm.auto would want ipywidgets in notebooks
+
+    self.counter.count, self.misread = 0, False
+    with tqdm(total=self.total, unit="B", unit_scale=True, desc=desc,
+              disable=not self.show_progress, leave=False) as bar:
+      for f in self.files:
+        if f in self.binary:
+          continue
+        try:
+          if kind(f) == "jsonl":
+            yield from self._jsonl(f, bar)
+          elif kind(f) == "parquet":
+            yield from self._parquet(f, bar)
+          else:
+            yield from self._text(f, bar)
+        except _Binary as e:
+          self.misread |= e.args[1]
+          if len(self.files) == 1:
+            raise UserError(f"{f} looks binary (it has NUL bytes), not text; point "
+                            "--config.data.path at UTF-8 text, .jsonl or .parquet") from None
+          self.binary.append(f)
+        except OSError as e:
+          raise UserError(f"cannot read {f} ({e.strerror}); fix its permissions or leave it "
+                          "out of --config.data.path") from None
+
+  def _text(self, path: Path, bar) -> Iterator[tuple[str, bool]]:
+    decoder = codecs.getincrementaldecoder("utf-8")(errors=self.counter.name)
+    carry, yielded = "", False
+    with open(path, "rb") as f:
+      while chunk := f.read(CHUNK_BYTES):
+        if b"\0" in chunk:
+          raise _Binary(path, yielded)
+        bar.update(len(chunk))
+        text = carry + decoder.decode(chunk)
+        start = 0
+        while len(text) - start > PIECE_CHARS:  # pieces end after a newline where there is one
+          cut = text.rfind("\n", start, start + PIECE_CHARS) + 1 or start + PIECE_CHARS
+          yield text[start:cut], False
+          start, yielded = cut, True
+        carry = text[start:]
+    yield carry + decoder.decode(b"", final=True), True
+
+  def _jsonl(self, path: Path, bar) -> Iterator[tuple[str, bool]]:
+    import pyarrow as pa
+
+    done, block = 0, _BLOCK_BYTES
+    while True:  # again with larger blocks when a record is longer than a block
+      try:
+        for i, text in enumerate(self._jsonl_records(path, bar, block)):
+          if i >= done:
+            done += 1
+            yield text, True
+        return
+      except pa.ArrowInvalid as e:
+        if "straddl" in str(e) and block < 2**30:
+          block *= 8
+          continue
+        error = _jsonl_error(path, self.field, str(e))
+        if error is not None:  # else the file holds no records
+          raise error from None
+        return
+
+  def _jsonl_records(self, path: Path, bar, block: int) -> Iterator[str]:
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    schema = pa.schema([(self.field, pa.string())])
+    options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    with open(path, "rb") as raw:
+      reader = pj.open_json(_Counted(raw, bar), read_options=pj.ReadOptions(block_size=block),
+                            parse_options=options)
+      for batch in reader:
+        column = batch.column(0)
+        if column.null_count:
+          raise pa.ArrowInvalid("a null")
+        yield from column.to_pylist()
+
+  def _parquet(self, path: Path, bar) -> Iterator[tuple[str, bool]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+      f = pq.ParquetFile(path)
+    except pa.ArrowException as e:
+      raise UserError(f"{path} is not a parquet file that reads ({_short(e)}); fix or remove it "
+                      "from --config.data.path") from None
+    names = f.schema_arrow.names
+    if self.field not in names:
+      raise UserError(f"{path} has no column {self.field!r} (its columns: {', '.join(names)}); "
+                      "pass --config.data.text_field=<the column with the text>")
+    if not pa.types.is_string(f.schema_arrow.field(self.field).type) and \
+        not pa.types.is_large_string(f.schema_arrow.field(self.field).type):
+      raise UserError(f"{path}: column {self.field!r} holds "
+                      f"{f.schema_arrow.field(self.field).type}, not text; pass "
+                      "--config.data.text_field=<a column of strings>")
+    rows, size, done = max(f.metadata.num_rows, 1), path.stat().st_size, 0
+    for batch in f.iter_batches(batch_size=_PARQUET_ROWS, columns=[self.field]):
+      for text in batch.column(0).to_pylist():
+        if text is not None:  # a null cell is no document
+          yield text, True
+      step = size * batch.num_rows // rows
+      bar.update(step)
+      done += step
+    bar.update(size - done)
+
+  def notes(self) -> list[str]:
+    notes = []
+    if self.binary:
+      notes.append(f"skipped {len(self.binary)} binary file(s), e.g. {self.binary[0]}")
+    if self.counter.count:
+      notes.append(f"replaced {self.counter.count} byte(s) that are not UTF-8 with U+FFFD")
+    return notes
+
+
+def survey(docs: Documents, want_chars: bool) -> tuple[np.ndarray, str]:
+  """(UTF-8 bytes of each document, the characters of the text if `want_chars`): one pass, again
+  if it found a text file binary only past its start (the later passes skip that file whole)."""
+  while True:
+    sizes, size, seen, pending, n_pending = array("q"), 0, set(), [], 0
+    for text, end in docs("reading"):
+      size += len(text.encode("utf-8"))
+      if want_chars:
+        pending.append(text)
+        n_pending += len(text)
+        if n_pending > PIECE_CHARS:
+          seen.update(np.unique(codepoints("".join(pending))).tolist())
+          pending, n_pending = [], 0
+      if end:
+        sizes.append(size)
+        size = 0
+    if not docs.misread:
+      break
+  seen.update(np.unique(codepoints("".join(pending))).tolist())
+  return np.frombuffer(sizes, np.int64) if sizes else np.zeros(0, np.int64), \
+      "".join(map(chr, seen))
+
+
+def cut(sizes: np.ndarray, val_fraction: float) -> tuple[int, int]:
+  """Where training ends: (document d, byte offset o in it). The validation split is the
+  smallest tail of whole documents holding `val_fraction` of the bytes (o = 0), unless that tail
+  would be over twice as large: then the stream is cut inside the document at that byte."""
+  total = int(sizes.sum())
+  want = val_fraction * total
+  tail_bytes = np.cumsum(sizes[::-1])
+  k = int(np.searchsorted(tail_bytes, want)) + 1  # the fewest last documents that hold it
+  if k < len(sizes) and tail_bytes[k - 1] <= 2 * want:
+    return len(sizes) - k, 0
+  pos = min(total - 1, max(1, int(total - want)))
+  ends = np.cumsum(sizes)
+  d = int(np.searchsorted(ends, pos, side="right"))
+  return d, pos - (int(ends[d - 1]) if d else 0)
+
+
+def split(pieces, cut: tuple[int, int]):
+  """(text, ends_document, in_training) for each piece; the piece at the cut splits in two."""
+  doc, offset = 0, 0
+  for text, end in pieces:
+    if doc != cut[0] or cut[1] == 0:
+      yield text, end, doc < cut[0]
+    else:
+      raw = text.encode("utf-8")
+      if offset + len(raw) <= cut[1]:
+        yield text, end, True
+      elif offset >= cut[1]:
+        yield text, end, False
+      else:
+        head = raw[:cut[1] - offset].decode("utf-8", errors="ignore")
+        yield head, False, True
+        yield text[len(head):], end, False
+      offset += len(raw)
+    if end:
+      doc, offset = doc + 1, 0
+
+
+def _short(e: Exception) -> str:
+  return " ".join(str(e).split())[:160]
+
+
+def _jsonl_error(path: Path, field: str, arrow_message: str) -> UserError | None:
+  """The first line of `path` that is wrong, found by reading it again line by line (only when
+  pyarrow has refused it); None for a file of blank lines (no documents)."""
+  fix = "fix that line or leave the file out of --config.data.path"
+  records = 0
+  with open(path, encoding="utf-8", errors="replace") as f:
+    for number, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      records += 1
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        return UserError(f"{path} line {number} is not JSON ({e.msg} at column {e.colno}); {fix}")
+      if not isinstance(record, dict):
+        return UserError(f"{path} line {number} is not a JSON object; {fix}")
+      if field not in record:
+        return UserError(f"{path} line {number} has no field {field!r} (it has: "
+                         f"{', '.join(record) or 'no fields'}); pass "
+                         "--config.data.text_field=<the field with the text>")
+      if not isinstance(record[field], str):
+        return UserError(f"{path} line {number}: field {field!r} is "
+                         f"{type(record[field]).__name__}, not text; pass "
+                         "--config.data.text_field=<a field of strings>")
+  return UserError(f"{path} does not read as JSON lines ({_short(arrow_message)}); {fix}") \
+      if records else None

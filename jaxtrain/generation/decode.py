@@ -1,0 +1,230 @@
+"""Token-by-token generation with a key-value cache: the prompt runs through the model once
+(prefill), then each new token is one position's forward pass against the cached keys and values
+of the positions before it, in a jitted loop.
+
+The context window: a model sees at most `seq_len` tokens. Once the window is full, it restarts
+from its last `keep` tokens (half of seq_len), which run through the model again as a prefill at
+positions 0.. (RoPE's and learned positions both restart there), and the cache fills up again.
+A no-cache path (`use_cache=False`: the whole window through the model for every token) uses the
+same windows, so both give the same tokens; tests/test_decode.py checks it for every model switch.
+Shape suffixes as in model.py, plus S cache length (= seq_len), L token buffer length.
+"""
+
+import functools
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxtrain.core import model as model_lib
+
+Cache = list  # [(k_BSHK, v_BSHK)] per layer
+
+
+def keep_length(seq_len: int) -> int:
+  """Tokens a full window restarts from: the prefill of a restart is amortized over the
+  seq_len - keep tokens decoded after it."""
+  return max(1, seq_len // 2)
+
+
+def window_start(n, seq_len: int, keep: int):
+  """Where the window of a model that knows `n` tokens starts (numpy or traced ints). Up to
+  seq_len tokens it starts at 0; then it restarts at n - keep each time it would pass seq_len."""
+  period = seq_len - keep + 1  # a restart's window grows from keep to seq_len tokens
+  restart = seq_len + 1 + (n - seq_len - 1) // period * period
+  if isinstance(n, int):
+    return 0 if n <= seq_len else restart - keep
+  return jnp.where(n <= seq_len, 0, restart - keep)
+
+
+def empty_cache(c: model_lib.ModelConfig, batch: int) -> Cache:
+  shape = (batch, c.seq_len, c.kv_heads, c.head_dim)
+  return [(jnp.zeros(shape, c.dtype), jnp.zeros(shape, c.dtype)) for _ in range(c.n_layers)]
+
+
+def forward_cached(model: model_lib.GPT, tokens_BT: jax.Array, cache: Cache,
+                   pos: jax.Array) -> tuple[jax.Array, Cache]:
+  """Logits of `tokens_BT` placed at positions pos.. of the window, which see the cache's
+  positions before them; returns the cache with their keys and values written in.
+
+  The same layers and the same math as `GPT.__call__` (without dropout), one step at a time.
+  """
+  c = model.c
+  B, T = tokens_BT.shape
+  S, H, G, K = c.seq_len, c.n_heads, c.kv_heads, c.head_dim
+  x_BTD = model.wte(tokens_BT)
+  rope = None
+  if c.pos == "learned":
+    x_BTD = x_BTD + jax.lax.dynamic_slice_in_dim(model.wpe[...], pos, T).astype(x_BTD.dtype)
+  else:
+    cos_SK, sin_SK = model_lib.rope_tables(S, K, c.rope_theta)
+    rope = (jax.lax.dynamic_slice_in_dim(cos_SK, pos, T), jax.lax.dynamic_slice_in_dim(sin_SK, pos, T))
+  # Query t (at window position pos + t) sees cached positions s <= pos + t.
+  visible_TS = jnp.arange(S)[None, :] <= pos + jnp.arange(T)[:, None]
+  new_cache = []
+  for block, (k_cache_BSGK, v_cache_BSGK) in zip(model.blocks, cache):
+    attn = block.attn
+    q_BTHK, k_BTGK, v_BTGK = model_lib.qkv_heads(attn.qkv(block.norm1(x_BTD)), H, G, K)
+    if c.qk_norm:
+      q_BTHK, k_BTGK = model_lib.rms_heads(q_BTHK), model_lib.rms_heads(k_BTGK)
+    if rope is not None:
+      q_BTHK, k_BTGK = model_lib.apply_rope(q_BTHK, *rope), model_lib.apply_rope(k_BTGK, *rope)
+    k_cache_BSGK = jax.lax.dynamic_update_slice_in_dim(k_cache_BSGK, k_BTGK.astype(c.dtype), pos, 1)
+    v_cache_BSGK = jax.lax.dynamic_update_slice_in_dim(v_cache_BSGK, v_BTGK.astype(c.dtype), pos, 1)
+    new_cache.append((k_cache_BSGK, v_cache_BSGK))
+    # Query head h = g * R + r reads key/value head g, as the model's repeat of k and v does.
+    q_BTGRK = (q_BTHK * K**-0.5).reshape(B, T, G, H // G, K)
+    scores_BGRTS = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_cache_BSGK).astype(jnp.float32)
+    probs_BGRTS = jax.nn.softmax(jnp.where(visible_TS, scores_BGRTS, -jnp.inf), axis=-1)
+    y_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", probs_BGRTS.astype(q_BTHK.dtype), v_cache_BSGK)
+    x_BTD = x_BTD + attn.out(y_BTGRK.reshape(B, T, H * K))
+    x_BTD = x_BTD + block.mlp(block.norm2(x_BTD))
+  x_BTD = model.norm_f(x_BTD)
+  if c.tie_embeddings:
+    dtype = jnp.dtype(c.dtype)
+    logits_BTV = x_BTD.astype(dtype) @ model.wte.embedding[...].astype(dtype).T
+  else:
+    logits_BTV = model.lm_head(x_BTD)
+  return model_lib.softcap(logits_BTV.astype(jnp.float32), c.logit_softcap), new_cache
+
+
+def pick(logits_BV: jax.Array, key: jax.Array, temperature: float, top_k: int,
+         top_p: float) -> jax.Array:
+  """The next token of each row: the argmax at temperature 0, else a draw from the tempered
+  distribution cut to its `top_k` likeliest tokens (0: all) and then to the smallest set whose
+  probability reaches `top_p` (1: all)."""
+  if temperature == 0.0:
+    return jnp.argmax(logits_BV, axis=-1)
+  logits_BV = logits_BV / temperature
+  if 0 < top_k < logits_BV.shape[-1]:  # a k past the vocabulary keeps every token
+    kth_B1 = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
+    logits_BV = jnp.where(logits_BV < kth_B1, -jnp.inf, logits_BV)
+  if top_p < 1.0:
+    sorted_BV = jnp.sort(logits_BV, axis=-1)[:, ::-1]
+    probs_BV = jax.nn.softmax(sorted_BV, axis=-1)
+    before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV  # probability of the likelier tokens
+    kept_BV = before_BV < top_p  # the likeliest token is always kept
+    lowest_B1 = jnp.min(jnp.where(kept_BV, sorted_BV, jnp.inf), axis=-1, keepdims=True)
+    logits_BV = jnp.where(logits_BV < lowest_B1, -jnp.inf, logits_BV)
+  return jax.random.categorical(key, logits_BV, axis=-1)
+
+
+def _logits_at(model, buf_BL, n, start, cache, *, use_cache: bool, keep: int):
+  """The logits for token n (the model knows buf[:, :n], its window starts at `start`), and the
+  cache with token n - 1 (or the restarted window) in it."""
+  c = model.c
+  T = c.seq_len
+  if not use_cache:  # the whole window, padded: the model is causal, so padding is never seen
+    window_BT = jax.lax.dynamic_slice_in_dim(buf_BL, start, T, axis=1)
+    logits_BTV = model(window_BT)
+    return jax.lax.dynamic_index_in_dim(logits_BTV, n - 1 - start, axis=1, keepdims=False), cache
+
+  def restart(cache):
+    window_BK = jax.lax.dynamic_slice_in_dim(buf_BL, start, keep, axis=1)
+    logits_BKV, cache = forward_cached(model, window_BK, cache, jnp.int32(0))
+    return logits_BKV[:, -1], cache
+
+  def step(cache):
+    last_B1 = jax.lax.dynamic_slice_in_dim(buf_BL, n - 1, 1, axis=1)
+    logits_B1V, cache = forward_cached(model, last_B1, cache, n - 1 - start)
+    return logits_B1V[:, 0], cache
+
+  # A window that started anew (n - start == keep then) runs through whole, as a prefill.
+  restarted = start != window_start(n - 1, T, keep)
+  return jax.lax.cond(restarted, restart, step, cache)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "use_cache", "keep", "temperature",
+                                             "top_k", "top_p"),
+                   donate_argnames=("carry",))
+def _decode(params, graphdef, carry, n_steps, *, use_cache: bool, keep: int,
+            temperature: float, top_k: int, top_p: float):
+  """`n_steps` tokens (traced: one compile for any count): each is drawn from the carried logits,
+  written to the buffer, then run through the model for the next logits."""
+  model = nnx.merge(graphdef, params)
+  T = model.c.seq_len
+
+  def body(_, carry):
+    buf_BL, cache, n, logits_BV, key = carry
+    key, sub = jax.random.split(key)
+    next_B = pick(logits_BV, sub, temperature, top_k, top_p).astype(buf_BL.dtype)
+    buf_BL = jax.lax.dynamic_update_slice_in_dim(buf_BL, next_B[:, None], n, axis=1)
+    n = n + 1
+    start = window_start(n, T, keep)
+    logits_BV, cache = _logits_at(model, buf_BL, n, start, cache, use_cache=use_cache, keep=keep)
+    return buf_BL, cache, n, logits_BV, key
+
+  return jax.lax.fori_loop(0, n_steps, body, carry)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _prefill(params, graphdef, window_BW, length):
+  """The logits for the token after the prompt's window (its first `length` tokens: the rest is
+  padding, so that prompts of similar lengths share a compile), and the cache holding it. The
+  padding's keys and values in the cache are never seen: each later token writes its own at its
+  position before attending up to it."""
+  model = nnx.merge(graphdef, params)
+  logits_BWV, cache = forward_cached(model, window_BW, empty_cache(model.c, window_BW.shape[0]),
+                                     jnp.int32(0))
+  return jax.lax.dynamic_index_in_dim(logits_BWV, length - 1, axis=1, keepdims=False), cache
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "keep"))
+def _prefill_uncached(params, graphdef, buf_BL, n, *, keep: int):
+  model = nnx.merge(graphdef, params)
+  start = window_start(n, model.c.seq_len, keep)
+  return _logits_at(model, buf_BL, n, start, None, use_cache=False, keep=keep)[0]
+
+
+def stream(state, prompts_BP: np.ndarray, n_new: int, *,
+           temperature: float = 0.8, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+           use_cache: bool = True, chunk: int = 0) -> Iterator[np.ndarray]:
+  """Yields the new tokens of every row, `chunk` at a time (0: all at once), as they are made.
+
+  `state`: a TrainState (or anything with its params, graphdef and model_cfg), used on one
+  device outside any training mesh. The same seed gives the same tokens however they are chunked.
+  """
+  params, graphdef, c = jax.device_get(state.params), state.graphdef, state.model_cfg
+  B, P = prompts_BP.shape
+  if P == 0:
+    raise ValueError("stream: the prompt needs at least one token")
+  if n_new <= 0:
+    return
+  T, keep = c.seq_len, keep_length(c.seq_len)
+  chunk = n_new if chunk <= 0 else min(chunk, n_new)
+  n_chunks = -(-n_new // chunk)
+  # Room for every chunk in full, and for a whole window past the last token (no-cache path);
+  # rounded up, so that a few lengths share one compile.
+  buf_BL = np.zeros((B, _bucket(P + n_chunks * chunk + T, 256)), np.int32)
+  buf_BL[:, :P] = prompts_BP
+  if use_cache:
+    start = window_start(P, T, keep)
+    window_BW = np.zeros((B, min(T, _bucket(P - start, 8))), np.int32)
+    window_BW[:, :P - start] = buf_BL[:, start:P]
+    logits_BV, cache = _prefill(params, graphdef, jnp.asarray(window_BW), jnp.int32(P - start))
+  else:
+    logits_BV, cache = _prefill_uncached(params, graphdef, jnp.asarray(buf_BL), jnp.int32(P),
+                                         keep=keep), None
+  carry = (jnp.asarray(buf_BL), cache, jnp.int32(P), logits_BV, jax.random.PRNGKey(seed))
+  done = 0
+  for _ in range(n_chunks):
+    carry = _decode(params, graphdef, carry, jnp.int32(chunk), use_cache=use_cache, keep=keep,
+                    temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+    take = min(chunk, n_new - done)
+    yield np.asarray(carry[0][:, P + done:P + done + take])
+    done += take
+
+
+def _bucket(n: int, smallest: int) -> int:
+  """The power of two (at least `smallest`) at or above n."""
+  return max(smallest, 1 << (n - 1).bit_length())
+
+
+def generate(state, prompts_BP: np.ndarray, n_new: int, **kwargs) -> np.ndarray:
+  """Continues each row of `prompts_BP` by `n_new` tokens: int32[B, P + n_new], prompt and
+  continuation. kwargs: those of `stream` (temperature, top_k, top_p, seed, use_cache); with a
+  key-value cache, or `use_cache=False` to run the whole window for every token (same tokens)."""
+  parts = list(stream(state, np.asarray(prompts_BP, np.int32), n_new, **kwargs))
+  return np.concatenate([np.asarray(prompts_BP, np.int32), *parts], axis=1)

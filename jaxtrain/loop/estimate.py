@@ -1,0 +1,201 @@
+"""What a run will cost before it starts: memory against what the machine has, and FLOP peaks.
+
+The memory estimate counts, in bytes: float32 params, gradients and AdamW's two moments (plus
+the accumulation buffer with grad_accum > 1), and what one micro-batch keeps for the backward
+pass: per layer and token 16*D + 4*F values (norms, q/k/v, attention output, residuals, MLP) plus
+3*H*T for dense attention (scores, probabilities and their gradient; none with cuDNN's flash
+attention), and 2*V float32 values for the logits and their gradient. It errs on the safe side:
+the tests check it against the peak memory a process measurably takes for init and one step.
+"""
+
+import dataclasses
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+from jaxtrain.core import model as model_lib
+from jaxtrain.system import fmt
+from jaxtrain.system.paths import cache_dir
+
+# Dense (no sparsity) tensor-core peaks in TFLOP/s from the vendors' datasheets; "float32" is
+# TF32 on Ampere and later, which is what XLA uses for float32 matmuls at default precision.
+GPU_PEAK_TFLOPS = {
+    "H200": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
+    "H100 SXM": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
+    "H100 PCIe": {"bfloat16": 756.0, "float16": 756.0, "float32": 378.0},
+    "H100": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
+    "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 156.0},
+    "L40S": {"bfloat16": 362.1, "float16": 362.1, "float32": 183.0},
+    "A10": {"bfloat16": 125.0, "float16": 125.0, "float32": 62.5},
+    "L4": {"bfloat16": 121.0, "float16": 121.0, "float32": 60.0},
+    "RTX 4090": {"bfloat16": 165.2, "float16": 165.2, "float32": 82.6},
+    "RTX 3090": {"bfloat16": 71.0, "float16": 71.0, "float32": 35.6},
+    "V100": {"bfloat16": 0.0, "float16": 125.0, "float32": 15.7},
+    "T4": {"bfloat16": 0.0, "float16": 65.0, "float32": 8.1},
+}
+
+
+_PEAK_MAX_AGE_S = 7 * 24 * 3600
+
+
+def published_peak(device_kind: str, dtype: str) -> float | None:
+  """FLOP/s for a GPU whose name contains a known model (longest name wins), else None."""
+  for name in sorted(GPU_PEAK_TFLOPS, key=len, reverse=True):
+    if name.replace(" ", "").lower() in device_kind.replace(" ", "").lower():
+      peak = GPU_PEAK_TFLOPS[name].get(dtype, 0.0)
+      return peak * 1e12 if peak else None
+  return None
+
+
+@dataclasses.dataclass
+class Memory:
+  params: int
+  grads: int
+  optimizer: int
+  accumulation: int
+  activations: int
+  logits: int
+
+  @property
+  def total(self) -> int:
+    return (self.params + self.grads + self.optimizer + self.accumulation + self.activations
+            + self.logits)
+
+
+def memory_estimate(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int,
+                    n_devices: int = 1, fsdp: int = 1, n_params: int | None = None) -> Memory:
+  """Bytes per device for one train step (see the module docstring for what is counted)."""
+  n = n_params or model_lib.param_count(mc)
+  act_bytes = jnp.dtype(mc.dtype).itemsize
+  B = max(batch_size // n_devices, 1)  # rows on each device
+  T, D, H, L, V, F = mc.seq_len, mc.d_model, mc.n_heads, mc.n_layers, mc.vocab_size, mc.mlp_hidden
+  scores = 0 if mc.attention == "cudnn" else 3 * H * T  # flash attention keeps no T x T scores
+  per_token_layer = 16 * D + 4 * F + scores
+  state = lambda count: count * 4 // fsdp  # float32, split over the fsdp axis
+  return Memory(
+      params=state(n), grads=state(n), optimizer=state(2 * n),
+      accumulation=state(n) if grad_accum > 1 else 0,
+      activations=B * T * L * per_token_layer * act_bytes,
+      logits=B * T * 2 * V * 4,
+  )
+
+
+def available_memory(device: jax.Device) -> tuple[int | None, str]:
+  """(bytes, what) the device can hold: the accelerator's memory, or the host's free RAM."""
+  if device.platform != "cpu":
+    stats = device.memory_stats() or {}
+    if "bytes_limit" in stats:
+      return stats["bytes_limit"], f"{device.device_kind} memory"
+  try:  # MemAvailable counts reclaimable page cache; free pages alone undercount a busy host
+    with open("/proc/meminfo") as f:
+      fields = dict(line.split(":", 1) for line in f)
+    return int(fields["MemAvailable"].split()[0]) * 1024, "available RAM"
+  except (OSError, KeyError, ValueError):
+    try:
+      return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free RAM"
+    except (ValueError, OSError):
+      return None, "RAM"
+
+
+def memory_report(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int, devices: list,
+                  fsdp: int, n_params: int | None = None) -> tuple[str, str | None]:
+  """(one line of the estimate, a warning naming the knobs if it will not fit, else None)."""
+  m = memory_estimate(mc, batch_size, grad_accum, len(devices), fsdp, n_params)
+  have, what = available_memory(devices[0])
+  # CPU devices of one process all live in its host's RAM; an accelerator has its own memory
+  sharing = sum(d.process_index == devices[0].process_index for d in devices) \
+      if devices[0].platform == "cpu" else 1
+  need = m.total * sharing
+  line = (f"memory per device: ~{fmt.nbytes(m.total)} = params {fmt.nbytes(m.params)} + grads "
+          f"{fmt.nbytes(m.grads)} + AdamW {fmt.nbytes(m.optimizer)}"
+          + (f" + accumulation {fmt.nbytes(m.accumulation)}" if m.accumulation else "")
+          + f" + activations {fmt.nbytes(m.activations)} + logits {fmt.nbytes(m.logits)}"
+          + (f"; x {sharing} CPU devices = ~{fmt.nbytes(need)}" if sharing > 1 else "")
+          + (f"; {fmt.nbytes(have)} {what}" if have else ""))
+  warning = None
+  if have and need > have:
+    knobs = ["lower train.batch_size (raise train.grad_accum to keep the tokens per step)",
+             "lower model.seq_len"]
+    if mc.dtype == "float32":
+      knobs.append("use model.dtype=bfloat16 for smaller activations")
+    if len(devices) > 1:
+      knobs.append("split the state over devices with mesh.fsdp")
+    if sharing > 1:
+      knobs.append("use fewer CPU devices (mesh.cpu_devices)")
+    needs = f"~{fmt.nbytes(need)}" + (f" ({sharing} CPU devices)" if sharing > 1 else " per device")
+    warning = (f"this run needs {needs} but {fmt.nbytes(have)} {what} is free: it will probably "
+               f"run out of memory. To fit: {'; '.join(knobs)}")
+  return line, warning
+
+
+def time_matmul(dtype: str = "float32", n: int = 2048, repeats: int = 5) -> float:
+  """FLOP/s of an n x n matmul on the default device: 2*n^3 over the median of `repeats` timed
+  products, after two untimed ones (compile, first touch of the buffers, thread-pool start)."""
+  a = jnp.ones((n, n), jnp.dtype(dtype))
+  matmul = jax.jit(lambda x: x @ x)
+  for _ in range(2):
+    matmul(a).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    matmul(a).block_until_ready()
+    times.append(time.perf_counter() - t)
+  return 2 * n**3 / statistics.median(times)
+
+
+def measured_matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5) -> float:
+  """This device's matmul FLOP/s (`time_matmul`), measured about once a week.
+
+  The measurement (~1 s on a laptop CPU) is cached per machine; a re-measurement keeps the
+  higher value, so a reading taken while the machine was busy does not stick.
+  """
+  device = jax.devices()[0]
+  n = n or (2048 if device.platform == "cpu" else 8192)
+  key = f"{device.platform}-{device.device_kind}-{os.cpu_count()}-{dtype}-{n}".replace(" ", "_")
+  path = os.path.join(cache_dir(), "peaks.json")
+  try:
+    with open(path) as f:
+      cached = json.load(f)
+  except (OSError, ValueError):
+    cached = {}
+  entry = cached.get(key)
+  if isinstance(entry, dict) and time.time() - entry["time"] < _PEAK_MAX_AGE_S:
+    return entry["flops"]
+  peak = time_matmul(dtype, n, repeats)
+  if isinstance(entry, dict):
+    peak = max(peak, entry["flops"])
+  cached[key] = {"flops": peak, "time": time.time()}
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+      json.dump(cached, f)
+    os.replace(tmp, path)
+  except OSError:
+    pass  # a read-only cache only costs a re-measurement next time
+  return peak
+
+
+def _peak_units(devices: list) -> int:
+  """How many times one device's peak the devices have together: CPU devices of one host share
+  its cores (one measured peak per host); each accelerator has its own."""
+  if devices[0].platform == "cpu":
+    return len({d.process_index for d in devices})
+  return len(devices)
+
+
+def peak_flops(devices: list, dtype: str) -> tuple[float, str]:
+  """(FLOP/s of `devices` together, what that is) for MFU: the datasheet peak of a known GPU,
+  else a measured matmul peak, times the number of GPUs or hosts."""
+  device, units = devices[0], _peak_units(devices)
+  peak, source = None, f"measured {dtype} matmul on this {device.platform}"
+  if device.platform == "gpu":
+    peak = published_peak(device.device_kind, dtype)
+    source = f"{device.device_kind} datasheet {dtype}"
+  if not peak:
+    peak, source = measured_matmul_peak(dtype), f"measured {dtype} matmul on this {device.platform}"
+  return peak * units, f"{fmt.count(peak)}FLOP/s x {units}, {source}"

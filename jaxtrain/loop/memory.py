@@ -1,0 +1,75 @@
+"""Memory as a run goes: the process's peak resident set, the accelerator's memory in use, and a
+warning (once) when the host or the device gets within 10% of running out."""
+
+import resource
+import sys
+from collections.abc import Callable
+
+import jax
+
+from jaxtrain.system import fmt
+
+LOW_FRACTION = 0.10  # warn when less than this fraction of the memory is left
+
+KNOBS = ("lower train.batch_size (raise train.grad_accum to keep the tokens per step)",
+         "lower model.seq_len", "use model.dtype=bfloat16", "fewer CPU devices (mesh.cpu_devices)",
+         "or a smaller model (model.d_model, model.n_layers)")
+
+
+def peak_rss() -> int:
+  """This process's largest resident set so far, in bytes."""
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return peak if sys.platform == "darwin" else peak * 1024  # Linux counts KiB, macOS bytes
+
+
+def host_memory() -> tuple[int, int] | None:
+  """(total, available) bytes of this host's RAM, or None where /proc/meminfo is not there.
+  MemAvailable counts reclaimable page cache, as the kernel does before it kills anything."""
+  try:
+    with open("/proc/meminfo") as f:
+      fields = dict(line.split(":", 1) for line in f)
+    return (int(fields["MemTotal"].split()[0]) * 1024,
+            int(fields["MemAvailable"].split()[0]) * 1024)
+  except (OSError, KeyError, ValueError):
+    return None
+
+
+def device_memory(device: jax.Device) -> tuple[int, int | None] | None:
+  """(bytes in use, limit) on an accelerator; None on a CPU or where the backend has no stats."""
+  if device.platform == "cpu":
+    return None
+  stats = device.memory_stats() or {}
+  if "bytes_in_use" not in stats:
+    return None
+  return stats["bytes_in_use"], stats.get("bytes_limit")
+
+
+class Watch:
+  """Read at each log line: `read()` gives the record's memory fields, their text for the
+  progress line, and a warning the first time memory runs low (None otherwise)."""
+
+  def __init__(self, host: Callable[[], tuple[int, int] | None] = host_memory,
+               device: jax.Device | None = None):
+    self.host, self.device = host, device
+    self.warned = False
+
+  def read(self) -> tuple[dict, str, str | None]:
+    record = {"peak_rss_bytes": peak_rss()}
+    text = f"rss {fmt.nbytes(record['peak_rss_bytes'])}"
+    on_device = device_memory(self.device or jax.local_devices()[0])
+    low = []
+    if on_device is not None:
+      record["device_bytes_in_use"] = in_use = on_device[0]
+      text += f" | device {fmt.nbytes(in_use)}"
+      if on_device[1] and on_device[1] - in_use < LOW_FRACTION * on_device[1]:
+        low.append(f"the device has {fmt.nbytes(on_device[1] - in_use)} of "
+                   f"{fmt.nbytes(on_device[1])} left")
+    host = self.host()
+    if host is not None and host[1] < LOW_FRACTION * host[0]:
+      low.append(f"the host has {fmt.nbytes(host[1])} of {fmt.nbytes(host[0])} RAM available")
+    if not low or self.warned:
+      return record, text, None
+    self.warned = True
+    return record, text, (f"warning: memory is running low ({'; '.join(low)}; this process "
+                          f"peaked at {fmt.nbytes(record['peak_rss_bytes'])}). To use less: "
+                          f"{'; '.join(KNOBS)}")

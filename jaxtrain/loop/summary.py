@@ -1,0 +1,45 @@
+"""What a run says about itself before its first step: the data, the model, its compute and
+memory."""
+
+import jax
+import ml_collections
+
+from jaxtrain.core import model as model_lib
+from jaxtrain.core.programs import Programs
+from jaxtrain.data import corpus as data
+from jaxtrain.loop import estimate
+from jaxtrain.loop.console import Console
+from jaxtrain.system import fmt
+
+
+def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: data.Corpus,
+             programs: Programs) -> None:
+  tok, mc = corpus.tokenizer, programs.model_cfg
+  out.print(f"data: {data.describe(cfg.data.path)}: {corpus.n_files} file(s), "
+            f"{fmt.count(corpus.n_docs)} documents, {fmt.count(corpus.n_bytes)}B -> "
+            f"{fmt.count(len(corpus.tokens))} {tok.name} tokens "
+            f"(train {fmt.count(len(corpus.train))}, val {fmt.count(len(corpus.val))})")
+  for note in corpus.notes:
+    out.print(f"data: {note}")
+  k, B, T = cfg.train.grad_accum, cfg.train.batch_size, cfg.model.seq_len
+  n_params = sum(x.size for x in jax.tree.leaves(programs.abstract.params))
+  out.print(f"model: {fmt.count(n_params)} params, "
+            f"{fmt.count(model_lib.flops_per_token(mc))} train FLOPs/token, vocab "
+            f"{mc.vocab_size}, {B * k * T} tokens/step ({B} x {T} x {k} micro-batches)")
+  out.print(f"compute: {mc.dtype} (params and optimizer float32), attention {mc.attention} "
+            f"({programs.attention_why})"
+            + (f"; XLA options {programs.compiler_options}" if programs.compiler_options else "")
+            + ("; one gradient all-reduce" if programs.one_allreduce else ""))
+  line, warning = estimate.memory_report(mc, B, k, list(programs.mesh.devices.flat),
+                                         programs.mesh.shape["fsdp"], n_params)
+  out.print(line)
+  if warning:
+    out.print(f"WARNING: {warning}")
+
+
+def speed_line(speed, flops_dtype: str, steps_left: int) -> str:
+  """The first speed reading, with the peak its MFU is measured against."""
+  _, peak = estimate.peak_flops(jax.devices(), flops_dtype)
+  return (f"speed: {fmt.count(speed.tokens_per_sec)} tokens/s, "
+          f"{fmt.count(speed.flops_per_sec)}FLOP/s = {speed.mfu or 0:.1%} MFU (of {peak}); "
+          f"ETA for the remaining {steps_left} steps: {fmt.duration(speed.eta_s)}")

@@ -1,0 +1,153 @@
+"""Exclusive file locks (fcntl.flock): one run per workdir, one writer per token cache entry.
+
+The kernel drops a flock when the process holding it dies, so a run killed with SIGKILL leaves
+no stale lock behind; the next run takes the lock as if it had never been held. The holder writes
+its host, PID and start time into the locked file, so whoever finds it taken can say by whom.
+"""
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from jaxtrain.system import fmt
+from jaxtrain.system.errors import UserError
+
+WORKDIR_LOCK = ".lock"  # hidden: a workdir holding only this file still counts as empty
+
+
+class FileLock:
+  """An exclusive flock on `path`, created if missing and removed on release."""
+
+  def __init__(self, path: Path):
+    self.path = Path(path)
+    self._fd: int | None = None
+
+  def acquire(self, blocking: bool = False) -> bool:
+    """True once held; False if another process (or another FileLock) holds it and `blocking`
+    is False. OSError where the file cannot be created or the file system has no locks."""
+    while True:
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+      except BlockingIOError:
+        os.close(fd)
+        return False
+      except BaseException:
+        os.close(fd)
+        raise
+      # The previous holder removes the file on release: if it did so after our open, the lock
+      # we got is on a file nobody else will open again, so open the one on disk now.
+      if _same_file(fd, self.path):
+        break
+      os.close(fd)
+    self._fd = fd
+    try:
+      os.ftruncate(fd, 0)
+      os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                               "since": time.time()}).encode())
+    except OSError:
+      pass  # a full disk: the lock holds all the same, only its holder goes unnamed
+    return True
+
+  @property
+  def held(self) -> bool:
+    return self._fd is not None
+
+  def release(self) -> None:
+    """Removes the file (while still holding it, so no one else holds that file) and unlocks."""
+    if self._fd is None:
+      return
+    fd, self._fd = self._fd, None
+    try:
+      self.path.unlink(missing_ok=True)
+    except OSError:
+      pass
+    os.close(fd)
+
+  def holder(self, wait_s: float = 1.0) -> dict | None:
+    """Who holds it, as the holder wrote it (waits briefly for a holder that has just locked)."""
+    deadline = time.time() + wait_s
+    while True:
+      try:
+        info = json.loads(self.path.read_text())
+        if isinstance(info, dict) and {"host", "pid", "since"} <= info.keys():
+          return info
+      except (OSError, ValueError):
+        pass
+      if time.time() >= deadline:
+        return None
+      time.sleep(0.05)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+  try:
+    a, b = os.fstat(fd), os.stat(path)
+  except FileNotFoundError:
+    return False
+  return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def is_held(path: Path) -> bool:
+  """Whether a live process holds the lock at `path` (a shared lock, taken and dropped at once)."""
+  try:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+  except OSError:
+    return False
+  try:
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    return False
+  except BlockingIOError:
+    return True
+  except OSError:
+    return False
+  finally:
+    os.close(fd)
+
+
+def describe_holder(info: dict | None) -> str:
+  """'PID 4242 on host node1, since 2026-11-23 14:02:11, 3m05s ago'."""
+  if info is None:
+    return "a process that has not named itself yet"
+  since = float(info["since"])
+  return (f"PID {info['pid']} on host {info['host']}, since "
+          f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(since))}, "
+          f"{fmt.duration(time.time() - since)} ago")
+
+
+def in_use_error(workdir: Path) -> UserError:
+  holder = FileLock(workdir / WORKDIR_LOCK).holder()
+  stop = (f"kill {holder['pid']} on {holder['host']} saves a checkpoint and stops it" if holder
+          else "SIGTERM saves a checkpoint and stops it")
+  return UserError(f"workdir {workdir} is in use by another run ({describe_holder(holder)}); "
+                   f"wait for it to end or stop it ({stop}), or pass "
+                   "--config.workdir=<another directory>")
+
+
+class WorkdirLock:
+  """One run per workdir: process 0 holds workdir/.lock from setup until the run ends."""
+
+  def __init__(self):
+    self._lock: FileLock | None = None
+
+  def acquire(self, workdir: Path, is_main: bool, log=print) -> bool:
+    """False if another run holds the workdir (only process 0 looks; the others return True)."""
+    if not is_main:
+      return True
+    lock = FileLock(workdir / WORKDIR_LOCK)
+    try:
+      if not lock.acquire():
+        return False
+    except OSError as e:  # the directory is writable (create_workdir checked): no flock there
+      log(f"note: cannot lock {lock.path} ({e.strerror}); a second run started into this "
+          "workdir would not be refused")
+      return True
+    self._lock = lock
+    return True
+
+  def release(self) -> None:
+    if self._lock is not None:
+      self._lock.release()
+      self._lock = None

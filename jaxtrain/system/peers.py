@@ -1,0 +1,106 @@
+"""A multi-process run whose process dies: the survivors stop at once, with one line that
+names the lost process and the checkpoint a restart resumes from, instead of waiting in
+barriers for a process that will not come back.
+
+The state here is the process's, like jax.distributed's own: one multi-process run per process.
+"""
+
+import contextlib
+import dataclasses
+import logging
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable
+
+import jax
+
+from jaxtrain.system.errors import PeerLost, UserError
+
+# A process of a multi-process run that dies takes the run with it: a survivor's next collective
+# fails (gloo: its connection to the dead process breaks), and then orbax's commits wait in
+# barriers for the dead process, and jax's exit handler waits in a shutdown barrier until the
+# heartbeat timeout, then aborts with a multi-line report. So a survivor whose collective failed
+# for a broken connection ends itself: one line that names the lost process (and, in the training
+# loop, the checkpoint a restart resumes from), then os._exit, past those waits. A survivor that
+# blocks without an error (an NCCL collective, a barrier) is ended by jax itself once the heartbeat
+# timeout (`distributed.timeout_s`) passes, with jax's own report.
+
+# Only the words of a broken connection to another process (gloo's TCP transport, the system's
+# errors): nothing else that fails in a collective means that a process is gone.
+_LOST_WORDS = re.compile(r"connection (closed|reset) by peer|broken pipe|read error|write error|"
+                         r"socket closed", re.IGNORECASE)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Watched:
+  step: Callable[[], int]  # the step the loop is at
+  restart: Callable[[], str]  # what a restart does: "resume from the checkpoint of step 50"
+
+
+_watched: _Watched | None = None
+_leaving = threading.Lock()  # held by the thread that prints the line and ends the process
+
+
+@contextlib.contextmanager
+def watch_peers(step: Callable[[], int], restart: Callable[[], str]):
+  """While the block runs, a collective that fails because another process is gone ends this one
+  with a line that names `step()` and `restart()`."""
+  global _watched
+  _watched = _Watched(step, restart)
+  try:
+    yield
+  except Exception as e:
+    end_if_lost(e)
+    raise
+  finally:
+    _watched = None
+
+
+@contextlib.contextmanager
+def ends_if_lost():
+  """Around a collective: if it fails because another process is gone, this one ends."""
+  try:
+    yield
+  except Exception as e:
+    end_if_lost(e)
+    raise
+
+
+def end_if_lost(e: BaseException) -> None:
+  """Ends this process with one line if `e` shows a broken connection to another process of the
+  run; returns otherwise."""
+  if isinstance(e, UserError) or not isinstance(e, Exception) or jax.process_count() == 1:
+    return
+  reason = _reason(e)
+  if reason is None:
+    return
+  _leaving.acquire()  # never released: the process ends holding it (a second thread waits here)
+  logging.getLogger("jaxtrain").error("a collective failed: %s", e)
+  n = jax.process_count()
+  # With two processes the connection that broke was to the other one; with more, the error
+  # text's peer address (in the reason) is all that tells which.
+  who = f"process {1 - jax.process_index()} of {n}" if n == 2 else "another process"
+  watched = _watched
+  message = f"lost contact with {who}"
+  if watched is not None:
+    message += f" at step {watched.step()} ({reason}); restart every process to {watched.restart()}"
+  else:
+    message += f" ({reason}); restart every process"
+  error = PeerLost(message)
+  logging.getLogger("jaxtrain").error("%s", error)
+  sys.stdout.flush()
+  print(f"error: {error}", file=sys.stderr, flush=True)
+  os._exit(error.exit_code)  # past jax's and orbax's waits for the lost process (see above)
+
+
+def _reason(e: BaseException) -> str | None:
+  """The line of `e` that shows a broken connection, in a few words ('Gloo AllGather failed:
+  Connection closed by peer [10.0.0.3]:49583'); None if no line does."""
+  for line in str(e).splitlines():
+    if _LOST_WORDS.search(line):
+      line = re.sub(r"^\s*[A-Z_]+: ", "", line)  # the status code (UNKNOWN, INTERNAL)
+      line = re.sub(r"\[[^\]\s]+\.(cc|h|cpp):\d+\] ", "", line)  # the C++ source location
+      return line.strip()[:160]
+  return None

@@ -1,0 +1,102 @@
+"""Process-level JAX setup, done once before any other JAX work: compile cache, platform,
+processes; and the collectives between processes."""
+
+import importlib.util
+import os
+
+import jax
+import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
+
+from jaxtrain.system import allocator, peers
+from jaxtrain.system.errors import UserError
+from jaxtrain.system.paths import cache_dir
+
+
+def enable_compile_cache() -> None:
+  """Persistent XLA cache: a restart compiles nothing it compiled before."""
+  if not jax.config.jax_compilation_cache_dir:  # JAX_COMPILATION_CACHE_DIR wins if set
+    jax.config.update("jax_compilation_cache_dir", os.path.join(cache_dir(), "xla"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+_NO_CUDA = ("this jax has no working CUDA backend{why}; install one with `pip install -e "
+            "'.[cuda12]'` (or '.[cuda13]'; needs an NVIDIA driver), or pass --jax_platforms=cpu")
+
+
+def check_platform() -> str:
+  """Touches the backend so a missing one fails here with a fix, not deep inside a step."""
+  wanted = jax.config.jax_platforms or ""
+  wants_gpu = any(p in wanted for p in ("cuda", "gpu"))
+  if wants_gpu and not (allocator.cuda_installed() or importlib.util.find_spec("jaxlib.cuda")):
+    raise UserError(f"--jax_platforms={wanted}: " + _NO_CUDA.format(why=" (no CUDA plugin installed)"))
+  try:
+    return jax.devices()[0].platform
+  except Exception as e:  # jax raises RuntimeError or AssertionError depending on the platform
+    first = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+    if wants_gpu:
+      raise UserError(f"--jax_platforms={wanted}: " + _NO_CUDA.format(why=f" ({first})")) from None
+    raise UserError(f"jax could not start {wanted or 'its default platform'} ({first}); "
+                    "pass --jax_platforms=cpu") from None
+
+
+def wants_distributed(distributed: ml_collections.ConfigDict) -> bool:
+  explicit = bool(distributed.coordinator_address) or distributed.num_processes > 1
+  under_srun = int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_STEP_ID" in os.environ
+  return explicit or under_srun
+
+
+def init_distributed(distributed: ml_collections.ConfigDict) -> None:
+  """Joins a multi-process run: explicit `distributed.*` fields, or Slurm's environment (srun)."""
+  if not wants_distributed(distributed):
+    return
+  kwargs = {}
+  if distributed.coordinator_address:
+    kwargs["coordinator_address"] = distributed.coordinator_address
+  if distributed.num_processes:
+    kwargs["num_processes"] = distributed.num_processes
+  if distributed.process_id >= 0:
+    kwargs["process_id"] = distributed.process_id
+  try:
+    # CPU collectives go through gloo (jax's default); GPUs use NCCL. The heartbeat timeout bounds
+    # how long a survivor can stay blocked without an error on a process that vanished (jax then
+    # ends it with its own report); a collective that fails ends it at once (peers.py).
+    jax.distributed.initialize(initialization_timeout=distributed.timeout_s,
+                               heartbeat_timeout_seconds=distributed.timeout_s, **kwargs)
+  except Exception as e:
+    first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+    raise UserError(f"joining the multi-process run failed ({first}); check "
+                    "distributed.coordinator_address (host:port of process 0, reachable from every "
+                    "process), distributed.num_processes and distributed.process_id") from None
+
+
+def any_process(flag: bool) -> bool:
+  """True if `flag` is True on any process (a collective: every process must call it)."""
+  if jax.process_count() == 1:
+    return flag
+  with peers.ends_if_lost():
+    return bool(np.any(multihost_utils.process_allgather(np.array(flag))))
+
+
+def host_copy(tree):
+  """Host copies of possibly sharded arrays (across processes, too: a collective)."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  with peers.ends_if_lost():
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def barrier(name: str) -> None:
+  if jax.process_count() > 1:
+    with peers.ends_if_lost():
+      multihost_utils.sync_global_devices(name)
+
+
+def setup(cfg: ml_collections.ConfigDict) -> str:
+  """Compile cache and processes; returns the platform ("cpu", "gpu", ...). Split the CPU into
+  devices first (`core.cpu.split_cpu`): only possible before the backends start."""
+  enable_compile_cache()
+  init_distributed(cfg.distributed)
+  return check_platform()

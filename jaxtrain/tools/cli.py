@@ -1,0 +1,53 @@
+"""What every command shares (`python -m jaxtrain` and its tools): absl flags, and every bad input
+as one line on stderr with exit status 2, never a traceback."""
+
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+from jaxtrain.system import exiting
+from jaxtrain.system.errors import UserError
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+  print(f"error: {message}", file=sys.stderr)
+  exiting.exit_now(code)
+
+
+def first_line(e: BaseException) -> str:
+  return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def parse_flags(argv: list[str], hint: str = "see --help for the flags") -> list[str]:
+  """absl's parser, but a bad flag is one line and exit status 2."""
+  from absl import flags
+
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    fail(f"{first_line(e)}; {hint}")
+
+
+def main(run: Callable[[], None]) -> None:
+  """Parses the flags defined so far, then calls `run`, turning a UserError into one line."""
+  import jax
+  from absl import app, flags, logging
+
+  def body(argv: list[str]) -> None:
+    if len(argv) > 1:
+      fail(f"unexpected arguments {argv[1:]}; flags look like --workdir=runs/nano")
+    if not flags.FLAGS["verbosity"].present:
+      logging.set_verbosity(logging.ERROR)  # orbax warns that a read-only manager is read-only
+    from jaxtrain.system import runtime
+
+    runtime.enable_compile_cache()  # the second sample of a run compiles nothing
+    try:
+      run()
+    except UserError as e:
+      fail(str(e), e.exit_code)
+    except KeyboardInterrupt:
+      print("", file=sys.stderr)
+      sys.exit(130)
+
+  jax.config.config_with_absl()
+  app.run(body, flags_parser=parse_flags)

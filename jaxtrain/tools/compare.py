@@ -1,0 +1,162 @@
+"""`python -m jaxtrain.compare RUN... [--out=D]`: runs side by side.
+
+A table of each run's config differences (only the fields that differ), params, steps, best and
+final validation loss, val_bpb, tokens/s and training time, best run first, on the terminal; with
+--out also as markdown (compare.md) and PNG plots of the losses against step and against time,
+one colour a run. RUN is a run's directory, a glob of them, or a directory of runs (a sweep's
+root). Unfinished runs are included and marked.
+"""
+
+import sys
+from pathlib import Path
+
+from jaxtrain.system import fmt
+from jaxtrain.system.errors import UserError
+from jaxtrain.tools import runs
+
+IGNORED = ("workdir",)  # differs between any two runs and says nothing
+COLUMNS = ("params", "steps", "best val", "final val", "val bpb", "tok/s", "time", "state")
+
+
+def differences(infos: list[runs.RunInfo]) -> list[str]:
+  """The config fields whose values are not the same in every run, in config order."""
+  fields: list[str] = []
+  for info in infos:
+    fields += [f for f in info.config if f not in fields]
+  missing = object()
+  return [f for f in fields if f not in IGNORED
+          and len({repr(info.config.get(f, missing)) for info in infos}) > 1]
+
+
+def rank_key(info: runs.RunInfo) -> tuple:
+  """Lower is better: the best validation loss, or else the last train loss."""
+  best = info.best("val_loss")
+  if best is not None:
+    return (0, best)
+  loss = info.final("loss")
+  return (1, loss) if loss is not None else (2, 0.0)
+
+
+def names(infos: list[runs.RunInfo]) -> list[str]:
+  """Each run's directory name; the whole path where two runs share a name."""
+  short = [info.path.name for info in infos]
+  return short if len(set(short)) == len(short) else [str(info.path) for info in infos]
+
+
+def _value(v) -> str:
+  if isinstance(v, float):
+    return f"{v:g}"
+  return "-" if v is None else str(v)
+
+
+def _loss(x: float | None) -> str:
+  return "-" if x is None else f"{x:.4f}"
+
+
+def rows(infos: list[runs.RunInfo], fields: list[str]) -> list[list[str]]:
+  """One row a run, in the order given: name, differing fields, then COLUMNS."""
+  out = []
+  for name, info in zip(names(infos), infos):
+    params = info.status.get("params")
+    speed, wall = info.median_speed(), info.wall_s()
+    state = "done" if info.finished else info.state
+    out.append([name, *(_value(info.config.get(f)) for f in fields),
+                fmt.count(params) if params else "-", f"{info.step}/{_value(info.max_steps)}",
+                _loss(info.best("val_loss")), _loss(info.final("val_loss")),
+                _loss(info.final("val_bpb")), fmt.count(speed) if speed else "-",
+                fmt.duration(wall) if wall is not None else "-", state])
+  return out
+
+
+def terminal_table(header: list[str], body: list[list[str]]) -> str:
+  widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+  line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+  return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, body)])
+
+
+def markdown_table(header: list[str], body: list[list[str]]) -> str:
+  line = lambda r: "| " + " | ".join(c.replace("|", "\\|") for c in r) + " |"
+  return "\n".join([line(header), "|" + "---|" * len(header), *map(line, body)])
+
+
+def _plot(infos: list[runs.RunInfo], x_key: str, scale: float, xlabel: str, png: Path) -> Path:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+  for i, (name, info) in enumerate(zip(names(infos), infos)):
+    color = f"C{i % 10}"
+    train = [r for r in info.train if r.get("loss") is not None and x_key in r]
+    evals = [r for r in info.evals if x_key in r]
+    if train:
+      ax.plot([r[x_key] / scale for r in train], [r["loss"] for r in train], color=color, lw=0.8,
+              alpha=0.35)
+    label = name + ("" if info.finished else f" ({info.state})")
+    if evals:
+      ax.plot([r[x_key] / scale for r in evals], [r["val_loss"] for r in evals], "o-",
+              color=color, lw=1.6, ms=3, label=label)
+    elif train:
+      ax.plot([], [], color=color, label=label + ", no eval yet")
+  ax.set(xlabel=xlabel, ylabel="loss (nats/token)",
+         title="validation loss (markers) and train loss (faint)")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(png)
+  plt.close(fig)
+  return png
+
+
+def plot(infos: list[runs.RunInfo], out: Path) -> list[Path]:
+  """loss_vs_step.png and loss_vs_time.png in `out`: validation loss as lines with markers, the
+  train loss thin and faint in the same colour, one colour a run."""
+  minutes = max((info.wall_s() or 0 for info in infos), default=0) > 300
+  return [_plot(infos, "step", 1, "optimizer step", out / "loss_vs_step.png"),
+          _plot(infos, "elapsed_s", 60 if minutes else 1,
+                f"training time ({'min' if minutes else 's'})", out / "loss_vs_time.png")]
+
+
+def compare(patterns: list[str], out: Path | None = None, print_fn=print) -> list[runs.RunInfo]:
+  """Prints the table (and writes compare.md and the plots to `out`); returns the runs, best
+  first."""
+  infos = sorted((runs.read(p) for p in runs.find(patterns)), key=rank_key)
+  fields = differences(infos)
+  header = ["run", *fields, *COLUMNS]
+  body = rows(infos, fields)
+  print_fn(terminal_table(header, body))
+  best = infos[0]
+  if best.best("val_loss") is not None:
+    print_fn(f"best: {names(infos)[0]} (val loss {best.best('val_loss'):.4f})")
+  if out is not None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.md").write_text(markdown_table(header, body) + "\n", encoding="utf-8")
+    pngs = plot(infos, out)
+    print_fn(f"wrote {out / 'compare.md'}, {', '.join(str(p) for p in pngs)}")
+  return infos
+
+
+def parse(argv: list[str]) -> tuple[list[str], Path | None]:
+  patterns, out = [], None
+  for arg in argv:
+    if arg.startswith("--out="):
+      out = Path(arg.split("=", 1)[1]).expanduser()
+    elif arg.startswith("-"):
+      raise UserError(f"unknown flag {arg}; usage: python -m jaxtrain.compare RUN... [--out=DIR]")
+    else:
+      patterns.append(arg)
+  if not patterns:
+    raise UserError("no runs given; usage: python -m jaxtrain.compare RUN... [--out=DIR] (RUN: a "
+                    "run's directory, a glob, or a directory of runs such as a sweep's root)")
+  return patterns, out
+
+
+def main(argv: list[str]) -> int:
+  try:
+    compare(*parse(argv))
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return e.exit_code
+  return 0
+

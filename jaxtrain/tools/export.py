@@ -1,0 +1,86 @@
+"""`python -m jaxtrain.export --workdir=runs/nano --out=hf/nano [--step=latest|best|N]`: a run's
+model as a Hugging Face transformers directory (config.json, model.safetensors, tokenizer.json),
+loadable with `transformers.AutoModelForCausalLM.from_pretrained(out)`. The mapping: hf.py."""
+
+import json
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from jaxtrain.checkpoints import hf
+from jaxtrain.checkpoints import load as trained
+from jaxtrain.system import paths
+from jaxtrain.system.errors import UserError
+
+WRITTEN = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+           "generation_config.json")
+
+
+def export(workdir: str, out: str, step: str = "latest") -> Path:
+  """Writes the model of `workdir`'s checkpoint `step` into directory `out`; returns it."""
+  state, tok = trained.load(workdir, step)
+  c = state.model_cfg
+  config = hf.hf_config(c)  # before anything is written: a model with no equivalent is refused
+  target = _target(out)
+  tensors = hf.to_hf(hf.flatten(jax.device_get(state.params)), c)
+  from safetensors.numpy import save_file
+
+  save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+  paths.write_json(target / "config.json", {**config, "jaxtrain": {
+      "workdir": str(Path(workdir).absolute()), "step": int(state.step)}})
+  paths.write_json(target / "generation_config.json", {"do_sample": True, "temperature": 0.8,
+                                                       "max_length": c.seq_len})
+  write_tokenizer(tok, target)
+  return target
+
+
+def _target(out: str) -> Path:
+  """`out`, created; refused if it holds files an export did not write (nothing is overwritten
+  but an earlier export)."""
+  path = Path(out).expanduser()
+  if path.exists() and not path.is_dir():
+    raise UserError(f"--out={path} is a file; pass --out=<a new or empty directory>")
+  if path.is_dir():
+    others = sorted(p.name for p in path.iterdir() if p.name not in WRITTEN)
+    if others:
+      raise UserError(f"--out={path} holds other files ({', '.join(others[:3])}); pass "
+                      "--out=<a new or empty directory> so nothing there is overwritten")
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"cannot create --out={path} ({e.strerror}); pass a directory you can "
+                    "write to") from None
+  return path
+
+
+def write_tokenizer(tok, target: Path) -> None:
+  """tokenizer.json (every jaxtrain tokenizer has an exact `tokenizers` form, end-of-text token
+  included) and the tokenizer_config.json that transformers' AutoTokenizer reads beside it."""
+  (target / "tokenizer.json").write_text(tok.hf_json(), encoding="utf-8")
+  paths.write_json(target / "tokenizer_config.json", {
+      "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 10**9,
+      "clean_up_tokenization_spaces": False, "jaxtrain_tokenizer": tok.to_json()})
+
+
+def main() -> None:
+  from absl import flags
+
+  from jaxtrain.tools import cli
+
+  flags.DEFINE_string("workdir", None, "The run's workdir (e.g. runs/nano).")
+  flags.DEFINE_string("out", None, "The directory to write (new or empty).")
+  flags.DEFINE_string("step", "latest", "Checkpoint: latest, best (lowest val loss) or a step.")
+
+  def run() -> None:
+    f = flags.FLAGS
+    if not f.workdir or not f.out:
+      raise UserError("pass --workdir=<the workdir of a run> and --out=<a new directory>")
+    target = export(f.workdir, f.out, f.step)
+    arch = json.loads((target / "config.json").read_text())["architectures"][0]
+    n = sum(int(np.prod(x.shape)) for x in hf.read_dir(target)[1].values())
+    print(f"wrote {arch} ({n:,} numbers) to {target}; load it with "
+          f"transformers.AutoModelForCausalLM.from_pretrained({str(target)!r})", file=sys.stderr)
+
+  cli.main(run)

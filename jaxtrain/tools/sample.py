@@ -1,0 +1,129 @@
+"""`python -m jaxtrain.sample --workdir=runs/nano [--prompt="def " | --prompt=@file.txt]
+[--num_samples=1 --max_new_tokens=256 --temperature=0.8 --top_k=0 --top_p=1 --seed=0]
+[--step=latest|best|N] [--interactive]`: text from a saved run, printed as it is made."""
+
+import codecs
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from absl import flags
+
+from jaxtrain.checkpoints import load as trained
+from jaxtrain.data import tokenizer as tokenizer_lib
+from jaxtrain.generation import decode
+from jaxtrain.system.errors import UserError
+from jaxtrain.tools import cli
+
+CHUNK = 8  # tokens per compiled call: how often the text on the screen grows
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("workdir", None, "The run's workdir (e.g. runs/nano).")
+  flags.DEFINE_string("prompt", "", "Text to continue, or @path to read it from a file; "
+                      "'' starts from a newline.")
+  flags.DEFINE_integer("num_samples", 1, "Samples per prompt.", lower_bound=1, upper_bound=1024)
+  flags.DEFINE_integer("max_new_tokens", 256, "Tokens to generate per sample.", lower_bound=1,
+                       upper_bound=2**16)
+  flags.DEFINE_float("temperature", 0.8, "0 is greedy (the likeliest token every time).",
+                     lower_bound=0.0)
+  flags.DEFINE_integer("top_k", 0, "Sample from the k likeliest tokens only; 0: all.",
+                       lower_bound=0)
+  flags.DEFINE_float("top_p", 1.0, "Sample from the likeliest tokens whose probability reaches "
+                     "p (nucleus sampling); 1: all.", lower_bound=0.0, upper_bound=1.0)
+  flags.DEFINE_integer("seed", 0, "Sample i uses seed + i.", lower_bound=0)
+  flags.DEFINE_string("step", "latest", "Checkpoint: latest, best (lowest val loss) or a step.")
+  flags.DEFINE_boolean("interactive", False, "Ask for prompts in a loop (an empty line or "
+                       "Ctrl-D ends it).")
+
+
+def read_prompt(value: str) -> str:
+  if not value.startswith("@"):
+    return value
+  path = Path(value[1:]).expanduser()
+  try:
+    return path.read_text(encoding="utf-8")
+  except (OSError, UnicodeDecodeError) as e:
+    raise UserError(f"cannot read the prompt file {path} ({getattr(e, 'strerror', None) or e}); "
+                    "pass --prompt=@<a UTF-8 text file> or the text itself") from None
+
+
+def encode(tok, text: str) -> np.ndarray:
+  """The prompt's tokens; an empty prompt starts from a newline where the vocabulary has one."""
+  if text == "":
+    nl = tokenizer_lib.newline_id(tok)
+    if nl is None:
+      raise UserError("this run's char vocabulary has no newline to start from; pass --prompt=...")
+    return np.array([nl], np.int32)
+  return np.asarray(tok.encode(text), np.int32)  # a char outside the vocabulary: UserError
+
+
+class Printer:
+  """Writes tokens as text as they come; bytes of one UTF-8 character may arrive apart."""
+
+  def __init__(self, tok, out=sys.stdout):
+    self.tok, self.out = tok, out
+    self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace") \
+        if isinstance(tok, tokenizer_lib.ByteTokenizer) else None
+
+  def write(self, ids: np.ndarray, final: bool = False) -> None:
+    if self.utf8 is not None:
+      text = self.utf8.decode(bytes(np.asarray(ids, np.uint8).tolist()), final=final)
+    else:
+      text = self.tok.decode(ids)
+    self.out.write(text)
+    self.out.flush()
+
+
+def sample(state, tok, prompt: str, f, out=sys.stdout) -> int:
+  """Prints `f.num_samples` continuations of `prompt`; returns how many tokens were made."""
+  ids = encode(tok, prompt)
+  made = 0
+  for i in range(f.num_samples):
+    if f.num_samples > 1:
+      out.write(f"--- sample {i} ---\n")
+    out.write(prompt)
+    printer = Printer(tok, out)
+    for part in decode.stream(state, ids[None, :],
+                              f.max_new_tokens, temperature=f.temperature, top_k=f.top_k,
+                              top_p=f.top_p, seed=f.seed + i, chunk=CHUNK):
+      printer.write(part[0])
+      made += part.shape[1]
+    printer.write(np.zeros(0, np.int32), final=True)
+    out.write("\n")
+    out.flush()
+  return made
+
+
+def run() -> None:
+  f = flags.FLAGS
+  if not f.workdir:
+    raise UserError("no run given; pass --workdir=<the workdir of a run>, e.g. runs/nano")
+  prompt = read_prompt(f.prompt)
+  state, tok = trained.load(f.workdir, f.step)
+  print(f"step {int(state.step)} of {f.workdir} ({state.model_cfg.n_layers} layers, "
+        f"{tok.vocab_size}-token {tok.name} vocabulary)", file=sys.stderr)
+  if not f.interactive:
+    encode(tok, prompt)  # a bad prompt fails before anything is printed
+    t0 = time.time()
+    made = sample(state, tok, prompt, f)
+    print(f"{made} tokens in {time.time() - t0:.1f}s", file=sys.stderr)
+    return
+  while True:
+    try:
+      prompt = input("prompt> ")
+    except EOFError:
+      print(file=sys.stderr)
+      return
+    if prompt == "":
+      return
+    try:
+      sample(state, tok, prompt.replace("\\n", "\n"), f)
+    except UserError as e:  # a character outside the vocabulary: say so, ask again
+      print(f"error: {e}", file=sys.stderr)
+
+
+def main() -> None:
+  define_flags()
+  cli.main(run)

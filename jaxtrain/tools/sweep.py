@@ -1,0 +1,299 @@
+"""`python -m jaxtrain.sweep --config=F --sweep=field=v1,v2 [--sweep=...] --root=DIR [--parallel=N]
+[--config.x=y ...] [--jax_platforms=cpu]`: every combination of the swept values, a run each.
+
+Each run is its own process (`python -m jaxtrain`) in DIR/<swept values>, its output in
+DIR/logs/<name>.log. Finished runs are skipped and stopped or killed ones resume, so running the
+same command again continues the sweep. `--parallel=N` runs N at once, each pinned to its own
+share of the CPU cores (XLA sizes its CPU devices and thread pools by the cores a process may
+use). A failed run is reported and the others go on; the exit status is non-zero if any failed.
+At the end the comparison table is printed and written, with its plots, to DIR.
+"""
+
+import dataclasses
+import functools
+import itertools
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from jaxtrain.config import defaults as config
+from jaxtrain.config import validate as validation
+from jaxtrain.system import fmt, paths
+from jaxtrain.system.errors import ConfigError, UserError
+from jaxtrain.tools import compare, runs
+
+USAGE = ("usage: python -m jaxtrain.sweep --config=F --sweep=field=v1,v2 [--sweep=...] --root=DIR "
+         "[--parallel=N] [--config.x=y ...]")
+PROGRESS_EVERY_S = 30.0
+
+
+@dataclasses.dataclass
+class Args:
+  config: str
+  sweeps: list[tuple[str, list[str]]]  # (field, its values as typed)
+  root: Path
+  parallel: int = 1
+  overrides: list[str] = dataclasses.field(default_factory=list)  # --config.x=y, passed on
+  passthrough: list[str] = dataclasses.field(default_factory=list)  # --jax_*, passed on
+
+
+@dataclasses.dataclass
+class Point:
+  """One run of the grid."""
+
+  name: str
+  values: list[tuple[str, str]]  # (field, value) as passed to the run
+  workdir: Path
+  log: Path
+  max_steps: int
+
+
+def _known_field(name: str, flag: str) -> str:
+  known = config.flatten(config.default_config().to_dict())
+  if name not in known:
+    raise UserError(f"{flag}: {name} is not a config field; the fields are listed in "
+                    "jaxtrain/config.py (e.g. optim.lr, model.n_layers)")
+  if name == "workdir":
+    raise UserError(f"{flag}: the sweep sets each run's workdir under --root; drop it")
+  return name
+
+
+def parse(argv: list[str]) -> Args:
+  found: dict = {"sweeps": [], "overrides": [], "passthrough": []}
+  for arg in argv:
+    key, eq, value = arg.partition("=")
+    if key in ("--config", "--root", "--parallel") and eq:
+      found[key[2:]] = value
+    elif key == "--sweep" and eq:
+      field, eq2, values = value.partition("=")
+      items = [v.strip() for v in values.split(",")]
+      if not eq2 or not all(items):
+        raise UserError(f"{arg}: write --sweep=field=v1,v2 (e.g. --sweep=optim.lr=1e-3,3e-3)")
+      if any(field == f for f, _ in found["sweeps"]):
+        raise UserError(f"{arg}: {field} is swept twice; give all its values in one --sweep")
+      found["sweeps"].append((_known_field(field, arg), items))
+    elif key.startswith("--config.") and eq:
+      _known_field(key[len("--config."):], arg)
+      found["overrides"].append(arg)
+    elif key.startswith("--jax_"):
+      found["passthrough"].append(arg)
+    else:
+      raise UserError(f"unexpected argument {arg}; {USAGE}")
+  for need in ("config", "root"):
+    if not found.get(need):
+      raise UserError(f"--{need} is missing; {USAGE}")
+  if not os.path.isfile(found["config"]):
+    raise UserError(f"config file {found['config']} not found; pass --config=configs/nano.py")
+  if not found["sweeps"]:
+    raise UserError(f"nothing to sweep; {USAGE}")
+  parallel = found.get("parallel", "1")
+  if not parallel.isdigit() or int(parallel) < 1:
+    raise UserError(f"--parallel={parallel}: must be an integer >= 1 (runs at once)")
+  return Args(found["config"], found["sweeps"], Path(found["root"]).expanduser(), int(parallel),
+              found["overrides"], found["passthrough"])
+
+
+def typed(field: str, text: str, default):
+  """`text` as the field's type, as the run's own flag parser will read it."""
+  kind = type(default)
+  try:
+    if kind is bool:
+      if text.lower() not in ("true", "false", "1", "0"):
+        raise ValueError
+      return text.lower() in ("true", "1")
+    return kind(text)
+  except ValueError:
+    raise ConfigError(field, f"{text!r} is not {validation.KINDS[kind]}",
+                      f"pass values like --sweep={field}={default}") from None
+
+
+def _name(values: list[tuple[str, str]]) -> str:
+  leaves = [f.rsplit(".", 1)[-1] for f, _ in values]
+  short = [leaf if leaves.count(leaf) == 1 else f for leaf, (f, _) in zip(leaves, values)]
+  name = "_".join(f"{s}={v}" for s, (_, v) in zip(short, values))
+  return re.sub(r"[^A-Za-z0-9._=+-]", "-", name)
+
+
+def grid(args: Args) -> list[Point]:
+  """Every combination, each config built and validated here, so a bad value stops the sweep
+  before any run starts."""
+  defaults = config.flatten(config.default_config().to_dict())
+  base = config.load_config(args.config)
+  for arg in args.overrides:
+    field, text = arg[len("--config."):].split("=", 1)
+    config.override(base, **{field: typed(field, text, defaults[field])})
+  points = []
+  for combo in itertools.product(*[[(f, v) for v in vs] for f, vs in args.sweeps]):
+    cfg = base.copy_and_resolve_references()
+    values = []
+    for field, text in combo:
+      value = typed(field, text, defaults[field])
+      config.override(cfg, **{field: value})
+      values.append((field, str(value) if isinstance(value, bool) else text))
+    name = _name(values)
+    cfg.workdir = str(args.root / name)
+    validation.validate(cfg)
+    points.append(Point(name, values, args.root / name, args.root / "logs" / f"{name}.log",
+                        cfg.train.max_steps))
+  if len({p.name for p in points}) < len(points):
+    raise UserError("two runs of the sweep would share a directory name; make the values differ")
+  return points
+
+
+def done(point: Point) -> bool:
+  """Finished: reached this sweep's max_steps, or ended early by a hook (early stopping)."""
+  if not paths.is_run(point.workdir):
+    return False
+  info = runs.read(point.workdir)
+  step = info.status.get("step", info.step)
+  early = step < info.status.get("max_steps", step)
+  return info.finished and (step >= point.max_steps or early)
+
+
+def core_slots(parallel: int) -> list[list[int]]:
+  """The cores each of `parallel` concurrent runs may use: equal, disjoint shares (runs share
+  cores only when there are more runs at once than cores)."""
+  cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+  if not cores or parallel == 1:
+    return [cores] * parallel
+  k = max(1, len(cores) // parallel)
+  return [[cores[(j * k + i) % len(cores)] for i in range(k)] for j in range(parallel)]
+
+
+def command(args: Args, point: Point) -> list[str]:
+  return [sys.executable, "-m", "jaxtrain", f"--config={args.config}", *args.overrides,
+          *(f"--config.{f}={v}" for f, v in point.values), f"--config.workdir={point.workdir}",
+          "--config.headless=True", *args.passthrough]
+
+
+def _last_line(path: Path) -> str:
+  try:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+  except OSError:
+    return ""
+  return lines[-1][:300] if lines else ""
+
+
+def _where(point: Point) -> str:
+  info = runs.read(point.workdir) if paths.is_run(point.workdir) else None
+  if info is None or not info.train:
+    return "starting"
+  loss = info.final("loss")
+  return f"step {info.step}/{point.max_steps}" + (f", loss {loss:.4f}" if loss else "")
+
+
+class Sweep:
+  """Launches the grid's runs, `parallel` at a time, and follows them to the end."""
+
+  def __init__(self, args: Args, points: list[Point], print_fn=None):
+    self.args, self.points = args, points
+    self.print = print_fn or functools.partial(print, flush=True)
+    self.slots = core_slots(args.parallel)
+    self.running: dict[int, tuple[Point, subprocess.Popen, float]] = {}  # by slot
+    self.failed: list[str] = []
+    self.stopped: list[str] = []
+    self.ran = 0
+    self.signal: str | None = None
+
+  def _tag(self, point: Point) -> str:
+    return f"[{self.points.index(point) + 1}/{len(self.points)}] {point.name}"
+
+  def _start(self, point: Point, slot: int) -> None:
+    point.log.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    cores = self.slots[slot]
+    if self.args.parallel > 1:
+      # On a GPU each run would take 75% of its memory up front: share it instead.
+      env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / self.args.parallel:.3f}")
+    pin = (lambda: os.sched_setaffinity(0, cores)) if cores and self.args.parallel > 1 else None
+    with open(point.log, "a", encoding="utf-8") as log:
+      log.write(f"$ {' '.join(command(self.args, point))}\n")
+      log.flush()
+      proc = subprocess.Popen(command(self.args, point), stdout=log, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, env=env, preexec_fn=pin)
+    self.running[slot] = (point, proc, time.time())
+    self.ran += 1
+    where = (f" on core {cores[0]}" if len(cores) == 1 else f" on cores {cores[0]}-{cores[-1]}") \
+        if pin else ""
+    self.print(f"{self._tag(point)}: started{where}; log {point.log}")
+
+  def _finish(self, slot: int, code: int) -> None:
+    point, _, t0 = self.running.pop(slot)
+    took = fmt.duration(time.time() - t0)
+    info = runs.read(point.workdir) if paths.is_run(point.workdir) else None
+    if code == 0 and info is not None and info.finished:
+      val = info.final("val_loss")
+      self.print(f"{self._tag(point)}: done in {took}" + (f", val loss {val:.4f}" if val else ""))
+    elif (info is not None and info.state == "stopped") or self.signal:
+      self.stopped.append(point.name)
+      self.print(f"{self._tag(point)}: stopped at step {info.step} after {took}; it resumes "
+                 "when the sweep runs again")
+    else:
+      self.failed.append(point.name)
+      self.print(f"{self._tag(point)}: FAILED (exit status {code}) after {took}: "
+                 f"{_last_line(point.log)} (whole log: {point.log})")
+
+  def _on_signal(self, signum, frame) -> None:
+    name = signal.Signals(signum).name
+    if self.signal is None:
+      self.print(f"\n{name}: stopping the runs (each saves a checkpoint); no new ones start")
+    self.signal = self.signal or name
+    for _, proc, _ in self.running.values():
+      if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+
+  def run(self) -> None:
+    todo = []
+    for point in self.points:
+      if done(point):
+        self.print(f"{self._tag(point)}: finished already, skipped")
+      else:
+        todo.append(point)
+    previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+      last_progress = time.time()
+      while (todo and self.signal is None) or self.running:
+        for slot in range(self.args.parallel):
+          if slot not in self.running and todo and self.signal is None:
+            self._start(todo.pop(0), slot)
+        time.sleep(0.2)
+        for slot, (_, proc, _) in list(self.running.items()):
+          if proc.poll() is not None:
+            self._finish(slot, proc.returncode)
+        if time.time() - last_progress >= PROGRESS_EVERY_S and self.running:
+          last_progress = time.time()
+          self.print("  " + "; ".join(f"{p.name}: {_where(p)}" for p, _, _ in
+                                      self.running.values()))
+    finally:
+      for s, handler in previous.items():
+        signal.signal(s, handler)
+
+
+def main(argv: list[str]) -> int:
+  t0 = time.time()
+  try:
+    args = parse(argv)
+    points = grid(args)
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return e.exit_code
+  print(f"sweep: {len(points)} runs in {args.root} ({' x '.join(f'{f} {len(v)}' for f, v in args.sweeps)})"
+        f", {args.parallel} at a time")
+  sweep = Sweep(args, points)
+  sweep.run()
+  existing = [str(p.workdir) for p in points if paths.is_run(p.workdir)]
+  if existing:
+    print()
+    compare.compare(existing, args.root)
+  print(f"sweep: ran {sweep.ran}, skipped {len(points) - sweep.ran}, failed {len(sweep.failed)}"
+        f" in {fmt.duration(time.time() - t0)}" + (f" (failed: {', '.join(sweep.failed)})"
+                                                   if sweep.failed else ""))
+  if sweep.signal:
+    print(f"interrupted by {sweep.signal}: run the same command again to continue the sweep")
+    return 130 if sweep.signal == "SIGINT" else 143
+  return 1 if sweep.failed or sweep.stopped else 0
+
