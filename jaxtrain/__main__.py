@@ -16,6 +16,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from jaxtrain import train  # noqa: E402
 from jaxtrain.config import defaults as config  # noqa: E402
+from jaxtrain.system import signals  # noqa: E402
 from jaxtrain.system.errors import UserError  # noqa: E402
 from jaxtrain.tools import cli  # noqa: E402
 from jaxtrain.tools.cli import fail  # noqa: E402
@@ -54,6 +55,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
+  signals.raise_on_sigterm()  # from here on, SIGTERM at any moment ends in one line
   if len(argv) > 1:
     fail(f"unexpected arguments {argv[1:]}; flags look like --config.train.max_steps=100")
   cfg = _CONFIG.value
@@ -66,13 +68,12 @@ def main(argv: list[str]) -> None:
   except UserError as e:  # the run has finished or abandoned its checkpoint writes
     print("; ".join([f"error: {e}", *getattr(e, "__notes__", [])]), file=sys.stderr)
     exiting.exit_now(e.exit_code)
-  except KeyboardInterrupt:  # before training started: nothing to save yet
-    print("interrupted before the first step; nothing was saved", file=sys.stderr)
-    exiting.exit_now(130)
-  if result.stopped_by:
-    print(f"to resume: python -m jaxtrain {' '.join(sys.argv[1:])}")
+  if result.stopped_by and result.step < cfg.train.max_steps:
+    try:
+      print(f"to resume: python -m jaxtrain {' '.join(sys.argv[1:])}", flush=True)
+    except BrokenPipeError:  # stdout's reader left: the line above is the only one lost
+      pass
   exiting.exit_now(result.exit_code)
-
 
 if __name__ == "__main__":
   jax.config.config_with_absl()

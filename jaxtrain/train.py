@@ -27,12 +27,12 @@ from jaxtrain.core.model import flops_per_token
 from jaxtrain.core.steps import TrainState
 from jaxtrain.data import corpus as data
 from jaxtrain.data import tokenizer as tokenizer_lib
-from jaxtrain.generation import samples as sampling
-from jaxtrain.loop import early_stop, estimate, memory, metrics, monitor, status, summary, tblog
+from jaxtrain.loop import early_stop, ending, estimate, memory, metrics, monitor, status, summary, tblog
 from jaxtrain.loop import hooks as hooks_lib
 from jaxtrain.loop.console import Console, LibraryLog
+from jaxtrain.loop.ending import RunResult  # noqa: F401 - jt.RunResult lives here too
 from jaxtrain.loop.hooks import Hook
-from jaxtrain.system import allocator, fmt, paths, runtime, signals
+from jaxtrain.system import allocator, paths, runtime, signals
 from jaxtrain.system.errors import UserError
 from jaxtrain.system.lock import WorkdirLock, in_use_error
 
@@ -46,19 +46,6 @@ def _throttle(results: list) -> None:
   """Waits for the dispatch MAX_IN_FLIGHT back, so no more than that many are queued."""
   if len(results) > MAX_IN_FLIGHT:
     jax.block_until_ready(results[-MAX_IN_FLIGHT - 1])
-
-
-@dataclasses.dataclass
-class RunResult:
-  workdir: str
-  step: int
-  train_loss: float | None
-  val_loss: float | None
-  tokens_per_sec: float | None
-  wall_s: float
-  samples: list[str]
-  stopped_by: str | None = None  # "SIGTERM" or "SIGINT" when a signal ended the run early
-  exit_code: int = 0
 
 
 @dataclasses.dataclass
@@ -78,23 +65,28 @@ class Run:
   t_start: float
   log: LibraryLog | None  # where the libraries' messages go, if not to the terminal
   t_compile: float = 0.0  # when compiling began: the first step's line counts from it
+  phase: str = "compiling"  # what an interrupt outside the loop stopped (loop/ending.py)
+  changes: tuple[str, ...] = ()  # harmless config changes since the checkpoint resumed from
 
 
 def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
-        hooks: tuple[Hook, ...] = (), library_log: bool = False) -> RunResult:
+        hooks: tuple[Hook, ...] = (), library_log: bool = False) -> ending.RunResult:
   """Trains `cfg` in `cfg.workdir`, resuming from its latest checkpoint if there is one.
 
   `library_log`: from setup on, the libraries' messages go to workdir/logs/ instead of the
   terminal, until the process exits (for a process that ends with the run: the CLI).
   """
-  validation.validate(cfg)
-  cpu.split_cpu(cfg)  # before jax starts its backends
-  platform = runtime.setup(cfg)
   t_start = time.time()
-  workdir = Path(cfg.workdir).expanduser()
-  existed = workdir.exists()
+  workdir = Path(str(cfg.workdir)).expanduser()
+  try:
+    existed = workdir.exists()
+  except (OSError, ValueError):  # a name the file system refuses: validation names it below
+    existed = True
   r, lock, result = None, WorkdirLock(), None  # the lock: taken in setup, released at the end
   try:
+    validation.validate(cfg)
+    cpu.split_cpu(cfg)  # before jax starts its backends
+    platform = runtime.setup(cfg)
     r = _setup(cfg, platform, show_progress, [*hooks, tblog.TensorBoard(), status.Status()],
                t_start, library_log, lock)
     if r.log is not None:
@@ -102,6 +94,8 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
     try:
       state, elapsed_before, best = _start(r)
       result = _loop(r, state, elapsed_before, best)
+    except KeyboardInterrupt as e:  # SIGINT or SIGTERM (signals.Terminated) outside the loop
+      result = ending.interrupted(e, r, r.workdir, t_start)
     finally:
       saving_lib.close(r.ckpts)  # a save that was going well still completes, also on error
       hooks_lib.end_all(r.hooks, result)
@@ -109,15 +103,23 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
     if r.log is not None and r.log.errors:
       r.out.print(f"note: the libraries logged {r.log.errors} error(s); see {r.log.path}")
     return result
+  except KeyboardInterrupt as e:  # while setting up: before the run has a Run
+    lock.release()
+    _remove_if_empty(workdir, existed)
+    return ending.interrupted(e, None, workdir, t_start)
   except BaseException as e:
     lock.release()  # first: it removes its file, which the emptiness check below must not see
     if r is not None and r.log is not None and r.log.errors:
       e.add_note(f"the libraries' own messages are in {r.log.path}")
-    # A run that failed before writing anything leaves no empty directory behind.
-    if isinstance(e, UserError) and not existed and workdir.is_dir() \
-        and not any(workdir.iterdir()):
-      workdir.rmdir()
+    if isinstance(e, UserError):
+      _remove_if_empty(workdir, existed)
     raise
+
+
+def _remove_if_empty(workdir: Path, existed: bool) -> None:
+  """A run that ended before writing anything leaves no empty directory behind."""
+  if not existed and workdir.is_dir() and not any(workdir.iterdir()):
+    workdir.rmdir()
 
 
 def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
@@ -145,7 +147,7 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
   run_meta = {"jaxtrain_version": __version__, "data_fingerprint": corpus.fingerprint,
               "tokenizer": corpus.tokenizer.to_json(), "config": cfg.to_dict()}
   if is_main and not (workdir / paths.RUN_FILE).exists():  # a new run: mark the directory first
-    _write_run_files(workdir, cfg, run_meta, corpus.tokenizer)
+    ending.write_run_files(workdir, cfg, run_meta, corpus.tokenizer)
   log = LibraryLog(workdir / "logs" / f"process_{jax.process_index()}.log") if library_log \
       else None
   return Run(cfg=cfg, out=out, workdir=workdir, corpus=corpus, programs=programs,
@@ -154,12 +156,6 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
              metrics_file=metrics.MetricsFile(workdir / "metrics.jsonl", enabled=is_main),
              run_meta=run_meta, hooks=hooks + early_stop.hooks(cfg.train), t_start=t_start,
              log=log)
-
-
-def _write_run_files(workdir: Path, cfg: ml_collections.ConfigDict, run_meta: dict, tok) -> None:
-  paths.write_json(workdir / "config.json", cfg.to_dict())
-  paths.write_json(workdir / paths.RUN_FILE, {k: v for k, v in run_meta.items() if k != "config"})
-  tokenizer_lib.save(tok, str(workdir / "tokenizer.json"))
 
 
 def _start(r: Run) -> tuple[TrainState, float, float]:
@@ -182,15 +178,18 @@ def _start(r: Run) -> tuple[TrainState, float, float]:
     state = init_from.apply(r.cfg.init_from, state, r.programs, r.corpus.tokenizer, r.out.print)
   if latest is None:
     r.out.print("starting a new run at step 0")
-  if jax.process_index() == 0:  # after a resume was found sound: this config is the run's now
-    _write_run_files(r.workdir, r.cfg, r.run_meta, r.corpus.tokenizer)
+  step = int(state.step)
+  # After a resume was found sound, this config is the run's from here on; a finished run
+  # that has nothing to train keeps its files as they are.
+  if jax.process_index() == 0 and latest is not None and step < r.cfg.train.max_steps:
+    ending.write_run_files(r.workdir, r.cfg, r.run_meta, r.corpus.tokenizer, step, r.changes)
   return state, elapsed, best
 
 
 def _restore(r: Run) -> tuple[TrainState, float, float]:
   """The newest intact checkpoint that fits this config (damaged ones are set aside)."""
-  step, state, meta = saving_lib.resume(r.ckpts, r.programs, r.train_iter, r.run_meta, r.cfg,
-                                        r.out)
+  step, state, meta, r.changes = saving_lib.resume(r.ckpts, r.programs, r.train_iter, r.run_meta,
+                                                   r.cfg, r.out)
   dropped = r.metrics_file.drop_after(step)
   r.out.print(f"resumed from checkpoint {r.ckpts.directory / str(step)} at step {step}"
               + (f" (dropped {dropped} metric lines past it)" if dropped else ""))
@@ -237,18 +236,19 @@ def _progress(r: Run, state: TrainState, elapsed_before: float, best_val: float)
       bpb=data.bits_per_byte(r.corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps))
 
 
-def _loop(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> RunResult:
+def _loop(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> ending.RunResult:
   t = r.cfg.train
+  if int(state.step) >= t.max_steps:
+    return ending.already_done(r, int(state.step))
   p = _progress(r, state, elapsed_before, best_val)
   for hook in r.hooks:
     hook.on_start(r, p.step)
   signal_stop = hook_stop = None
-  if p.step >= t.max_steps:
-    r.out.print(f"this run already reached step {p.step} (train.max_steps={t.max_steps}); raise "
-                "--config.train.max_steps to train further")
   with signals.GracefulStop() as stop, saving_lib.peers_watched(r.ckpts, lambda: p.step):
-    if p.step < t.max_steps:
-      r.out.start(t.max_steps, p.step)
+    r.phase, r.out.on_closed = "training", lambda: stop.request("SIGPIPE")
+    if r.out.closed:
+      stop.request("SIGPIPE")
+    r.out.start(t.max_steps, p.step)
     while p.step < t.max_steps:
       state = _step(r, p, state)
       evaluate_now = p.step % t.eval_every == 0 or p.step == t.max_steps
@@ -282,11 +282,11 @@ def _loop(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> 
   if signal_stop:
     r.out.print(f"{signal_stop}: stopped at step {p.step}; checkpoint saved in "
                 f"{r.ckpts.directory / str(p.step)}. Run the same command again to resume.")
-    return RunResult(str(r.workdir), p.step, p.last_loss, p.last_val, speed,
-                     time.time() - r.t_start, [], signal_stop, stop.exit_code)
+    return ending.RunResult(str(r.workdir), p.step, p.last_loss, p.last_val, speed,
+                            time.time() - r.t_start, [], signal_stop, stop.exit_code)
   if hook_stop:
     r.out.print(f"stopped at step {p.step}: {hook_stop}")
-  return _finish(r, state, p, speed)
+  return ending.finish(r, state, p, speed)
 
 
 def _step(r: Run, p: Progress, state: TrainState) -> TrainState:
@@ -365,24 +365,3 @@ def _hook_stop(hooks: list[Hook]) -> str | None:
   if runtime.any_process(reason is not None):
     return reason or "a hook on another process asked to stop"
   return None
-
-
-def _finish(r: Run, state: TrainState, p: Progress, speed: float | None) -> RunResult:
-  """Samples and the loss plot (process 0), then the closing line."""
-  params = runtime.host_copy(state.params)  # every process takes part; process 0 samples
-  is_main = jax.process_index() == 0
-  samples = sampling.write_samples(
-      r.cfg.sample, r.cfg.model.seq_len, r.cfg.seed, state.replace(params=params), r.corpus.val,
-      r.corpus.tokenizer, r.workdir, r.out) if is_main else []
-  if is_main:
-    png = metrics.plot_losses(r.workdir / "metrics.jsonl", r.workdir / "loss.png")
-    if png:
-      r.out.print(f"loss curves: {png}")
-  wall = time.time() - r.t_start
-  r.out.print(f"done: step {p.step} | train loss {_fmt(p.last_loss)} | val loss "
-              f"{_fmt(p.last_val)} | wall {fmt.duration(wall)} | workdir {r.workdir}")
-  return RunResult(str(r.workdir), p.step, p.last_loss, p.last_val, speed, wall, samples)
-
-
-def _fmt(x: float | None) -> str:
-  return "-" if x is None else f"{x:.4f}"

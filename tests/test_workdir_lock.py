@@ -179,7 +179,7 @@ def test_ctrl_c_during_tokenizing_exits_130_with_one_line(big_corpus, tmp_path):
   first.wait_for(_writing_tokens(tmp_path))
   first.proc.send_signal(signal.SIGINT)
   assert first.finish() == 130
-  assert first.err == ["interrupted before the first step; nothing was saved"]
+  assert first.err == ["SIGINT while preparing the run: stopped; nothing was saved; a restart begins afresh"]
   assert _cache_files(tmp_path) == []
   assert not (tmp_path / "run" / lock.WORKDIR_LOCK).exists()
 

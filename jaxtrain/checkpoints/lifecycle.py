@@ -91,15 +91,17 @@ def _resume_hint(ckpts: Checkpoints) -> str:
 
 
 def resume(ckpts: Checkpoints, programs, iterator, run_meta: dict,
-           cfg: ml_collections.ConfigDict, out) -> tuple[int, TrainState, dict]:
-  """(step, state, meta) of the newest checkpoint that reads whole and fits this config, with
-  `iterator` at its position. A damaged one is set aside with a warning line, and an earlier one
-  used; none that reads whole is a UserError that says how to start afresh."""
+           cfg: ml_collections.ConfigDict, out) -> tuple[int, TrainState, dict, tuple[str, ...]]:
+  """(step, state, meta, the harmless config changes since it) of the newest checkpoint that
+  reads whole and fits this config, with `iterator` at its position. A damaged one is set aside
+  with a warning line, and an earlier one used; none that reads whole is a UserError that says
+  how to start afresh."""
   notes = []
 
   def read(step: int):
     meta = ckpts.read_meta(step)
     notes[:] = check_resumable(meta, run_meta, cfg.workdir, cfg.data.allow_changed)
+    notes.append(config.config_changes(meta.get("config", {}), run_meta["config"])[1])
     state, saved = ckpts.read(step, programs.abstract, programs.shardings, iterator)
     position, k = iterator.get_state()["next_index"], cfg.train.grad_accum
     if position != step * k:
@@ -109,9 +111,10 @@ def resume(ckpts: Checkpoints, programs, iterator, run_meta: dict,
   step, state, meta = newest_intact(
       ckpts, read, out.print, using="resuming from",
       fresh=f"to start afresh, pass a new --config.workdir, or move {ckpts.directory} away")
+  *notes, changes = notes
   for note in notes:
     out.print(note)
-  return step, state, meta
+  return step, state, meta, tuple(changes)
 
 
 def check_resumable(meta: dict, run_meta: dict, workdir: str,

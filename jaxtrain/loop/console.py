@@ -2,8 +2,10 @@
 libraries' own messages kept in a file, out of the way of those lines."""
 
 import logging
+import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from jaxtrain.system import fmt
@@ -81,14 +83,29 @@ class Console:
     self.enabled = enabled
     self.use_bar = enabled and not headless and sys.stderr.isatty()
     self.bar = None
+    self.closed = False  # stdout's reader went away (`| head`)
+    self.on_closed: Callable[[], None] | None = None  # the loop's stop request
 
   def print(self, line: str) -> None:
-    if not self.enabled:
+    if not self.enabled or self.closed:
       return
-    if self.bar is not None:
-      self.bar.write(line)
-    else:
-      print(line, flush=True)
+    try:
+      if self.bar is not None:
+        self.bar.write(line)
+      else:
+        print(line, flush=True)
+    except BrokenPipeError:
+      self._stdout_closed()
+
+  def _stdout_closed(self) -> None:
+    """SIGPIPE's convention: a command whose reader left stops. Training stops as after Ctrl-C
+    (with a checkpoint); stdout goes to /dev/null so no later write or flush fails."""
+    self.closed = True
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    if self.on_closed is not None:
+      self.on_closed()
 
   def start(self, total: int, initial: int) -> None:
     if self.use_bar:

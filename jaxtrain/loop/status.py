@@ -32,7 +32,8 @@ class Status(Hook):
     if result is None:
       self.info["state"] = "failed"
     else:
-      self.info.update(state="stopped" if result.stopped_by else "finished", step=result.step,
+      unfinished = result.stopped_by and result.step < self.info["max_steps"]
+      self.info.update(state="stopped" if unfinished else "finished", step=result.step,
                        stopped_by=result.stopped_by)
     self.info["ended"] = time.time()
     paths.write_json(self.path, self.info)

@@ -4,12 +4,35 @@ Slurm sends SIGTERM before preemption; people press Ctrl-C. Either way the loop 
 writes a checkpoint and exits. Signals that arrive while that checkpoint is being written are
 acknowledged and ignored, so a second Ctrl-C cannot cut the save short (a SIGKILL still can,
 and orbax's write-then-rename leaves the previous checkpoint as the latest complete one).
+
+Outside the loop (reading data, compiling, sampling at the end) there is no step to finish: Ctrl-C
+raises KeyboardInterrupt as usual, and the command makes SIGTERM raise `Terminated`, a kind of
+KeyboardInterrupt, so both unwind through the same clean-up and end in one line.
 """
 
 import contextlib
 import signal
 import sys
 import threading
+
+EXIT_CODES = {"SIGINT": 130, "SIGPIPE": 141}  # a stop with its state saved; SIGTERM's is 0
+
+
+class Terminated(KeyboardInterrupt):
+  """SIGTERM outside the training loop (see `raise_on_sigterm`)."""
+
+
+def _terminate(signum, frame) -> None:
+  raise Terminated()
+
+
+def raise_on_sigterm() -> None:
+  """For a command: SIGTERM raises `Terminated` instead of ending the process without a word."""
+  signal.signal(signal.SIGTERM, _terminate)
+
+
+def name_of(interrupt: KeyboardInterrupt) -> str:
+  return "SIGTERM" if isinstance(interrupt, Terminated) else "SIGINT"
 
 
 class GracefulStop:
@@ -42,6 +65,10 @@ class GracefulStop:
       message = "already stopping after this step"
     print(f"\n{name}: {message}", file=sys.stderr, flush=True)
 
+  def request(self, name: str) -> None:
+    """A stop asked for from inside the process (stdout closed: "SIGPIPE")."""
+    self.requested = self.requested or name
+
   @contextlib.contextmanager
   def saving_now(self):
     """Signals that arrive in this block only ask to stop once the save is complete."""
@@ -53,4 +80,4 @@ class GracefulStop:
 
   @property
   def exit_code(self) -> int:
-    return 130 if self.requested == "SIGINT" else 0
+    return EXIT_CODES.get(self.requested, 0)

@@ -1,0 +1,105 @@
+"""How a run ends, and what it leaves in its workdir: the result, the files that describe the run
+(config.json, run.json, tokenizer.json, legs.jsonl), the samples and loss plot of a finished run,
+and the one line for a run stopped by a signal outside the training loop."""
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import ml_collections
+
+from jaxtrain.checkpoints.store import Checkpoints
+from jaxtrain.data import tokenizer as tokenizer_lib
+from jaxtrain.generation import samples as sampling
+from jaxtrain.loop import metrics
+from jaxtrain.system import fmt, paths, runtime, signals
+
+LEGS_FILE = "legs.jsonl"  # one line per leg of the run: where it started, what changed
+
+
+@dataclasses.dataclass
+class RunResult:
+  workdir: str
+  step: int
+  train_loss: float | None
+  val_loss: float | None
+  tokens_per_sec: float | None
+  wall_s: float
+  samples: list[str]
+  stopped_by: str | None = None  # "SIGTERM", "SIGINT" or "SIGPIPE" when a signal ended it early
+  exit_code: int = 0
+
+
+def write_run_files(workdir: Path, cfg: ml_collections.ConfigDict, run_meta: dict, tok,
+                    start_step: int = 0, changes: tuple[str, ...] = ()) -> None:
+  """The files that say what the run is, as of the leg that starts at `start_step`: config.json
+  holds that leg's config, legs.jsonl one line per leg with the config changes it brought."""
+  paths.write_json(workdir / "config.json", cfg.to_dict())
+  paths.write_json(workdir / paths.RUN_FILE, {k: v for k, v in run_meta.items() if k != "config"})
+  tokenizer_lib.save(tok, str(workdir / "tokenizer.json"))
+  with open(workdir / LEGS_FILE, "a", encoding="utf-8") as f:
+    f.write(json.dumps({"start_step": start_step, "max_steps": cfg.train.max_steps,
+                        "changes": list(changes), "time": round(time.time(), 3)}) + "\n")
+
+
+def finish(r, state, p, speed: float | None) -> RunResult:
+  """Samples and the loss plot (process 0), then the closing line. `r`: the loop's train.Run,
+  `p` its Progress."""
+  params = runtime.host_copy(state.params)  # every process takes part; process 0 samples
+  is_main = jax.process_index() == 0
+  r.phase = "sampling"
+  samples = sampling.write_samples(
+      r.cfg.sample, r.cfg.model.seq_len, r.cfg.seed, state.replace(params=params), r.corpus.val,
+      r.corpus.tokenizer, r.workdir, r.out) if is_main else []
+  if is_main:
+    png = metrics.plot_losses(r.workdir / "metrics.jsonl", r.workdir / "loss.png")
+    if png:
+      r.out.print(f"loss curves: {png}")
+  wall = time.time() - r.t_start
+  r.out.print(f"done: step {p.step} | train loss {_fmt(p.last_loss)} | val loss "
+              f"{_fmt(p.last_val)} | wall {fmt.duration(wall)} | workdir {r.workdir}")
+  return RunResult(str(r.workdir), p.step, p.last_loss, p.last_val, speed, wall, samples)
+
+
+def already_done(r, step: int) -> RunResult:
+  """A run restarted at or past its last step: nothing is trained, sampled or written."""
+  r.out.print(f"this run already reached step {step} (train.max_steps={r.cfg.train.max_steps}): "
+              f"nothing to train, and nothing in {r.workdir} was changed; raise "
+              "--config.train.max_steps to train further")
+  return RunResult(str(r.workdir), step, None, None, None, time.time() - r.t_start, [])
+
+
+def interrupted(e: KeyboardInterrupt, r, workdir: Path, t_start: float) -> RunResult:
+  """SIGINT or SIGTERM outside the training loop (which stops at a step and saves): one line
+  on what is on disk. `r` is None while the run is still being set up."""
+  name = signals.name_of(e)
+  phase = "preparing the run" if r is None else r.phase
+  saved = _complete_steps(workdir)
+  step = saved[-1] if saved else 0
+  if r is not None and r.phase == "sampling":
+    what = (f"training had finished and its checkpoint of step {step} is saved; the samples "
+            "were not written")
+    code = signals.EXIT_CODES.get(name, 0)
+  else:
+    what = (f"nothing new was saved; the checkpoint of step {step} is intact and a restart "
+            "resumes from it" if saved else "nothing was saved; a restart begins afresh")
+    code = signals.EXIT_CODES.get(name, 143)  # stopped before training: no state saved with it
+  print(f"{name} while {phase}: stopped; {what}", file=sys.stderr, flush=True)
+  return RunResult(str(workdir), step, None, None, None, time.time() - t_start, [], name, code)
+
+
+def _complete_steps(workdir: Path) -> list[int]:
+  if not (workdir / "checkpoints").is_dir():
+    return []
+  ckpts = Checkpoints(str(workdir), read_only=True)
+  try:
+    return ckpts.complete_steps()
+  finally:
+    ckpts.close()
+
+
+def _fmt(x: float | None) -> str:
+  return "-" if x is None else f"{x:.4f}"
