@@ -27,7 +27,18 @@ from jaxtrain.core.model import flops_per_token
 from jaxtrain.core.steps import TrainState
 from jaxtrain.data import corpus as data
 from jaxtrain.data import tokenizer as tokenizer_lib
-from jaxtrain.loop import early_stop, ending, estimate, memory, metrics, monitor, status, summary, tblog
+from jaxtrain.loop import (
+  budget,
+  early_stop,
+  ending,
+  estimate,
+  memory,
+  metrics,
+  monitor,
+  status,
+  summary,
+  tblog,
+)
 from jaxtrain.loop import hooks as hooks_lib
 from jaxtrain.loop.console import Console, LibraryLog
 from jaxtrain.loop.ending import RunResult  # noqa: F401 - jt.RunResult lives here too
@@ -83,6 +94,8 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
   except (OSError, ValueError):  # a name the file system refuses: validation names it below
     existed = True
   r, lock, result = None, WorkdirLock(), None  # the lock: taken in setup, released at the end
+  if cfg.train.time_budget:  # the run sets train.max_steps: on its own copy
+    cfg = cfg.copy_and_resolve_references()
   try:
     validation.validate(cfg)
     cpu.split_cpu(cfg)  # before jax starts its backends
@@ -139,8 +152,11 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
             + (f" | {allocator.in_use()} allocator" if platform == "cpu" else ""))
   corpus = data.prepare(cfg.data, show_progress=out.use_bar, log=out.print)
   data.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
-  programs = programs_lib.build(cfg, tokenizer_lib.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer),
-                                devices, eot_id=corpus.tokenizer.eot_id)
+  vocab = tokenizer_lib.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
+  programs = programs_lib.build(cfg, vocab, devices, eot_id=corpus.tokenizer.eot_id)
+  if cfg.train.time_budget:
+    spent = budget.process_age_s if library_log else lambda: time.time() - t_start
+    programs = budget.fit(cfg, programs, devices, workdir, out.print, spent)
   summary.describe(out, cfg, corpus, programs)
   train_iter = data.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed,
                                    jax.process_index(), jax.process_count())

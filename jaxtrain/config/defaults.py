@@ -68,6 +68,7 @@ def _train() -> ml_collections.ConfigDict:
   train.batch_size = 16  # sequences per micro-batch, over all devices and processes
   train.grad_accum = 1  # micro-batches per optimizer step (optax.MultiSteps)
   train.max_steps = 1000  # optimizer steps
+  train.time_budget = ""  # e.g. "10m": train that long; the run then chooses max_steps (loop/budget.py)
   train.log_every = 10
   train.eval_every = 200
   train.eval_steps = 20  # validation batches per evaluation (the same batches every time)

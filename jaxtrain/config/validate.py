@@ -9,6 +9,7 @@ import os
 import ml_collections
 
 from jaxtrain.config import defaults as config
+from jaxtrain.system import fmt
 from jaxtrain.system.errors import ConfigError
 
 
@@ -51,6 +52,7 @@ LIMITS = {
 }
 MAX_PARAMS = 2**40  # ~1.1e12 parameters: 17.6 TB of float32 params, gradients and AdamW state
 MAX_BATCH_TOKENS = 2**31  # tokens of one micro-batch, batch_size x (seq_len + 1)
+MAX_BUDGET_S = 30 * 86400
 FLOAT32_BELOW_1 = 1 - 2**-24  # numbers from here to 1 round to 1 in float32
 # Path fields: a NUL or a newline in one is a mistake, and would break the one-line messages.
 PATH_FIELDS = ("workdir", "data.path", "data.cache_dir", "init_from", "data.tokenizer",
@@ -185,6 +187,10 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
             "checkpoint_every", "keep_checkpoints"):
     _positive_int(cfg, f"train.{f}")
   _positive_int(cfg, "train.early_stop_patience", minimum=0)
+  seconds = fmt.parse_duration(cfg.train.time_budget) if cfg.train.time_budget != "" else 1.0
+  _check(seconds is not None and seconds <= MAX_BUDGET_S, "train.time_budget",
+         f"{_show(cfg.train.time_budget)} is not a duration of up to 30 days",
+         'pass e.g. --config.train.time_budget=10m (or 90s, 1h30m), or "" for train.max_steps')
 
   _one_of(o.name, config.OPTIMIZERS, "optim.name")
   _one_of(o.schedule, config.SCHEDULES, "optim.schedule")
