@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-from jaxtrain import compare  # noqa: E402
+from jaxtrain.tools import compare  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

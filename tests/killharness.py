@@ -114,8 +114,8 @@ def losses(workdir: Path) -> dict:
 
 def final_state(workdir: Path) -> tuple[dict, dict]:
   """Arrays and data position of the last checkpoint, read in a fresh process."""
-  code = ("import sys, pickle, jax; from jaxtrain import checkpoint, data; "
-          "s = checkpoint.load_state(sys.argv[1]); "
+  code = ("import sys, pickle, jax; from jaxtrain.checkpoints.load import load_state; "
+          "s = load_state(sys.argv[1]); "
           "sys.stdout.buffer.write(pickle.dumps(jax.device_get(s.arrays())))")
   blob = subprocess.run([sys.executable, "-c", code, str(workdir)], cwd=ROOT, capture_output=True,
                         check=True, timeout=120).stdout

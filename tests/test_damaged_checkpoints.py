@@ -16,6 +16,7 @@ import pytest
 from conftest import run_cli
 
 from jaxtrain import testing, train
+from jaxtrain.checkpoints import load
 from jaxtrain.checkpoints import recover as restore
 from jaxtrain.checkpoints import store as checkpoint
 from jaxtrain.core import programs
@@ -170,12 +171,12 @@ def test_with_every_checkpoint_damaged_the_run_stops_and_moves_nothing(runs, tmp
 
 def test_load_state_uses_the_newest_intact_checkpoint(runs, tmp_path, capsys):
   cfg, ckpt_dir = _copy(runs, tmp_path)
-  expected = checkpoint.load_state(cfg.workdir, step=2)
+  expected = load.load_state(cfg.workdir, step=2)
   DAMAGE["bytes flipped inside array data"](ckpt_dir / str(FIRST))
   with pytest.raises(UserError, match=r"checkpoint .*/4 is damaged \(array data differs"):
-    checkpoint.load_state(cfg.workdir, step=FIRST)  # asked for: no other step instead
+    load.load_state(cfg.workdir, step=FIRST)  # asked for: no other step instead
   capsys.readouterr()
-  state = checkpoint.load_state(cfg.workdir)
+  state = load.load_state(cfg.workdir)
   assert int(state.step) == 2
   assert_trees_equal(jax.device_get(state.arrays()), jax.device_get(expected.arrays()))
   err = capsys.readouterr().err.splitlines()
@@ -184,7 +185,7 @@ def test_load_state_uses_the_newest_intact_checkpoint(runs, tmp_path, capsys):
   assert sorted(p.name.split("-")[0] for p in ckpt_dir.iterdir()) == ["2", "4.damaged"]
   DAMAGE["the run's metadata cut short"](ckpt_dir / "2")
   with pytest.raises(UserError, match=r"^no checkpoint in .* can be read \(step 2: "):
-    checkpoint.load_state(cfg.workdir)
+    load.load_state(cfg.workdir)
 
 
 def test_cli_with_every_checkpoint_damaged_exits_2_with_one_line(corpus_file, tmp_path):
@@ -238,7 +239,7 @@ def test_a_step_removed_while_being_read_is_skipped_not_moved(runs, tmp_path, ca
 
   monkeypatch.setattr(checkpoint.Checkpoints, "read_meta", removed_first)
   capsys.readouterr()
-  assert int(checkpoint.load_state(cfg.workdir).step) == 2
+  assert int(load.load_state(cfg.workdir).step) == 2
   assert capsys.readouterr().err == ""
   assert sorted(p.name for p in ckpt_dir.iterdir()) == ["2"]
 
@@ -264,7 +265,7 @@ def test_an_error_that_is_not_damage_stops_with_one_line_and_moves_nothing(
 
   monkeypatch.setattr(checkpoint.Checkpoints, "read_meta", failing)
   with pytest.raises(UserError) as e:
-    checkpoint.load_state(cfg.workdir)
+    load.load_state(cfg.workdir)
   message = str(e.value)
   assert "\n" not in message
   assert message.startswith(f"cannot read the checkpoint of step {FIRST} in {ckpt_dir} (")
@@ -283,7 +284,7 @@ def test_load_state_moves_nothing_while_a_run_holds_the_workdir(runs, tmp_path, 
   assert held.acquire()
   try:
     capsys.readouterr()
-    state = checkpoint.load_state(cfg.workdir)
+    state = load.load_state(cfg.workdir)
   finally:
     held.release()
   assert int(state.step) == 2

@@ -8,8 +8,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxtrain.checkpoints import hf
-from jaxtrain.checkpoints import store as checkpoint
+from jaxtrain.checkpoints import hf, load
 from jaxtrain.core.model import ModelConfig
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system import paths
@@ -62,7 +61,7 @@ def _check_tokenizer(source: Path, theirs, tokenizer) -> None:
 
 def _from_run(source: Path, c: ModelConfig, tokenizer) -> tuple[dict[str, np.ndarray], str]:
   _check_tokenizer(source, _tokenizer_at(source), tokenizer)
-  state = checkpoint.load_state(str(source))  # the newest intact checkpoint
+  state = load.load_state(str(source))  # the newest intact checkpoint
   src = state.model_cfg
   for field in ("pos", "norm", "mlp", "n_heads", "tie_embeddings", "rope_theta"):
     if getattr(src, field) != getattr(c, field):
