@@ -21,6 +21,7 @@ toy sizes on the CPU, to check the plumbing.
 import argparse
 import datetime
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -62,7 +63,9 @@ def timed(cmd: list[str], cwd: Path, log: Path) -> tuple[float, list[tuple[float
   start, lines = time.perf_counter(), []
   with log.open("w") as out:
     out.write(" ".join(cmd) + "\n")
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out.flush()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))  # each line when printed
     for line in proc.stdout:
       lines.append((time.perf_counter() - start, line.rstrip()))
       out.write(line)
@@ -262,6 +265,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                  f"{datetime.date.today()}-gpu-side-by-side")
   args = p.parse_args(argv)
   args.nanogpt, args.data, args.out = args.nanogpt.resolve(), args.data.resolve(), args.out.resolve()
+  if args.smoke:
+    args.batch = min(args.batch, 4)
   return args
 
 
