@@ -204,7 +204,10 @@ def _median(rows: list[dict], side: str, key: str):
 
 
 def markdown(out: Path, ver: dict) -> str:
+  smoke = any(json.loads(p.read_text()).get("smoke") for p in out.glob("*.json"))
   text = [f"# nanoGPT vs jaxtrain on one GPU ({datetime.date.today()})", "",
+          *(["**Smoke run: toy sizes on the CPU, to check the plumbing; not a measurement.**", ""]
+            if smoke else []),
           "Machine: " + ", ".join(f"{k} {v}" for k, v in ver.items()), ""]
   if (path := out / "throughput.json").is_file():
     tp = json.loads(path.read_text())
@@ -277,7 +280,8 @@ def main(argv=None) -> None:
   parts = {"throughput": lambda: throughput(args, ver), "shakespeare": lambda: shakespeare(args)}
   for part, measure in parts.items():
     if args.part in ("all", part):
-      (args.out / f"{part}.json").write_text(json.dumps({**measure(), "versions": ver}, indent=1))
+      record = {**measure(), "versions": ver, "smoke": args.smoke}
+      (args.out / f"{part}.json").write_text(json.dumps(record, indent=1))
   (args.out / "side_by_side.md").write_text(markdown(args.out, ver))
   plot(args.out)
   print((args.out / "side_by_side.md").read_text())
