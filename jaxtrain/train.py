@@ -35,6 +35,7 @@ from jaxtrain.loop import (
   memory,
   metrics,
   monitor,
+  profile,
   status,
   summary,
   tblog,
@@ -170,7 +171,8 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
              ckpts=checkpoint.Checkpoints(str(workdir), cfg.train.keep_checkpoints),
              train_iter=train_iter,
              metrics_file=metrics.MetricsFile(workdir / "metrics.jsonl", enabled=is_main),
-             run_meta=run_meta, hooks=hooks + early_stop.hooks(cfg.train), t_start=t_start,
+             run_meta=run_meta, t_start=t_start,
+             hooks=hooks + early_stop.hooks(cfg.train) + profile.hooks(cfg.train, workdir),
              log=log)
 
 
@@ -267,6 +269,8 @@ def _loop(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> 
     r.out.start(t.max_steps, p.step)
     while p.step < t.max_steps:
       state = _step(r, p, state)
+      for hook in r.hooks:
+        hook.on_step(p.step, state)
       evaluate_now = p.step % t.eval_every == 0 or p.step == t.max_steps
       save_now = p.step % t.checkpoint_every == 0 or p.step == t.max_steps
       if runtime.any_process(stop.requested is not None):  # every process stops at one step

@@ -1,4 +1,5 @@
-"""Test setup: CPU only, and one XLA compile cache and token cache shared by the whole session.
+"""Test setup: CPU only (unless JAXTRAIN_TEST_GPU=1), and one XLA compile cache and token cache
+shared by the whole session.
 
 Subprocess tests inherit the same caches through the environment, so a shape compiled once is
 never compiled again, in this process or another.
@@ -13,7 +14,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 _CACHE = Path(os.environ.get("JAXTRAIN_TEST_CACHE") or Path(tempfile.gettempdir()) / "jaxtrain-test-cache")
-os.environ["JAX_PLATFORMS"] = "cpu"
+# JAXTRAIN_TEST_GPU=1 leaves JAX its default (GPU) backend, for `pytest -m gpu tests/test_gpu.py`
+# on a GPU machine; every other test expects the CPU.
+if os.environ.get("JAXTRAIN_TEST_GPU") != "1":
+  os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_CACHE / "xla"))
 os.environ["JAXTRAIN_CACHE"] = str(_CACHE)
 

@@ -9,6 +9,7 @@ import jax
 import pytest
 
 from jaxtrain.config.defaults import override
+from jaxtrain.core import attention
 from jaxtrain.core import model as model_lib
 from jaxtrain.loop import estimate
 from jaxtrain.testing import model_config, tiny_config
@@ -28,6 +29,20 @@ def test_memory_estimate_by_hand():
   assert half.params == 2 * n and half.accumulation == 0
   bf16 = estimate.memory_estimate(model_lib.ModelConfig(**{**c.__dict__, "dtype": "bfloat16"}), 4, 1, 2)
   assert bf16.activations == m.activations // 2 and bf16.logits == m.logits
+
+
+
+def test_remat_and_chunked_loss_shrink_the_estimate():
+  c = model_lib.ModelConfig(vocab_size=50304, n_layers=12, n_heads=12, d_model=768, seq_len=1024)
+  with_ = lambda **kw: estimate.memory_estimate(model_lib.ModelConfig(**{**c.__dict__, **kw}), 16, 1)
+  none, dots, full = (with_(remat=r) for r in ("none", "dots", "full"))
+  assert none.activations > dots.activations > full.activations
+  per_layer = none.activations // c.n_layers
+  assert full.activations == 16 * 1024 * 12 * 768 * 4 + per_layer  # inputs + one layer recomputed
+  assert dots.params == none.params and dots.logits == none.logits
+  chunked = with_(loss_chunk=2048)
+  assert chunked.logits == none.logits * 2048 // (16 * 1024) and chunked.activations == none.activations
+  assert with_(loss_chunk=10**6).logits == none.logits  # a chunk larger than the batch: one chunk
 
 
 _PEAK = """
@@ -109,8 +124,8 @@ def test_published_peaks():
 
 
 def test_attention_choice():
-  assert model_lib.resolve_attention("auto", "bfloat16", 64, 4, 32, "cpu")[0] == "xla"
+  assert attention.resolve_attention("auto", "bfloat16", 64, 4, 32, "cpu")[0] == "xla"
   from jaxtrain.system.errors import ConfigError
 
   with pytest.raises(ConfigError, match="model.attention: cudnn needs an NVIDIA GPU"):
-    model_lib.resolve_attention("cudnn", "bfloat16", 64, 4, 32, "cpu")
+    attention.resolve_attention("cudnn", "bfloat16", 64, 4, 32, "cpu")

@@ -1,6 +1,8 @@
 """The model: causality under every switch, parameter count and FLOPs by hand."""
 
+import dataclasses
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -176,3 +178,65 @@ def test_gradients_with_every_new_switch_match_autodiff(pos, monkeypatch):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5,
                                err_msg=jax.tree_util.keystr(path))
   assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(ours)) > 1e-2  # not all ~0
+
+
+def _loss_and_grads(c: model_lib.ModelConfig, dropout: bool = False):
+  from jaxtrain.core import steps
+  graphdef, params = nnx.split(model_lib.GPT(c, nnx.Rngs(4)), nnx.Param)
+  params = jax.tree.map(lambda p: p * 5, nnx.to_pure_dict(params))  # past init's small values
+  tokens = jax.random.randint(jax.random.PRNGKey(5), (3, c.seq_len + 1), 0, c.vocab_size)
+  key = jax.random.PRNGKey(6) if dropout else None
+  return jax.jit(jax.value_and_grad(steps.loss_fn), static_argnums=1)(params, graphdef, tokens, key)
+
+
+def _assert_same_loss_and_grads(a, b):
+  np.testing.assert_allclose(float(a[0]), float(b[0]), rtol=1e-6)
+  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a[1]), jax.tree.leaves(b[1])):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6,
+                               err_msg=jax.tree_util.keystr(path))
+  assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(a[1])) > 1e-2  # not all ~0
+
+
+@pytest.mark.parametrize("remat", ["dots", "full"])
+def test_remat_gives_the_same_loss_and_gradients(remat):
+  c = tiny_model_config(n_heads=4, n_kv_heads=2, qk_norm=True, dropout=0.1)
+  model = model_lib.GPT(dataclasses.replace(c, remat=remat), nnx.Rngs(0))
+  tokens = jnp.zeros((1, c.seq_len), jnp.int32)
+  jaxpr = str(jax.make_jaxpr(lambda t: model(t))(tokens))
+  assert len(re.findall(r"\b(?:remat\w*|checkpoint)\[", jaxpr)) == c.n_layers
+  _assert_same_loss_and_grads(_loss_and_grads(dataclasses.replace(c, remat=remat), dropout=True),
+                              _loss_and_grads(c, dropout=True))
+
+
+@pytest.mark.parametrize("tie,cap,chunk", [(True, 0.0, 8), (False, 3.0, 5), (True, 3.0, 1000)])
+def test_chunked_cross_entropy_gives_the_same_loss_and_gradients(tie, cap, chunk):
+  """Chunks that divide the 3 x 12 tokens or not (the last one padded), and one chunk for all."""
+  c = tiny_model_config(tie_embeddings=tie, logit_softcap=cap)
+  _assert_same_loss_and_grads(_loss_and_grads(dataclasses.replace(c, loss_chunk=chunk)),
+                              _loss_and_grads(c))
+
+
+def test_chunked_cross_entropy_never_holds_the_whole_batchs_logits():
+  """The compiled train step's temporary memory: at vocab 4096 the whole logits and their
+  gradient (2 x 36 x 12 x 4096 float32, 14 MB) dominate; chunks of 48 tokens hold a 25th."""
+  from jaxtrain.core import steps
+  def temp_bytes(chunk: int) -> int:
+    c = tiny_model_config(vocab_size=4096, seq_len=12, loss_chunk=chunk)
+    graphdef, params = nnx.split(model_lib.GPT(c, nnx.Rngs(0)), nnx.Param)
+    tokens = jnp.zeros((36, c.seq_len + 1), jnp.int32)
+    grad = jax.jit(jax.grad(steps.loss_fn), static_argnums=1)
+    compiled = grad.lower(nnx.to_pure_dict(params), graphdef, tokens).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+  whole, chunked = temp_bytes(0), temp_bytes(48)
+  assert whole > 2 * 36 * 12 * 4096 * 4 * 0.9 and chunked < whole / 4, (whole, chunked)
+
+
+def test_weighted_cross_entropy_is_the_mean_over_weighted_tokens():
+  from jaxtrain.core import loss, steps
+  logits = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 5))
+  targets = jnp.array([[0, 1, 2], [3, 4, 0]])
+  per_token = loss.token_losses(logits, targets)
+  weights = jnp.array([[0, 1, 1], [0, 0, 1]])
+  np.testing.assert_allclose(float(steps.cross_entropy(logits, targets, weights)),
+                             float(per_token[weights == 1].mean()), rtol=1e-6)
+  assert float(steps.cross_entropy(logits, targets, jnp.zeros_like(weights))) == 0.0

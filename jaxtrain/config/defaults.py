@@ -19,6 +19,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION = ("auto", "xla", "cudnn")
 TOKENIZERS = ("byte", "char", "bpe")  # or the path of a tokenizer.json
 LOSS_SCALING = ("auto", "dynamic", "off")
+REMATS = ("none", "dots", "full")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -60,6 +61,10 @@ def _model() -> ml_collections.ConfigDict:
   model.logit_softcap = 0.0  # > 0: logits = cap * tanh(logits / cap); 0: off
   model.zero_init_out = False  # True: attention and MLP output projections start at zero
   model.doc_mask = False  # True: tokens attend only within their document (else packed)
+  # Memory for compute: what each block keeps for the backward pass; none: everything, dots: its
+  # matmul outputs (the rest is recomputed), full: its input only (the block runs twice)
+  model.remat = "none"
+  model.loss_chunk = 0  # > 0: cross-entropy this many tokens at a time (no whole-batch logits)
   return model
 
 
@@ -76,6 +81,7 @@ def _train() -> ml_collections.ConfigDict:
   train.keep_checkpoints = 2  # the latest ones; the best by val loss is kept on top
   train.skip_nonfinite = False  # True: drop updates whose loss or gradients are inf/nan
   train.early_stop_patience = 0  # stop after this many evaluations without a new best; 0: off
+  train.profile_steps = 0  # > 0: a jax.profiler trace of this many steps, into workdir/profile/
   return train
 
 

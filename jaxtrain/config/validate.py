@@ -44,6 +44,7 @@ LIMITS = {
     "train.grad_accum": 2**16, "train.max_steps": STEPS_MAX, "train.log_every": STEPS_MAX,
     "train.eval_every": STEPS_MAX, "train.eval_steps": 2**12, "train.checkpoint_every": STEPS_MAX,
     "train.keep_checkpoints": INT32_MAX, "train.early_stop_patience": STEPS_MAX,
+    "train.profile_steps": STEPS_MAX, "model.loss_chunk": 2**24,
     "optim.warmup_steps": STEPS_MAX, "model.n_kv_heads": 2**16,
     "optim.decay_steps": STEPS_MAX, "sample.num_samples": 1024, "sample.max_new_tokens": 2**16,
     "sample.top_k": 2**24, "mesh.data": 2**20, "mesh.fsdp": 2**20, "mesh.cpu_devices": 1024,
@@ -134,6 +135,8 @@ def _validate_model(cfg: ml_collections.ConfigDict) -> None:
   _one_of(m.dtype, config.DTYPES, "model.dtype")
   _one_of(m.attention, config.ATTENTION, "model.attention")
   _positive_int(cfg, "model.n_kv_heads", minimum=0)
+  _one_of(m.remat, config.REMATS, "model.remat")
+  _positive_int(cfg, "model.loss_chunk", minimum=0)
   _check(m.n_kv_heads == 0 or m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
          f"{m.n_kv_heads} does not divide model.n_heads={m.n_heads}",
          "pass a divisor of n_heads, or 0 for as many as n_heads")
@@ -191,6 +194,7 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
   _check(seconds is not None and seconds <= MAX_BUDGET_S, "train.time_budget",
          f"{_show(cfg.train.time_budget)} is not a duration of up to 30 days",
          'pass e.g. --config.train.time_budget=10m (or 90s, 1h30m), or "" for train.max_steps')
+  _positive_int(cfg, "train.profile_steps", minimum=0)
 
   _one_of(o.name, config.OPTIMIZERS, "optim.name")
   _one_of(o.schedule, config.SCHEDULES, "optim.schedule")

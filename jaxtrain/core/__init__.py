@@ -1,7 +1,7 @@
 """The model and what turns it into compiled programs: the Flax NNX model and its kernels (`model`,
-`ops`), the optimizer (`optim`), the pure train and eval steps (`steps`), the device mesh and
-shardings (`mesh`), the CPU policy (`cpu`), and `programs.build`, the one way a config becomes
-jitted init/train/eval programs.
+`ops`; `attention` picks the attention kernel, `loss` holds the cross-entropy), the optimizer
+(`optim`), the pure train and eval steps (`steps`), the device mesh and shardings (`mesh`), the CPU
+policy (`cpu`), and `programs.build`, the one way a config becomes jitted init/train/eval programs.
 
 May import: system, config.
 """

@@ -2,10 +2,9 @@
 
 Switches: RMSNorm or LayerNorm, RoPE or learned positions, SwiGLU, GELU or ReLU^2 MLP, tied or
 separate output embedding, grouped-query attention, QK-norm, logit soft-capping and zero-initialised
-output projections. Linear layers and attention use `ops`' backward passes (fast on CPU);
-on GPUs with 16-bit compute, attention can go to cuDNN's fused kernel instead.
-Shape suffixes: B batch, T time, D d_model, H heads, G key/value heads, K head size, F MLP width,
-V vocab.
+output projections. Linear layers and attention use `ops`' backward passes (fast on CPU); on GPUs
+with 16-bit compute, attention can go to cuDNN's fused kernel. Blocks can be rematerialized (REMAT).
+Shape suffixes: B batch, T time, D d_model, H heads, G key/value heads, K head size, F MLP width, V vocab.
 """
 
 import dataclasses
@@ -20,7 +19,6 @@ from flax import nnx
 
 from jaxtrain.config import defaults as config
 from jaxtrain.core import ops
-from jaxtrain.system.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +43,8 @@ class ModelConfig:
   zero_init_out: bool = False
   doc_mask: bool = False  # attention stays within documents, which end at eot_id
   eot_id: int = -1  # the tokenizer's end-of-text token
+  remat: str = "none"  # none | dots | full: what each block keeps for the backward pass (REMAT)
+  loss_chunk: int = 0  # tokens per chunk of the chunked cross-entropy (core/loss.py); 0: off
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "ModelConfig":
@@ -64,29 +64,6 @@ class ModelConfig:
   @property
   def mlp_hidden(self) -> int:
     return config.mlp_width(self.mlp, self.mlp_ratio, self.d_model)
-
-
-def resolve_attention(choice: str, dtype: str, seq_len: int, n_heads: int, head_dim: int,
-                      platform: str) -> tuple[str, str]:
-  """(implementation, why) on `platform`'s devices: "auto" takes cuDNN's fused attention where it
-  compiles, else XLA's."""
-  on_gpu = platform == "gpu"
-  if choice == "cudnn" and not on_gpu:
-    raise ConfigError("model.attention", "cudnn needs an NVIDIA GPU",
-                      "pass --config.model.attention=auto (or xla)")
-  if choice != "auto":
-    return choice, "as configured"
-  if not on_gpu:
-    return "xla", f"{platform} has no cuDNN"
-  if dtype not in ("bfloat16", "float16"):
-    return "xla", "cuDNN attention needs 16-bit inputs"
-  x = jax.ShapeDtypeStruct((1, seq_len, n_heads, head_dim), jnp.dtype(dtype))
-  try:  # shapes cuDNN does not support fail here, at compile time
-    jax.jit(lambda q, k, v: jax.nn.dot_product_attention(
-        q, k, v, is_causal=True, implementation="cudnn")).lower(x, x, x).compile()
-  except Exception as e:  # the reasons vary by cuDNN version: any failure means "not here"
-    return "xla", f"cuDNN attention unavailable ({str(e).splitlines()[0][:100]})"
-  return "cudnn", "cuDNN fused attention"
 
 
 def matmul_param_count(c: ModelConfig) -> int:
@@ -112,7 +89,6 @@ def flops_per_token(c: ModelConfig, training: bool = True) -> int:
 def flops_per_step(c: ModelConfig, batch_size: int) -> int:
   """Training FLOPs of one micro-batch of `batch_size` full-length rows."""
   return flops_per_token(c) * batch_size * c.seq_len
-
 
 
 class Dense(nnx.Module):
@@ -285,11 +261,14 @@ class GPT(nnx.Module):
     self.blocks = nnx.List([Block(c, rngs) for _ in range(c.n_layers)])
     self.norm_f = _norm(c, rngs)
     if not c.tie_embeddings:
-      self.lm_head = Dense(c.d_model, c.vocab_size, dtype=dtype,
-                                kernel_init=_init(0.02), rngs=rngs)
+      self.lm_head = Dense(c.d_model, c.vocab_size, dtype=dtype, kernel_init=_init(0.02), rngs=rngs)
 
   def __call__(self, tokens_BT: jax.Array, *, dropout_key: jax.Array | None = None) -> jax.Array:
     """Returns float32 logits for the next token at every position."""
+    return self.head(self.hidden(tokens_BT, dropout_key=dropout_key), self.head_weight())
+
+  def hidden(self, tokens_BT: jax.Array, *, dropout_key: jax.Array | None = None) -> jax.Array:
+    """The final norm's output at every position."""
     c = self.c
     T = tokens_BT.shape[1]
     x_BTD = self.wte(tokens_BT)
@@ -303,15 +282,40 @@ class GPT(nnx.Module):
       keys = list(jax.random.split(dropout_key, c.n_layers + 1))
     x_BTD = _dropout(x_BTD, c.dropout, keys[0])
     same_doc_BTS = same_document(tokens_BT, c.eot_id) if c.doc_mask else None
+    call = _block_call(c.remat)
     for block, key in zip(self.blocks, keys[1:]):
-      x_BTD = block(x_BTD, rope, key, same_doc_BTS)
-    x_BTD = self.norm_f(x_BTD)
-    if c.tie_embeddings:
-      dtype = jnp.dtype(c.dtype)
-      logits_BTV = ops.dense_transposed(x_BTD.astype(dtype), self.wte.embedding[...].astype(dtype))
-    else:
-      logits_BTV = self.lm_head(x_BTD)
-    return softcap(logits_BTV.astype(jnp.float32), c.logit_softcap)
+      x_BTD = call(block, x_BTD, rope, key, same_doc_BTS)
+    return self.norm_f(x_BTD)
+
+  def head_weight(self) -> jax.Array:
+    """The output projection as a float32 [D, V] matrix (a tied embedding, transposed once)."""
+    if self.c.tie_embeddings:
+      return ops.transposed(self.wte.embedding[...])
+    return self.lm_head.kernel[...]
+
+  def head(self, x_BTD: jax.Array, w_DV: jax.Array) -> jax.Array:
+    """float32 (soft-capped) logits of `x` through `w_DV`, in the compute dtype."""
+    dtype = jnp.dtype(self.c.dtype)
+    logits_BTV = ops.dense(x_BTD.astype(dtype), w_DV.astype(dtype))
+    return softcap(logits_BTV.astype(jnp.float32), self.c.logit_softcap)
+
+
+# What a block keeps for the backward pass: all; its matmul outputs; its input (all recomputed).
+REMAT = {"none": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+         "full": jax.checkpoint_policies.nothing_saveable}
+
+
+def _block_call(remat: str):
+  """`call(block, *args)`: the block's output, recomputed in the backward pass as `remat` says
+  (the block goes in as its state, so a model built outside the trace works too)."""
+  if REMAT[remat] is None:
+    return lambda block, *args: block(*args)
+
+  def call(block: Block, *args):
+    graphdef, state = nnx.split(block)
+    run = lambda state, *args: nnx.merge(graphdef, state)(*args)
+    return jax.checkpoint(run, policy=REMAT[remat])(state, *args)
+  return call
 
 
 def same_document(tokens_BT: jax.Array, eot_id: int) -> jax.Array:

@@ -48,9 +48,10 @@ def _dense_bwd(residuals, dy):
 dense.defvjp(_dense_fwd, _dense_bwd)
 
 
-def dense_transposed(x_ND: jax.Array, w_FD: jax.Array) -> jax.Array:
-  """`x @ w.T` (a tied embedding's logits), as a plain matmul with `w` transposed on its own."""
-  return dense(x_ND, _transposed(w_FD))
+def transposed(w_FD: jax.Array) -> jax.Array:
+  """`w.T` as its own row-major array: `dense(x, transposed(w))` is `x @ w.T` (a tied
+  embedding's logits) as a plain matmul."""
+  return _transposed(w_FD)
 
 
 @jax.custom_vjp

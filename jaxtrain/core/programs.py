@@ -14,7 +14,7 @@ import ml_collections
 from jax.sharding import Mesh
 
 from jaxtrain.config import defaults as config
-from jaxtrain.core import cpu, mesh, optim, steps
+from jaxtrain.core import attention, cpu, mesh, optim, steps
 from jaxtrain.core import model as model_lib
 
 # Data-parallel CPU steps under this many FLOPs per device all-reduce their gradients at once
@@ -70,7 +70,7 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   m = cfg.model
   mesh.check_devices(cfg.mesh, cfg.train.batch_size, devices, m.dtype)
   device_mesh = mesh.make_mesh(cfg.mesh, devices)
-  impl, why = model_lib.resolve_attention(m.attention, m.dtype, m.seq_len, m.n_heads,
+  impl, why = attention.resolve_attention(m.attention, m.dtype, m.seq_len, m.n_heads,
                                           m.d_model // m.n_heads, devices[0].platform)
   if m.doc_mask and not 0 <= eot_id < vocab_size:
     raise ValueError(f"model.doc_mask needs the tokenizer's end-of-text id, got eot_id={eot_id}")

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
+from jaxtrain.core import loss as loss_lib
 from jaxtrain.core import model as model_lib
 from jaxtrain.core import optim
 
@@ -69,15 +70,24 @@ def init_state(model_cfg: model_lib.ModelConfig, optimizer: optim.Optimizer, *,
                     dynamic_loss_scale=optimizer.loss_scaling)
 
 
-def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
-  return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT).mean()
+def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array,
+                  weights_BT: jax.Array | None = None) -> jax.Array:
+  """The mean next-token loss; with `weights_BT`, the weighted mean (e.g. 0 on prompt tokens)."""
+  return loss_lib.mean_loss(loss_lib.token_losses(logits_BTV, targets_BT), weights_BT)
 
 
 def loss_fn(params, graphdef: nnx.GraphDef, tokens_BT1: jax.Array,
-            dropout_key: jax.Array | None = None) -> jax.Array:
+            dropout_key: jax.Array | None = None, weights_BT: jax.Array | None = None) -> jax.Array:
+  """The model's mean loss on `tokens_BT1` (weighted per target token by `weights_BT`, if given);
+  with `model.loss_chunk`, without the whole batch's logits (core/loss.py)."""
   model = nnx.merge(graphdef, params)
-  logits_BTV = model(tokens_BT1[:, :-1], dropout_key=dropout_key)
-  return cross_entropy(logits_BTV, tokens_BT1[:, 1:])
+  targets_BT = tokens_BT1[:, 1:]
+  chunk = model.c.loss_chunk
+  if not chunk:
+    return cross_entropy(model(tokens_BT1[:, :-1], dropout_key=dropout_key), targets_BT, weights_BT)
+  x_BTD = model.hidden(tokens_BT1[:, :-1], dropout_key=dropout_key)
+  losses_BT = loss_lib.chunked_token_losses(x_BTD, model.head_weight(), targets_BT, model.head, chunk)
+  return loss_lib.mean_loss(losses_BT, weights_BT)
 
 
 def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:

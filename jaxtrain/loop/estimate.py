@@ -4,8 +4,11 @@ The memory estimate counts, in bytes: float32 params, gradients and AdamW's two 
 the accumulation buffer with grad_accum > 1), and what one micro-batch keeps for the backward
 pass: per layer and token 16*D + 4*F values (norms, q/k/v, attention output, residuals, MLP) plus
 3*H*T for dense attention (scores, probabilities and their gradient; none with cuDNN's flash
-attention), and 2*V float32 values for the logits and their gradient. It errs on the safe side:
-the tests check it against the peak memory a process measurably takes for init and one step.
+attention), and 2*V float32 values for the logits and their gradient. With `model.remat` a layer
+keeps less (its matmul outputs, 6*D + 2*F, or only its input, D) and one layer at a time holds
+the full amount while it is recomputed; with `model.loss_chunk` only one chunk's logits exist.
+It errs on the safe side: the tests check it against the peak memory a process measurably takes
+for init and one step.
 """
 
 import dataclasses
@@ -75,12 +78,15 @@ def memory_estimate(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int,
   T, D, H, L, V, F = mc.seq_len, mc.d_model, mc.n_heads, mc.n_layers, mc.vocab_size, mc.mlp_hidden
   scores = 0 if mc.attention == "cudnn" else 3 * H * T  # flash attention keeps no T x T scores
   per_token_layer = 16 * D + 4 * F + scores
+  kept = {"none": per_token_layer, "dots": 6 * D + 2 * F, "full": D}[mc.remat]
+  recomputed = 0 if mc.remat == "none" else per_token_layer  # the one layer being recomputed
+  logit_rows = min(mc.loss_chunk, B * T) if mc.loss_chunk else B * T
   state = lambda count: count * 4 // fsdp  # float32, split over the fsdp axis
   return Memory(
       params=state(n), grads=state(n), optimizer=state(2 * n),
       accumulation=state(n) if grad_accum > 1 else 0,
-      activations=B * T * L * per_token_layer * act_bytes,
-      logits=B * T * 2 * V * 4,
+      activations=B * T * (L * kept + recomputed) * act_bytes,
+      logits=logit_rows * 2 * V * 4,
   )
 
 

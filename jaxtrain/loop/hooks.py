@@ -15,6 +15,10 @@ class Hook:
     """Before the first step of this leg: `run` is what setup prepared (train.Run: cfg, workdir,
     programs, ...), `step` where training starts (0, or the step a resume restored)."""
 
+  def on_step(self, step: int, state: Any) -> None:
+    """After each optimizer step is queued (`step` steps done; its work may still be running on
+    the device: `jax.block_until_ready(state)` waits for it)."""
+
   def on_log(self, step: int, record: dict) -> None: ...
 
   def on_eval(self, step: int, record: dict) -> None: ...

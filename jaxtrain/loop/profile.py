@@ -1,0 +1,55 @@
+"""`train.profile_steps`: a jax.profiler trace of that many steps into workdir/profile/.
+
+The trace starts once the first step of the run (or of a resumed leg) has compiled and run, so it
+shows steady-state steps, and stops after the last traced step's work is done on the device. It
+holds an XSpace file (`plugins/profile/<time>/<host>.xplane.pb`, for TensorBoard's profile plugin:
+`tensorboard --logdir workdir/profile`) and a Perfetto trace (`perfetto_trace.json.gz`, for
+https://ui.perfetto.dev). Only process 0 traces.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+
+from jaxtrain.loop.hooks import Hook
+
+
+class Profile(Hook):
+
+  def __init__(self, steps: int, directory: Path):
+    self.steps, self.directory = steps, directory
+    self.start_after = self.stop_after = -1
+    self.tracing = False
+    self.say = print
+
+  def on_start(self, run: Any, step: int) -> None:
+    self.start_after = step + 1  # the leg's first step, which compiled
+    self.stop_after = self.start_after + self.steps
+    self.say = run.out.print
+
+  def on_step(self, step: int, state: Any) -> None:
+    if step == self.start_after:
+      jax.block_until_ready(state)
+      jax.profiler.start_trace(str(self.directory), create_perfetto_trace=True)
+      self.tracing = True
+    elif step == self.stop_after and self.tracing:
+      jax.block_until_ready(state)
+      self._stop(f"steps {self.start_after + 1}-{step}")
+
+  def on_end(self, result: Any) -> None:
+    if self.tracing:  # the run ended before the last step to trace
+      self._stop("the steps before the run ended")
+
+  def _stop(self, what: str) -> None:
+    jax.profiler.stop_trace()
+    self.tracing = False
+    self.say(f"profile of {what}: {self.directory} (tensorboard --logdir {self.directory}, or "
+             "perfetto_trace.json.gz in https://ui.perfetto.dev)")
+
+
+def hooks(train: ml_collections.ConfigDict, workdir: Path) -> list[Profile]:
+  if train.profile_steps <= 0 or jax.process_index() != 0:
+    return []
+  return [Profile(train.profile_steps, Path(workdir) / "profile")]

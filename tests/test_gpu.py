@@ -1,0 +1,143 @@
+"""Tests that need an NVIDIA GPU (pytest marker `gpu`); anywhere else they are skipped, saying so.
+
+On a GPU machine: `JAXTRAIN_TEST_GPU=1 python -m pytest -m gpu tests/test_gpu.py -s`
+(JAXTRAIN_TEST_GPU=1 keeps tests/conftest.py from forcing JAX onto the CPU; -s shows the
+measured numbers each test prints).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxtrain.core import model as model_lib
+from jaxtrain.core import steps
+
+ROOT = Path(__file__).resolve().parents[1]
+ON_GPU = jax.devices()[0].platform == "gpu"
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not ON_GPU, reason=f"needs an NVIDIA GPU (JAX's default device is {jax.devices()[0].platform}); "
+    "on a GPU machine run JAXTRAIN_TEST_GPU=1 python -m pytest -m gpu tests/test_gpu.py")]
+
+# A whole run of 12 steps and one of 6 steps resumed to 12, then how far their params are apart.
+_RESUME = """
+import json, sys
+import jax, numpy as np
+from jaxtrain import train
+from jaxtrain.checkpoints.load import load_state
+from jaxtrain.testing import tiny_config
+
+over, root = json.loads(sys.argv[1]), sys.argv[2]
+def cfg(name, steps):
+  return tiny_config(**{**over, "workdir": f"{root}/{name}", "train.max_steps": steps,
+                        "headless": True, "sample.num_samples": 0, "train.checkpoint_every": 4,
+                        "train.eval_every": 100, "train.log_every": 1, "optim.decay_steps": 12,
+                        "train.grad_accum": 2})
+train.run(cfg("whole", 12), show_progress=False)
+train.run(cfg("legs", 6), show_progress=False)
+train.run(cfg("legs", 12), show_progress=False)
+a, b = (jax.device_get(load_state(f"{root}/{n}").arrays()) for n in ("whole", "legs"))
+diff = max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+           for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+losses = [r["loss"] for r in map(json.loads, open(f"{root}/whole/metrics.jsonl")) if "loss" in r]
+print(json.dumps({"max_diff": diff, "losses": losses, "loss_scale": float(a["loss_scale"])}))
+"""
+
+
+def _resume(corpus_file, tmp_path, dtype: str, xla_flags: str = "") -> dict:
+  env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {xla_flags}".strip(),
+             PYTHONPATH=str(ROOT))
+  over = {"data.path": str(corpus_file), "model.dtype": dtype}
+  out = subprocess.run([sys.executable, "-c", _RESUME, json.dumps(over), str(tmp_path)], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  r = json.loads(out.stdout.splitlines()[-1])
+  print(dtype, xla_flags or "(default flags)", r)
+  return r
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_steps_train_and_resume(corpus_file, tmp_path, dtype):
+  r = _resume(corpus_file, tmp_path, dtype)
+  assert all(np.isfinite(r["losses"])) and r["losses"][-1] < r["losses"][0] - 0.3
+  if dtype == "float16":  # dynamic loss scaling is on, and no overflow drove it down to 1
+    assert r["loss_scale"] > 1.0
+  assert r["max_diff"] < 1e-2  # atomics may reorder float sums; the next test pins them
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_deterministic_gpu_ops_give_a_bit_exact_resume(corpus_file, tmp_path, dtype):
+  r = _resume(corpus_file, tmp_path, dtype, "--xla_gpu_deterministic_ops=true")
+  assert r["max_diff"] == 0.0
+
+
+# Init and one train step of a model with vocab 50304 in bf16, in a fresh process: the device's
+# peak bytes in use against the estimate.
+_PEAK = """
+import json, sys
+import jax
+from jaxtrain.core import programs
+from jaxtrain.loop import estimate
+from jaxtrain.testing import random_batch, tiny_config
+
+cfg = tiny_config(**json.loads(sys.argv[1]))
+p = programs.build(cfg, cfg.model.vocab_size, jax.devices()[:1])
+train = p.compile_train()
+batch = p.place(random_batch(cfg, vocab_size=cfg.model.vocab_size))
+state, metrics = train(p.init(), batch)
+jax.block_until_ready(metrics)
+measured = jax.devices()[0].memory_stats()["peak_bytes_in_use"]
+est = estimate.memory_estimate(p.model_cfg, cfg.train.batch_size, cfg.train.grad_accum).total
+print(json.dumps({"measured": measured, "estimate": est}))
+"""
+
+
+def _peak(**overrides) -> dict:
+  base = {"model.n_layers": 8, "model.n_heads": 8, "model.d_model": 512, "model.seq_len": 1024,
+          "model.vocab_size": 50304, "model.dtype": "bfloat16", "train.batch_size": 8}
+  env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=str(ROOT))
+  out = subprocess.run([sys.executable, "-c", _PEAK, json.dumps({**base, **overrides})], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  r = json.loads(out.stdout.splitlines()[-1])
+  print(overrides or "(no remat)", {k: f"{v / 2**30:.2f} GiB" for k, v in r.items()})
+  return r
+
+
+def test_memory_estimate_against_the_measured_peak():
+  """The estimate errs on the safe side and stays within 3x; remat and the chunked loss lower
+  the measured peak, as the estimate says they do."""
+  runs = {"none": _peak(), "full": _peak(**{"model.remat": "full"}),
+          "chunk": _peak(**{"model.loss_chunk": 1024})}
+  for name, r in runs.items():
+    assert 0.9 * r["measured"] <= r["estimate"] <= 3 * r["measured"], (name, r)
+  assert runs["full"]["measured"] < runs["none"]["measured"]
+  assert runs["chunk"]["measured"] < runs["none"]["measured"]
+
+
+def _loss_and_grads(c: model_lib.ModelConfig):
+  graphdef, params = nnx.split(model_lib.GPT(c, nnx.Rngs(0)), nnx.Param)
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (4, c.seq_len + 1), 0, c.vocab_size)
+  return jax.jit(jax.value_and_grad(steps.loss_fn), static_argnums=1)(
+      nnx.to_pure_dict(params), graphdef, tokens)
+
+
+@pytest.mark.parametrize("kv_heads", [0, 2])
+def test_cudnn_attention_matches_xla_attention(kv_heads):
+  c = model_lib.ModelConfig(vocab_size=512, n_layers=2, n_heads=8, d_model=512, seq_len=256,
+                            dtype="bfloat16", n_kv_heads=kv_heads, attention="xla")
+  xla_loss, xla_grads = _loss_and_grads(c)
+  cudnn_loss, cudnn_grads = _loss_and_grads(model_lib.ModelConfig(**{**c.__dict__, "attention": "cudnn"}))
+  np.testing.assert_allclose(float(cudnn_loss), float(xla_loss), rtol=1e-2)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(cudnn_grads), jax.tree.leaves(xla_grads)):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    rel = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12)
+    assert rel < 5e-2, (jax.tree_util.keystr(path), rel)
+  assert float(jnp.abs(xla_loss - jnp.log(512.0))) < 0.5  # a fresh model: about uniform

@@ -1,0 +1,31 @@
+"""`train.profile_steps`: a tiny run writes a profiler trace of the steps after the first."""
+
+import gzip
+import json
+from pathlib import Path
+
+from jaxtrain import train
+from jaxtrain.config.defaults import override
+from jaxtrain.loop import hooks
+
+
+def test_profile_steps_writes_a_trace_of_steps_after_the_first(tiny, capsys):
+  override(tiny, **{"train.max_steps": 4, "train.profile_steps": 2, "train.eval_every": 100,
+                    "train.checkpoint_every": 100, "sample.num_samples": 0})
+  seen = []
+
+  class Steps(hooks.Hook):
+    def on_step(self, step, state):
+      seen.append(step)
+
+  train.run(tiny, show_progress=True, hooks=(Steps(),))
+  assert seen == [1, 2, 3, 4]  # every step reaches the hooks
+  profile = tiny.workdir + "/profile"
+  assert "profile of steps 2-3: " + profile in capsys.readouterr().out
+  xplanes = list(Path(profile).glob("plugins/profile/*/*.xplane.pb"))
+  assert len(xplanes) == 1 and xplanes[0].stat().st_size > 0
+  perfetto = list(Path(profile).glob("plugins/profile/*/perfetto_trace.json.gz"))
+  assert len(perfetto) == 1
+  events = json.loads(gzip.decompress(perfetto[0].read_bytes()))["traceEvents"]
+  assert any("train_step" in str(e.get("name", "")) for e in events), "no train step in the trace"
+
