@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
            for r in results}
   reports.write(out_dir, NAME, report, md, chart=lambda path: reports.bar_chart(
       path, chart, ylabel="tokens/s (median step)",
-      title=f"training tokens/s, {machine['cores_available']}-core CPU, f32"))
+      title=f"training tokens/s, {reports.machine_name(machine)}, f32"))
   return 0
 
 
