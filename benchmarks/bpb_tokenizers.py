@@ -51,7 +51,7 @@ def final_eval(cfg, workdir: str) -> dict:
   import jax
   import numpy as np
 
-  from jaxtrain.checkpoints import store as checkpoint
+  from jaxtrain.checkpoints import load as checkpoint
   from jaxtrain.core import steps
   from jaxtrain.data import corpus as data
 
