@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 import common  # noqa: E402  (after the path above)
+import reports  # noqa: E402
 
 NAME = "bpb_tokenizers"
 
@@ -98,18 +99,17 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--out", default="")
   args = parser.parse_args(argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  out = Path(args.out or common.results_dir(NAME))
+  out = Path(args.out or reports.results_dir(NAME))
   load_before = os.getloadavg()
   with tempfile.TemporaryDirectory() as tmp, common.LoadSampler(lambda: [os.getpid()]) as sampler:
     rows = []
     for spec in args.tokenizers.split(","):
       sampler.label = spec
       rows.append(one_run(spec, args, Path(tmp)))
-  report = {"benchmark": NAME, "timestamp": common.timestamp(), "args": vars(args),
-            "machine": common.machine_info(),
-            "load": {"loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-                     "sampler": sampler.summary()}, "rows": rows}
-  table = common.markdown_table(
+  report = {"benchmark": NAME, "timestamp": reports.timestamp(), "args": vars(args),
+            "machine": reports.machine_info(),
+            "load": reports.load_record(load_before, sampler), "rows": rows}
+  table = reports.markdown_table(
       ["tokenizer", "vocab", "bytes/token", "train s", "steps", "text seen MB", "val_loss (nats/token)",
        "val_bpb"],
       [[r["tokenizer"], r["vocab_size"], f"{r['bytes_per_token']:.2f}", f"{r['train_s']:.0f}",
@@ -117,17 +117,15 @@ def main(argv: list[str] | None = None) -> int:
        for r in rows])
   md = "\n".join([
       f"# nano: bits per byte by tokenizer at equal training time ({report['timestamp']})", "",
-      f"- {common.cpu_line(report['machine'])}",
+      f"- {reports.cpu_line(report['machine'])}",
       f"- data: {args.path or 'the standard library'}; {args.seconds:.0f} s of training each, "
       f"cosine schedule over {args.decay_steps} steps, then one evaluation of the last state on "
       "the same validation documents",
-      f"- load: {common.load_line(report['load'])}", "", table, "",
+      f"- load: {reports.load_line(report['load'])}", "", table, "",
       f"val_bpb = val_loss / ln 2 x target tokens / their UTF-8 bytes (ln 2 = {math.log(2):.4f}).",
       ""])
-  out.mkdir(parents=True, exist_ok=True)
-  (out / f"{NAME}.json").write_text(json.dumps(report, indent=1) + "\n")
-  (out / f"{NAME}.md").write_text(md)
   print(md)
+  reports.write(out, NAME, report, md)
   return 0
 
 

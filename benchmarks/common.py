@@ -1,28 +1,19 @@
-"""Shared pieces of the CPU benchmarks: shapes, machine facts, background load, matmul peak,
-worker processes and report files.
+"""Shared pieces of the benchmarks' measurements: shapes, cores, background load, matmul peak and
+worker processes (reports.py renders what they measured).
 
 Nothing here imports jax or torch at module level: a worker process imports only the framework
 it times, and the parent imports neither.
 """
 
 import dataclasses
-import datetime
 import os
-import platform
-import re
 import statistics
-import subprocess
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from importlib import metadata
-from pathlib import Path
-from typing import Any
 
 import numpy as np
-
-from jaxtrain.system import fmt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,16 +115,9 @@ def pin_cores(threads: int) -> None:
     os.sched_setaffinity(0, cores[:threads])
 
 
-def _version(package: str) -> str | None:
-  try:
-    return metadata.version(package)
-  except metadata.PackageNotFoundError:
-    return None
-
-
 def jaxtrain_environment() -> dict:
   """The variables `python -m jaxtrain` sets for itself when it starts (mimalloc preloaded, huge
-  pages: jaxtrain/allocator.py) that this process does not have yet."""
+  pages: jaxtrain/system/allocator.py) that this process does not have yet."""
   from jaxtrain.system import allocator
 
   env = allocator.environment(argv=["--jax_platforms=cpu"]) or {}  # the workers' platform
@@ -146,38 +130,6 @@ def use_jaxtrain_environment() -> dict:
   changes = jaxtrain_environment()
   os.environ.update(changes)
   return changes
-
-
-def machine_info() -> dict:
-  cpuinfo = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-  model = re.search(r"^model name\s*:\s*(.*)$", cpuinfo, re.M)
-  flags = set((re.search(r"^flags\s*:\s*(.*)$", cpuinfo, re.M) or ["", ""])[1].split())
-  lscpu_model = None
-  try:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    found = re.search(r"^Model name:\s*(.*)$", out, re.M)
-    lscpu_model = found.group(1).strip() if found else None
-  except (OSError, subprocess.SubprocessError):
-    pass
-  mem = re.search(r"^MemTotal:\s*(\d+) kB", open("/proc/meminfo").read(), re.M)
-  # A VM may name the CPU just "AMD EPYC"; family/model/stepping still tell the generation.
-  ids = {k: re.search(rf"^{k}\s*:\s*(\S+)", cpuinfo, re.M)
-         for k in ("cpu family", "model", "stepping")}
-  return {
-      "cpu_model": model.group(1).strip() if model else platform.processor(),
-      "lscpu_model": lscpu_model,
-      "cpu_family_model_stepping": "/".join(m.group(1) if m else "?" for m in ids.values()),
-      "cpu_flags": {f: f in flags for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")},
-      "cpu_count": os.cpu_count(),
-      "cores_available": available_cores(),
-      "mem_gib": round(int(mem.group(1)) / 2**20, 1) if mem else None,
-      "python": platform.python_version(),
-      "platform": platform.platform(),
-      "versions": {p: _version(p) for p in ("jax", "jaxlib", "flax", "optax", "numpy", "torch")},
-      "env": {k: v for k, v in os.environ.items() if k.startswith("MIMALLOC_") or k in (
-          "XLA_FLAGS", "GLIBC_TUNABLES", "LD_PRELOAD", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-          "JAX_PLATFORMS")},
-  }
 
 
 # ---- background load -----------------------------------------------------------------------
@@ -380,64 +332,3 @@ class Worker:
     if self._proc.is_alive():
       self._proc.terminate()
       self._proc.join()
-
-
-# ---- report files --------------------------------------------------------------------------
-
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def results_dir(name: str) -> Path:
-  """Where a benchmark writes by default: benchmarks/results/<today>-<name>/."""
-  return RESULTS / f"{datetime.date.today().isoformat()}-{name}"
-
-
-def timestamp() -> str:
-  return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-
-
-def fmt_bytes(n: float | None) -> str:
-  return "n/a" if n is None else fmt.nbytes(n)
-
-
-def cpu_line(m: dict) -> str:
-  """The report's CPU line, from `machine_info()`."""
-  return (f"CPU: {m['cpu_model']} (lscpu: {m['lscpu_model']}), {m['cores_available']} cores "
-          f"available of {m['cpu_count']}, {m['mem_gib']} GiB RAM")
-
-
-def load_line(load: dict) -> str:
-  a = load["sampler"]["all"]
-  return (f"loadavg {load['loadavg_before'][0]:.2f} just before the run, "
-          f"{load['loadavg_after'][0]:.2f} after; sampled every {load['sampler']['interval_s']} s "
-          f"over the run: machine busy {a['busy_pct']['mean']}%, ours {a['own_pct']['mean']}%, "
-          f"other processes {a['other_pct']['mean']}% (max {a['other_pct']['max']}%), "
-          f"steal {a['steal_pct']['mean']}%")
-
-
-def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
-  lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-  lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-  return "\n".join(lines)
-
-
-def bar_chart(path: str, values: dict[str, dict[str, float]], ylabel: str, title: str) -> None:
-  """One panel per group (own y scale: shapes differ by orders of magnitude), one bar per series."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  groups = list(values)
-  fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups) + 1, 3.6), squeeze=False)
-  for ax, group in zip(axes[0], groups, strict=True):
-    names, heights = list(values[group]), list(values[group].values())
-    bars = ax.bar(names, heights, color=[f"C{i}" for i in range(len(names))])
-    ax.bar_label(bars, labels=[f"{h:,.0f}" for h in heights], fontsize=8)
-    ax.set_title(group)
-    ax.margins(y=0.15)
-  axes[0][0].set_ylabel(ylabel)
-  fig.suptitle(title, fontsize=10)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)

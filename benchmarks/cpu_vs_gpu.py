@@ -6,7 +6,7 @@
 Every (platform, config) row runs in a fresh worker process with JAX_PLATFORMS set to that
 platform, so its peak host memory (ru_maxrss) and peak device memory are its own. A row builds
 its steps as `python -m jaxtrain` does (`jaxtrain.core.programs.build`; on the CPU, the cores split
-into XLA devices by `jaxtrain.system.cpu.split_cpu`; on a GPU, one device), then times: the trace +
+into XLA devices by `jaxtrain.core.cpu.split_cpu`; on a GPU, one device), then times: the trace +
 lower + compile of the train step (the persistent compile cache off unless --compile-cache),
 warm-up steps, then the median of the timed steps. Batches are random int32 tokens [B, T+1]:
 no corpus is read. grad_accum is forced to 1, so one step is one micro-batch of the config's
@@ -21,11 +21,8 @@ without a GPU takes about 3 to 6 minutes, nearly all of it `small` (64 x 256 tok
 """
 
 import argparse
-import json
 import os
-import resource
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,12 +30,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 import common  # noqa: E402  (after the path above)
+import reports  # noqa: E402
+import step_worker as sw  # noqa: E402
+from reports import log  # noqa: E402
 
 from jaxtrain.system.allocator import cuda_installed  # noqa: E402
 
 NAME = "cpu_vs_gpu"
-SEED = 0
-N_BATCHES = 4  # distinct random batches, cycled
 DEFAULT_CONFIGS = ("nano", "small")
 GPU_CONFIGS = ("gpt2_124m",)  # GPU-sized: in the default run on GPU platforms only
 DEFAULTS = {
@@ -49,237 +47,8 @@ PEAK_DTYPES = ("float32", "bfloat16")
 NO_GPU = "no GPU platform available on this machine"
 
 
-def _rss_bytes() -> int:
-  with open("/proc/self/statm") as f:
-    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def load(config_path: str, overrides: dict):
-  """The row's config: one micro-batch per step (grad_accum 1), `overrides` on top."""
-  from jaxtrain.config import defaults as config
-
-  return config.load_config(config_path, **{"train.grad_accum": 1, **overrides})
-
-
-class StepWorker:
-  """jaxtrain's train step on one platform, built by `jaxtrain.core.programs.build` as `python -m
-  jaxtrain` builds it, in a worker process of its own.
-
-  Given a config, the process sets up its CPU by jaxtrain's rule for that config
-  (`cpu.split_cpu`: how many XLA devices, single-threaded matmuls for small steps). That has
-  to happen before jax starts its backend, hence here, first thing in a fresh process.
-  """
-
-  def __init__(self, platform: str, compile_cache: bool = False, config_path: str | None = None,
-               overrides: dict | None = None):
-    os.environ["JAX_PLATFORMS"] = platform
-    import jax
-
-    from jaxtrain.core import cpu
-    from jaxtrain.system import runtime
-
-    if config_path:
-      cpu.split_cpu(load(config_path, overrides or {}))
-    if compile_cache:
-      runtime.enable_compile_cache()
-    else:  # a cache hit would time reading a file, not compiling
-      jax.config.update("jax_enable_compilation_cache", False)
-    runtime.check_platform()  # a platform that cannot start fails here, with a one-line reason
-    self.devices = jax.devices()
-
-  def device_info(self, dtypes: list[str]) -> dict:
-    import jax
-
-    from jaxtrain.loop import estimate
-
-    d = self.devices[0]
-    try:
-      from jax.extend import backend as jax_backend
-
-      backend = jax_backend.get_backend().platform_version
-    except Exception:  # only informative; it moves between jax versions
-      backend = None
-    published = {dt: (estimate.published_peak(d.device_kind, dt) if d.platform != "cpu" else None)
-                 for dt in dtypes}
-    return {"platform": d.platform, "device_kind": d.device_kind, "device_count": len(self.devices),
-            "jax": jax.__version__, "backend_version": backend, "pid": os.getpid(),
-            "published_peak_flops": published}
-
-  def peak(self, dtype: str, n: int, repeats: int) -> dict:
-    return common.measure_matmul_peak(dtype, n, repeats)
-
-  def setup(self, config_path: str, overrides: dict, n_devices: int = 0) -> dict:
-    """The row's programs on `n_devices` (0: every CPU device, as a run; one GPU), its state and
-    batches, and the train step compiled."""
-    import numpy as np
-
-    from jaxtrain.config import defaults as config
-    from jaxtrain.config import validate as validation
-    from jaxtrain.core import model as model_lib
-    from jaxtrain.core import programs
-    from jaxtrain.loop import estimate
-
-    self.state = self.batches = self.step_fn = None  # a previous setup's buffers go first
-    cfg = load(config_path, overrides)  # its data is never read: the steps see random tokens
-    validation.validate(cfg)
-    on_cpu = self.devices[0].platform == "cpu"
-    devices = self.devices[:n_devices or (len(self.devices) if on_cpu else 1)]
-    p = programs.build(cfg, cfg.model.vocab_size or 256, devices)
-    mc, fsdp = p.model_cfg, p.mesh.shape["fsdp"]
-    B, T = p.batch_shape[0], mc.seq_len
-    mem = estimate.memory_estimate(mc, B, 1, len(devices), fsdp)
-    have, what = estimate.available_memory(devices[0])
-    info = {"batch_size": B, "seq_len": T, "dtype": mc.dtype, "attention": mc.attention,
-            "vocab_size": mc.vocab_size, "param_count": model_lib.param_count(mc),
-            "flops_per_token": model_lib.flops_per_token(mc), "n_devices": len(devices),
-            "mesh": {"data": p.mesh.shape["data"], "fsdp": fsdp},
-            "compiler_options": p.compiler_options, "one_allreduce": p.one_allreduce,
-            "xla_flags": os.environ.get("XLA_FLAGS", ""),
-            "config_grad_accum": config.load_config(config_path).train.grad_accum,
-            "estimate_bytes": mem.total, "estimate": vars(mem), "available_bytes": have,
-            "available_what": what}
-    _, too_big = estimate.memory_report(mc, B, 1, devices, fsdp)
-    if too_big:
-      return dict(info, skipped=f"jaxtrain.loop.estimate: {too_big}")
-    self.programs = p
-    self.rss_before = _rss_bytes()
-    state = p.init()
-    rng = np.random.default_rng(SEED)
-    self.batches = [p.place({"tokens": rng.integers(0, mc.vocab_size, p.batch_shape,
-                                                    dtype=np.int32)}) for _ in range(N_BATCHES)]
-    # p.compile_train(), its two stages timed apart
-    t0 = time.perf_counter()
-    lowered = p.train_step.lower(p.abstract, p.batch_spec())
-    t1 = time.perf_counter()
-    self.step_fn = lowered.compile()
-    t2 = time.perf_counter()
-    self.rss_peak_compile = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    self.state, self.i = state, 0
-    plan = self.step_fn.memory_analysis()
-    # What XLA keeps live for the step: inputs (the donated state is reused as output) + scratch.
-    xla_plan = plan.argument_size_in_bytes + plan.temp_size_in_bytes if plan else None
-    return dict(info, lower_s=t1 - t0, compile_s=t2 - t1, xla_plan_bytes=xla_plan)
-
-  def run(self, n: int) -> dict:
-    import jax
-
-    times, loss = [], None
-    for _ in range(n):
-      batch = self.batches[self.i % len(self.batches)]
-      self.i += 1
-      t0 = time.perf_counter()
-      self.state, metrics = self.step_fn(self.state, batch)
-      jax.block_until_ready((self.state, metrics))
-      times.append(time.perf_counter() - t0)
-      loss = float(metrics["loss"])
-    return {"times_s": times, "loss": loss}
-
-  def memory(self) -> dict:
-    on_cpu = self.devices[0].platform == "cpu"
-    devices = self.programs.mesh.devices.flat
-    peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in devices]
-    return {"host_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "host_before_bytes": self.rss_before,
-            "host_peak_after_compile_bytes": self.rss_peak_compile,
-            "device_peak_bytes": None if on_cpu or None in peaks else max(peaks),
-            "device_peak_source": ("null on CPU: device memory is host RAM, see the host columns"
-                                   if on_cpu else "max over the mesh's devices of "
-                                   "memory_stats()['peak_bytes_in_use']")}
-
-
-# ---- parent side ---------------------------------------------------------------------------
-
-def log(msg: str) -> None:
-  print(msg, flush=True)
-
-
-def reason(e: Exception) -> str:
-  """The last line of a worker's traceback: the exception and its message."""
-  lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-  if not lines:
-    return type(e).__name__
-  last = lines[-1]
-  if last.startswith("jaxtrain.system.errors."):  # jaxtrain's own errors already say what to do
-    last = last.split(": ", 1)[-1]
-  return last[:400]
-
-
-def config_path(name: str) -> str:
-  path = Path(name) if name.endswith(".py") else ROOT / "configs" / f"{name}.py"
-  return str(path)
-
-
-def config_name(name: str) -> str:
-  return Path(name).stem if name.endswith(".py") else name
-
-
-def platform_kind(platform: str) -> str:
-  return "cpu" if platform == "cpu" else "gpu"
-
-
-def programs_line(info: dict) -> str:
-  """What `programs.build` chose for a row: XLA options, one all-reduce, threading."""
-  return (f"XLA options {info['compiler_options'] or 'none'}"
-          + ("; gradients all-reduced as one buffer" if info["one_allreduce"] else "")
-          + ("; single-threaded matmuls" if "multi_thread_eigen=false" in info["xla_flags"]
-             else ""))
-
-
 def _fmt_gflops(gflops: float) -> str:
   return f"{gflops / 1e3:,.1f} TFLOP/s" if gflops >= 1e3 else f"{gflops:,.1f} GFLOP/s"
-
-
-def _pct(cpu: dict | None) -> str:
-  return "n/a (too short to see)" if cpu is None else f"{cpu['other_pct']:.0f}%"
-
-
-def measure(worker: common.Worker, setup: dict, steps: int, warmup: int,
-            sampler: common.LoadSampler, label: str) -> dict:
-  """setup (compile), warm-up, timed steps and memory in `worker`: one result row."""
-  sampler.label = f"{label}/compile"
-  info = worker.call("setup", **setup)
-  B, T = info["batch_size"], info["seq_len"]
-  log(f"  {info['param_count']:,} params, {info['flops_per_token'] / 1e6:.2f} MFLOP/token, "
-      f"{info['dtype']}, micro-batch {B} x {T}, {info['n_devices']} device(s): mesh "
-      f"data={info['mesh']['data']} fsdp={info['mesh']['fsdp']}; {programs_line(info)}; "
-      f"memory estimate {common.fmt_bytes(info['estimate_bytes'])} "
-      f"per device ({common.fmt_bytes(info['available_bytes'])} {info['available_what']})")
-  if "skipped" in info:
-    why = info.pop("skipped")
-    log(f"  skipped: {why}")
-    return dict(info, status="skipped", reason=why)
-  log(f"  compiled in {info['lower_s'] + info['compile_s']:.1f} s (trace+lower "
-      f"{info['lower_s']:.1f} s, compile {info['compile_s']:.1f} s)")
-  sampler.label = f"{label}/warmup"
-  t0 = time.perf_counter()
-  worker.call("run", n=warmup)
-  warmup_s = time.perf_counter() - t0
-  if warmup:
-    log(f"  warm-up {warmup} step(s): {warmup_s:.1f} s")
-  # Slow steps get a progress line each; fast ones run in one call.
-  chunk = 1 if warmup and warmup_s / warmup > 1.0 else steps
-  sampler.label = f"{label}/timed"
-  before = common.cpu_snapshot(sampler.pids())
-  times, loss = [], None
-  while len(times) < steps:
-    res = worker.call("run", n=min(chunk, steps - len(times)))
-    times += res["times_s"]
-    loss = res["loss"]
-    if chunk == 1:
-      log(f"  step {len(times)}/{steps}: {times[-1]:.2f} s")
-  cpu = common.cpu_share(before, common.cpu_snapshot(sampler.pids()))
-  sampler.label = f"{label}/memory"
-  memory = worker.call("memory")
-  stats = common.summarize(times)
-  tokens_per_s = B * T / stats["median_s"]
-  log(f"  {steps} steps: median {stats['median_s'] * 1e3:,.1f} ms/step, {tokens_per_s:,.0f} "
-      f"tokens/s, last loss {loss:.4f}; other processes {_pct(cpu)} of the machine; host peak "
-      f"RSS {common.fmt_bytes(memory['host_peak_bytes'])}, device peak "
-      f"{common.fmt_bytes(memory['device_peak_bytes'])}")
-  memory["host_added_bytes"] = memory["host_peak_bytes"] - memory["host_before_bytes"]
-  return dict(info, status="ok", warmup_s=warmup_s, step_times_s=times, stats=stats,
-              tokens_per_s=tokens_per_s, loss=loss, cpu=cpu,
-              other_pct=cpu["other_pct"] if cpu else None, memory=memory)
 
 
 def probe(platform: str, args, dtypes: list[str], machine: dict, sampler: common.LoadSampler,
@@ -288,14 +57,14 @@ def probe(platform: str, args, dtypes: list[str], machine: dict, sampler: common
   sampler.label = f"{platform}/probe"
   log(f"\n== platform {platform}")
   try:
-    worker = common.Worker(f"{platform}-probe", StepWorker, platform)
+    worker = common.Worker(f"{platform}-probe", sw.StepWorker, platform)
   except common.WorkerError as e:
-    log(f"  not available: {reason(e)}")
-    return {"available": False, "reason": reason(e)}
+    log(f"  not available: {sw.reason(e)}")
+    return {"available": False, "reason": sw.reason(e)}
   active.append(worker)
   try:
     info = worker.call("device_info", dtypes=dtypes)
-    kind = platform_kind(info["platform"])
+    kind = sw.platform_kind(info["platform"])
     info["device_name"] = machine["cpu_model"] if kind == "cpu" else info["device_kind"]
     log(f"  {info['device_count']} x {info['device_kind']} ({info['platform']}), jax {info['jax']}")
     n = args.peak_size or DEFAULTS[kind]["peak_size"]
@@ -312,7 +81,7 @@ def probe(platform: str, args, dtypes: list[str], machine: dict, sampler: common
       published = info["published_peak_flops"].get(dtype)
       log(f"  {dtype} matmul {n}^3: {_fmt_gflops(run['gflops'])} (median of {repeats})"
           + (f"; datasheet {published / 1e12:,.1f} TFLOP/s" if published else "")
-          + f"; other processes {_pct(run['cpu'])} of the machine")
+          + f"; other processes {reports.others(run['cpu'])} of the machine")
   finally:
     worker.close()
     active.remove(worker)
@@ -321,22 +90,22 @@ def probe(platform: str, args, dtypes: list[str], machine: dict, sampler: common
 
 def bench_row(platform: str, pinfo: dict, name: str, steps: int, warmup: int, args,
               sampler: common.LoadSampler, active: list) -> dict:
-  log(f"\n== {config_name(name)} on {platform} ({pinfo['device_name']})")
+  log(f"\n== {sw.config_name(name)} on {platform} ({pinfo['device_name']})")
   overrides = {"train.batch_size": args.batch_size} if args.batch_size else {}
   if args.cpu_devices:
     overrides["mesh.cpu_devices"] = args.cpu_devices
-  row = {"platform": platform, "device": pinfo["device_name"], "config": config_name(name),
+  row = {"platform": platform, "device": pinfo["device_name"], "config": sw.config_name(name),
          "steps": steps, "warmup": warmup}
   worker = None
   try:
-    worker = common.Worker(f"{platform}-{row['config']}", StepWorker, platform,
-                           args.compile_cache, config_path(name), overrides)
+    worker = common.Worker(f"{platform}-{row['config']}", sw.StepWorker, platform,
+                           args.compile_cache, sw.config_path(name), overrides)
     active.append(worker)
-    row.update(measure(worker, {"config_path": config_path(name), "overrides": overrides},
+    row.update(sw.measure(worker, {"config_path": sw.config_path(name), "overrides": overrides},
                        steps, warmup, sampler, f"{platform}/{row['config']}"))
   except common.WorkerError as e:
-    log(f"  failed: {reason(e)}")
-    row.update(status="failed", reason=reason(e))
+    log(f"  failed: {sw.reason(e)}")
+    row.update(status="failed", reason=sw.reason(e))
   finally:
     if worker is not None:
       worker.close()
@@ -386,7 +155,7 @@ def speed_table(results: list[dict]) -> str:
         f"{r['tokens_per_s']:,.0f}", _pct_or(r["mfu_measured"]),
         _pct_or(r["mfu_published"]) if r["mfu_published"] else "n/a (no datasheet peak)",
         "?" if r["other_pct"] is None else f"{r['other_pct']:.0f}", "ok"])
-  return common.markdown_table(
+  return reports.markdown_table(
       ["config", "platform", "device", "dtype", "micro-batch B x T", "compile s",
        "median step ms (p10-p90)", "tokens/s", "MFU % (measured peak)", "MFU % (datasheet)",
        "others' CPU %", "status"], rows)
@@ -397,19 +166,19 @@ def memory_table(results: list[dict]) -> str:
   for r in results:
     if r["status"] != "ok":
       continue
-    m, b = r["memory"], common.fmt_bytes
+    m, b = r["memory"], reports.fmt_bytes
     host = f"{b(m['host_peak_bytes'])} ({b(m['host_peak_after_compile_bytes'])})"
     device = "null (CPU)" if m["device_peak_bytes"] is None else b(m["device_peak_bytes"])
     rows.append([r["config"], r["platform"], f"{r['param_count']:,}", host,
                  b(m["host_added_bytes"]), device, b(r["estimate_bytes"]),
                  b(r["xla_plan_bytes"])])
-  return common.markdown_table(
+  return reports.markdown_table(
       ["config", "platform", "params", "host peak RSS (by the end of compiling)",
        "host RSS added by the row", "device peak", "jaxtrain estimate", "XLA buffer plan"], rows)
 
 
 def speedup_table(ups: list[dict]) -> str:
-  return common.markdown_table(
+  return reports.markdown_table(
       ["config", "platform", "tokens/s over CPU", "compile time over CPU"],
       [[u["config"], u["platform"], f"{u['tokens_per_s_speedup']:,.1f}x",
         f"{u['compile_time_ratio']:.2f}x"] for u in ups])
@@ -419,7 +188,7 @@ def markdown(report: dict) -> str:
   m = report["machine"]
   lines = [
       f"# Training step: CPU vs GPU ({report['timestamp']})", "",
-      f"- {common.cpu_line(m)}",
+      f"- {reports.cpu_line(m)}",
       f"- GPU: {report['gpu']['name'] or report['gpu']['note']}",
       f"- software: python {m['python']}, "
       + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v and k != "torch"),
@@ -440,9 +209,9 @@ def markdown(report: dict) -> str:
                  f"({peaks})"
                  + (f"; datasheet {published}" if published else "; no datasheet peak"))
   if not report["results"]:
-    lines += [f"- load: {common.load_line(report['load'])}", "", "No row ran."]
+    lines += [f"- load: {reports.load_line(report['load'])}", "", "No row ran."]
     return "\n".join(lines) + "\n"
-  lines += [f"- load: {common.load_line(report['load'])}", "", "## Speed", "",
+  lines += [f"- load: {reports.load_line(report['load'])}", "", "## Speed", "",
             speed_table(report["results"]), "",
             "tokens/s: B x T over the median step. MFU: flops_per_token (6N + 12*L*T*D) x "
             "tokens/s over the matmul peak of the row's dtype, measured in this run on that "
@@ -451,7 +220,7 @@ def markdown(report: dict) -> str:
             "steps (with 2 cores, 50 = one core busy elsewhere): a high value means a noisy "
             "measurement.", ""]
   lines += [f"- {r['config']} on {r['platform']}: {r['n_devices']} device(s), mesh data "
-            f"{r['mesh']['data']} x fsdp {r['mesh']['fsdp']}; {programs_line(r)}"
+            f"{r['mesh']['data']} x fsdp {r['mesh']['fsdp']}; {sw.programs_line(r)}"
             for r in report["results"] if r["status"] == "ok"]
   lines += ["", "## Memory (per device)", "", memory_table(report["results"]), "",
             "host peak RSS: ru_maxrss of the row's own worker process (includes jax itself), at "
@@ -496,7 +265,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   p.add_argument("--out", default=None,
                  help=f"output directory (default: benchmarks/results/<date>-{NAME}/)")
   args = p.parse_args(argv)
-  args.out = args.out or str(common.results_dir(NAME))
+  args.out = args.out or str(reports.results_dir(NAME))
   args.platforms_requested = args.platforms
   if args.platforms == "auto":
     args.platforms = ["cpu"] + (["cuda"] if cuda_installed() else [])
@@ -506,7 +275,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.configs = [s.strip() for s in args.configs.split(",") if s.strip()]
     if not args.configs:
       p.error("--configs is empty")
-    missing = [c for c in args.configs if not os.path.isfile(config_path(c))]
+    missing = [c for c in args.configs if not os.path.isfile(sw.config_path(c))]
     if missing:
       p.error(f"--configs: no config file for {missing} (looked in {ROOT / 'configs'})")
   for name in ("steps", "batch_size", "peak_size", "peak_repeats"):
@@ -523,7 +292,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def config_dtypes(names: list[str]) -> list[str]:
   from jaxtrain.config.defaults import load_config  # configs only: no jax in this process
 
-  return sorted({load_config(config_path(n)).model.dtype for n in names})
+  return sorted({load_config(sw.config_path(n)).model.dtype for n in names})
 
 
 def gpu_summary(platforms: dict, args) -> dict:
@@ -531,7 +300,7 @@ def gpu_summary(platforms: dict, args) -> dict:
     if p["available"] and p["kind"] == "gpu":
       return {"name": p["device_kind"], "platform": name, "note": None}
   tried = {name: p["reason"] for name, p in platforms.items()
-           if not p["available"] and platform_kind(name) == "gpu"}
+           if not p["available"] and sw.platform_kind(name) == "gpu"}
   if tried:
     note = NO_GPU + " (" + "; ".join(f"{k}: {v}" for k, v in tried.items()) + ")"
   elif cuda_installed():
@@ -547,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
   loadavg_before = os.getloadavg()  # before we start anything: the machine as we found it
   out_dir = Path(args.out)
   out_dir.mkdir(parents=True, exist_ok=True)
-  machine = common.machine_info()
+  machine = reports.machine_info()
   log(f"{machine['cpu_model']}, {machine['cores_available']} cores, {machine['mem_gib']} GiB; "
       f"platforms {','.join(args.platforms)}; loadavg {loadavg_before[0]:.2f} "
       f"{loadavg_before[1]:.2f} {loadavg_before[2]:.2f}")
@@ -569,7 +338,6 @@ def main(argv: list[str] | None = None) -> int:
       for name in names:
         results.append(bench_row(platform, pinfo, name, steps, warmup, args, sampler, active))
     sampler.label = "done"
-  loadavg_after = os.getloadavg()
 
   if args.configs is None:
     notes.append(f"{', '.join(GPU_CONFIGS)} is GPU-sized and runs on GPU platforms only in the "
@@ -580,29 +348,27 @@ def main(argv: list[str] | None = None) -> int:
                  "not its own.")
   report = {
       "benchmark": NAME,
-      "timestamp": common.timestamp(),
+      "timestamp": reports.timestamp(),
       "args": vars(args), "machine": machine,
       "data": "random int32 tokens [B, T+1], uniform over the vocabulary; no corpus is read",
       "grad_accum": "forced to 1: one step is one micro-batch of B x T tokens",
       "platforms": platforms, "gpu": gpu_summary(platforms, args),
-      "load": {"loadavg_before": loadavg_before, "loadavg_after": loadavg_after,
-               "sampler": sampler.summary(), "samples": sampler.samples},
+      "load": reports.load_record(loadavg_before, sampler, samples=True),
       "results": results, "speedups": speedups(results), "notes": notes,
   }
-  (out_dir / f"{NAME}.json").write_text(json.dumps(report, indent=1) + "\n")
   md = markdown(report)
-  (out_dir / f"{NAME}.md").write_text(md)
+  log("\n" + md)
   chart = {}
   for r in results:
     if r["status"] == "ok":
       chart.setdefault(r["config"], {})[r["platform"]] = r["tokens_per_s"]
-  if chart:
-    gpu = report["gpu"]["name"] or "no GPU"
-    common.bar_chart(str(out_dir / f"{NAME}.png"), chart, ylabel="tokens/s (median step)",
-                     title=f"training tokens/s: {machine['cpu_model']} "
-                           f"({machine['cores_available']} cores) vs {gpu}")
-  log("\n" + md)
-  log(f"wrote {out_dir / NAME}.json, .md" + (" and .png" if chart else " (no chart: no row ran)"))
+  title = (f"training tokens/s: {reports.machine_name(machine)} vs "
+           f"{report['gpu']['name'] or 'no GPU'}")
+  reports.write(out_dir, NAME, report, md, chart=(
+      lambda path: reports.bar_chart(path, chart, ylabel="tokens/s (median step)", title=title))
+      if chart else None)
+  if not chart:
+    log("no chart: no row ran")
   failed = [f"{r['config']} on {r['platform']}" for r in results if r["status"] == "failed"]
   unavailable = [p for p, v in platforms.items() if not v["available"]]
   if failed:

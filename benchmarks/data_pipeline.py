@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 import common  # noqa: E402  (after the path above)
+import reports  # noqa: E402
 
 NAME = "data_pipeline"
 GOAL_BPE_MBS, GOAL_HEADROOM = 5.0, 20.0
@@ -161,16 +162,16 @@ def markdown(report: dict) -> str:
                for r in report["pipeline"]]
   return "\n".join([
       f"# Data pipeline: tokenizing and batches ({report['timestamp']})", "",
-      f"- {common.cpu_line(m)}; python {m['python']}",
+      f"- {reports.cpu_line(m)}; python {m['python']}",
       f"- corpus: {report['corpus']}; {report['args']['repeats']} repeat(s), medians",
-      f"- load: {common.load_line(load)}", "",
+      f"- load: {reports.load_line(load)}", "",
       "## Tokenizing (data.prepare on an empty cache: every pass)", "",
-      common.markdown_table(["tokenizer", "vocab", "MB", "bytes/token", "median s (runs)",
+      reports.markdown_table(["tokenizer", "vocab", "MB", "bytes/token", "median s (runs)",
                              "MB/s"], tok_rows), "",
       f"Goal: BPE tokenizing >= {GOAL_BPE_MBS} MB/s on 2 cores. 'bpe N' trains the vocabulary "
       "and then encodes; 'tokenizer.json' encodes with that vocabulary, given as a file.", "",
       "## Pipeline against the train step (micro-batches per second)", "",
-      common.markdown_table(["config", "micro-batch", "tokenizer", "pipeline /s", "CPU step /s",
+      reports.markdown_table(["config", "micro-batch", "tokenizer", "pipeline /s", "CPU step /s",
                              "headroom (CPU)", "H100 step /s", "headroom (H100)"], pipe_rows), "",
       f"Goal: headroom >= {GOAL_HEADROOM:.0f}x at every shape. Pipeline: grain iterator, one reader "
       "thread, measured here; CPU step: this machine, float32, one device; H100 step: "
@@ -188,21 +189,17 @@ def main(argv: list[str] | None = None) -> int:
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   from jaxtrain.data.documents import describe
 
-  out = Path(args.out or common.results_dir(NAME))
+  out = Path(args.out or reports.results_dir(NAME))
   load_before = os.getloadavg()
   with tempfile.TemporaryDirectory() as tmp, common.LoadSampler(lambda: [os.getpid()]) as sampler:
     scratch = Path(tmp)
     tok_rows = tokenizing(args.path, args.repeats, scratch, sampler)
     pipe_rows = pipeline(args, scratch, sampler)
-  report = {"benchmark": NAME, "timestamp": common.timestamp(), "args": vars(args),
-            "machine": common.machine_info(), "corpus": describe(args.path),
-            "load": {"loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-                     "sampler": sampler.summary()},
+  report = {"benchmark": NAME, "timestamp": reports.timestamp(), "args": vars(args),
+            "machine": reports.machine_info(), "corpus": describe(args.path),
+            "load": reports.load_record(load_before, sampler),
             "tokenizing": tok_rows, "pipeline": pipe_rows}
-  out.mkdir(parents=True, exist_ok=True)
-  (out / f"{NAME}.json").write_text(json.dumps(report, indent=1) + "\n")
-  (out / f"{NAME}.md").write_text(markdown(report))
-  print(f"wrote {out / NAME}.json and .md")
+  reports.write(out, NAME, report, markdown(report))
   return 0
 
 

@@ -19,7 +19,6 @@ benchmarks/results/<date>-jax_vs_torch_<label>/, or <date>-jax_vs_nanogpt_<label
 import argparse
 import dataclasses
 import importlib.util
-import json
 import math
 import os
 import sys
@@ -31,120 +30,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 import common  # noqa: E402  (after the path above)
+import reports  # noqa: E402
 import torch_nanogpt  # noqa: E402
+from reports import log  # noqa: E402
+from sides import SEED, JaxSide, TorchSide  # noqa: E402
 
-from jaxtrain import allocator  # noqa: E402
+from jaxtrain.system import allocator  # noqa: E402
 
 NAME = "jax_vs_torch"
-SEED = 0
 TORCH_HINT = ("PyTorch is not installed, so only the jaxtrain side runs. For a CPU build: "
               "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu "
               "(or pip install torch)")
 INIT_LOSS_TOLERANCE = 0.3  # ~ln(vocab): logits start near zero (std ~0.02*sqrt(d_model))
 SAME_PARAMS_LOSS_TOLERANCE = 1e-4
 REFERENCE_SIDE = {"name": "reference", "description": "benchmarks/torch_reference.py"}
-
-
-class JaxSide:
-  """jaxtrain as a run of `shape` uses it: the CPU set up by jaxtrain's own rules
-  (`cpu.split_cpu`: cores split into XLA devices, matmul threading) and the steps
-  `programs.build` makes, the state donated. One worker per shape: those rules are process-wide
-  and must be applied before jax starts its backend."""
-
-  def __init__(self, threads: int, shape: common.Shape, cpu_devices: int):
-    common.pin_cores(threads)
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    from jaxtrain.core import cpu
-    from jaxtrain.system import runtime
-
-    cfg = common.gpt2_config(shape)
-    cfg.mesh.cpu_devices = cpu_devices  # 0: jaxtrain's automatic choice
-    cpu.split_cpu(cfg)
-    runtime.enable_compile_cache()
-
-  def peak(self, n: int, repeats: int) -> dict:
-    return common.measure_matmul_peak("float32", n, repeats)
-
-  def setup(self, shape: common.Shape) -> dict:
-    import jax
-
-    from jaxtrain.core import model as model_lib
-    from jaxtrain.core import programs
-
-    p = programs.build(common.gpt2_config(shape), shape.vocab_size)
-    self.state = p.init()
-    self.step_fn = p.train_step  # compiles on its first call, in the warm-up
-    self.batches = [p.place({"tokens": b}) for b in common.token_batches(shape, SEED)]
-    self.i = 0
-    init_loss = float(p.eval_step(self.state, self.batches[0])["loss"])
-    return {"param_count": model_lib.param_count(p.model_cfg),
-            "flops_per_token": model_lib.flops_per_token(p.model_cfg), "init_loss": init_loss,
-            "params": jax.device_get(self.state.params), "cpu_devices": len(jax.devices()),
-            "xla_flags": os.environ.get("XLA_FLAGS", ""),
-            "step_compiler_options": p.compiler_options, "one_allreduce": p.one_allreduce}
-
-  def run(self, n: int) -> dict:
-    import jax
-
-    # As jaxtrain's loop runs them: it queues the next step before it reads the previous one's
-    # metrics, so the host never waits on the device between steps, and no more than two steps
-    # are queued (XLA:CPU can deadlock in the cross-device all-reduce with dozens queued).
-    # Timed as a block (the per-step figure is the block's mean).
-    jax.block_until_ready(self.state)
-    t0 = time.perf_counter()
-    metrics = None
-    for _ in range(n):
-      batch = self.batches[self.i % len(self.batches)]
-      self.i += 1
-      previous = metrics
-      self.state, metrics = self.step_fn(self.state, batch)
-      if previous is not None:
-        jax.block_until_ready(previous)
-    jax.block_until_ready((self.state, metrics))
-    per_step = (time.perf_counter() - t0) / n
-    return {"times_s": [per_step] * n, "loss": float(metrics["loss"])}
-
-
-class TorchSide:
-  """benchmarks/torch_reference.py in eager mode, torch.set_num_threads(threads)."""
-
-  def __init__(self, threads: int):
-    common.pin_cores(threads)
-    import torch
-
-    torch.set_num_threads(threads)
-
-  def peak(self, n: int, repeats: int) -> dict:
-    return common.torch_matmul_peak("float32", n, repeats)
-
-  def setup(self, shape: common.Shape, hyper: common.Hyper, jax_params: dict) -> dict:
-    import torch
-    import torch_reference as ref
-
-    torch.manual_seed(SEED)
-    self.model = ref.GPT(shape)
-    self.hyper = hyper
-    self.batches = [torch.from_numpy(b).long() for b in common.token_batches(shape, SEED)]
-    self.i = 0
-    with torch.no_grad():
-      own_init_loss = ref.loss_fn(self.model, self.batches[0]).item()
-      ref.load_jaxtrain_params(self.model, jax_params)
-      init_loss = ref.loss_fn(self.model, self.batches[0]).item()
-    self.opt = ref.make_optimizer(self.model, hyper)
-    return {"param_count": ref.param_count(self.model), "own_init_loss": own_init_loss,
-            "init_loss": init_loss, "num_threads": torch.get_num_threads()}
-
-  def run(self, n: int) -> dict:
-    import torch_reference as ref
-
-    times = []
-    for _ in range(n):
-      batch = self.batches[self.i % len(self.batches)]
-      t0 = time.perf_counter()
-      loss = ref.train_step(self.model, self.opt, batch, self.i, self.hyper)
-      times.append(time.perf_counter() - t0)
-      self.i += 1
-    return {"times_s": times, "loss": loss.item()}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -188,7 +87,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     print(f"jax_vs_torch.py: error: {error}", file=sys.stderr)
     raise SystemExit(2)
   prefix = "jax_vs_nanogpt" if args.torch == "nanogpt" else NAME
-  args.out = args.out or str(common.results_dir(f"{prefix}_{args.label}"))
+  args.out = args.out or str(reports.results_dir(f"{prefix}_{args.label}"))
   for name in ("steps", "rounds", "threads", "peak_size", "peak_repeats"):
     if getattr(args, name) < 1:
       p.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -197,14 +96,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   if args.warmup == 0:
     print("note: --warmup=0: jax's first timed step includes compiling", file=sys.stderr)
   return args
-
-
-def log(msg: str) -> None:
-  print(msg, flush=True)
-
-
-def _pct(cpu: dict | None) -> str:
-  return "n/a (too short to see)" if cpu is None else f"{cpu['other_pct']:.0f}%"
 
 
 def check(ok: bool, msg: str) -> None:
@@ -272,7 +163,7 @@ def bench_shape(shape: common.Shape, workers: dict, args, sampler: common.LoadSa
                          "cpu": cpu})
       log(f"  round {r + 1}/{args.rounds} {fw:5s} {args.steps} steps: median "
           f"{median * 1e3:8.1f} ms/step, last loss {res['loss']:.4f}, other processes "
-          f"{_pct(cpu)} of the machine")
+          f"{reports.others(cpu)} of the machine")
     sampler.label = f"{shape.name}/between"
 
   out = {"shape": dataclasses.asdict(shape), "hyper": dataclasses.asdict(hyper),
@@ -311,7 +202,7 @@ def table(results: list[dict]) -> str:
                    f"{100 * fw['mfu']:.1f}",
                    "-" if ratio is None else (f"{ratio:.2f}" if name == "jax" else "1 (ref)"),
                    "?" if fw["other_pct"] is None else f"{fw['other_pct']:.0f}"])
-  return common.markdown_table(["shape", "framework", "median step ms", "round medians ms",
+  return reports.markdown_table(["shape", "framework", "median step ms", "round medians ms",
                                 "tokens/s", "MFU %", "jax/torch speed", "others' CPU %"], rows)
 
 
@@ -326,8 +217,7 @@ def markdown(report: dict) -> str:
       f"- PyTorch side: {side['description']}"
       + (f"; first losses from the same parameters agree within {torch_nanogpt.LOSS_TOLERANCE} "
          "(not 1e-4: nanoGPT's GELU is exact erf, jaxtrain's tanh-approximate)" if nano else ""),
-      f"- machine: {m['cpu_model']} (lscpu: {m['lscpu_model']}; family/model/stepping "
-      f"{m['cpu_family_model_stepping']}), {m['cores_available']} cores "
+      f"- machine: {reports.cpu_name(m)}, {m['cores_available']} cores "
       f"available, avx2={m['cpu_flags']['avx2']}, avx512f={m['cpu_flags']['avx512f']}, "
       f"{m['mem_gib']} GiB; python {m['python']}, "
       + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
@@ -348,7 +238,7 @@ def markdown(report: dict) -> str:
       f"{report['args']['pause']} s pause before each round",
       f"- f32 matmul peak ({peak['n']}^3, GFLOP/s, best of the runs before and after): {peaks}; "
       f"MFU uses {peak['gflops']:.1f}",
-      f"- load: {common.load_line(report['load'])}", "",
+      f"- load: {reports.load_line(report['load'])}", "",
       table(report["results"]), "",
       "jax/torch speed: jaxtrain tokens/s over PyTorch tokens/s (above 1: jaxtrain is faster). "
       "MFU: flops_per_token (6N + 12*L*T*D) x tokens/s over the matmul peak. others' CPU: share "
@@ -375,7 +265,7 @@ def measure_peaks(workers: dict, peaks: dict, args, sampler: common.LoadSampler,
     run.update(when=when, cpu=common.cpu_share(before, common.cpu_snapshot(sampler.pids())))
     peaks[fw].append(run)
     log(f"f32 matmul {args.peak_size}^3 with {fw} ({when}): {run['gflops']:.1f} GFLOP/s (median "
-        f"of {args.peak_repeats}), other processes {_pct(run['cpu'])} of the machine")
+        f"of {args.peak_repeats}), other processes {reports.others(run['cpu'])} of the machine")
 
 
 def torch_worker(args, side: dict, environ: dict) -> common.Worker:
@@ -388,7 +278,7 @@ def torch_worker(args, side: dict, environ: dict) -> common.Worker:
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(argv)
   # Each framework as its users start it: jaxtrain with the allocator `python -m jaxtrain` sets up
-  # for itself (jaxtrain/allocator.py); PyTorch with glibc, huge pages on (--torch-allocator).
+  # for itself (jaxtrain/system/allocator.py); PyTorch with glibc, huge pages on (--torch-allocator).
   jax_env = common.jaxtrain_environment()
   torch_env = dict(jax_env)
   if args.torch_allocator == "glibc":  # nothing preloaded, whatever this process has
@@ -406,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     log(TORCH_HINT)
   out_dir = Path(args.out)
   out_dir.mkdir(parents=True, exist_ok=True)
-  machine = common.machine_info()
+  machine = reports.machine_info()
   log(f"{machine['cpu_model']}, {machine['cores_available']} cores, {args.threads} threads per "
       f"framework; loadavg {loadavg_before[0]:.2f} {loadavg_before[1]:.2f} {loadavg_before[2]:.2f}")
 
@@ -434,34 +324,28 @@ def main(argv: list[str] | None = None) -> int:
   finally:
     for w in workers.values():
       w.close()
-  loadavg_after = os.getloadavg()
 
   # Background load only ever slows a matmul down: the best measurement is the closest to peak.
   best = {fw: max(runs, key=lambda r: r["gflops"]) for fw, runs in peaks.items()}
   peak_fw = max(best, key=lambda fw: best[fw]["gflops"])
   add_mfu(results, best[peak_fw]["gflops"])
   report = {
-      "benchmark": NAME, "timestamp": common.timestamp(),
+      "benchmark": NAME, "timestamp": reports.timestamp(),
       "args": vars(args), "machine": machine, "torch_skipped": torch_skipped,
       "torch_side": torch_side if use_torch else None,
       "allocators": allocators,
       "matmul_peak": {"dtype": "float32", "n": args.peak_size, "gflops": best[peak_fw]["gflops"],
                       "from": peak_fw, "by_framework": best, "all": peaks},
-      "load": {"loadavg_before": loadavg_before, "loadavg_after": loadavg_after,
-               "sampler": sampler.summary(), "samples": sampler.samples},
+      "load": reports.load_record(loadavg_before, sampler, samples=True),
       "results": results,
   }
-  (out_dir / f"{NAME}.json").write_text(json.dumps(report, indent=1) + "\n")
   md = markdown(report)
-  (out_dir / f"{NAME}.md").write_text(md)
-  common.bar_chart(str(out_dir / f"{NAME}.png"),
-                   {r["shape"]["name"]: {shown(fw, v): v["tokens_per_s"]
-                                         for fw, v in r["frameworks"].items()}
-                    for r in results},
-                   ylabel="tokens/s (median step)",
-                   title=f"training tokens/s, {machine['cores_available']}-core CPU, f32")
   log("\n" + md)
-  log(f"wrote {out_dir / NAME}.json, .md and .png")
+  chart = {r["shape"]["name"]: {shown(fw, v): v["tokens_per_s"] for fw, v in r["frameworks"].items()}
+           for r in results}
+  reports.write(out_dir, NAME, report, md, chart=lambda path: reports.bar_chart(
+      path, chart, ylabel="tokens/s (median step)",
+      title=f"training tokens/s, {reports.machine_name(machine)}, f32"))
   return 0
 
 

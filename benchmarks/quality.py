@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import common  # noqa: E402  (after the path above)
+import reports  # noqa: E402
 
 CHILDREN: list[int] = []  # the run going on, for the load sampler
 # nanoGPT's CPU recipe for shakespeare_char, as its README gives it (eval_iters 20 to match ours,
@@ -130,22 +131,13 @@ def steps_for_budget(args: list[str], data: str | None, budget_s: float, workdir
 
 
 def plot(path: Path, results: dict) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  for name, runs in results.items():
-    for i, r in enumerate(runs):
-      # elapsed_s counts from the first step; shift by start-up so the x axis is wall time
-      startup = r.get("startup_s", r["wall_s"] - r["evals"][-1][0])
-      ax.plot([t + startup for t, _, _ in r["evals"]], [v for _, _, v in r["evals"]],
-              label=name if i == 0 else None, color=f"C{list(results).index(name)}", alpha=0.8)
-  ax.set_xlabel("wall time from command start (s)")
-  ax.set_ylabel("val loss")
-  ax.grid(alpha=0.3)
-  ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  def curve(r: dict) -> tuple[list[float], list[float]]:
+    # elapsed_s counts from the first step; shift by start-up so the x axis is wall time
+    startup = r.get("startup_s", r["wall_s"] - r["evals"][-1][0])
+    return [t + startup for t, _, _ in r["evals"]], [v for _, _, v in r["evals"]]
+
+  reports.line_chart(path, {name: [curve(r) for r in runs] for name, runs in results.items()},
+                     xlabel="wall time from command start (s)", ylabel="val loss")
 
 
 def markdown(report: dict) -> str:
@@ -157,13 +149,13 @@ def markdown(report: dict) -> str:
     rows.append([name, f"{med('final_val'):.4f}", " ".join(f"{r['final_val']:.4f}" for r in runs),
                  f"{statistics.median(bpb):.4f}" if bpb else "-", runs[0]["steps"],
                  f"{med('tokens_per_sec'):,.0f}", f"{med('wall_s'):.1f}", " ".join(run["command"])])
-  table = common.markdown_table(["run", "final val (median)", "each seed", "val bpb", "steps",
+  table = reports.markdown_table(["run", "final val (median)", "each seed", "val bpb", "steps",
                                  "tokens/s", "wall s (median)", "command"], rows)
   budget = report["budget_s"]
   steps = f"steps set to fit {budget:g} s each" if budget else "each config's own max_steps"
   corpus = report["data"] or "each config's own"
-  return (f"# Val loss against wall time ({common.timestamp()})\n\n"
-          f"{common.cpu_line(report['machine'])}\n{common.load_line(report['load'])}\n\n"
+  return (f"# Val loss against wall time ({reports.timestamp()})\n\n"
+          f"{reports.cpu_line(report['machine'])}\n{reports.load_line(report['load'])}\n\n"
           f"corpus: {corpus}; seeds: {report['seeds']};"
           f" {steps}\n\n{table}\n")
 
@@ -183,7 +175,7 @@ def main() -> None:
   ap.add_argument("--name", default="quality")
   ap.add_argument("--out", default=None, help="default: benchmarks/results/<date>-<name>")
   opts = ap.parse_args()
-  out = Path(opts.out) if opts.out else common.results_dir(opts.name)
+  out = Path(opts.out) if opts.out else reports.results_dir(opts.name)
   out.mkdir(parents=True, exist_ok=True)
   specs = {}
   for spec in opts.run:
@@ -211,17 +203,13 @@ def main() -> None:
         results[name].append(r)
         print(f"{name} seed {seed}: val {r['final_val']:.4f} (best {r['best_val']:.4f}) after "
               f"{r['steps']} steps in {r['wall_s']:.1f} s", flush=True)
-  load_summary = {"loadavg_before": loadavg_before, "loadavg_after": os.getloadavg(),
-                  "sampler": load.summary()}
-  report = {"machine": common.machine_info(), "load": load_summary, "seeds": opts.seeds,
+  load_summary = reports.load_record(loadavg_before, load)
+  report = {"machine": reports.machine_info(), "load": load_summary, "seeds": opts.seeds,
             "data": opts.data, "budget_s": opts.budget_s, "probes": probes,
             "runs": {name: {"command": specs[name], "results": results[name]} for name in specs}}
-  (out / "quality.json").write_text(json.dumps(report, indent=1))
   text = markdown(report)
-  (out / "quality.md").write_text(text)
-  plot(out / "quality.png", results)
   print(text)
-  print(f"wrote {out}/quality.json, quality.md, quality.png")
+  reports.write(out, "quality", report, text, chart=lambda path: plot(path, results))
 
 
 if __name__ == "__main__":

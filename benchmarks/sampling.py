@@ -11,7 +11,6 @@ for nano on a CPU. Writes sampling.{json,md} to --out (default benchmarks/result
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -22,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 import common  # noqa: E402  (after the path above)
+import reports  # noqa: E402
 
 NAME = "sampling"
 GOAL = 10.0
@@ -65,8 +65,7 @@ def main() -> None:
         times[f"{mode}/{n}"].append(once(mode, n))
       print(f"round {r + 1}/{args.rounds}: " + ", ".join(
           f"{k} {v[-1]:.2f}s" for k, v in times.items()), flush=True)
-  load = {"loadavg_before": loadavg_before, "loadavg_after": os.getloadavg(),
-          "sampler": {"interval_s": sampler.interval_s, **sampler.summary()}}
+  load = reports.load_record(loadavg_before, sampler)
   rows, results = [], []
   for n in lengths:
     cached, plain = times[f"cache/{n}"], times[f"no cache/{n}"]
@@ -79,29 +78,27 @@ def main() -> None:
     rows.append([n, f"{result['cache_tokens_per_s']:,.0f}", f"{result['no_cache_tokens_per_s']:,.0f}",
                  f"{result['speedup_median']:.1f}x ({', '.join(f'{x:.1f}' for x in ratios)})",
                  "met" if result["speedup_median"] >= GOAL else "not met"])
-  machine = common.machine_info()
-  out = Path(args.out) if args.out else common.results_dir(NAME)
-  out.mkdir(parents=True, exist_ok=True)
+  machine = reports.machine_info()
+  out = Path(args.out) if args.out else reports.results_dir(NAME)
   c = state.model_cfg
-  report = {"when": common.timestamp(), "config": args.config, "prompt_tokens": args.prompt_tokens,
+  report = {"when": reports.timestamp(), "config": args.config, "prompt_tokens": args.prompt_tokens,
             "rounds": args.rounds, "model": {"n_layers": c.n_layers, "d_model": c.d_model,
                                              "seq_len": c.seq_len, "params": jt.param_count(c)},
             "first_call_s": compile_s, "results": results, "machine": machine, "load": load}
-  (out / f"{NAME}.json").write_text(json.dumps(report, indent=2) + "\n")
-  table = common.markdown_table(
+  table = reports.markdown_table(
       ["new tokens", "cache tokens/s", "no cache tokens/s", "speed-up: median (per round)",
        f"goal >= {GOAL:.0f}x"], rows)
   md = (f"# Sampling speed: {Path(args.config).name} ({report['when']})\n\n"
-        f"- {common.cpu_line(machine)}; python {machine['python']}, jax {machine['versions']['jax']}\n"
+        f"- {reports.cpu_line(machine)}; python {machine['python']}, jax {machine['versions']['jax']}\n"
         f"- model: {c.n_layers} layers x {c.d_model}, seq_len {c.seq_len}, "
         f"{report['model']['params'] / 1e6:.2f}M params; batch 1, a {args.prompt_tokens}-token "
         "prompt, greedy; one XLA CPU device\n"
-        f"- {args.rounds} alternating round(s); load: {common.load_line(load)}\n\n{table}\n\n"
+        f"- {args.rounds} alternating round(s); load: {reports.load_line(load)}\n\n{table}\n\n"
         "no cache: the whole window (seq_len tokens) through the model for every new token, "
         "the same windows and the same tokens as with the cache. Past seq_len the window "
         "restarts from its last seq_len/2 tokens (one prefill per seq_len/2 tokens).\n")
-  (out / f"{NAME}.md").write_text(md)
   print(md)
+  reports.write(out, NAME, report, md)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
   python benchmarks/scaling.py --platforms=cuda        # real GPUs: 1, 2, 4, ... up to all of them
 
 Each (device count, config) runs in a fresh worker process; on the CPU it splits the machine into
-that many virtual devices as a run with mesh.cpu_devices=N does (jaxtrain.system.cpu.split_cpu,
+that many virtual devices as a run with mesh.cpu_devices=N does (jaxtrain.core.cpu.split_cpu,
 before jax starts). The mesh (data=N or fsdp=N), the init, the jitted step and the global batch
 come from jaxtrain.core.programs.build, as in `python -m jaxtrain`. The global batch is the same for
 every N, so each device gets batch/N rows, and every row trains on the same random-token batches
@@ -15,7 +15,6 @@ benchmarks/results/<date>-scaling/); the default run takes about a minute on 2 c
 """
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -24,7 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 import common  # noqa: E402  (after the path above)
-import cpu_vs_gpu as cvg  # noqa: E402  (its StepWorker, row measurement and report helpers)
+import reports  # noqa: E402
+import step_worker as sw  # noqa: E402
+from reports import log  # noqa: E402
 
 from jaxtrain.system.allocator import cuda_installed  # noqa: E402
 
@@ -49,30 +50,30 @@ def run_count(platform: str, n: int, name: str, args, sampler: common.LoadSample
               active: list) -> list[dict]:
   """Every mode of config `name` at `n` devices, in one worker process."""
   rows = []
-  label = f"{platform} x{n} {cvg.config_name(name)}"
+  label = f"{platform} x{n} {sw.config_name(name)}"
   base = {"train.batch_size": args.batch_size} if args.batch_size else {}
   if platform == "cpu":
     base["mesh.cpu_devices"] = n  # the CPU set up as jaxtrain sets up n devices
   worker = None
   try:
-    worker = common.Worker(label, cvg.StepWorker, platform, args.compile_cache,
-                           cvg.config_path(name), base)
+    worker = common.Worker(label, sw.StepWorker, platform, args.compile_cache,
+                           sw.config_path(name), base)
     active.append(worker)
     for mode in (["single"] if n == 1 else args.modes):
-      cvg.log(f"\n== {cvg.config_name(name)} on {platform}, {n} device(s), {mode}")
+      log(f"\n== {sw.config_name(name)} on {platform}, {n} device(s), {mode}")
       overrides = {**base, **(MODES["dp"](1) if mode == "single" else MODES[mode](n))}
-      row = {"platform": platform, "config": cvg.config_name(name), "mode": mode, "devices": n}
-      setup = {"config_path": cvg.config_path(name), "overrides": overrides, "n_devices": n}
+      row = {"platform": platform, "config": sw.config_name(name), "mode": mode, "devices": n}
+      setup = {"config_path": sw.config_path(name), "overrides": overrides, "n_devices": n}
       try:
-        row.update(cvg.measure(worker, setup, args.steps, args.warmup, sampler, f"{label}/{mode}"))
+        row.update(sw.measure(worker, setup, args.steps, args.warmup, sampler, f"{label}/{mode}"))
       except common.WorkerError as e:
-        cvg.log(f"  failed: {cvg.reason(e)}")
-        row.update(status="failed", reason=cvg.reason(e))
+        log(f"  failed: {sw.reason(e)}")
+        row.update(status="failed", reason=sw.reason(e))
       rows.append(row)
   except common.WorkerError as e:  # the process itself did not start
-    cvg.log(f"  {label} failed to start: {cvg.reason(e)}")
-    rows.append({"platform": platform, "config": cvg.config_name(name), "mode": "*",
-                 "devices": n, "status": "failed", "reason": cvg.reason(e)})
+    log(f"  {label} failed to start: {sw.reason(e)}")
+    rows.append({"platform": platform, "config": sw.config_name(name), "mode": "*",
+                 "devices": n, "status": "failed", "reason": sw.reason(e)})
   finally:
     if worker is not None:
       worker.close()
@@ -107,10 +108,10 @@ def table(rows: list[dict]) -> str:
         f"{r['tokens_per_s']:,.0f}",
         f"{r['speedup_vs_1']:.2f}" if "speedup_vs_1" in r else "-",
         f"{100 * r['efficiency']:.0f}" if "efficiency" in r else "-",
-        common.fmt_bytes(r["estimate_bytes"]),
+        reports.fmt_bytes(r["estimate_bytes"]),
         "?" if r["other_pct"] is None else f"{r['other_pct']:.0f}",
         f"ok, loss {r['loss']:.4f}"])
-  return common.markdown_table(
+  return reports.markdown_table(
       ["config", "platform", "mode", "devices", "mesh data x fsdp", "global batch (per device)",
        "compile s", "median step ms (p10-p90)", "tokens/s", "speedup vs 1", "efficiency %",
        "est. memory/device", "others' CPU %", "status"], out)
@@ -120,13 +121,13 @@ def markdown(report: dict) -> str:
   m = report["machine"]
   lines = [
       f"# Scaling over devices: data parallel and FSDP ({report['timestamp']})", "",
-      f"- {common.cpu_line(m)}; jax {m['versions']['jax']}",
+      f"- {reports.cpu_line(m)}; jax {m['versions']['jax']}",
       "- data: random int32 tokens [B, T+1]; the same global batch B for every device count "
       "(each device gets B/N rows); grad_accum forced to 1",
       f"- steps: {report['args']['warmup']} warm-up + {report['args']['steps']} timed per row; "
       "compile: trace + lower + compile, persistent cache "
       + ("ON" if report["args"]["compile_cache"] else "off"),
-      f"- load: {common.load_line(report['load'])}",
+      f"- load: {reports.load_line(report['load'])}",
   ]
   for platform, p in report["platforms"].items():
     lines.append(f"- {platform}: " + (p["note"] if not p["ran"] else
@@ -138,7 +139,7 @@ def markdown(report: dict) -> str:
             "order of floating-point sums. est. memory/device: jaxtrain.loop.estimate.memory_estimate "
             "(FSDP splits params, gradients and optimizer state). others' CPU: share of the whole "
             "machine other processes used during the row's timed steps.", ""]
-  lines += [f"- {r['config']} {r['mode']} x{r['devices']}: {cvg.programs_line(r)}"
+  lines += [f"- {r['config']} {r['mode']} x{r['devices']}: {sw.programs_line(r)}"
             for r in report["results"] if r["status"] == "ok"]
   return "\n".join(lines) + "\n"
 
@@ -162,9 +163,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   p.add_argument("--out", default=None,
                  help=f"output directory (default: benchmarks/results/<date>-{NAME}/)")
   args = p.parse_args(argv)
-  args.out = args.out or str(common.results_dir(NAME))
+  args.out = args.out or str(reports.results_dir(NAME))
   args.configs = [s.strip() for s in args.configs.split(",") if s.strip()]
-  missing = [c for c in args.configs if not os.path.isfile(cvg.config_path(c))]
+  missing = [c for c in args.configs if not os.path.isfile(sw.config_path(c))]
   if missing or not args.configs:
     p.error(f"--configs: no config file for {missing or 'any'}")
   args.modes = [s.strip() for s in args.modes.split(",") if s.strip()]
@@ -186,7 +187,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
   counts = args.devices or [1, 2, 4]
   for name in args.configs:
-    batch = args.batch_size or load_config(cvg.config_path(name)).train.batch_size
+    batch = args.batch_size or load_config(sw.config_path(name)).train.batch_size
     bad = [n for n in counts if batch % n]
     if bad:
       p.error(f"{name}: global batch {batch} does not divide by {bad} devices; pass "
@@ -200,9 +201,9 @@ def main(argv: list[str] | None = None) -> int:
   loadavg_before = os.getloadavg()
   out_dir = Path(args.out)
   out_dir.mkdir(parents=True, exist_ok=True)
-  machine = common.machine_info()
-  cvg.log(f"{machine['cpu_model']}, {machine['cores_available']} cores; platforms "
-          f"{','.join(args.platforms)}; loadavg {loadavg_before[0]:.2f}")
+  machine = reports.machine_info()
+  log(f"{machine['cpu_model']}, {machine['cores_available']} cores; platforms "
+      f"{','.join(args.platforms)}; loadavg {loadavg_before[0]:.2f}")
   active: list[common.Worker] = []
   sampler = common.LoadSampler(lambda: [os.getpid()] + [w.pid for w in list(active)])
   platforms, rows = {}, []
@@ -210,17 +211,17 @@ def main(argv: list[str] | None = None) -> int:
     for platform in args.platforms:
       if platform == "cpu":
         counts = device_counts(args.devices or [1, 2, 4], None)
-        note = (f"virtual devices (mesh.cpu_devices=N, set up by jaxtrain.system.cpu.split_cpu) "
+        note = (f"virtual devices (mesh.cpu_devices=N, set up by jaxtrain.core.cpu.split_cpu) "
                 f"sharing this machine's {machine['cores_available']} cores: no real speedup is "
                 "expected, the table shows the overhead of sharding (a gain over 1 device only "
                 "means that one device's ops did not keep every core busy)")
       else:
         sampler.label = f"{platform}/probe"
         try:
-          probe = common.Worker(f"{platform}-probe", cvg.StepWorker, platform)
+          probe = common.Worker(f"{platform}-probe", sw.StepWorker, platform)
         except common.WorkerError as e:
-          cvg.log(f"{platform}: {NO_GPU} ({cvg.reason(e)})")
-          platforms[platform] = {"ran": False, "note": f"{NO_GPU} ({cvg.reason(e)})"}
+          log(f"{platform}: {NO_GPU} ({sw.reason(e)})")
+          platforms[platform] = {"ran": False, "note": f"{NO_GPU} ({sw.reason(e)})"}
           continue
         try:
           info = probe.call("device_info", dtypes=[])
@@ -240,15 +241,13 @@ def main(argv: list[str] | None = None) -> int:
   add_speedups(rows)
   report = {
       "benchmark": NAME,
-      "timestamp": common.timestamp(),
+      "timestamp": reports.timestamp(),
       "args": vars(args), "machine": machine, "platforms": platforms,
-      "load": {"loadavg_before": loadavg_before, "loadavg_after": os.getloadavg(),
-               "sampler": sampler.summary(), "samples": sampler.samples},
+      "load": reports.load_record(loadavg_before, sampler, samples=True),
       "results": rows,
   }
-  (out_dir / f"{NAME}.json").write_text(json.dumps(report, indent=1) + "\n")
   md = markdown(report)
-  (out_dir / f"{NAME}.md").write_text(md)
+  log("\n" + md)
   chart, ran = {}, [p for p, v in platforms.items() if v["ran"]]
   for r in rows:
     if r["status"] != "ok":
@@ -257,12 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     for mode in modes:
       group = f"{r['config']} {mode}" + ("" if len(ran) == 1 else f" {r['platform']}")
       chart.setdefault(group, {})[f"{r['devices']} dev"] = r["tokens_per_s"]
-  if chart:
-    common.bar_chart(str(out_dir / f"{NAME}.png"), chart, ylabel="tokens/s (median step)",
-                     title=f"scaling: {machine['cpu_model']} ({machine['cores_available']} cores"
-                           + (", virtual CPU devices)" if "cpu" in args.platforms else ")"))
-  cvg.log("\n" + md)
-  cvg.log(f"wrote {out_dir / NAME}.json, .md" + (" and .png" if chart else ""))
+  title = (f"scaling: {reports.machine_name(machine)}"
+           + (", virtual CPU devices" if "cpu" in args.platforms else ""))
+  reports.write(out_dir, NAME, report, md, chart=(
+      lambda path: reports.bar_chart(path, chart, ylabel="tokens/s (median step)", title=title))
+      if chart else None)
   failed = [r for r in rows if r["status"] == "failed"]
   return 1 if failed or not chart else 0
 

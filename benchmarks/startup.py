@@ -20,7 +20,6 @@ benchmarks/results/<date>-startup/). Extra `--config.*` arguments go to every ru
 
 import argparse
 import dataclasses
-import json
 import os
 import shutil
 import statistics
@@ -34,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 import common  # noqa: E402  (after the path above)
+import reports  # noqa: E402
 
 from jaxtrain.system.allocator import describe  # noqa: E402
 
@@ -172,13 +172,13 @@ def markdown(report: dict) -> str:
           for t in report["trees"]]
   return "\n".join([
       f"# Time to first step: {report['config']} ({report['timestamp']})", "",
-      f"- {common.cpu_line(m)}; python {m['python']}, jax {m['versions']['jax']}",
+      f"- {reports.cpu_line(m)}; python {m['python']}, jax {m['versions']['jax']}",
       f"- each run re-executes itself once to set up its allocator ({report['allocator']}); that "
       f"is timed too; extra arguments: {' '.join(report['extra']) or 'none'}",
       f"- import floor (`python -c \"{IMPORTS}\"`): median {floor['median_s']:.2f} s "
       f"({', '.join(f'{s:.2f}' for s in floor['runs_s'])})",
-      f"- {report['runs']} alternating round(s); load: {common.load_line(report['load'])}", "",
-      common.markdown_table(
+      f"- {report['runs']} alternating round(s); load: {reports.load_line(report['load'])}", "",
+      reports.markdown_table(
           ["tree", "commit", "first run ever s", "cold s: median (runs)", "warm s: median (runs)",
            "warm whole run s", "warm / import floor", "targets"], rows), "",
       f"cold: empty jaxtrain and XLA caches (the tokenized corpus cached); warm: the caches the "
@@ -202,7 +202,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.error(f"unrecognized arguments {bad}; only --config.* overrides are passed on")
   if args.runs < 1:
     p.error("--runs must be >= 1")
-  args.out = args.out or str(common.results_dir(NAME))
+  args.out = args.out or str(reports.results_dir(NAME))
   return args, extra
 
 
@@ -231,20 +231,15 @@ def main(argv: list[str] | None = None) -> int:
       git("worktree", "prune")  # forgets the worktree just deleted
   floor = statistics.median(floors)
   report = {
-      "benchmark": NAME, "timestamp": common.timestamp(), "config": args.config, "extra": extra,
-      "runs": args.runs, "git_ref": args.git_ref, "machine": common.machine_info(),
+      "benchmark": NAME, "timestamp": reports.timestamp(), "config": args.config, "extra": extra,
+      "runs": args.runs, "git_ref": args.git_ref, "machine": reports.machine_info(),
       "allocator": allocator,
-      "load": {"loadavg_before": loadavg_before, "loadavg_after": os.getloadavg(),
-               "sampler": sampler.summary(), "samples": sampler.samples},
+      "load": reports.load_record(loadavg_before, sampler, samples=True),
       "import_floor": {"command": f'python -c "{IMPORTS}"', "median_s": floor, "runs_s": floors},
       "targets": {"warm_over_import_floor": TARGET_WARM_OVER_FLOOR, "cold_s": TARGET_COLD_S},
       "trees": [tree_row(t, first[t.label], cold[t.label], warm[t.label], floor) for t in trees],
   }
-  out = Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
-  (out / f"{NAME}.json").write_text(json.dumps(report, indent=1) + "\n")
   md = markdown(report)
-  (out / f"{NAME}.md").write_text(md)
   print("\n" + md)
   for t in report["trees"]:
     print(f"{t['label']}: warm {t['warm']['median_to_first_step_s']:.2f} s = "
@@ -252,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{TARGET_WARM_OVER_FLOOR:g}x: {'met' if t['meets']['warm'] else 'MISSED'}); cold "
           f"{t['cold']['median_to_first_step_s']:.2f} s (target <= {TARGET_COLD_S:g} s: "
           f"{'met' if t['meets']['cold'] else 'MISSED'})")
-  print(f"wrote {out / NAME}.json and .md")
+  reports.write(args.out, NAME, report, md)
   return 0
 
 

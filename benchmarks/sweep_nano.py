@@ -10,7 +10,6 @@ sweep; without --sweep it sweeps optim.lr=1e-3,3e-3 x model.n_layers=2,4.
 """
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+import reports  # noqa: E402
 
 from jaxtrain.tools import compare  # noqa: E402
 
@@ -43,7 +43,7 @@ def _family(pid: int) -> list[int]:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--root", default="runs/sweep")
-  parser.add_argument("--out", default=str(common.results_dir("sweep-nano")))
+  parser.add_argument("--out", default=str(reports.results_dir("sweep-nano")))
   args, extra = parser.parse_known_args()
   sweeps = [a for a in extra if a.startswith("--sweep=")] or [
       "--sweep=optim.lr=1e-3,3e-3", "--sweep=model.n_layers=2,4"]
@@ -57,8 +57,7 @@ def main() -> None:
   with common.LoadSampler(lambda: _family(proc.pid), interval_s=2.0) as sampler:
     code = proc.wait()
   wall = time.time() - t0
-  load = {"loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-          "sampler": sampler.summary()}
+  load = reports.load_record(load_before, sampler)
   root = ROOT / args.root
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
@@ -69,19 +68,18 @@ def main() -> None:
            "final_val_loss": info.final("val_loss"), "final_train_loss": info.final("loss"),
            "median_tokens_per_sec": info.median_speed(), "training_s": info.wall_s(),
            "config": {k: info.config[k] for k in compare.differences(infos)}} for info in infos]
-  machine = common.machine_info()
-  report = {"timestamp": common.timestamp(), "command": cmd[1:], "exit_status": code,
+  machine = reports.machine_info()
+  report = {"timestamp": reports.timestamp(), "command": cmd[1:], "exit_status": code,
             "sweep_wall_s": round(wall, 1), "machine": machine, "load": load, "runs": rows}
-  (out / "sweep.json").write_text(json.dumps(report, indent=2) + "\n")
-  (out / "sweep.md").write_text(
-      f"# nano sweep, {common.timestamp()}\n\n`python {' '.join(cmd[1:])}`: exit status {code}, "
+  reports.write(out, "sweep", report, (
+      f"# nano sweep, {reports.timestamp()}\n\n`python {' '.join(cmd[1:])}`: exit status {code}, "
       f"{wall / 60:.1f} min for the call (runs skipped as finished cost nothing).\n\n"
-      f"{common.cpu_line(machine)}\n\n{common.load_line(load)}\n\n{table}\n"
-      "![loss against step](loss_vs_step.png)\n\n![loss against time](loss_vs_time.png)\n")
+      f"{reports.cpu_line(machine)}\n\n{reports.load_line(load)}\n\n{table}\n"
+      "![loss against step](loss_vs_step.png)\n\n![loss against time](loss_vs_time.png)\n"))
   for png in ("loss_vs_step.png", "loss_vs_time.png"):
     if (root / png).exists() and root / png != out / png:
       shutil.copy(root / png, out / png)
-  print(f"wrote {out}/sweep.md, sweep.json and the plots")
+  print(f"copied the loss plots into {out}")
   sys.exit(code)
 
 

@@ -29,7 +29,8 @@ def load_benchmark(script: str):
 
 def test_default_output_directories_are_dated(monkeypatch):
   monkeypatch.setattr(sys, "path", list(sys.path))  # the scripts put benchmarks/ on it
-  for name in ("common", "cpu_vs_gpu"):  # imported by the scripts; gone again afterwards
+  # The modules the scripts import: gone again afterwards.
+  for name in ("common", "reports", "step_worker", "sides", "cpu_vs_gpu"):
     monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.delitem(sys.modules, name)
   results = ROOT / "benchmarks" / "results"
