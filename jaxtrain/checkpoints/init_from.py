@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from jaxtrain.checkpoints import hf
-from jaxtrain.checkpoints import store as checkpoint
+from jaxtrain.checkpoints import load as checkpoint
 from jaxtrain.core.model import ModelConfig
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system import paths
