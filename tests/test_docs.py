@@ -1,10 +1,52 @@
-"""The README stays true: CI runs its test command, and its reference lists every config field."""
+"""The docs stay true: CI runs the README's test command, README.md and docs/ name every config
+field, their links resolve, and every command in their ```bash blocks runs as a new user types it."""
 
+import json
+import os
+import re
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from jaxtrain.config.defaults import default_config
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+# Commands that cannot run here, each with the reason. Everything else in a ```bash block runs.
+NOT_HERE = [
+    (r"\bpip install\b", "installs packages from the network; .ci/run runs the README's install and "
+                         "test command in a fresh environment"),
+    (r"--jax_platforms=cuda", "needs an NVIDIA GPU and a CUDA build of jax"),
+    (r"^srun\b", "needs a Slurm cluster"),
+    (r"--config\.distributed\.num_processes=[2-9]",
+     "one process per host of a multi-host jax.distributed run (tests/test_scale_out.py runs two "
+     "processes on one machine)"),
+]
+# Commands that fail today because of a bug another change is fixing: run, and a failure of these
+# alone makes the test xfail (not strict: it passes once they are fixed).
+KNOWN_BUGS = [
+    (r"configs/finetune_shakespeare\.py",
+     "configs/finetune_shakespeare.py still describes the old 5-layer tied nano, so init_from "
+     "refuses runs/nano (issue 27, fixed on another branch)"),
+]
+# Size and step overrides appended to training commands: a field the command sets itself is kept,
+# except train.max_steps, which becomes 6 there (more than the 3 of a first run, so "train further"
+# trains).
+TINY = {"model.n_layers": 1, "model.d_model": 32, "model.n_heads": 2, "model.seq_len": 32,
+        "train.batch_size": 4, "train.log_every": 1, "train.eval_every": 3, "train.eval_steps": 1,
+        "train.checkpoint_every": 3, "optim.warmup_steps": 1, "sample.num_samples": 1,
+        "sample.max_new_tokens": 8}
+TINY_SAMPLE = {"max_new_tokens": 8}
+RERUN_PAGES = {"resume.md"}  # its "the same command again" is the point: a restart of a finished run
+
+
+def _dotted(d, prefix=""):
+  for k, v in d.items():
+    yield from _dotted(v, f"{prefix}{k}.") if isinstance(v, dict) else [prefix + k]
 
 
 def test_ci_runs_the_readme_test_command():
@@ -15,12 +57,110 @@ def test_ci_runs_the_readme_test_command():
   assert f"```bash\n{command}\n```" in readme
 
 
-def test_readme_config_reference_names_every_field():
-  readme = (ROOT / "README.md").read_text()
+def test_docs_name_every_config_field():
+  text = "\n".join(p.read_text() for p in DOCS)
+  missing = [f for f in _dotted(default_config().to_dict()) if f"`{f}`" not in text]
+  assert not missing, f"README.md and docs/*.md lack {missing}"
 
-  def dotted(d, prefix=""):
-    for k, v in d.items():
-      yield from dotted(v, f"{prefix}{k}.") if isinstance(v, dict) else [prefix + k]
 
-  missing = [f for f in dotted(default_config().to_dict()) if f"`{f}`" not in readme]
-  assert not missing, f"README config reference lacks {missing}"
+def test_relative_links_resolve():
+  broken = []
+  for doc in DOCS:
+    for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+      path = target.split("#")[0]
+      if path and "://" not in path and not (doc.parent / path).exists():
+        broken.append(f"{doc.relative_to(ROOT)}: {target}")
+  assert not broken, f"links to nothing: {broken}"
+
+
+def bash_commands(markdown: str) -> list[str]:
+  """The commands of a markdown text's ```bash blocks, in order: continuation lines joined, comment
+  lines and trailing comments dropped."""
+  commands = []
+  for block in re.findall(r"^```bash\n(.*?)^```", markdown, flags=re.S | re.M):
+    for line in block.replace("\\\n", " ").splitlines():
+      line = re.sub(r"\s+#\s.*$", "", line).strip()
+      if line and not line.startswith("#"):
+        commands.append(re.sub(r"\s+", " ", line))
+  return commands
+
+
+def _match(table, command):
+  return next((reason for pattern, reason in table if re.search(pattern, command)), None)
+
+
+def tiny(command: str) -> str:
+  """The command as written, with size and step overrides appended."""
+  if re.match(r"python -m jaxtrain(\.sweep)? ", command):
+    extra = {f"config.{k}": v for k, v in TINY.items() if f"--config.{k}=" not in command}
+    extra["config.train.max_steps"] = 6 if "--config.train.max_steps=" in command else 3
+  elif command.startswith("python -m jaxtrain.sample "):
+    extra = TINY_SAMPLE
+  else:
+    extra = {}
+  return " ".join([command, *(f"--{k}={v}" for k, v in extra.items())])
+
+
+def test_every_skipped_command_is_still_documented():
+  commands = [c for doc in DOCS for c in bash_commands(doc.read_text())]
+  for pattern, _ in NOT_HERE + KNOWN_BUGS:
+    assert any(re.search(pattern, c) for c in commands), f"no documented command matches {pattern}"
+
+
+def _fixtures(sandbox: Path, text: str) -> None:
+  """The configs, and the data files the docs name: a text file, notes, jsonl and parquet."""
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  (sandbox / "configs").symlink_to(ROOT / "configs")
+  bin_dir = sandbox / ".bin"
+  bin_dir.mkdir()
+  (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+  (bin_dir / "python").chmod(0o755)
+  lines = text.splitlines()
+  (sandbox / "input.txt").write_text(text)
+  (sandbox / "prompt.txt").write_text("The quick ")
+  (sandbox / "notes" / "sub").mkdir(parents=True)
+  (sandbox / "notes" / "a.md").write_text("\n".join(lines[:600]) + "\n")
+  (sandbox / "notes" / "sub" / "b.md").write_text("\n".join(lines[600:]) + "\n")
+  docs = [" ".join(lines[i:i + 5]) for i in range(0, len(lines), 5)]
+  (sandbox / "docs.jsonl").write_text("".join(json.dumps({"body": d}) + "\n" for d in docs))
+  (sandbox / "data").mkdir()
+  for i in range(2):
+    pq.write_table(pa.table({"text": docs[i::2]}), sandbox / "data" / f"part-{i}.parquet")
+
+
+@pytest.mark.slow
+def test_every_documented_command_runs(tmp_path, corpus_file):
+  """Each command of README.md, then of docs/*.md, in order, in one directory as a new user's
+  checkout would be: later commands read the runs earlier ones made (runs/nano, its export). A
+  command repeated from an earlier page runs once, except on the page about running it again."""
+  _fixtures(tmp_path, corpus_file.read_text())
+  env = dict(os.environ, PATH=f"{tmp_path / '.bin'}{os.pathsep}{os.environ['PATH']}",
+             PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+             PYTHONUNBUFFERED="1")
+  report, failed, known, ran = [], [], [], set()
+  for doc in DOCS:
+    for command in bash_commands(doc.read_text()):
+      where = f"{doc.relative_to(ROOT)}: {command}"
+      if reason := _match(NOT_HERE, command):
+        report.append(f"skipped  {where}\n         ({reason})")
+        continue
+      if command in ran and doc.name not in RERUN_PAGES:
+        report.append(f"ran above        {where}")
+        continue
+      ran.add(command)
+      start = time.perf_counter()
+      out = subprocess.run(["bash", "-c", tiny(command)], cwd=tmp_path, env=env, input="def \n",
+                           capture_output=True, text=True, timeout=300)
+      took = time.perf_counter() - start
+      report.append(f"rc {out.returncode} {took:5.1f}s {where}")
+      if out.returncode != 0:
+        tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-6:])
+        entry = f"{where}\n  ran: {tiny(command)}\n  exit {out.returncode}:\n{tail}"
+        (known if _match(KNOWN_BUGS, command) else failed).append(entry)
+  print("\n".join(report))
+  assert not failed, "documented commands that fail:\n\n" + "\n\n".join(failed)
+  if known:
+    pytest.xfail("only known bugs fail: " + "; ".join(reason for _, reason in KNOWN_BUGS) +
+                 "\n\n" + "\n\n".join(known))
