@@ -10,6 +10,7 @@ import concurrent.futures
 import dataclasses
 import math
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import jax
@@ -81,26 +82,35 @@ class Run:
 
 
 def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
-        hooks: tuple[Hook, ...] = (), library_log: bool = False) -> RunResult:
+        hooks: tuple[Hook, ...] = (), library_log: bool = False,
+        explicit: Collection[str] = ()) -> RunResult:
   """Trains `cfg` in `cfg.workdir`, resuming from its latest checkpoint if there is one.
 
   `library_log`: from setup on, the libraries' messages go to workdir/logs/ instead of the
   terminal, until the process exits (for a process that ends with the run: the CLI).
+  `explicit`: dotted fields the user set (the CLI's overrides). With `init_from` a jaxtrain run,
+  every model field neither in it nor changed from its default takes the source run's value.
   """
+  validation.validate(cfg)
+  cfg, taken = init_from.resolve(cfg, explicit)
   validation.validate(cfg)
   cpu.split_cpu(cfg)  # before jax starts its backends
   platform = runtime.setup(cfg)
   t_start = time.time()
   workdir = Path(cfg.workdir).expanduser()
   existed = workdir.exists()
-  r, lock, result = None, WorkdirLock(), None  # the lock: taken in setup, released at the end
+  fresh = not existed or (workdir.is_dir() and not any(workdir.iterdir()))
+  r, lock, result, started = None, WorkdirLock(), None, False  # the lock: taken in setup
   try:
     r = _setup(cfg, platform, show_progress, [*hooks, tblog.TensorBoard(), status.Status()],
                t_start, library_log, lock)
+    if taken:
+      r.out.print(f"init_from: from {cfg.init_from}, {', '.join(taken)}")
     if r.log is not None:
       r.log.start()
     try:
       state, elapsed_before, best = _start(r)
+      started = True
       result = _loop(r, state, elapsed_before, best)
     finally:
       saving_lib.close(r.ckpts)  # a save that was going well still completes, also on error
@@ -113,10 +123,11 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
     lock.release()  # first: it removes its file, which the emptiness check below must not see
     if r is not None and r.log is not None and r.log.errors:
       e.add_note(f"the libraries' own messages are in {r.log.path}")
-    # A run that failed before writing anything leaves no empty directory behind.
-    if isinstance(e, UserError) and not existed and workdir.is_dir() \
-        and not any(workdir.iterdir()):
-      workdir.rmdir()
+    # A new run refused before its first step (a bad init_from, data that does not fit) leaves
+    # nothing that looks like a run behind; the libraries' log stays if the note points to it.
+    if isinstance(e, UserError) and fresh and not started and jax.process_index() == 0:
+      paths.remove_stub(workdir, keep=("logs",) if r is not None and r.log is not None
+                        and r.log.errors else (), remove_dir=not existed)
     raise
 
 
