@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 
 from jaxtrain.checkpoints import hf
-from jaxtrain.checkpoints import store as checkpoint
+from jaxtrain.checkpoints.load import load_state
 from jaxtrain.config import defaults as config
 from jaxtrain.core.model import ModelConfig
 from jaxtrain.data import tokenizer as tokenizer_lib
@@ -31,18 +31,16 @@ MATCH_FIELDS = ("n_layers", "n_heads", "d_model", "vocab_size", "norm", "pos", "
 def _source_model(cfg: ml_collections.ConfigDict) -> tuple[dict, str] | None:
   """(the model section to derive from, where it is), or None when init_from is not a jaxtrain run.
   A resumed fine-tune derives from its own config.json, which holds what its first leg took."""
-  own = Path(cfg.workdir).expanduser()
-  ckpts = own / "checkpoints"
-  if (own / "config.json").is_file() and ckpts.is_dir() and any(p.name.isdigit() for p in
-                                                                  ckpts.iterdir()):
-    source = own
-  else:
-    source = Path(cfg.init_from).expanduser()
-    try:
-      if not (source / paths.RUN_FILE).is_file() or not (source / "config.json").is_file():
-        return None  # a Hugging Face directory, or nothing there: load_flat says which
-    except OSError:
-      return None
+  own, source = Path(cfg.workdir).expanduser(), Path(cfg.init_from).expanduser()
+  try:
+    ckpts = own / "checkpoints"
+    if (own / "config.json").is_file() and ckpts.is_dir() \
+        and any(p.name.isdigit() for p in ckpts.iterdir()):
+      source = own
+    elif not (source / paths.RUN_FILE).is_file() or not (source / "config.json").is_file():
+      return None  # a Hugging Face directory, or nothing there: load_flat says which
+  except OSError:  # a name too long, a directory that cannot be read: load_flat says so
+    return None
   try:
     saved = paths.read_json(source / "config.json")
   except (OSError, ValueError) as e:
@@ -52,9 +50,9 @@ def _source_model(cfg: ml_collections.ConfigDict) -> tuple[dict, str] | None:
 
 
 def mismatches(theirs: dict, ours: dict) -> list[str]:
-  """The model fields that must match and differ, as 'model.X=ours (source: theirs)'."""
+  """The model fields that must match and differ, as 'model.X=theirs, this config ours'."""
   fields = [*MATCH_FIELDS, *(["seq_len"] if theirs["pos"] == "learned" else [])]
-  return [f"model.{f}={ours[f]} (source: {theirs[f]})" for f in fields if ours[f] != theirs[f]]
+  return [f"model.{f}={theirs[f]}, this config {ours[f]}" for f in fields if ours[f] != theirs[f]]
 
 
 def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()
@@ -76,14 +74,13 @@ def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()
   resolved = {f: (ours[f] if f in given else theirs[f]) for f in ours}
   bad = mismatches(theirs, resolved)
   if bad:
-    fix = " ".join(f"--config.{b.split('=')[0]}={theirs[b.split('=')[0][6:]]}" for b in bad)
-    raise UserError(f"init_from: {source} has another model than this config: {'; '.join(bad)}; "
-                    f"drop those settings (an unset model field takes the source's value) or pass {fix}")
+    fix = " ".join(f"--config.{b.split(',')[0]}" for b in bad)
+    raise UserError(f"init_from: {source} has {'; '.join(bad)}; drop those settings (a model field "
+                    f"left unset takes the source's value) or pass {fix}")
   taken = [f"model.{f}={theirs[f]}" for f in ours if f not in given and ours[f] != theirs[f]]
   out = cfg.copy_and_resolve_references()
   config.override(out, **{f"model.{f}": v for f, v in resolved.items()})
   return out, taken
-
 
 
 def load_flat(path: str, c: ModelConfig, tokenizer) -> tuple[dict[str, np.ndarray], str]:
@@ -132,12 +129,12 @@ def _check_tokenizer(source: Path, theirs, tokenizer) -> None:
 
 def _from_run(source: Path, c: ModelConfig, tokenizer) -> tuple[dict[str, np.ndarray], str]:
   _check_tokenizer(source, _tokenizer_at(source), tokenizer)
-  state = checkpoint.load_state(str(source))  # the newest intact checkpoint
+  state = load_state(str(source))  # the newest intact checkpoint
   src = state.model_cfg
   bad = mismatches(vars(src), vars(c))
   if bad:
-    raise UserError(f"init_from: {source} has another model than this config: {'; '.join(bad)}; "
-                    "pass the source's values as --config.model.*")
+    fix = " ".join(f"--config.{b.split(',')[0]}" for b in bad)
+    raise UserError(f"init_from: {source} has {'; '.join(bad)}; pass {fix}")
   return hf.flatten(jax.device_get(state.params)), f"step {int(state.step)} of {source}"
 
 

@@ -155,7 +155,7 @@ def override(cfg: ml_collections.ConfigDict, **dotted) -> ml_collections.ConfigD
     *path, leaf = key.split(".")
     for part in path:
       node = node[part] if isinstance(node, ml_collections.ConfigDict) and part in node else None
-    if node is None or leaf not in node:
+    if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
       raise ConfigError(key, "is not a config field", schema.suggestion(key, field_names()))
     node[leaf] = value
   return cfg
