@@ -44,13 +44,13 @@ def _help() -> str:
                      sections=", ".join(sections))
 
 
-def _config_path(argv: list[str]) -> str | None:
-  """The config file's path in `--config=FILE` or `--config FILE`, without a `:argument`."""
+def _config_value(argv: list[str]) -> str | None:
+  """The value of `--config=FILE[:argument]` or `--config FILE[:argument]`."""
   for i, arg in enumerate(argv):
     if arg.startswith("--config="):
-      return arg.split("=", 1)[1].split(":")[0]
+      return arg.split("=", 1)[1]
     if arg == "--config" and i + 1 < len(argv):
-      return argv[i + 1].split(":")[0]
+      return argv[i + 1]
   return None
 
 
@@ -71,15 +71,17 @@ def _parse_flags(argv: list[str]) -> list[str]:
   if any(arg in ("--help", "-h", "-help", "--helpshort") for arg in argv[1:]):
     print(_help())
     exiting.exit_now(0)
-  path = _config_path(argv[1:])
-  if path is None and any(arg.startswith("--config.") for arg in argv[1:]):
+  value = _config_value(argv[1:])
+  if value is None and any(arg.startswith("--config.") for arg in argv[1:]):
     fail("--config=FILE is missing: --config.* flags set fields of a config file's config; pass "
          "e.g. --config=configs/nano.py before them (see --help)")
-  if path is not None:
+  if value is not None:
+    path, has_argument = value.split(":")[0], ":" in value
     if not os.path.isfile(os.path.expanduser(path)):
       fail(cli.missing_config(path))
     try:
-      config.load_config(path)
+      if not has_argument:  # get_config(argument): ml_collections loads it, validate checks it
+        config.load_config(path)
     except UserError as e:
       fail(str(e))
     unknown = _unknown_field(argv[1:])

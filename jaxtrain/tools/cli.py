@@ -27,8 +27,10 @@ def parse_flags(argv: list[str], hint: str = "see --help for the flags") -> list
 
   try:
     return flags.FLAGS(argv)
-  except flags.Error as e:
-    fail(f"{first_line(e)}; {hint}")
+  except flags.Error as e:  # a config file's own error comes as a traceback: its last line says it
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    cause = f" {lines[-1]}" if "Traceback (most recent call last):" in lines else ""
+    fail(f"{first_line(e)}{cause}; {hint}")
 
 
 def shipped_configs() -> Path | None:
