@@ -183,6 +183,10 @@ def test_a_finetune_takes_its_model_from_the_run_it_starts_from(source, corpus_f
   theirs = json.loads((source / "config.json").read_text())["model"]
   ours = json.loads((tmp_path / "tuned" / "config.json").read_text())["model"]
   assert ours == {**theirs, "dropout": 0.1}  # what the run trained with, dropout as set
+  # Resumed, it derives from its own config.json: the source may be gone by then.
+  again = finetune(tmp_path / "gone", corpus_file, tmp_path / "tuned", **{"model.dropout": 0.1})
+  assert jt.run(config.override(again, **{"train.max_steps": 2}), show_progress=False).step == 2
+  assert json.loads((tmp_path / "tuned" / "config.json").read_text())["model"] == ours
 
 
 def test_a_finetune_that_sets_other_model_fields_names_every_one(source, corpus_file, tmp_path):
