@@ -14,7 +14,6 @@ from jaxtrain.config import default_config
 def get_config():
   cfg = default_config()
   cfg.workdir = "runs/gpt2_124m"
-  cfg.seed = 0
 
   cfg.model.n_layers = 12
   cfg.model.n_heads = 12
@@ -24,26 +23,16 @@ def get_config():
   cfg.model.norm = "layernorm"
   cfg.model.pos = "learned"
   cfg.model.mlp = "gelu"
-  cfg.model.tie_embeddings = True
-  cfg.model.dropout = 0.0
   cfg.model.dtype = "bfloat16"  # compute; params and optimizer state stay float32
 
-  cfg.train.batch_size = 16
   cfg.train.grad_accum = 8  # 16 x 1024 x 8 = 131k tokens per optimizer step
   cfg.train.max_steps = 20000
-  cfg.train.log_every = 10
   cfg.train.eval_every = 500
-  cfg.train.eval_steps = 20
   cfg.train.checkpoint_every = 1000
-  cfg.train.keep_checkpoints = 2
 
   cfg.optim.lr = 6e-4
-  cfg.optim.min_lr_ratio = 0.1
   cfg.optim.warmup_steps = 700
-  cfg.optim.weight_decay = 0.1
-  cfg.optim.clip_norm = 1.0
 
-  cfg.data.path = ""  # the Python standard library's .py files; point it at a bigger corpus
   cfg.data.tokenizer = "bpe"
   cfg.data.vocab_size = 50257  # GPT-2's count: 256 bytes, 50000 merges, end-of-text
   return cfg

@@ -15,28 +15,16 @@ from jaxtrain.config import default_config
 def get_config():
   cfg = default_config()
   cfg.workdir = "runs/nano"
-  cfg.seed = 0
 
   cfg.model.n_layers = 2
-  cfg.model.n_heads = 4
-  cfg.model.d_model = 128
-  cfg.model.seq_len = 128
-  cfg.model.vocab_size = 0  # byte tokenizer: 256
-  cfg.model.norm = "rmsnorm"
-  cfg.model.pos = "rope"
-  cfg.model.mlp = "swiglu"
   cfg.model.tie_embeddings = False
   cfg.model.zero_init_out = True
-  cfg.model.dropout = 0.0
 
-  cfg.train.batch_size = 16
-  cfg.train.grad_accum = 1
   cfg.train.max_steps = 1600
   cfg.train.log_every = 20
   cfg.train.eval_every = 400
   cfg.train.eval_steps = 10
   cfg.train.checkpoint_every = 400
-  cfg.train.keep_checkpoints = 2
 
   cfg.optim.name = "muon"
   cfg.optim.matrix_lr = 0.04  # Muon, the blocks' matrices
@@ -46,13 +34,6 @@ def get_config():
   cfg.optim.min_lr_ratio = 0.0  # ...to zero
   cfg.optim.warmup_steps = 30
   cfg.optim.b2 = 0.99
-  cfg.optim.weight_decay = 0.1
-  cfg.optim.clip_norm = 1.0
 
-  cfg.data.path = ""  # the Python standard library's .py files, already on this machine
-  cfg.data.tokenizer = "byte"
-
-  cfg.sample.num_samples = 3
   cfg.sample.max_new_tokens = 200
-  cfg.sample.temperature = 0.8
   return cfg

@@ -16,29 +16,18 @@ from jaxtrain.config import default_config
 def get_config():
   cfg = default_config()
   cfg.workdir = "runs/shakespeare_char"
-  cfg.seed = 0
 
   cfg.model.n_layers = 2  # at equal wall time, 2 layers beat 3 and 4 (more steps)
-  cfg.model.n_heads = 4
-  cfg.model.d_model = 128
-  cfg.model.seq_len = 128
-  cfg.model.vocab_size = 0  # the characters of the text, plus end-of-text
-  cfg.model.norm = "rmsnorm"
-  cfg.model.pos = "rope"
   cfg.model.mlp = "relu2"
   cfg.model.qk_norm = True
   cfg.model.tie_embeddings = False
   cfg.model.zero_init_out = True
-  cfg.model.dropout = 0.0
 
   cfg.train.batch_size = 24
-  cfg.train.grad_accum = 1
   cfg.train.max_steps = 1250
   cfg.train.log_every = 20
   cfg.train.eval_every = 250
-  cfg.train.eval_steps = 20
   cfg.train.checkpoint_every = 250
-  cfg.train.keep_checkpoints = 2
 
   cfg.optim.name = "muon"
   cfg.optim.matrix_lr = 0.04  # Muon, the blocks' matrices
@@ -48,14 +37,10 @@ def get_config():
   cfg.optim.min_lr_ratio = 0.0  # ...to zero
   cfg.optim.warmup_steps = 30
   cfg.optim.b2 = 0.99  # small batches: a shorter second-moment memory
-  cfg.optim.weight_decay = 0.1
-  cfg.optim.clip_norm = 1.0
 
   cfg.data.path = "data/tinyshakespeare.txt"  # any UTF-8 text file: --config.data.path=...
-  cfg.data.tokenizer = "char"
-  cfg.data.val_fraction = 0.1
+  cfg.data.tokenizer = "char"  # the characters of the text, plus end-of-text
 
   cfg.sample.num_samples = 2
   cfg.sample.max_new_tokens = 300
-  cfg.sample.temperature = 0.8
   return cfg

@@ -14,40 +14,23 @@ from jaxtrain.config import default_config
 def get_config():
   cfg = default_config()
   cfg.workdir = "runs/shakespeare_char_nanogpt"
-  cfg.seed = 0
 
-  cfg.model.n_layers = 4
-  cfg.model.n_heads = 4
-  cfg.model.d_model = 128
   cfg.model.seq_len = 64
-  cfg.model.vocab_size = 0  # the characters of the text (65 for Tiny Shakespeare)
   cfg.model.norm = "layernorm"
   cfg.model.pos = "learned"
   cfg.model.mlp = "gelu"
-  cfg.model.tie_embeddings = True
-  cfg.model.dropout = 0.0
 
   cfg.train.batch_size = 12
-  cfg.train.grad_accum = 1
   cfg.train.max_steps = 2000
   cfg.train.log_every = 50
   cfg.train.eval_every = 250
-  cfg.train.eval_steps = 20
   cfg.train.checkpoint_every = 500
-  cfg.train.keep_checkpoints = 2
 
-  cfg.optim.lr = 1e-3
-  cfg.optim.min_lr_ratio = 0.1
-  cfg.optim.warmup_steps = 100
   cfg.optim.b2 = 0.99  # small batches: a shorter second-moment memory
-  cfg.optim.weight_decay = 0.1
-  cfg.optim.clip_norm = 1.0
 
   cfg.data.path = "data/tinyshakespeare.txt"  # any UTF-8 text file: --config.data.path=...
-  cfg.data.tokenizer = "char"
-  cfg.data.val_fraction = 0.1
+  cfg.data.tokenizer = "char"  # the characters of the text (65 for Tiny Shakespeare)
 
   cfg.sample.num_samples = 2
   cfg.sample.max_new_tokens = 300
-  cfg.sample.temperature = 0.8
   return cfg

@@ -1,6 +1,5 @@
 """`python -m jaxtrain --config=configs/nano.py [--config.a.b=v ...] [--jax_platforms=cpu]`."""
 
-import difflib
 import os
 import sys
 
@@ -16,6 +15,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from jaxtrain import train  # noqa: E402
 from jaxtrain.config import defaults as config  # noqa: E402
+from jaxtrain.config import schema  # noqa: E402
 from jaxtrain.system import signals  # noqa: E402
 from jaxtrain.system.errors import UserError  # noqa: E402
 from jaxtrain.tools import cli  # noqa: E402
@@ -25,33 +25,79 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file
                                           lock_config=True)
 
 
+HELP = """usage: python -m jaxtrain --config=FILE [--config.SECTION.FIELD=VALUE ...] [--jax_platforms=cpu]
+
+Trains the model FILE describes in its workdir, resuming from the workdir's newest checkpoint.
+
+flags:
+  --config=FILE                 the config file: configs/nano.py, or another in {configs}
+  --config.SECTION.FIELD=VALUE  sets one field of that config, e.g. --config.train.max_steps=100
+  --jax_platforms=cpu|cuda|tpu  where to run (default: a GPU or TPU when there is one, else cpu)
+  --help                        this list; --helpfull: every flag of absl and JAX as well
+
+SECTION: {sections}. Every field with its default: jaxtrain/config/defaults.py"""
+
+
+def _help() -> str:
+  shipped = cli.shipped_configs()
+  sections = [k for k, v in config.default_config().items() if hasattr(v, "keys")]
+  return HELP.format(configs=shipped or "the configs/ folder of the jaxtrain repository",
+                     sections=", ".join(sections))
+
+
+def _config_value(argv: list[str]) -> str | None:
+  """The value of `--config=FILE[:argument]` or `--config FILE[:argument]`."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
 def _unknown_field(argv: list[str]) -> str | None:
   """The first `--config.a.b=v` override that names no field, with the closest real names."""
-  known = set(config.flatten(config.default_config().to_dict()))
+  known = config.field_names()
   for arg in argv:
     if arg.startswith("--config."):
       name = arg[len("--config."):].split("=")[0]
       if name not in known:
-        close = difflib.get_close_matches(name, sorted(known), n=2)
-        hint = f"did you mean {' or '.join('--config.' + c for c in close)}?" if close else \
-            "the fields are listed in jaxtrain/config.py"
-        return f"--config.{name} is not a config field; {hint}"
+        return f"--config.{name} is not a config field; {schema.suggestion(name, known, '--config.')}"
   return None
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's parser, but a bad flag is one line and exit status 2, like every other bad input."""
-  for arg in argv:
-    if arg.startswith("--config="):
-      path = arg.split("=", 1)[1].split(":")[0]
-      if not os.path.isfile(path):
-        fail(f"config file {path} not found; pass --config=configs/nano.py or another file "
-              "in configs/")
+  """absl's parser, but a bad flag is one line and exit status 2, like every other bad input; the
+  config file is loaded (and its names checked) here first, so its errors are ours too."""
+  if any(arg in ("--help", "-h", "-help", "--helpshort") for arg in argv[1:]):
+    print(_help())
+    exiting.exit_now(0)
+  value = _config_value(argv[1:])
+  if value is None and any(arg.startswith("--config.") for arg in argv[1:]):
+    fail("--config=FILE is missing: --config.* flags set fields of a config file's config; pass "
+         "e.g. --config=configs/nano.py before them (see --help)")
+  if value is not None:
+    path, has_argument = value.split(":")[0], ":" in value
+    if not os.path.isfile(os.path.expanduser(path)):
+      fail(cli.missing_config(path))
+    try:
+      if not has_argument:  # get_config(argument): ml_collections loads it, validate checks it
+        config.load_config(path)
+    except UserError as e:
+      fail(str(e))
+    unknown = _unknown_field(argv[1:])
+    if unknown:
+      fail(unknown)
   try:
-    return cli.parse_flags(argv, "see --helpfull for every flag, or the config file for every field")
-  except Exception as e:  # raised by ml_collections for unknown fields or a broken config file
-    fail(_unknown_field(argv) or f"the config could not be loaded ({type(e).__name__}: "
-         f"{cli.first_line(e)}); fix the config file or the override")
+    return cli.parse_flags(argv, "see --help for the flags")
+  except Exception as e:  # raised by ml_collections for a value of the wrong type, and the like
+    fail(f"the config could not be loaded ({type(e).__name__}: {schema.message_of(e)}); fix the "
+         "config file or the override")
+
+
+def _explicit(argv: list[str]) -> list[str]:
+  """The fields set on the command line (`--config.a.b=v`)."""
+  return [a[len("--config."):].split("=")[0] for a in argv if a.startswith("--config.")]
 
 
 def main(argv: list[str]) -> None:
@@ -64,7 +110,7 @@ def main(argv: list[str]) -> None:
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax and grain log every save at INFO
   try:
-    result = train.run(cfg, library_log=True)
+    result = train.run(cfg, library_log=True, explicit=_explicit(sys.argv[1:]))
   except UserError as e:  # the run has finished or abandoned its checkpoint writes
     print("; ".join([f"error: {e}", *getattr(e, "__notes__", [])]), file=sys.stderr)
     exiting.exit_now(e.exit_code)

@@ -10,6 +10,7 @@ import concurrent.futures
 import dataclasses
 import math
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import jax
@@ -82,31 +83,40 @@ class Run:
 
 
 def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
-        hooks: tuple[Hook, ...] = (), library_log: bool = False) -> ending.RunResult:
+        hooks: tuple[Hook, ...] = (), library_log: bool = False,
+        explicit: Collection[str] = ()) -> ending.RunResult:
   """Trains `cfg` in `cfg.workdir`, resuming from its latest checkpoint if there is one.
 
   `library_log`: from setup on, the libraries' messages go to workdir/logs/ instead of the
   terminal, until the process exits (for a process that ends with the run: the CLI).
+  `explicit`: dotted fields the user set (the CLI's overrides). With `init_from` a jaxtrain run,
+  every model field neither in it nor changed from its default takes the source run's value.
   """
   t_start = time.time()
   workdir = Path(str(cfg.workdir)).expanduser()
   try:
     existed = workdir.exists()
+    fresh = not existed or (workdir.is_dir() and not any(workdir.iterdir()))
   except (OSError, ValueError):  # a name the file system refuses: validation names it below
-    existed = True
-  r, lock, result = None, WorkdirLock(), None  # the lock: taken in setup, released at the end
-  if cfg.train.time_budget:  # the run sets train.max_steps: on its own copy
-    cfg = cfg.copy_and_resolve_references()
+    existed, fresh = True, False
+  r, lock, result, started = None, WorkdirLock(), None, False  # the lock: taken in setup
   try:
     validation.validate(cfg)
+    cfg, taken = init_from.resolve(cfg, explicit)
+    validation.validate(cfg)
+    if cfg.train.time_budget:  # the run sets train.max_steps: on its own copy
+      cfg = cfg.copy_and_resolve_references()
     cpu.split_cpu(cfg)  # before jax starts its backends
     platform = runtime.setup(cfg)
     r = _setup(cfg, platform, show_progress, [*hooks, tblog.TensorBoard(), status.Status()],
                t_start, library_log, lock)
+    if taken:
+      r.out.print(f"init_from: from {cfg.init_from}, {', '.join(taken)}")
     if r.log is not None:
       r.log.start()
     try:
       state, elapsed_before, best = _start(r)
+      started = True
       result = _loop(r, state, elapsed_before, best)
     except KeyboardInterrupt as e:  # SIGINT or SIGTERM (signals.Terminated) outside the loop
       result = ending.interrupted(e, r, r.workdir, t_start)
@@ -114,26 +124,22 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
       saving_lib.close(r.ckpts)  # a save that was going well still completes, also on error
       hooks_lib.end_all(r.hooks, result)
       lock.release()  # after the run's last write
+    if not started:
+      ending.remove_stub(workdir, existed, fresh and lock.was_held, r)
     if r.log is not None and r.log.errors:
       r.out.print(f"note: the libraries logged {r.log.errors} error(s); see {r.log.path}")
     return result
   except KeyboardInterrupt as e:  # while setting up: before the run has a Run
     lock.release()
-    _remove_if_empty(workdir, existed)
+    ending.remove_stub(workdir, existed, fresh and lock.was_held, r)
     return ending.interrupted(e, None, workdir, t_start)
   except BaseException as e:
     lock.release()  # first: it removes its file, which the emptiness check below must not see
     if r is not None and r.log is not None and r.log.errors:
       e.add_note(f"the libraries' own messages are in {r.log.path}")
-    if isinstance(e, UserError):
-      _remove_if_empty(workdir, existed)
+    if isinstance(e, UserError) and not started:
+      ending.remove_stub(workdir, existed, fresh and lock.was_held, r)
     raise
-
-
-def _remove_if_empty(workdir: Path, existed: bool) -> None:
-  """A run that ended before writing anything leaves no empty directory behind."""
-  if not existed and workdir.is_dir() and not any(workdir.iterdir()):
-    workdir.rmdir()
 
 
 def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,

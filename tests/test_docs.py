@@ -28,11 +28,7 @@ NOT_HERE = [
 ]
 # Commands that fail today because of a bug another change is fixing: run, and a failure of these
 # alone makes the test xfail (not strict: it passes once they are fixed).
-KNOWN_BUGS = [
-    (r"configs/finetune_shakespeare\.py",
-     "configs/finetune_shakespeare.py still describes the old 5-layer tied nano, so init_from "
-     "refuses runs/nano (issue 27, fixed on another branch)"),
-]
+KNOWN_BUGS: list[tuple[str, str]] = []
 # Size and step overrides appended to training commands: a field the command sets itself is kept,
 # except train.max_steps, which becomes 6 there (more than the 3 of a first run, so "train further"
 # trains).

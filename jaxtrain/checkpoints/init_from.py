@@ -1,18 +1,86 @@
 """`init_from`: a new run (step 0, a fresh optimizer, its own workdir) that starts from the params
 of another jaxtrain run or of a Hugging Face model directory in the layouts export writes (hf.py).
-Anything that does not fit this run's config is refused with one line naming the field or tensor."""
+Anything that does not fit this run's config is refused with one line naming the field or tensor.
+
+From a jaxtrain run, `resolve` first fills in the model: each `model.*` field the user did not set
+takes the source run's value (its config.json), so a fine-tune config need not restate the model."""
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 
 import jax
+import ml_collections
 import numpy as np
 
-from jaxtrain.checkpoints import hf, load
+from jaxtrain.checkpoints import hf
+from jaxtrain.checkpoints.load import load_state
+from jaxtrain.config import defaults as config
 from jaxtrain.core.model import ModelConfig
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system import paths
 from jaxtrain.system.errors import UserError
+
+# Model fields that shape the params or fix what they mean: the fine-tune must keep the source's.
+# (model.seq_len too with learned positions.) The others (dropout, dtype, attention, seq_len with
+# RoPE, ...) are free to change; unset, they also take the source's value.
+MATCH_FIELDS = ("n_layers", "n_heads", "d_model", "vocab_size", "norm", "pos", "mlp", "mlp_ratio",
+                "tie_embeddings", "rope_theta", "n_kv_heads", "qk_norm", "logit_softcap")
+
+
+def _source_model(cfg: ml_collections.ConfigDict) -> tuple[dict, str] | None:
+  """(the model section to derive from, where it is), or None when init_from is not a jaxtrain run.
+  A resumed fine-tune derives from its own config.json, which holds what its first leg took."""
+  own, source = Path(cfg.workdir).expanduser(), Path(cfg.init_from).expanduser()
+  try:
+    ckpts = own / "checkpoints"
+    if (own / "config.json").is_file() and ckpts.is_dir() \
+        and any(p.name.isdigit() for p in ckpts.iterdir()):
+      source = own
+    elif not (source / paths.RUN_FILE).is_file() or not (source / "config.json").is_file():
+      return None  # a Hugging Face directory, or nothing there: load_flat says which
+  except OSError:  # a name too long, a directory that cannot be read: load_flat says so
+    return None
+  try:
+    saved = paths.read_json(source / "config.json")
+  except (OSError, ValueError) as e:
+    raise UserError(f"init_from: {source / 'config.json'} does not read ({e}); pass "
+                    "--config.init_from=<a run's workdir or an exported model directory>") from None
+  return config.from_saved(saved).model.to_dict(), str(source)
+
+
+def mismatches(theirs: dict, ours: dict) -> list[str]:
+  """The model fields that must match and differ, as 'model.X=theirs, this config ours'."""
+  fields = [*MATCH_FIELDS, *(["seq_len"] if theirs["pos"] == "learned" else [])]
+  return [f"model.{f}={theirs[f]}, this config {ours[f]}" for f in fields if ours[f] != theirs[f]]
+
+
+def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()
+            ) -> tuple[ml_collections.ConfigDict, list[str]]:
+  """(cfg with the source run's value in every model field not set, the fields so taken).
+
+  A field is set when `explicit` names it (e.g. `model.dropout`, from the command line) or the
+  config gives it a value other than its default. Set fields that must match the source's and do
+  not are refused in one line naming every one of them."""
+  if not cfg.init_from:
+    return cfg, []
+  found = _source_model(cfg)
+  if found is None:
+    return cfg, []
+  theirs, source = found
+  default = config.default_config().model.to_dict()
+  ours = cfg.model.to_dict()
+  given = {f for f in ours if f"model.{f}" in explicit or ours[f] != default[f]}
+  resolved = {f: (ours[f] if f in given else theirs[f]) for f in ours}
+  bad = mismatches(theirs, resolved)
+  if bad:
+    fix = " ".join(f"--config.{b.split(',')[0]}" for b in bad)
+    raise UserError(f"init_from: {source} has {'; '.join(bad)}; drop those settings (a model field "
+                    f"left unset takes the source's value) or pass {fix}")
+  taken = [f"model.{f}={theirs[f]}" for f in ours if f not in given and ours[f] != theirs[f]]
+  out = cfg.copy_and_resolve_references()
+  config.override(out, **{f"model.{f}": v for f, v in resolved.items()})
+  return out, taken
 
 
 def load_flat(path: str, c: ModelConfig, tokenizer) -> tuple[dict[str, np.ndarray], str]:
@@ -61,15 +129,12 @@ def _check_tokenizer(source: Path, theirs, tokenizer) -> None:
 
 def _from_run(source: Path, c: ModelConfig, tokenizer) -> tuple[dict[str, np.ndarray], str]:
   _check_tokenizer(source, _tokenizer_at(source), tokenizer)
-  state = load.load_state(str(source))  # the newest intact checkpoint
+  state = load_state(str(source))  # the newest intact checkpoint
   src = state.model_cfg
-  for field in ("pos", "norm", "mlp", "n_heads", "tie_embeddings", "rope_theta"):
-    if getattr(src, field) != getattr(c, field):
-      raise UserError(f"init_from: {source} has model.{field}={getattr(src, field)}, this config "
-                      f"{getattr(c, field)}; pass --config.model.{field}={getattr(src, field)}")
-  if c.pos == "learned" and src.seq_len != c.seq_len:
-    raise UserError(f"init_from: {source} has model.seq_len={src.seq_len} (learned positions), "
-                    f"this config {c.seq_len}; pass --config.model.seq_len={src.seq_len}")
+  bad = mismatches(vars(src), vars(c))
+  if bad:
+    fix = " ".join(f"--config.{b.split(',')[0]}" for b in bad)
+    raise UserError(f"init_from: {source} has {'; '.join(bad)}; pass {fix}")
   return hf.flatten(jax.device_get(state.params)), f"step {int(state.step)} of {source}"
 
 

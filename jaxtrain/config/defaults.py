@@ -1,7 +1,9 @@
 """Every knob of a run, with its default, and the up-front validation of all of them.
 
-`configs/*.py` start from `default_config()` and set what defines their run. `validation.validate`
-checks every field once, before any work.
+`configs/*.py` start from `default_config()` and set only what defines their run (what differs
+from the defaults; tests/test_config_files.py checks it). `default_config()` is locked: a name it
+lacks (a typo) fails where it is written, and `load_config` reports it as one line naming the file,
+the line and the nearest field. `validate.validate` checks every field once, before any work.
 """
 
 import importlib.util
@@ -9,6 +11,9 @@ import math
 import os
 
 import ml_collections
+
+from jaxtrain.config import schema
+from jaxtrain.system.errors import ConfigError, UserError
 
 NORMS = ("rmsnorm", "layernorm")
 POSITIONS = ("rope", "learned")
@@ -37,7 +42,7 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.sample = _sample()
   cfg.mesh = _mesh()
   cfg.distributed = _distributed()
-  return cfg
+  return cfg.lock()  # new fields: only here; a config file or override that names another fails
 
 
 def _model() -> ml_collections.ConfigDict:
@@ -150,14 +155,22 @@ def _distributed() -> ml_collections.ConfigDict:
 
 
 def override(cfg: ml_collections.ConfigDict, **dotted) -> ml_collections.ConfigDict:
-  """Sets fields by dotted name, in place: `override(cfg, **{"train.max_steps": 100})`."""
+  """Sets fields by dotted name, in place: `override(cfg, **{"train.max_steps": 100})`. A name
+  that is not a field of the defaults is a ConfigError naming the nearest ones."""
   for key, value in dotted.items():
     node = cfg
     *path, leaf = key.split(".")
     for part in path:
-      node = node[part]
+      node = node[part] if isinstance(node, ml_collections.ConfigDict) and part in node else None
+    if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
+      raise ConfigError(key, "is not a config field", schema.suggestion(key, field_names()))
     node[leaf] = value
   return cfg
+
+
+def field_names() -> list[str]:
+  """Every field's dotted name, as `--config.NAME=...` takes it."""
+  return schema.fields(default_config().to_dict())
 
 
 def from_saved(saved: dict) -> ml_collections.ConfigDict:
@@ -170,13 +183,47 @@ def from_saved(saved: dict) -> ml_collections.ConfigDict:
 
 
 def load_config(path: str, **dotted) -> ml_collections.ConfigDict:
-  """The ConfigDict of a config file (e.g. "configs/nano.py"), with dotted overrides applied."""
-  spec = importlib.util.spec_from_file_location(f"jaxtrain_config_{abs(hash(path))}", path)
-  if spec is None or not os.path.isfile(path):
-    raise FileNotFoundError(f"no config file at {path}")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return override(module.get_config(), **dotted)
+  """The ConfigDict of a config file (e.g. "configs/nano.py"), with dotted overrides applied.
+
+  Every name it holds is checked against the defaults: an unknown field, or a file that fails to
+  load, raises a UserError that names the file, the line and (for a field) the nearest real one."""
+  full = os.path.abspath(os.path.expanduser(path))
+  if not os.path.isfile(full):
+    raise UserError(f"no config file at {path}")
+  defaults = default_config().to_dict()
+  try:
+    spec = importlib.util.spec_from_file_location(f"jaxtrain_config_{abs(hash(full))}", full)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = module.get_config()
+  except Exception as e:  # whatever the file's own code raised
+    raise _load_error(path, full, e, defaults) from None
+  if not isinstance(cfg, ml_collections.ConfigDict):
+    raise UserError(f"{path}: get_config() returned {type(cfg).__name__}, not a ConfigDict; "
+                    "build it on jaxtrain.config.default_config() as configs/*.py do")
+  check_fields(cfg, f"set in {path}")
+  return override(cfg, **dotted)
+
+
+def _load_error(path: str, full: str, e: Exception, defaults: dict) -> UserError:
+  line = schema.line_in(e, full)
+  at = f"{path}, line {line}" if line else path
+  key = schema.locked_key(e, defaults)
+  if key is not None:
+    return ConfigError(key, f"is not a config field ({at})",
+                       schema.suggestion(key, schema.names(defaults)))
+  return UserError(f"the config file {at} does not load: {type(e).__name__}: "
+                   f"{schema.message_of(e)}; fix the file")
+
+
+def check_fields(cfg: ml_collections.ConfigDict, where: str = "") -> None:
+  """Raises a ConfigError for the first name in `cfg` that the defaults do not have."""
+  defaults = default_config().to_dict()
+  unknown = schema.unknown_fields(cfg, defaults)
+  if unknown:
+    where = f" ({where})" if where else ""
+    raise ConfigError(unknown[0], f"is not a config field{where}",
+                      schema.suggestion(unknown[0], schema.names(defaults)))
 
 
 # Changing these changes the train state's shapes or what its numbers mean: no resume across them.

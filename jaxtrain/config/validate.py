@@ -73,7 +73,9 @@ def _is_kind(value, kind: type) -> bool:
 
 
 def _validate_types(cfg: ml_collections.ConfigDict) -> None:
-  """Every field is there and has its default's type (a config file can set anything)."""
+  """Every field is there and has its default's type, and no other name is (a config file can
+  set anything)."""
+  config.check_fields(cfg)
   for field, default in config.flatten(config.default_config().to_dict()).items():
     try:
       value = get(cfg, field)

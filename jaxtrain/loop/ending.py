@@ -91,6 +91,15 @@ def interrupted(e: KeyboardInterrupt, r, workdir: Path, t_start: float) -> RunRe
   return RunResult(str(workdir), step, None, None, None, time.time() - t_start, [], name, code)
 
 
+def remove_stub(workdir: Path, existed: bool, fresh: bool, r) -> None:
+  """A new run refused or stopped before its first step (a bad init_from, data that does not
+  fit, Ctrl-C while compiling) leaves nothing that looks like a run behind; the libraries' log
+  stays if a note points to it."""
+  if fresh and jax.process_index() == 0:
+    keep = ("logs",) if r is not None and r.log is not None and r.log.errors else ()
+    paths.remove_stub(workdir, keep=keep, remove_dir=not existed)
+
+
 def _complete_steps(workdir: Path) -> list[int]:
   if not (workdir / "checkpoints").is_dir():
     return []

@@ -131,6 +131,7 @@ class WorkdirLock:
 
   def __init__(self):
     self._lock: FileLock | None = None
+    self.was_held = False  # this run held the workdir: what is in it, a new run wrote
 
   def acquire(self, workdir: Path, is_main: bool, log=print) -> bool:
     """False if another run holds the workdir (only process 0 looks; the others return True)."""
@@ -145,6 +146,7 @@ class WorkdirLock:
           "workdir would not be refused")
       return True
     self._lock = lock
+    self.was_held = True
     return True
 
   def release(self) -> None:

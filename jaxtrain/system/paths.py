@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 from jaxtrain.system import lock
@@ -41,6 +42,18 @@ def read_jsonl(path: Path) -> list[dict]:
       if isinstance(record, dict):
         records.append(record)
   return records
+
+
+def remove_stub(workdir: Path, keep: tuple[str, ...] = (), remove_dir: bool = True) -> None:
+  """Removes what a new run wrote into `workdir` before it failed (all but `keep`), and the
+  directory itself if `remove_dir` and nothing is kept."""
+  if not workdir.is_dir():
+    return
+  for child in workdir.iterdir():
+    if child.name not in keep:
+      shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+  if remove_dir and not any(workdir.iterdir()):
+    workdir.rmdir()
 
 
 def is_run(path: Path) -> bool:

@@ -1,8 +1,11 @@
 """What every command shares (`python -m jaxtrain` and its tools): absl flags, and every bad input
 as one line on stderr with exit status 2, never a traceback."""
 
+import difflib
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 from jaxtrain.system import exiting
@@ -24,8 +27,31 @@ def parse_flags(argv: list[str], hint: str = "see --help for the flags") -> list
 
   try:
     return flags.FLAGS(argv)
-  except flags.Error as e:
-    fail(f"{first_line(e)}; {hint}")
+  except flags.Error as e:  # a config file's own error comes as a traceback: its last line says it
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    cause = f" {lines[-1]}" if "Traceback (most recent call last):" in lines else ""
+    fail(f"{first_line(e)}{cause}; {hint}")
+
+
+def shipped_configs() -> Path | None:
+  """The configs/ folder beside the package (a clone or an editable install), if there is one."""
+  folder = Path(__file__).resolve().parents[2] / "configs"
+  return folder if any(folder.glob("*.py")) else None
+
+
+def missing_config(path: str) -> str:
+  """Where the config file that was not found is, or where the configs are."""
+  shipped = shipped_configs()
+  if shipped is None:
+    return (f"config file {path} not found (from {os.getcwd()}); pass the path of a config file "
+            "(examples: the configs/ folder of the jaxtrain repository)")
+  names = sorted(p.name for p in shipped.glob("*.py"))
+  close = difflib.get_close_matches(Path(path).name, names, n=1, cutoff=0.6)
+  target = shipped / (close[0] if close else "nano.py")
+  shown = os.path.relpath(target)
+  shown = shown if not shown.startswith("..") else str(target)
+  rest = "" if close else f" (or another of {', '.join(names)} in {shipped})"
+  return f"config file {path} not found (from {os.getcwd()}); pass --config={shown}{rest}"
 
 
 def main(run: Callable[[], None]) -> None:

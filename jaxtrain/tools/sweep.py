@@ -21,10 +21,11 @@ import time
 from pathlib import Path
 
 from jaxtrain.config import defaults as config
+from jaxtrain.config import schema
 from jaxtrain.config import validate as validation
 from jaxtrain.system import fmt, paths
 from jaxtrain.system.errors import ConfigError, UserError
-from jaxtrain.tools import compare, runs
+from jaxtrain.tools import cli, compare, runs
 
 USAGE = ("usage: python -m jaxtrain.sweep --config=F --sweep=field=v1,v2 [--sweep=...] --root=DIR "
          "[--parallel=N] [--config.x=y ...]")
@@ -53,10 +54,9 @@ class Point:
 
 
 def _known_field(name: str, flag: str) -> str:
-  known = config.flatten(config.default_config().to_dict())
+  known = config.field_names()
   if name not in known:
-    raise UserError(f"{flag}: {name} is not a config field; the fields are listed in "
-                    "jaxtrain/config.py (e.g. optim.lr, model.n_layers)")
+    raise UserError(f"{flag}: {name} is not a config field; {schema.suggestion(name, known)}")
   if name == "workdir":
     raise UserError(f"{flag}: the sweep sets each run's workdir under --root; drop it")
   return name
@@ -87,7 +87,7 @@ def parse(argv: list[str]) -> Args:
     if not found.get(need):
       raise UserError(f"--{need} is missing; {USAGE}")
   if not os.path.isfile(found["config"]):
-    raise UserError(f"config file {found['config']} not found; pass --config=configs/nano.py")
+    raise UserError(cli.missing_config(found["config"]))
   if not found["sweeps"]:
     raise UserError(f"nothing to sweep; {USAGE}")
   parallel = found.get("parallel", "1")

@@ -1,0 +1,220 @@
+"""Config files are recipes held to the defaults' schema: each sets only what differs from the
+defaults, an unknown name in a file, a ConfigDict or an override is refused with the nearest real
+one, a file that fails to load says where in one line, and a fine-tune takes its model from the
+run it starts from."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_collections
+import pytest
+
+import jaxtrain as jt
+from jaxtrain.config import defaults as config
+from jaxtrain.config import schema
+from jaxtrain.config import validate as validation
+from jaxtrain.system.errors import ConfigError, UserError
+from jaxtrain.testing import tiny_config
+from jaxtrain.tools import runs
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.py"))
+
+
+def restated(path: Path, monkeypatch) -> list[str]:
+  """The fields that `path`'s get_config assigns the value they already hold (a default)."""
+  found = []
+  original = ml_collections.ConfigDict.__setitem__
+
+  def recording(self, key, value):
+    if key in self and not isinstance(value, dict | ml_collections.ConfigDict) \
+        and type(self[key]) is type(value) and self[key] == value:
+      found.append(f"{key}={value!r}")
+    original(self, key, value)
+
+  with monkeypatch.context() as m:
+    m.setattr(ml_collections.ConfigDict, "__setitem__", recording)
+    config.load_config(str(path))
+  return found
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_configs_set_only_what_differs_from_the_defaults(path, monkeypatch):
+  assert restated(path, monkeypatch) == [], f"{path.name} restates defaults; drop those lines"
+
+
+def test_a_restated_default_is_found(tmp_path, monkeypatch):
+  path = write(tmp_path, 'cfg.model.n_layers = 2\n  cfg.model.norm = "rmsnorm"\n  cfg.seed = 0')
+  assert restated(path, monkeypatch) == ["norm='rmsnorm'", "seed=0"]
+
+
+def write(tmp_path: Path, body: str, name: str = "recipe.py") -> Path:
+  path = tmp_path / name
+  path.write_text("import ml_collections\nfrom jaxtrain.config import default_config\n\n\n"
+                  f"def get_config():\n  cfg = default_config()\n  {body}\n  return cfg\n")
+  return path
+
+
+@pytest.mark.parametrize("body,field,nearest", [
+    ("cfg.train.max_step = 30", "train.max_step", "train.max_steps"),
+    ("cfg.work_dir = 'runs/x'", "work_dir", "workdir"),
+    ("cfg.model.tie_embedings = False", "model.tie_embedings", "model.tie_embeddings"),
+    ("cfg.data.tokeniser = 'char'", "data.tokeniser", "data.tokenizer"),
+    ("cfg.trian.max_steps = 30", "trian", "train"),
+    ("cfg['optim']['learning_rate'] = 1e-3", "optim.learning_rate", "optim.lr"),
+])
+def test_an_unknown_field_in_a_file_names_the_file_line_and_nearest_field(tmp_path, body, field,
+                                                                           nearest):
+  path = write(tmp_path, body)
+  with pytest.raises(ConfigError) as e:
+    jt.load_config(str(path))
+  assert e.value.field == field
+  assert str(e.value) == (f"config.{field}: is not a config field ({path}, line 7); did you mean "
+                          f"{nearest}?")
+
+
+def test_unknown_names_are_refused_however_the_config_was_built(tmp_path):
+  flat = config.flatten(tiny_config().to_dict())
+  scratch = ml_collections.ConfigDict(json.loads(json.dumps(tiny_config().to_dict())))
+  scratch.train.max_step = 30  # unlocked: ml_collections itself takes it
+  with pytest.raises(ConfigError, match=r"^config\.train\.max_step: is not a config field; "
+                     r"did you mean train\.max_steps\?$"):
+    validation.validate(scratch)
+  path = tmp_path / "scratch.py"
+  path.write_text("import ml_collections\n\n\ndef get_config():\n  return ml_collections.ConfigDict("
+                  f"{json.dumps(scratch.to_dict())}".replace("false", "False").replace("true", "True")
+                  + ")\n")
+  with pytest.raises(ConfigError, match=rf"config\.train\.max_step: is not a config field \(set in "
+                     rf"{path}\); did you mean train\.max_steps\?"):
+    jt.load_config(str(path))
+  with pytest.raises(ConfigError, match=r"config\.optim\.learning_rate: .* did you mean optim\.lr\?"):
+    jt.load_config(str(CONFIGS[0]), **{"optim.learning_rate": 1e-3})
+  with pytest.raises(ConfigError, match="config.model.n_layers.deep: is not a config field"):
+    config.override(tiny_config(), **{"model.n_layers.deep": 1})
+  assert config.flatten(validation.validate(tiny_config()) or tiny_config().to_dict()) == flat
+
+
+@pytest.mark.parametrize("body,kind,message", [
+    ("cfg.model.n_layers = undefined_name", "NameError", "name 'undefined_name' is not defined"),
+    ("raise KeyError('a \"quoted\"\\nkey')", "KeyError", 'a "quoted" key'),
+    ("cfg.train.max_steps = 'many'", "TypeError", "Could not override field 'max_steps'"),
+    ("def (", "SyntaxError", "invalid syntax"),
+])
+def test_a_file_that_fails_to_load_says_where_in_one_readable_line(tmp_path, body, kind, message):
+  path = write(tmp_path, body)
+  with pytest.raises(UserError) as e:
+    jt.load_config(str(path))
+  text = str(e.value)
+  assert text.startswith(f"the config file {path}, line 7 does not load: {kind}: "), text
+  assert message in text and "\n" not in text and "\\" not in text, text
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("optim.learning_rate", ["optim.lr"]), ("train.max_step", ["train.max_steps"]),
+    ("trian.max_steps", ["train.max_steps"]), ("work_dir", ["workdir"]),
+    ("model.nlayers", ["model.n_layers"]), ("train.lr", ["optim.lr"]),
+    ("model.layers", ["model.n_layers"]), ("data.tokeniser", ["data.tokenizer"]),
+])
+def test_the_nearest_field_is_suggested(name, expected):
+  assert schema.nearest(name, config.field_names())[:len(expected)] == expected
+  assert schema.nearest("zzzzqqq", config.field_names()) == []
+
+
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  return subprocess.run([sys.executable, "-m", "jaxtrain", *args], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=120)
+
+
+def one_line(result: subprocess.CompletedProcess) -> str:
+  assert result.returncode == 2, result.stdout + result.stderr
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, \
+      result.stderr
+  return lines[0]
+
+
+@pytest.mark.slow
+def test_the_command_line_names_bad_config_input_in_one_line(tmp_path):
+  bad = write(tmp_path, "cfg.model.tie_embedings = False")
+  assert one_line(cli(f"--config={bad}", f"--config.workdir={tmp_path / 'run'}")) == (
+      f"error: config.model.tie_embedings: is not a config field ({bad}, line 7); did you mean "
+      "model.tie_embeddings?")
+  assert "--config=FILE is missing" in one_line(cli(f"--config.workdir={tmp_path / 'run'}"))
+  line = one_line(cli("--config=configs/nano.py", cwd=tmp_path))
+  assert f"pass --config={ROOT / 'configs' / 'nano.py'}" in line
+  assert "did you mean --config.optim.lr?" in one_line(
+      cli("--config=configs/nano.py", "--config.optim.learning_rate=1e-3"))
+  assert not (tmp_path / "run").exists()
+  shown = cli("--help")
+  assert shown.returncode == 0 and shown.stderr == "", shown.stderr
+  flags = [line.split()[0] for line in shown.stdout.splitlines() if line.startswith("  --")]
+  assert flags == ["--config=FILE", "--config.SECTION.FIELD=VALUE", "--jax_platforms=cpu|cuda|tpu",
+                   "--help"]
+
+
+@pytest.fixture(scope="module")
+def source(corpus_file, tmp_path_factory) -> Path:
+  """A finished tiny run with an untied head and zero-init outputs, as nano has."""
+  workdir = tmp_path_factory.mktemp("source") / "run"
+  jt.run(tiny_config(**{"workdir": str(workdir), "data.path": str(corpus_file), "headless": True,
+                        "model.tie_embeddings": False, "model.zero_init_out": True,
+                        "train.max_steps": 2, "train.checkpoint_every": 2, "train.eval_every": 2,
+                        "sample.num_samples": 0}), show_progress=False)
+  return workdir
+
+
+def finetune(source: Path, corpus_file: Path, workdir: Path, **model) -> ml_collections.ConfigDict:
+  """A fine-tune config as configs/finetune_shakespeare.py writes one: no model field."""
+  cfg = config.load_config(str(ROOT / "configs" / "finetune_shakespeare.py"), **model)
+  return config.override(cfg, **{
+      "workdir": str(workdir), "init_from": str(source), "data.path": str(corpus_file),
+      "headless": True, "train.max_steps": 1, "train.eval_every": 1, "train.eval_steps": 1,
+      "train.batch_size": 8, "sample.num_samples": 0})
+
+
+def test_a_finetune_takes_its_model_from_the_run_it_starts_from(source, corpus_file, tmp_path):
+  result = jt.run(finetune(source, corpus_file, tmp_path / "tuned", **{"model.dropout": 0.1}),
+                  show_progress=False)
+  assert result.step == 1
+  theirs = json.loads((source / "config.json").read_text())["model"]
+  ours = json.loads((tmp_path / "tuned" / "config.json").read_text())["model"]
+  assert ours == {**theirs, "dropout": 0.1}  # what the run trained with, dropout as set
+  # Resumed, it derives from its own config.json: the source may be gone by then.
+  again = finetune(tmp_path / "gone", corpus_file, tmp_path / "tuned", **{"model.dropout": 0.1})
+  assert jt.run(config.override(again, **{"train.max_steps": 2}), show_progress=False).step == 2
+  assert json.loads((tmp_path / "tuned" / "config.json").read_text())["model"] == ours
+
+
+def test_a_finetune_that_sets_other_model_fields_names_every_one(source, corpus_file, tmp_path):
+  cfg = finetune(source, corpus_file, tmp_path / "tuned", **{"model.n_layers": 5})
+  with pytest.raises(UserError) as e:  # tie_embeddings=True is its default, but set explicitly
+    jt.run(cfg, show_progress=False, explicit=["model.tie_embeddings", "workdir"])
+  assert str(e.value) == (
+      f"init_from: {source} has model.n_layers=2, this config 5; model.tie_embeddings=False, this "
+      "config True; drop those settings (a model field left unset takes the source's value) or "
+      "pass --config.model.n_layers=2 --config.model.tie_embeddings=False")
+  assert not (tmp_path / "tuned").exists()
+
+
+def test_a_finetune_refused_at_start_leaves_no_run_behind(source, corpus_file, tmp_path):
+  cfg = finetune(source, corpus_file, tmp_path / "tuned", **{"data.tokenizer": "char"})
+  with pytest.raises(UserError, match="another tokenizer"):  # found once setup wrote its files
+    jt.run(cfg, show_progress=False)
+  assert not (tmp_path / "tuned").exists()
+  with pytest.raises(UserError, match="no jaxtrain run"):  # so compare lists nothing
+    runs.find([str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_the_finetune_command_line_refuses_other_model_fields_in_one_line(source, corpus_file,
+                                                                          tmp_path):
+  line = one_line(cli("--config=configs/finetune_shakespeare.py", f"--config.init_from={source}",
+                      f"--config.data.path={corpus_file}", f"--config.workdir={tmp_path / 't'}",
+                      "--config.model.tie_embeddings=True", "--config.model.d_model=64"))
+  assert line.startswith(f"error: init_from: {source} has model.d_model=32, this config 64; "
+                         "model.tie_embeddings=False, this config True; ")
+  assert not (tmp_path / "t").exists()
