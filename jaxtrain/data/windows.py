@@ -7,15 +7,24 @@ a loss mask (prompt/completion records) adds `"weights"`, float32[B, T], one per
 """
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grain
 import numpy as np
 
 from jaxtrain.system.errors import UserError
 
-if TYPE_CHECKING:  # corpus imports this module
-  from jaxtrain.data.corpus import Corpus
+
+class Corpus(Protocol):
+  """What batches need of a `corpus.Corpus` (which imports this module)."""
+
+  tokens: np.ndarray
+  tokenizer: object
+  mask: np.ndarray | None
+  train: np.ndarray
+  val: np.ndarray
+
+  def split_mask(self, train: bool) -> np.ndarray | None: ...
 
 _TRAIN_STREAM, _EVAL_STREAM = 0, 1
 
@@ -51,7 +60,7 @@ def process_rows(batch_size: int, process_index: int, process_count: int) -> sli
   return slice(process_index * per, (process_index + 1) * per)
 
 
-def train_iterator(corpus: "Corpus", batch_size: int, seq_len: int, seed: int,
+def train_iterator(corpus: Corpus, batch_size: int, seq_len: int, seed: int,
                    process_index: int = 0, process_count: int = 1) -> grain.DatasetIterator:
   """Grain iterator over training micro-batches; its state is the next micro-batch index."""
   source = WindowBatches(corpus.train, batch_size, seq_len, seed, _TRAIN_STREAM,
@@ -62,7 +71,7 @@ def train_iterator(corpus: "Corpus", batch_size: int, seq_len: int, seed: int,
   return iter(grain.MapDataset.source(source).to_iter_dataset(options))
 
 
-def eval_batches(corpus: "Corpus", batch_size: int, seq_len: int, seed: int, n_batches: int,
+def eval_batches(corpus: Corpus, batch_size: int, seq_len: int, seed: int, n_batches: int,
                  process_index: int = 0, process_count: int = 1) -> list[dict]:
   """The same `n_batches` validation batches at every evaluation, so val losses compare."""
   source = WindowBatches(corpus.val, batch_size, seq_len, seed, _EVAL_STREAM,
@@ -71,7 +80,7 @@ def eval_batches(corpus: "Corpus", batch_size: int, seq_len: int, seed: int, n_b
   return [source[i] for i in range(n_batches)]
 
 
-def check_lengths(corpus: "Corpus", seq_len: int, val_fraction: float) -> None:
+def check_lengths(corpus: Corpus, seq_len: int, val_fraction: float) -> None:
   window = seq_len + 1
   if len(corpus.val) < window:
     need = int(window / val_fraction) + window
@@ -85,7 +94,7 @@ def check_lengths(corpus: "Corpus", seq_len: int, val_fraction: float) -> None:
                     "use more text")
 
 
-def bits_per_byte(corpus: "Corpus", batch_size: int, seq_len: int, seed: int,
+def bits_per_byte(corpus: Corpus, batch_size: int, seq_len: int, seed: int,
                   n_batches: int) -> float:
   """What turns the mean validation loss (nats per target token) into val_bpb, bits per UTF-8
   byte: targets / (ln 2 x the bytes they stand for), over every row of the evaluation batches.
@@ -98,7 +107,7 @@ def bits_per_byte(corpus: "Corpus", batch_size: int, seq_len: int, seed: int,
   return sum(float(w.sum()) for w in weights) / (math.log(2) * text) if text else math.nan
 
 
-def eval_weights(corpus: "Corpus", batch_size: int, seq_len: int, seed: int,
+def eval_weights(corpus: Corpus, batch_size: int, seq_len: int, seed: int,
                  n_batches: int) -> np.ndarray | None:
   """The targets in the loss in each whole evaluation batch (every process's rows), by which
   the batches' mean losses are averaged; None without weights (each batch counts the same)."""
