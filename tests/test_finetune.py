@@ -184,3 +184,11 @@ def test_sample_and_eval_commands_on_a_prompts_file(task, tmp_path):
   assert "mc_accuracy" in proc.stdout and "exact_match" in proc.stdout
   with pytest.raises(UserError, match="mc.jsonl line 1 has no field 'prompt'.*--prompt_field"):
     records.prompts(str(mc), "prompt")  # what `sample --prompts` says, as one line
+
+
+def test_resume_is_bit_for_bit_on_prompt_completion_records(tiny, tmp_path):
+  from test_resume import _check_resume
+
+  tiny.data.path = str(write_jsonl(tmp_path / "r.jsonl", keyed(600, seed=0)))
+  tiny.data.prompt_field, tiny.data.completion_field = "prompt", "completion"
+  _check_resume(tiny, tmp_path, n=3)
