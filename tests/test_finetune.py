@@ -186,6 +186,7 @@ def test_sample_and_eval_commands_on_a_prompts_file(task, tmp_path):
     records.prompts(str(mc), "prompt")  # what `sample --prompts` says, as one line
 
 
+@pytest.mark.slow
 def test_resume_is_bit_for_bit_on_prompt_completion_records(tiny, tmp_path):
   from test_resume import _check_resume
 
