@@ -18,7 +18,7 @@ Attributes load on first use, so `import jaxtrain` stays fast. Where things live
     checkpoints/  orbax storage, choosing an intact checkpoint, save/resume, loading, HF weights
     generation/   decoding with a KV cache, and the samples at the end of a run
     loop/         the training loop's hooks and reporting (console, metrics, TensorBoard, ...)
-    tools/        the commands beside training: sample, export, compare, sweep
+    tools/        the commands beside training: sample, export, compare, sweep, evaluate
     train.py      the loop itself (`jt.run`); __main__.py the `python -m jaxtrain` command
 """
 
@@ -48,7 +48,8 @@ _EXPORTS = {
     "run": "jaxtrain.train", "RunResult": "jaxtrain.train", "Hook": "jaxtrain.loop.hooks",
     "load_state": "jaxtrain.checkpoints.load", "load_tokenizer": "jaxtrain.checkpoints.load",
     "Checkpoints": "jaxtrain.checkpoints.store",
-    "generate": "jaxtrain.generation.decode",
+    "generate": "jaxtrain.generation.decode", "complete": "jaxtrain.generation.complete",
+    "evaluate": "jaxtrain.tools.evaluate",
     "memory_estimate": "jaxtrain.loop.estimate",
 }
 

@@ -233,6 +233,7 @@ class Progress:
   schedule: object  # jitted: the learning rate at a step
   eval_set: list[dict]  # the same placed validation batches at every evaluation
   bpb: float  # val_bpb / val_loss over eval_set (data.bits_per_byte)
+  eval_weights: np.ndarray | None  # targets in the loss per eval batch (completions only); None: all
   pending: tuple[int, list[dict]] | None = None  # a step whose metrics are still on the device
   last_loss: float | None = None
   last_val: float | None = None
@@ -257,7 +258,9 @@ def _progress(r: Run, state: TrainState, elapsed_before: float, best_val: float)
                                peak=lambda: estimate.peak_flops(jax.devices(), dtype)[0]),
       schedule=jax.jit(optim.lr_schedule(cfg.optim, t.max_steps)),
       eval_set=[r.programs.place(b) for b in eval_batches],
-      bpb=data.bits_per_byte(r.corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps))
+      bpb=data.bits_per_byte(r.corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps),
+      eval_weights=data.eval_weights(r.corpus, t.batch_size, cfg.model.seq_len, cfg.seed,
+                                     t.eval_steps))
 
 
 def _loop(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> ending.RunResult:
@@ -373,9 +376,11 @@ def _evaluate(r: Run, p: Progress, state: TrainState) -> float:
   for batch in p.eval_set:
     losses.append(r.programs.eval_step(state, batch)["loss"])
     _throttle(losses)
-  val = p.last_val = float(np.mean(jax.device_get(losses)))
+  losses, w = np.asarray(jax.device_get(losses)), p.eval_weights  # w: completion tokens per batch
+  val = p.last_val = float(np.mean(losses) if w is None else (losses * w).sum() / max(w.sum(), 1.0))
   ppl = math.exp(min(val, 50))
-  r.out.print(f"eval step {p.step}: val loss {val:.4f} | perplexity {ppl:.2f} | "
+  on = " on completions" if p.eval_weights is not None else ""
+  r.out.print(f"eval step {p.step}: val loss{on} {val:.4f} | perplexity {ppl:.2f} | "
               f"{val * p.bpb:.4f} bits/byte")
   record = {"step": p.step, "val_loss": val, "val_ppl": ppl, "val_bpb": val * p.bpb,
             "elapsed_s": round(p.elapsed(), 3)}

@@ -119,6 +119,10 @@ def _data() -> ml_collections.ConfigDict:
   data = ml_collections.ConfigDict()
   data.path = ""  # text, .jsonl or .parquet files: a file, directory or glob; "": Python's stdlib
   data.text_field = "text"  # the .jsonl field or .parquet column that holds each document
+  # Both set: prompt/completion records (.jsonl/.parquet), each one document (prompt, completion,
+  # end-of-text); only completions (and their end-of-text) count in the loss and in val_loss.
+  data.prompt_field = ""
+  data.completion_field = ""
   data.tokenizer = "byte"  # byte | char | bpe (trained on the corpus) | a tokenizer.json path
   data.vocab_size = 4096  # tokens of the bpe vocabulary, end-of-text included (>= 257)
   data.val_fraction = 0.1  # the last part of the token stream is held out for validation

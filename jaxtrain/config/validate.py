@@ -57,7 +57,7 @@ MAX_BUDGET_S = 30 * 86400
 FLOAT32_BELOW_1 = 1 - 2**-24  # numbers from here to 1 round to 1 in float32
 # Path fields: a NUL or a newline in one is a mistake, and would break the one-line messages.
 PATH_FIELDS = ("workdir", "data.path", "data.cache_dir", "init_from", "data.tokenizer",
-               "data.text_field")
+               "data.text_field", "data.prompt_field", "data.completion_field")
 KINDS = {bool: "True or False", int: "an integer", str: "a string",
           float: "a number within float32's range (|x| <= 3.4e38)"}
 
@@ -239,6 +239,13 @@ def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
          "data.tokenizer", f"{_show(d.tokenizer)} is not byte, char, bpe or a tokenizer.json file",
          "pass --config.data.tokenizer=bpe (or byte, char, or the path of a tokenizer.json)")
   _check(d.text_field != "", "data.text_field", "is empty", "pass --config.data.text_field=text")
+  for f, other in (("prompt_field", "completion_field"), ("completion_field", "prompt_field")):
+    _check(bool(d[f]) or not d[other], f"data.{f}", f"is empty but data.{other} is set "
+           "(prompt/completion records need both)", f"pass --config.data.{f}=<its field>, or "
+           f"leave data.{other} empty for plain text")
+  _check(not d.prompt_field or d.prompt_field != d.completion_field, "data.completion_field",
+         f"is the same field as data.prompt_field ({d.prompt_field!r})",
+         "pass the field that holds the completions")
   _check(d.vocab_size >= 257, "data.vocab_size", f"{d.vocab_size} is too small for byte-level "
          "BPE (256 byte tokens + end-of-text)", "pass --config.data.vocab_size=4096 (at least 257)")
   # Whether each split holds a window depends on the corpus: data.check_lengths says at run time.

@@ -33,6 +33,7 @@ class Programs:
   abstract: steps.TrainState  # shapes and dtypes; its static parts are every state's
   shardings: steps.TrainState  # a NamedSharding for every array of the state
   batch_shape: tuple[int, int]  # one global micro-batch of tokens: (batch_size, seq_len + 1)
+  weighted: bool  # batches carry "weights" (prompt/completion data: completions in the loss)
   compiler_options: dict  # XLA options of the train and eval steps
   one_allreduce: bool  # the train step all-reduces its gradients as one buffer
   init_arrays: Callable[[], dict]  # jitted: a fresh state's arrays, each with its sharding
@@ -48,8 +49,13 @@ class Programs:
     return mesh.global_batch(batch, self.mesh)
 
   def batch_spec(self) -> dict:
-    return {"tokens": jax.ShapeDtypeStruct(self.batch_shape, "int32",
+    spec = {"tokens": jax.ShapeDtypeStruct(self.batch_shape, "int32",
                                            sharding=mesh.batch_sharding(self.mesh))}
+    if self.weighted:
+      B, T1 = self.batch_shape
+      spec["weights"] = jax.ShapeDtypeStruct((B, T1 - 1), "float32",
+                                             sharding=mesh.batch_sharding(self.mesh))
+    return spec
 
   def lower_init(self) -> jax.stages.Lowered:
     return self.init_arrays.lower()
@@ -72,10 +78,13 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   device_mesh = mesh.make_mesh(cfg.mesh, devices)
   impl, why = attention.resolve_attention(m.attention, m.dtype, m.seq_len, m.n_heads,
                                           m.d_model // m.n_heads, devices[0].platform)
-  if m.doc_mask and not 0 <= eot_id < vocab_size:
+  # Prompt/completion records are documents that must not see each other in a packed window.
+  weighted = bool(cfg.data.get("prompt_field") and cfg.data.get("completion_field"))
+  doc_mask = m.doc_mask or (weighted and eot_id >= 0)
+  if doc_mask and not 0 <= eot_id < vocab_size:
     raise ValueError(f"model.doc_mask needs the tokenizer's end-of-text id, got eot_id={eot_id}")
   model_cfg = dataclasses.replace(model_lib.ModelConfig.from_config(m, vocab_size), attention=impl,
-                                  eot_id=eot_id)
+                                  eot_id=eot_id, doc_mask=doc_mask)
   loss_scaling = config.dynamic_loss_scaling(cfg.optim.loss_scaling, m.dtype)
   optimizer = optim.make_optimizer(cfg.optim, max_steps=cfg.train.max_steps,
                                    grad_accum=cfg.train.grad_accum,
@@ -94,15 +103,18 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   if compiler_options is None:
     compiler_options = cpu.cpu_step_options(step_flops, os.environ.get("XLA_FLAGS", "")) \
         if on_cpu else {}
-  one_allreduce = (on_cpu and device_mesh.shape["data"] > 1 and device_mesh.shape["fsdp"] == 1
-                   and model_cfg.dropout == 0 and step_flops / len(devices) < ONE_ALLREDUCE_FLOPS)
+  # (a weighted loss is a mean over the whole batch's weights, not the mean of devices' means)
+  one_allreduce = (on_cpu and not weighted and device_mesh.shape["data"] > 1
+                   and device_mesh.shape["fsdp"] == 1 and model_cfg.dropout == 0
+                   and step_flops / len(devices) < ONE_ALLREDUCE_FLOPS)
   train_fn = mesh.one_allreduce_step(device_mesh) if one_allreduce else steps.train_step
-  batch = {"tokens": mesh.batch_sharding(device_mesh)}
+  batch = mesh.batch_sharding(device_mesh)  # every entry of a batch (tokens, weights)
   rep = mesh.replicated(device_mesh)
   return Programs(
       mesh=device_mesh, model_cfg=model_cfg, attention_why=why, optimizer=optimizer,
       abstract=abstract, shardings=shardings,
-      batch_shape=(cfg.train.batch_size, m.seq_len + 1), compiler_options=compiler_options,
+      batch_shape=(cfg.train.batch_size, m.seq_len + 1), weighted=weighted,
+      compiler_options=compiler_options,
       one_allreduce=one_allreduce,
       init_arrays=jax.jit(lambda: fresh().arrays(), out_shardings=shardings.arrays()),
       train_step=jax.jit(train_fn, in_shardings=(shardings, batch), out_shardings=(shardings, rep),

@@ -2,7 +2,9 @@
 
 `train_step(state, batch) -> (state, metrics)` and `eval_step(state, batch) -> metrics` read
 nothing but their arguments, so a test can call them directly, with or without `jax.jit`.
-A batch is `{"tokens": int32[B, T+1]}`: inputs are tokens[:, :-1], targets tokens[:, 1:].
+A batch is `{"tokens": int32[B, T+1]}`: inputs are tokens[:, :-1], targets tokens[:, 1:]; it may
+add `"weights"`, float32[B, T], one per target (prompt/completion data: 0 for prompt tokens), and
+the loss is then the mean over the weighted targets.
 """
 
 from typing import Any
@@ -93,17 +95,17 @@ def loss_fn(params, graphdef: nnx.GraphDef, tokens_BT1: jax.Array,
 def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
   """One micro-batch: gradients, then the optimizer (which applies an update every grad_accum)."""
   rng, dropout_key = jax.random.split(state.rng)
-  loss, grads = gradients(state, batch["tokens"], dropout_key)
+  loss, grads = gradients(state, batch["tokens"], dropout_key, batch.get("weights"))
   return apply_gradients(state, rng, loss, grads)
 
 
-def gradients(state: TrainState, tokens_BT1: jax.Array,
-              dropout_key: jax.Array | None) -> tuple[jax.Array, Any]:
+def gradients(state: TrainState, tokens_BT1: jax.Array, dropout_key: jax.Array | None,
+              weights_BT: jax.Array | None = None) -> tuple[jax.Array, Any]:
   """(loss, gradients of the params) for a micro-batch, through the loss scale and back."""
   scale = state.loss_scale
 
   def scaled_loss(params):
-    return loss_fn(params, state.graphdef, tokens_BT1, dropout_key) * scale
+    return loss_fn(params, state.graphdef, tokens_BT1, dropout_key, weights_BT) * scale
 
   scaled, grads = jax.value_and_grad(scaled_loss)(state.params)
   return scaled / scale, jax.tree.map(lambda g: g / scale, grads)
@@ -129,4 +131,5 @@ def apply_gradients(state: TrainState, rng: jax.Array, loss: jax.Array,
 
 
 def eval_step(state: TrainState, batch: dict) -> dict:
-  return {"loss": loss_fn(state.params, state.graphdef, batch["tokens"])}
+  return {"loss": loss_fn(state.params, state.graphdef, batch["tokens"],
+                          weights_BT=batch.get("weights"))}

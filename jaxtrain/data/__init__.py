@@ -1,6 +1,7 @@
 """Text in, token batches out: reading documents (`documents`: files, jsonl, parquet), tokenizers
-(`tokenizer`), the tokenized corpus with its cache and split (`corpus`), and the window batches
-each process reads (`corpus.train_iterator`, `eval_batches`).
+(`tokenizer`), the tokenized corpus with its cache, split and loss mask (`corpus`), the window
+batches each process reads (`windows`: `train_iterator`, `eval_batches`, re-exported by `corpus`),
+and prompt/completion records read whole for sampling and evaluation (`records`).
 
 May import: system, config.
 """

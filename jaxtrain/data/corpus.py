@@ -7,6 +7,9 @@ tail samples the whole corpus. Validation is the smallest tail of whole document
 one), so every tokenizer sees the same validation text. The micro-batch with index i holds
 `batch_size` windows of `seq_len + 1` tokens at offsets drawn from a generator seeded by
 (seed, i), packed across documents: any batch can be rebuilt from the seed and its index.
+Prompt/completion records also get a mask beside the tokens (KEY.mask, a uint8 per token: 1 where
+the token counts in the loss, i.e. completions and their end-of-text), and their batches a
+`"weights"` entry, float32[B, T], one per target.
 """
 
 import contextlib
@@ -15,18 +18,26 @@ import errno
 import hashlib
 import itertools
 import json
-import math
 import os
 import socket
 from pathlib import Path
 
-import grain
+import grain  # noqa: F401 (API: data.grain)
 import ml_collections
 import numpy as np
 
 from jaxtrain.data import documents as corpus_lib
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.data.documents import Documents, describe, resolve_files, stdlib_dir  # noqa: F401 (API)
+from jaxtrain.data.windows import (  # noqa: F401 (API)
+  WindowBatches,
+  bits_per_byte,
+  check_lengths,
+  eval_batches,
+  eval_weights,
+  process_rows,
+  train_iterator,
+)
 from jaxtrain.system import fmt
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.system.lock import FileLock, describe_holder, is_held
@@ -34,7 +45,6 @@ from jaxtrain.system.paths import cache_dir as default_cache_dir
 
 _CACHE_VERSION = 2
 _BATCH_CHARS = 4 << 20  # text encoded per call: BPE spreads a batch over all cores
-_TRAIN_STREAM, _EVAL_STREAM = 0, 1
 
 
 @dataclasses.dataclass
@@ -47,6 +57,7 @@ class Corpus:
   n_bytes: int
   notes: list[str]  # what was skipped or replaced, for the log
   n_docs: int = 0
+  mask: np.ndarray | None = None  # uint8 per token, 1: a target in the loss; None: all are
 
   @property
   def train(self) -> np.ndarray:
@@ -55,6 +66,11 @@ class Corpus:
   @property
   def val(self) -> np.ndarray:
     return self.tokens[self.n_train:]
+
+  def split_mask(self, train: bool) -> np.ndarray | None:
+    if self.mask is None:
+      return None
+    return self.mask[:self.n_train] if train else self.mask[self.n_train:]
 
 
 def _ordered(files: list[Path]) -> list[Path]:
@@ -74,13 +90,20 @@ def _cache_key(files: list[Path], data: ml_collections.ConfigDict) -> str:
     except OSError as e:
       raise ConfigError("data.tokenizer", f"cannot read {tok} ({e.strerror})", "pass byte, "
                         "char, bpe or the path of a Hugging Face tokenizer.json") from None
-  h = hashlib.sha256(json.dumps({"v": _CACHE_VERSION, "tokenizer": tok, "field": data.text_field,
-                                 "vocab": data.vocab_size if tok == "bpe" else 0,
-                                 "val": data.val_fraction}).encode())
+  key = {"v": _CACHE_VERSION, "tokenizer": tok, "field": data.text_field,
+         "vocab": data.vocab_size if tok == "bpe" else 0, "val": data.val_fraction}
+  if is_records(data):  # (text corpora keep the keys they had)
+    key.update(field=[data.prompt_field, data.completion_field])
+  h = hashlib.sha256(json.dumps(key).encode())
   for f in files:
     st = os.stat(f)
     h.update(f"{os.path.abspath(f)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
   return h.hexdigest()[:24]
+
+
+def is_records(data: ml_collections.ConfigDict) -> bool:
+  """Whether `data` is prompt/completion records (only completions in the loss)."""
+  return bool(data.get("prompt_field") and data.get("completion_field"))
 
 
 def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=print) -> Corpus:
@@ -103,9 +126,11 @@ def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=pri
   tok = tokenizer_lib.from_cache(meta)
   n = meta["n_tokens"]
   tokens = np.memmap(cache.bin, dtype=np.dtype(meta["dtype"]), mode="r", shape=(n,))
+  mask = np.memmap(cache.mask, dtype=np.uint8, mode="r", shape=(n,)) if meta.get("masked") \
+      else None
   return Corpus(tokens=tokens, tokenizer=tok, n_train=meta["n_train"],
                 fingerprint=meta["fingerprint"], n_files=meta["n_files"], n_bytes=meta["n_bytes"],
-                notes=meta["notes"], n_docs=meta["n_docs"])
+                notes=meta["notes"], n_docs=meta["n_docs"], mask=mask)
 
 
 class _Cache:
@@ -117,6 +142,7 @@ class _Cache:
   def __init__(self, directory: Path, key: str):
     self.dir, self.key = directory, key
     self.bin, self.meta = directory / f"{key}.bin", directory / f"{key}.json"
+    self.mask = directory / f"{key}.mask"
 
   def load(self) -> tuple[dict | None, str]:
     """(meta, "") for a complete entry; (None, what is wrong) otherwise ("" if nothing is there)."""
@@ -136,6 +162,13 @@ class _Cache:
       return None, f"{self.bin.name} is missing"
     if size != expected:
       return None, f"{self.bin.name} holds {size} bytes, not {expected}"
+    if meta.get("masked"):
+      try:
+        size = self.mask.stat().st_size
+      except FileNotFoundError:
+        return None, f"{self.mask.name} is missing"
+      if size != int(meta["n_tokens"]):
+        return None, f"{self.mask.name} holds {size} bytes, not {meta['n_tokens']}"
     return meta, ""
 
   @contextlib.contextmanager
@@ -191,7 +224,9 @@ def _tokenize(files, data, cache: _Cache, show_progress: bool, log) -> dict:
   Bad input is found by the first pass, before anything is written."""
   tok = None if data.tokenizer in tokenizer_lib.BUILTIN else \
       tokenizer_lib.read_file(os.path.expanduser(data.tokenizer))  # one that does not load: now
-  docs = Documents(files, data.path, data.text_field, show_progress)
+  records = is_records(data)
+  docs = Documents(files, data.path, data.text_field, show_progress,
+                   data.get("prompt_field", ""), data.get("completion_field", ""))
   if not show_progress:
     log(f"data: tokenizing {len(files)} file(s), {docs.total / 1e6:.1f} MB, once (then cached)")
   sizes, chars = corpus_lib.survey(docs, data.tokenizer == "char")
@@ -203,27 +238,35 @@ def _tokenize(files, data, cache: _Cache, show_progress: bool, log) -> dict:
     log(f"data: training a {data.vocab_size}-token BPE vocabulary on the training split "
         f"({fmt.nbytes(int(sizes[:cut[0]].sum()) + cut[1])})")
     pieces = itertools.takewhile(lambda p: p[2], corpus_lib.split(docs("BPE"), cut))
-    tok = tokenizer_lib.train_bpe((text for text, _, _ in pieces), data.vocab_size)
+    tok = tokenizer_lib.train_bpe((p[0] for p in pieces), data.vocab_size)
   elif data.tokenizer == "char":
     tok = tokenizer_lib.CharTokenizer(chars)
   elif data.tokenizer == "byte":
     tok = tokenizer_lib.ByteTokenizer()
-  tmp, tmp_meta = cache.tmp(cache.bin), cache.tmp(cache.meta)
+  tmp, tmp_meta, tmp_mask = cache.tmp(cache.bin), cache.tmp(cache.meta), cache.tmp(cache.mask)
   try:
     cache.meta.unlink(missing_ok=True)  # a damaged entry's: only a complete new one may count
-    with open(tmp, "wb") as out:
-      writer = _Writer(tok, out)
+    with open(tmp, "wb") as out, \
+        (open(tmp_mask, "wb") if records else contextlib.nullcontext()) as mask_out:
+      writer = _Writer(tok, out, mask_out)
       for piece in corpus_lib.split(docs("tokenizing"), cut):
         writer.add(*piece)
       writer.flush()
-      out.flush()
-      os.fsync(out.fileno())  # on disk before the rename: a crash never leaves a short .bin
+      for f in (out, mask_out) if records else (out,):
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the rename: a crash never leaves a short .bin
+    if records and not writer.loss_chars:
+      raise UserError(f"{describe(data.path)} holds no completion text (every "
+                      f"{data.completion_field!r} is empty); nothing would be learned: check "
+                      "--config.data.completion_field")
+    if records:
+      os.replace(tmp_mask, cache.mask)
     os.replace(tmp, cache.bin)
     meta = {"tokenizer": tok.to_json(), "dtype": np.dtype(tok.dtype).name,
             "n_tokens": writer.n_tokens, "n_train": writer.n_train,
             "fingerprint": writer.sha.hexdigest(), "n_files": len(files) - len(docs.binary),
             "n_bytes": int(sizes.sum()), "n_docs": int((sizes > 0).sum()), "notes": docs.notes(),
-            "source": describe(data.path)}
+            "source": describe(data.path), "masked": records}
     if isinstance(tok, tokenizer_lib.HFTokenizer):
       meta["tokenizer_json"] = tok.hf_json()
     with open(tmp_meta, "w") as out:
@@ -236,109 +279,48 @@ def _tokenize(files, data, cache: _Cache, show_progress: bool, log) -> dict:
   finally:
     tmp.unlink(missing_ok=True)
     tmp_meta.unlink(missing_ok=True)
+    tmp_mask.unlink(missing_ok=True)
   return meta
 
 
 class _Writer:
   """Encodes pieces in batches, writes the tokens with end-of-text after each non-empty
-  document, and counts what the training split holds."""
+  document, and counts what the training split holds; with `mask_out`, a byte per token too:
+  1 where it counts in the loss (its piece's, end-of-text always)."""
 
-  def __init__(self, tok, out):
-    self.tok, self.out = tok, out
+  def __init__(self, tok, out, mask_out=None):
+    self.tok, self.out, self.mask_out = tok, out, mask_out
     self.sha, self.n_tokens, self.n_train = hashlib.sha256(), 0, 0
-    self.pending: list[tuple[str, bool, bool]] = []
-    self.chars, self.doc_chars = 0, 0
+    self.pending: list[tuple[str, bool, bool, bool]] = []
+    self.chars, self.doc_chars, self.loss_chars = 0, 0, 0
     self.eot = np.array([tok.eot_id], tok.dtype)
 
-  def add(self, text: str, end: bool, train: bool) -> None:
-    self.pending.append((text, end, train))
+  def add(self, text: str, end: bool, train: bool, loss: bool = True) -> None:
+    self.pending.append((text, end, train, loss))
     self.chars += len(text)
+    self.loss_chars += len(text) if loss else 0
     if self.chars >= _BATCH_CHARS:
       self.flush()
 
   def flush(self) -> None:
     if not self.pending:
       return
-    encoded = self.tok.encode_batch([t for t, _, _ in self.pending])
-    parts = []
-    for ids, (text, end, train) in zip(encoded, self.pending):
+    encoded = self.tok.encode_batch([p[0] for p in self.pending])
+    parts, masks = [], []
+    for ids, (text, end, train, loss) in zip(encoded, self.pending):
       self.doc_chars += len(text)
-      n = len(ids) + (end and self.doc_chars > 0)
-      parts += [ids, self.eot] if end and self.doc_chars > 0 else [ids]
+      eot = end and self.doc_chars > 0
+      n = len(ids) + eot
+      parts += [ids, self.eot] if eot else [ids]
+      masks += [np.full(len(ids), loss, np.uint8)] + ([np.ones(1, np.uint8)] if eot else [])
       self.n_tokens += n
       self.n_train += n if train else 0
       self.doc_chars = 0 if end else self.doc_chars
     block = np.concatenate(parts).astype(self.tok.dtype, copy=False).tobytes()
     self.out.write(block)
     self.sha.update(block)
+    if self.mask_out is not None:
+      mask = np.concatenate(masks).tobytes()
+      self.mask_out.write(mask)
+      self.sha.update(mask)  # the fingerprint covers what the loss counts
     self.pending, self.chars = [], 0
-
-
-class WindowBatches:
-  """Random-access micro-batches of random windows: item i is a pure function of (seed, i).
-
-  `rows` picks this process's share of every global batch, so processes never read each
-  other's rows.
-  """
-
-  def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int, stream: int,
-               rows: slice = slice(None)):
-    self.tokens, self.batch_size, self.window = tokens, batch_size, seq_len + 1
-    self.seed, self.stream, self.rows = seed, stream, rows
-    self.n_starts = len(tokens) - self.window + 1
-
-  def __len__(self) -> int:
-    return 2**62  # endless: the loop decides when to stop
-
-  def __getitem__(self, index: int) -> dict:
-    rng = np.random.default_rng([self.seed, self.stream, index])
-    starts_B = rng.integers(0, self.n_starts, size=self.batch_size)[self.rows]
-    return {"tokens": self.tokens[starts_B[:, None] + np.arange(self.window)].astype(np.int32)}
-
-
-def process_rows(batch_size: int, process_index: int, process_count: int) -> slice:
-  per = batch_size // process_count
-  return slice(process_index * per, (process_index + 1) * per)
-
-
-def train_iterator(corpus: Corpus, batch_size: int, seq_len: int, seed: int,
-                   process_index: int = 0, process_count: int = 1) -> grain.DatasetIterator:
-  """Grain iterator over training micro-batches; its state is the next micro-batch index."""
-  source = WindowBatches(corpus.train, batch_size, seq_len, seed, _TRAIN_STREAM,
-                         process_rows(batch_size, process_index, process_count))
-  # One reader thread a few batches ahead keeps batch assembly off the step's critical path.
-  options = grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)
-  return iter(grain.MapDataset.source(source).to_iter_dataset(options))
-
-
-def eval_batches(corpus: Corpus, batch_size: int, seq_len: int, seed: int, n_batches: int,
-                 process_index: int = 0, process_count: int = 1) -> list[dict]:
-  """The same `n_batches` validation batches at every evaluation, so val losses compare."""
-  source = WindowBatches(corpus.val, batch_size, seq_len, seed, _EVAL_STREAM,
-                         process_rows(batch_size, process_index, process_count))
-  return [source[i] for i in range(n_batches)]
-
-
-def check_lengths(corpus: Corpus, seq_len: int, val_fraction: float) -> None:
-  window = seq_len + 1
-  if len(corpus.val) < window:
-    need = int(window / val_fraction) + window
-    raise UserError(f"the corpus has {len(corpus.tokens)} tokens: its validation split "
-                    f"({len(corpus.val)}) is shorter than one window of seq_len+1={window}; use "
-                    f"at least ~{need} tokens of text or a smaller --config.model.seq_len")
-  if len(corpus.train) < window:
-    raise UserError(f"the corpus has {len(corpus.tokens)} tokens: its training split "
-                    f"({len(corpus.train)}) is shorter than one window of seq_len+1={window}; "
-                    "pass a smaller --config.data.val_fraction or --config.model.seq_len, or "
-                    "use more text")
-
-
-def bits_per_byte(corpus: Corpus, batch_size: int, seq_len: int, seed: int,
-                  n_batches: int) -> float:
-  """What turns the mean validation loss (nats per target token) into val_bpb, bits per UTF-8
-  byte: targets / (ln 2 x the bytes they stand for), over every row of the evaluation batches.
-  End-of-text targets count in the loss and as no bytes."""
-  nbytes = corpus.tokenizer.token_bytes()
-  targets = [b["tokens"][:, 1:] for b in eval_batches(corpus, batch_size, seq_len, seed, n_batches)]
-  text = sum(int(nbytes[t].sum()) for t in targets)
-  return sum(t.size for t in targets) / (math.log(2) * text) if text else math.nan

@@ -1,8 +1,10 @@
 """Documents from `data.path`: text files, .jsonl and .parquet files, directories and globs.
 
 A text file is one document; a .jsonl line or a .parquet row is one, its text in the field or
-column `data.text_field`. `Documents` streams them as pieces (text, whether a document ends
-there) without ever holding a whole file, with a progress bar in MB/s of the files read. pyarrow
+column `data.text_field`, or, for prompt/completion records, the prompt then the completion
+(`data.prompt_field`, `data.completion_field`). `Documents` streams them as pieces (text, whether
+a document ends there, whether its tokens count in the loss: a prompt's do not) without ever
+holding a whole file, with a progress bar in MB/s of the files read. pyarrow
 parses .jsonl and .parquet in blocks on all cores. Bad input is one line naming the file (and
 the line) and what to do.
 """
@@ -101,15 +103,18 @@ class Documents:
   """Each usable file's documents as pieces, once per call; binary text files are skipped (or
   fatal when they are all there is)."""
 
-  def __init__(self, files: list[Path], path: str, text_field: str, show_progress: bool):
-    self.files, self.path, self.field, self.show_progress = files, path, text_field, show_progress
+  def __init__(self, files: list[Path], path: str, text_field: str, show_progress: bool,
+               prompt_field: str = "", completion_field: str = ""):
+    self.files, self.path, self.show_progress = files, path, show_progress
+    # Prompt/completion records: the prompt's pieces are out of the loss, the completion's in.
+    self.fields = (prompt_field, completion_field) if prompt_field else (text_field,)
     self.total = sum(f.stat().st_size for f in files)
     self.counter = _Counter()
     self.binary: list[Path] = []
     self.misread = False  # this pass yielded part of a file that then turned out binary
 
-  def __call__(self, desc: str) -> Iterator[tuple[str, bool]]:
-    """(text, ends_document) pieces in order; the bar shows the bytes of the files read."""
+  def __call__(self, desc: str) -> Iterator[tuple[str, bool, bool]]:
+    """(text, ends_document, in_loss) pieces in order; the bar shows the bytes of the files read."""
     from tqdm import tqdm  # the terminal bar: tqdm.auto would want ipywidgets in notebooks
 
     self.counter.count, self.misread = 0, False
@@ -120,11 +125,14 @@ class Documents:
           continue
         try:
           if kind(f) == "jsonl":
-            yield from self._jsonl(f, bar)
+            yield from self._pieces(self._jsonl(f, bar))
           elif kind(f) == "parquet":
-            yield from self._parquet(f, bar)
+            yield from self._pieces(self._parquet(f, bar))
+          elif len(self.fields) == 2:
+            raise UserError(f"{f} is a text file; prompt/completion records (data.prompt_field, "
+                            "data.completion_field) come from .jsonl or .parquet files only")
           else:
-            yield from self._text(f, bar)
+            yield from ((text, end, True) for text, end in self._text(f, bar))
         except _Binary as e:
           self.misread |= e.args[1]
           if len(self.files) == 1:
@@ -134,6 +142,12 @@ class Documents:
         except OSError as e:
           raise UserError(f"cannot read {f} ({e.strerror}); fix its permissions or leave it "
                           "out of --config.data.path") from None
+
+  def _pieces(self, records: Iterator[tuple]) -> Iterator[tuple[str, bool, bool]]:
+    for record in records:
+      if len(record) == 2:
+        yield record[0], False, False
+      yield record[-1], True, True
 
   def _text(self, path: Path, bar) -> Iterator[tuple[str, bool]]:
     decoder = codecs.getincrementaldecoder("utf-8")(errors=self.counter.name)
@@ -152,42 +166,41 @@ class Documents:
         carry = text[start:]
     yield carry + decoder.decode(b"", final=True), True
 
-  def _jsonl(self, path: Path, bar) -> Iterator[tuple[str, bool]]:
+  def _jsonl(self, path: Path, bar) -> Iterator[tuple]:
     import pyarrow as pa
 
     done, block = 0, _BLOCK_BYTES
     while True:  # again with larger blocks when a record is longer than a block
       try:
-        for i, text in enumerate(self._jsonl_records(path, bar, block)):
+        for i, record in enumerate(self._jsonl_records(path, bar, block)):
           if i >= done:
             done += 1
-            yield text, True
+            yield record
         return
       except pa.ArrowInvalid as e:
         if "straddl" in str(e) and block < 2**30:
           block *= 8
           continue
-        error = _jsonl_error(path, self.field, str(e))
+        error = _jsonl_error(path, self.fields, str(e))
         if error is not None:  # else the file holds no records
           raise error from None
         return
 
-  def _jsonl_records(self, path: Path, bar, block: int) -> Iterator[str]:
+  def _jsonl_records(self, path: Path, bar, block: int) -> Iterator[tuple]:
     import pyarrow as pa
     import pyarrow.json as pj
 
-    schema = pa.schema([(self.field, pa.string())])
+    schema = pa.schema([(field, pa.string()) for field in self.fields])
     options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     with open(path, "rb") as raw:
       reader = pj.open_json(_Counted(raw, bar), read_options=pj.ReadOptions(block_size=block),
                             parse_options=options)
       for batch in reader:
-        column = batch.column(0)
-        if column.null_count:
+        if any(batch.column(i).null_count for i in range(len(self.fields))):
           raise pa.ArrowInvalid("a null")
-        yield from column.to_pylist()
+        yield from zip(*(batch.column(i).to_pylist() for i in range(len(self.fields))))
 
-  def _parquet(self, path: Path, bar) -> Iterator[tuple[str, bool]]:
+  def _parquet(self, path: Path, bar) -> Iterator[tuple]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -196,20 +209,20 @@ class Documents:
     except pa.ArrowException as e:
       raise UserError(f"{path} is not a parquet file that reads ({_short(e)}); fix or remove it "
                       "from --config.data.path") from None
-    names = f.schema_arrow.names
-    if self.field not in names:
-      raise UserError(f"{path} has no column {self.field!r} (its columns: {', '.join(names)}); "
-                      "pass --config.data.text_field=<the column with the text>")
-    if not pa.types.is_string(f.schema_arrow.field(self.field).type) and \
-        not pa.types.is_large_string(f.schema_arrow.field(self.field).type):
-      raise UserError(f"{path}: column {self.field!r} holds "
-                      f"{f.schema_arrow.field(self.field).type}, not text; pass "
-                      "--config.data.text_field=<a column of strings>")
+    names, flag = f.schema_arrow.names, _flag(self.fields)
+    for field in self.fields:
+      if field not in names:
+        raise UserError(f"{path} has no column {field!r} (its columns: {', '.join(names)}); "
+                        f"pass {flag}=<the column with the text>")
+      if not pa.types.is_string(f.schema_arrow.field(field).type) and \
+          not pa.types.is_large_string(f.schema_arrow.field(field).type):
+        raise UserError(f"{path}: column {field!r} holds {f.schema_arrow.field(field).type}, "
+                        f"not text; pass {flag}=<a column of strings>")
     rows, size, done = max(f.metadata.num_rows, 1), path.stat().st_size, 0
-    for batch in f.iter_batches(batch_size=_PARQUET_ROWS, columns=[self.field]):
-      for text in batch.column(0).to_pylist():
-        if text is not None:  # a null cell is no document
-          yield text, True
+    for batch in f.iter_batches(batch_size=_PARQUET_ROWS, columns=list(self.fields)):
+      for record in zip(*(batch.column(i).to_pylist() for i in range(len(self.fields)))):
+        if None not in record:  # a null cell is no document
+          yield record
       step = size * batch.num_rows // rows
       bar.update(step)
       done += step
@@ -229,7 +242,7 @@ def survey(docs: Documents, want_chars: bool) -> tuple[np.ndarray, str]:
   if it found a text file binary only past its start (the later passes skip that file whole)."""
   while True:
     sizes, size, seen, pending, n_pending = array("q"), 0, set(), [], 0
-    for text, end in docs("reading"):
+    for text, end, _ in docs("reading"):
       size += len(text.encode("utf-8"))
       if want_chars:
         pending.append(text)
@@ -264,21 +277,22 @@ def cut(sizes: np.ndarray, val_fraction: float) -> tuple[int, int]:
 
 
 def split(pieces, cut: tuple[int, int]):
-  """(text, ends_document, in_training) for each piece; the piece at the cut splits in two."""
+  """(text, ends_document, in_training, in_loss) for each piece; the piece at the cut splits in
+  two."""
   doc, offset = 0, 0
-  for text, end in pieces:
+  for text, end, loss in pieces:
     if doc != cut[0] or cut[1] == 0:
-      yield text, end, doc < cut[0]
+      yield text, end, doc < cut[0], loss
     else:
       raw = text.encode("utf-8")
       if offset + len(raw) <= cut[1]:
-        yield text, end, True
+        yield text, end, True, loss
       elif offset >= cut[1]:
-        yield text, end, False
+        yield text, end, False, loss
       else:
         head = raw[:cut[1] - offset].decode("utf-8", errors="ignore")
-        yield head, False, True
-        yield text[len(head):], end, False
+        yield head, False, True, loss
+        yield text[len(head):], end, False, loss
       offset += len(raw)
     if end:
       doc, offset = doc + 1, 0
@@ -288,7 +302,12 @@ def _short(e: Exception) -> str:
   return " ".join(str(e).split())[:160]
 
 
-def _jsonl_error(path: Path, field: str, arrow_message: str) -> UserError | None:
+def _flag(fields: tuple[str, ...]) -> str:
+  return "--config.data.text_field" if len(fields) == 1 else \
+      "--config.data.prompt_field/completion_field"
+
+
+def _jsonl_error(path: Path, fields: tuple[str, ...], arrow_message: str) -> UserError | None:
   """The first line of `path` that is wrong, found by reading it again line by line (only when
   pyarrow has refused it); None for a file of blank lines (no documents)."""
   fix = "fix that line or leave the file out of --config.data.path"
@@ -304,13 +323,14 @@ def _jsonl_error(path: Path, field: str, arrow_message: str) -> UserError | None
         return UserError(f"{path} line {number} is not JSON ({e.msg} at column {e.colno}); {fix}")
       if not isinstance(record, dict):
         return UserError(f"{path} line {number} is not a JSON object; {fix}")
-      if field not in record:
-        return UserError(f"{path} line {number} has no field {field!r} (it has: "
-                         f"{', '.join(record) or 'no fields'}); pass "
-                         "--config.data.text_field=<the field with the text>")
-      if not isinstance(record[field], str):
-        return UserError(f"{path} line {number}: field {field!r} is "
-                         f"{type(record[field]).__name__}, not text; pass "
-                         "--config.data.text_field=<a field of strings>")
+      for field in fields:
+        if field not in record:
+          return UserError(f"{path} line {number} has no field {field!r} (it has: "
+                           f"{', '.join(record) or 'no fields'}); pass "
+                           f"{_flag(fields)}=<the field with the text>")
+        if not isinstance(record[field], str):
+          return UserError(f"{path} line {number}: field {field!r} is "
+                           f"{type(record[field]).__name__}, not text; pass "
+                           f"{_flag(fields)}=<a field of strings>")
   return UserError(f"{path} does not read as JSON lines ({_short(arrow_message)}); {fix}") \
       if records else None

@@ -1,5 +1,6 @@
 """Text from a trained state: the decoding engine with its key-value cache (`decode`: `generate`,
-`stream`) and the samples written at the end of a run (`samples`).
+`stream`), the samples written at the end of a run (`samples`), and completions of many prompts
+with the log-likelihood of given continuations (`complete`: `complete`, `score`).
 
 May import: system, config, core, data.
 """

@@ -19,6 +19,10 @@ def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: data.Corpus,
             f"{fmt.count(corpus.n_docs)} documents, {fmt.count(corpus.n_bytes)}B -> "
             f"{fmt.count(len(corpus.tokens))} {tok.name} tokens "
             f"(train {fmt.count(len(corpus.train))}, val {fmt.count(len(corpus.val))})")
+  if corpus.mask is not None:
+    out.print(f"data: prompt/completion records ({cfg.data.prompt_field!r}, "
+              f"{cfg.data.completion_field!r}): {fmt.count(int(corpus.mask.sum()))} of the tokens "
+              "(completions and their end-of-text) count in the loss; records see only themselves")
   for note in corpus.notes:
     out.print(f"data: {note}")
   k, B, T = cfg.train.grad_accum, cfg.train.batch_size, cfg.model.seq_len

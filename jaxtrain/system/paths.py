@@ -20,9 +20,18 @@ def cache_dir() -> str:
 
 def write_json(path: Path, obj) -> None:
   """Atomic: a reader sees the old file or the new one, never half of one."""
+  write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
+  """Atomic, as `write_json` (an OSError leaves nothing behind)."""
   tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-  tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-  os.replace(tmp, path)
+  try:
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+  except OSError:
+    tmp.unlink(missing_ok=True)
+    raise
 
 
 def read_json(path: Path):

@@ -1,8 +1,13 @@
 """`python -m jaxtrain.sample --workdir=runs/nano [--prompt="def " | --prompt=@file.txt]
 [--num_samples=1 --max_new_tokens=256 --temperature=0.8 --top_k=0 --top_p=1 --seed=0]
-[--step=latest|best|N] [--interactive]`: text from a saved run, printed as it is made."""
+[--step=latest|best|N] [--interactive]`: text from a saved run, printed as it is made.
+
+`--prompts=FILE.jsonl [--prompt_field=prompt] [--out=FILE.jsonl]`: a completion of every record's
+prompt (each up to its end-of-text token), made in batches and written as JSON lines
+`{"line", "prompt", "completion"[, "sample"]}` beside the prompts (FILE.completions.jsonl)."""
 
 import codecs
+import json
 import sys
 import time
 from pathlib import Path
@@ -11,8 +16,10 @@ import numpy as np
 from absl import flags
 
 from jaxtrain.checkpoints import load as trained
+from jaxtrain.data import records
 from jaxtrain.data import tokenizer as tokenizer_lib
-from jaxtrain.generation import decode
+from jaxtrain.generation import complete, decode
+from jaxtrain.system import paths
 from jaxtrain.system.errors import UserError
 from jaxtrain.tools import cli
 
@@ -34,6 +41,12 @@ def define_flags() -> None:
                      "p (nucleus sampling); 1: all.", lower_bound=0.0, upper_bound=1.0)
   flags.DEFINE_integer("seed", 0, "Sample i uses seed + i.", lower_bound=0)
   flags.DEFINE_string("step", "latest", "Checkpoint: latest, best (lowest val loss) or a step.")
+  flags.DEFINE_string("prompts", "", "A .jsonl file of records: complete each one's prompt "
+                      "(batched, each up to its end-of-text token).")
+  flags.DEFINE_string("prompt_field", "", "The prompts' field in --prompts; '': the run's "
+                      "data.prompt_field, else 'prompt'.")
+  flags.DEFINE_string("out", "", "Where --prompts writes its completions; '': beside the "
+                      "prompts, FILE.completions.jsonl.")
   flags.DEFINE_boolean("interactive", False, "Ask for prompts in a loop (an empty line or "
                        "Ctrl-D ends it).")
 
@@ -96,14 +109,54 @@ def sample(state, tok, prompt: str, f, out=sys.stdout) -> int:
   return made
 
 
+def run_field(workdir: str, name: str, flag: str, fallback: str) -> str:
+  """`flag`'s value, else the run's data.<name> (config.json), else `fallback`."""
+  if flag:
+    return flag
+  try:
+    saved = paths.read_json(Path(workdir) / "config.json")
+  except (OSError, ValueError):
+    saved = {}
+  return (saved.get("data") or {}).get(name) or fallback
+
+
+def sample_file(state, tok, f) -> Path:
+  """Completes every prompt of `f.prompts`; returns where the completions were written."""
+  field = run_field(f.workdir, "prompt_field", f.prompt_field, "prompt")
+  found = records.prompts(f.prompts, field)
+  out = Path(f.out).expanduser() if f.out else \
+      Path(f.prompts).expanduser().with_suffix(".completions.jsonl")
+  rows = []
+  t0 = time.time()
+  for i in range(f.num_samples):
+    done = complete.complete(state, tok, [p for _, p in found], f.max_new_tokens,
+                             temperature=f.temperature, top_k=f.top_k, top_p=f.top_p,
+                             seed=f.seed + i)
+    for (line, prompt), text in zip(found, done):
+      rows.append({"line": line, "prompt": prompt, "completion": text,
+                   **({"sample": i} if f.num_samples > 1 else {})})
+  try:
+    paths.write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+  except OSError as e:
+    raise UserError(f"cannot write {out} ({e.strerror}); pass --out=<a writable file>") from None
+  print(f"{len(rows)} completions of {len(found)} prompts in {time.time() - t0:.1f}s: {out}",
+        file=sys.stderr)
+  return out
+
+
 def run() -> None:
   f = flags.FLAGS
   if not f.workdir:
     raise UserError("no run given; pass --workdir=<the workdir of a run>, e.g. runs/nano")
   prompt = read_prompt(f.prompt)
+  if f.prompts:
+    records.read_jsonl(f.prompts)  # a bad file fails before the checkpoint is read
   state, tok = trained.load(f.workdir, f.step)
   print(f"step {int(state.step)} of {f.workdir} ({state.model_cfg.n_layers} layers, "
         f"{tok.vocab_size}-token {tok.name} vocabulary)", file=sys.stderr)
+  if f.prompts:
+    sample_file(state, tok, f)
+    return
   if not f.interactive:
     encode(tok, prompt)  # a bad prompt fails before anything is printed
     t0 = time.time()

@@ -1,0 +1,64 @@
+"""Records read whole from a small .jsonl file, for sampling and evaluation: prompts, prompt and
+completion pairs, multiple-choice items. A record that lacks a field, or holds the wrong kind of
+value, is one line naming the file, the line and the flag that fixes it.
+"""
+
+import json
+from pathlib import Path
+
+from jaxtrain.system.errors import UserError
+
+
+def read_jsonl(path: str) -> list[tuple[int, dict]]:
+  """(line number, record) for each non-blank line of `path`."""
+  p = Path(path).expanduser()
+  try:
+    lines = p.read_text(encoding="utf-8").splitlines()
+  except (OSError, UnicodeDecodeError) as e:
+    raise UserError(f"cannot read {p} ({getattr(e, 'strerror', None) or e}); pass a UTF-8 .jsonl "
+                    "file with one JSON object per line") from None
+  records = []
+  for number, line in enumerate(lines, start=1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise UserError(f"{p} line {number} is not JSON ({e.msg} at column {e.colno}); fix that "
+                      "line") from None
+    if not isinstance(record, dict):
+      raise UserError(f"{p} line {number} is not a JSON object; fix that line")
+    records.append((number, record))
+  if not records:
+    raise UserError(f"{p} holds no records; pass a .jsonl file with one JSON object per line")
+  return records
+
+
+def field(path: str, number: int, record: dict, name: str, flag: str, kind: type = str):
+  """`record[name]`, which must be a `kind`; else one line naming the file, line and flag."""
+  if name not in record:
+    raise UserError(f"{path} line {number} has no field {name!r} (it has: "
+                    f"{', '.join(record) or 'no fields'}); pass {flag}=<the field>")
+  value = record[name]
+  if not isinstance(value, kind) or isinstance(value, bool):
+    raise UserError(f"{path} line {number}: field {name!r} is {type(value).__name__}, not "
+                    f"{kind.__name__}; pass {flag}=<a field of {kind.__name__}s>")
+  return value
+
+
+def prompts(path: str, prompt_field: str) -> list[tuple[int, str]]:
+  """(line number, prompt) of each record."""
+  return [(n, field(path, n, r, prompt_field, "--prompt_field")) for n, r in read_jsonl(path)]
+
+
+def multiple_choice(path: str, number: int, record: dict, names: tuple[str, str, str]):
+  """(context, endings, label) of a multiple-choice record."""
+  context = field(path, number, record, names[0], "--context_field")
+  endings = field(path, number, record, names[1], "--endings_field", list)
+  label = field(path, number, record, names[2], "--label_field", int)
+  if len(endings) < 2 or not all(isinstance(e, str) for e in endings):
+    raise UserError(f"{path} line {number}: {names[1]!r} must be a list of at least two strings")
+  if not 0 <= label < len(endings):
+    raise UserError(f"{path} line {number}: {names[2]!r} is {label}, not the index of one of its "
+                    f"{len(endings)} endings (0 .. {len(endings) - 1})")
+  return context, endings, label

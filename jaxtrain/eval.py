@@ -1,0 +1,8 @@
+"""`python -m jaxtrain.eval --workdir=runs/task --data=held_out.jsonl`: task scores of a run.
+
+The command lives in jaxtrain/tools/evaluate.py."""
+
+from jaxtrain.tools.evaluate import main
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,153 @@
+"""`python -m jaxtrain.eval --workdir=runs/task --data=held_out.jsonl [--out=results.json]
+[--normalize=strip|lower|none] [--step=latest|best|N]`: how well a trained run does a task.
+
+Prompt/completion records (the run's fields, or --prompt_field/--completion_field) give the loss
+and bits per byte of the completions given their prompts (end-of-text included, as in training)
+and the exact-match accuracy of greedy completions. Multiple-choice records (a context, a list of
+endings, the index of the right one) give the accuracy of picking the ending with the highest
+log-likelihood per UTF-8 byte. A table on screen; with --out, a JSON file with keys `loss`, `bpb`,
+`exact_match` and `mc_accuracy` (null where the file has no such records).
+"""
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from absl import flags
+
+from jaxtrain.checkpoints import load as trained
+from jaxtrain.data import records
+from jaxtrain.generation import complete
+from jaxtrain.system import paths
+from jaxtrain.system.errors import UserError
+from jaxtrain.tools import cli
+from jaxtrain.tools.sample import run_field
+
+NORMALIZE = {"none": lambda s: s, "strip": str.strip, "lower": lambda s: s.strip().lower()}
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("workdir", None, "The run's workdir (e.g. runs/task).")
+  flags.DEFINE_string("data", None, "A .jsonl file of held-out records.")
+  flags.DEFINE_string("out", "", "Also write the results to this JSON file.")
+  flags.DEFINE_string("step", "latest", "Checkpoint: latest, best (lowest val loss) or a step.")
+  flags.DEFINE_string("prompt_field", "", "'': the run's data.prompt_field, else 'prompt'.")
+  flags.DEFINE_string("completion_field", "", "'': the run's data.completion_field, else "
+                      "'completion'.")
+  flags.DEFINE_string("context_field", "context", "Multiple choice: the context's field.")
+  flags.DEFINE_string("endings_field", "endings", "Multiple choice: the list of endings; a "
+                      "record with this field is a multiple-choice record.")
+  flags.DEFINE_string("label_field", "label", "Multiple choice: the index of the right ending.")
+  flags.DEFINE_enum("normalize", "strip", list(NORMALIZE), "Exact match compares completions "
+                    "as they are (none), stripped of surrounding whitespace (strip), or stripped "
+                    "and lowercased (lower).")
+  flags.DEFINE_integer("max_new_tokens", 0, "Tokens a greedy completion may have; 0: one more "
+                       "than the longest reference.", lower_bound=0, upper_bound=2**16)
+
+
+def split(path: str, fields: dict) -> tuple[list, list]:
+  """(prompt/completion pairs, multiple-choice items) of the file, each with its line."""
+  pairs, choices = [], []
+  for n, r in records.read_jsonl(path):
+    if fields["endings"] in r:
+      choices.append((n, *records.multiple_choice(path, n, r, (fields["context"],
+                                                               fields["endings"], fields["label"]))))
+    else:
+      pairs.append((n, records.field(path, n, r, fields["prompt"], "--prompt_field"),
+                    records.field(path, n, r, fields["completion"], "--completion_field")))
+  return pairs, choices
+
+
+def completion_scores(state, tok, pairs: list, normalize: str, max_new_tokens: int) -> dict:
+  """Loss, bpb and exact match of prompt/completion pairs (line, prompt, completion)."""
+  eot = np.array([tok.eot_id], np.int32)
+  targets = [np.concatenate([np.asarray(tok.encode(c), np.int32), eot]) for _, _, c in pairs]
+  nats = -complete.score(state, [(complete.context_ids(state, tok, p), t)
+                                 for (_, p, _), t in zip(pairs, targets)])
+  n_tokens = sum(len(t) for t in targets)
+  n_bytes = sum(len(c.encode("utf-8")) for _, _, c in pairs)
+  limit = max_new_tokens or max(len(t) for t in targets)
+  made = complete.complete(state, tok, [p for _, p, _ in pairs], limit, temperature=0.0)
+  norm = NORMALIZE[normalize]
+  right = [norm(m) == norm(c) for m, (_, _, c) in zip(made, pairs)]
+  return {"loss": float(nats.sum() / n_tokens),
+          "bpb": float(nats.sum() / (math.log(2) * n_bytes)) if n_bytes else None,
+          "exact_match": float(np.mean(right)), "n_completions": len(pairs),
+          "examples": [{"line": n, "prompt": p, "completion": c, "generated": m}
+                       for (n, p, c), m in list(zip(pairs, made))[:5]]}
+
+
+def choice_accuracy(state, tok, choices: list) -> dict:
+  """Accuracy of multiple-choice items (line, context, endings, label) by log-likelihood per
+  byte of each ending."""
+  asks, sizes = [], []
+  for _, context, endings, _ in choices:
+    ctx = complete.context_ids(state, tok, context)
+    for e in endings:
+      asks.append((ctx, np.asarray(tok.encode(e), np.int32)))
+      sizes.append(max(len(e.encode("utf-8")), 1))
+  per_byte = complete.score(state, asks) / np.array(sizes)
+  at, right = 0, 0
+  for _, _, endings, label in choices:
+    right += int(np.argmax(per_byte[at:at + len(endings)]) == label)
+    at += len(endings)
+  return {"mc_accuracy": right / len(choices), "n_multiple_choice": len(choices)}
+
+
+def evaluate(state, tok, path: str, fields: dict, normalize: str = "strip",
+             max_new_tokens: int = 0) -> dict:
+  """The scores of a trained state on the records of `path` (see the module's docstring)."""
+  pairs, choices = split(path, fields)
+  result = {"loss": None, "bpb": None, "exact_match": None, "mc_accuracy": None,
+            "n_completions": 0, "n_multiple_choice": 0, "normalize": normalize}
+  if pairs:
+    result.update(completion_scores(state, tok, pairs, normalize, max_new_tokens))
+  if choices:
+    result.update(choice_accuracy(state, tok, choices))
+  return result
+
+
+def table(result: dict) -> str:
+  def show(key: str, what: str) -> str:
+    v = result[key]
+    return f"{key:<12} {'-' if v is None else f'{v:.4f}':>8}  {what}"
+
+  return "\n".join([
+      show("loss", f"nats per completion token ({result['n_completions']} prompt/completion "
+           "records)"),
+      show("bpb", "bits per byte of the completions"),
+      show("exact_match", f"greedy completions equal to the reference (normalize="
+           f"{result['normalize']})"),
+      show("mc_accuracy", f"best ending by log-likelihood per byte ({result['n_multiple_choice']} "
+           "multiple-choice records)")])
+
+
+def run() -> None:
+  f = flags.FLAGS
+  if not f.workdir or not f.data:
+    raise UserError("pass --workdir=<the run's workdir> and --data=<a .jsonl file of records>")
+  fields = {"prompt": run_field(f.workdir, "prompt_field", f.prompt_field, "prompt"),
+            "completion": run_field(f.workdir, "completion_field", f.completion_field,
+                                    "completion"),
+            "context": f.context_field, "endings": f.endings_field, "label": f.label_field}
+  split(f.data, fields)  # a bad file fails before the checkpoint is read
+  state, tok = trained.load(f.workdir, f.step)
+  t0 = time.time()
+  result = evaluate(state, tok, f.data, fields, f.normalize, f.max_new_tokens)
+  result.update(step=int(state.step), workdir=str(f.workdir), data=str(f.data))
+  print(f"step {int(state.step)} of {f.workdir} on {f.data} ({time.time() - t0:.1f}s)")
+  print(table(result))
+  if f.out:
+    try:
+      paths.write_json(Path(f.out).expanduser(), result)
+    except OSError as e:
+      raise UserError(f"cannot write {f.out} ({e.strerror}); pass --out=<a writable file>") \
+          from None
+    print(f"results: {f.out}", file=sys.stderr)
+
+
+def main() -> None:
+  define_flags()
+  cli.main(run)
