@@ -23,12 +23,13 @@ from jaxtrain.checkpoints import store as checkpoint
 from jaxtrain.config import validate as validation
 from jaxtrain.core import cpu, mesh, optim
 from jaxtrain.core import programs as programs_lib
+from jaxtrain.core import stats as stats_lib
 from jaxtrain.core.model import flops_per_token
 from jaxtrain.core.steps import TrainState
 from jaxtrain.data import corpus as data
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.generation import samples as sampling
-from jaxtrain.loop import early_stop, estimate, memory, metrics, monitor, status, summary, tblog
+from jaxtrain.loop import early_stop, estimate, memory, metrics, monitor, status, summary, tblog, wandb_log
 from jaxtrain.loop import hooks as hooks_lib
 from jaxtrain.loop.console import Console, LibraryLog
 from jaxtrain.loop.hooks import Hook
@@ -95,7 +96,8 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
   existed = workdir.exists()
   r, lock, result = None, WorkdirLock(), None  # the lock: taken in setup, released at the end
   try:
-    r = _setup(cfg, platform, show_progress, [*hooks, tblog.TensorBoard(), status.Status()],
+    r = _setup(cfg, platform, show_progress,
+               [*hooks, tblog.TensorBoard(), *wandb_log.hooks(cfg.log), status.Status()],
                t_start, library_log, lock)
     if r.log is not None:
       r.log.start()
@@ -307,11 +309,17 @@ def _step(r: Run, p: Progress, state: TrainState) -> TrainState:
   return state
 
 
-def _read(r: Run, p: Progress) -> float | None:
-  """Reads the pending step's metrics (waiting for it); returns its gradient norm."""
+def _read(r: Run, p: Progress, stats: dict | None = None) -> float | None:
+  """Reads the pending step's metrics (waiting for it); returns its gradient norm. Its per-group
+  statistics are copied from the device only when asked (into `stats`)."""
   if p.pending is None:
     return None
-  loss, grad_norm, note = p.guard.check(p.pending[0], jax.device_get(p.pending[1]))
+  micro = p.pending[1]
+  host = jax.device_get([{k: v for k, v in m.items() if stats is not None or not stats_lib.is_stat(k)}
+                         for m in micro])
+  loss, grad_norm, note = p.guard.check(p.pending[0], host)
+  if stats is not None:
+    stats.update(stats_lib.combine(host))
   p.pending = None
   if note:
     r.out.print(note)
@@ -320,7 +328,8 @@ def _read(r: Run, p: Progress) -> float | None:
 
 
 def _log(r: Run, p: Progress) -> None:
-  grad_norm = _read(r, p)
+  stats = {}
+  grad_norm = _read(r, p, stats)
   speed = p.meter.read(p.step, time.perf_counter())
   if speed is not None and not p.speed_said:
     p.speed_said = True
@@ -336,7 +345,7 @@ def _log(r: Run, p: Progress) -> None:
   saving_lib.check(r.ckpts, p.step)  # a background write that failed is reported now
   record = {"step": p.step, "loss": p.last_loss, "lr": lr, "grad_norm": grad_norm,
             "tokens_per_sec": speed.tokens_per_sec if speed else None,
-            "mfu": speed.mfu if speed else None, "elapsed_s": round(elapsed, 3), **mem}
+            "mfu": speed.mfu if speed else None, "elapsed_s": round(elapsed, 3), **mem, **stats}
   r.metrics_file.write(**record)
   for hook in r.hooks:
     hook.on_log(p.step, record)
