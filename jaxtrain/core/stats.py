@@ -5,7 +5,8 @@ Groups: "embedding" (token and position embeddings), "attention" and "mlp" (the 
 "norms" (norm scales), "head" (an untied output projection). With mode "layers" each block's
 groups are apart ("layer0.attention", ..., "layer0.norms"); the final norm stays "norms".
 Metric names: "grad_norm/<group>", "param_norm/<group>", "update_ratio/<group>" (a "/" marks a
-statistic, so the loop reads them only on the steps it logs).
+statistic). They are computed on every `train.log_every`-th optimizer step only (`step_stats`),
+and read by the loop on those steps.
 """
 
 import jax
@@ -53,22 +54,40 @@ def _sq(x: jax.Array) -> jax.Array:
   return jnp.sum(jnp.square(x.astype(jnp.float32)))
 
 
-def group_stats(params, grads, updates, mode: str) -> dict[str, jax.Array]:
-  """The statistics of one micro-step: `params` before the update, `grads` of this micro-batch,
-  `updates` what the optimizer adds to `params` (zeros on a micro-step that only accumulates).
-  An update ratio is ||update|| / ||params|| of its group (0 while those params are all zero)."""
+def group_stats(old_params, grads, new_params, mode: str) -> dict[str, jax.Array]:
+  """The statistics of one micro-step: `old_params` before the update, `grads` of this
+  micro-batch, `new_params` after it (unchanged on a micro-step that only accumulates). An update
+  ratio is ||new - old|| / ||old|| of its group (0 while those params are all zero). The update is
+  taken from the params, which the step holds anyway, rather than from the optimizer's output,
+  which XLA would then have to keep apart from the fused param update."""
   if mode == "none":
     return {}
-  p, g, u = (jax.tree.leaves(t) for t in (params, grads, updates))
+  p, g, n = (jax.tree.leaves(t) for t in (old_params, grads, new_params))
   out = {}
-  for name, idx in groups(params, mode).items():
-    p_sq, g_sq, u_sq = (sum(_sq(leaves[i]) for i in idx) for leaves in (p, g, u))
+  for name, idx in groups(old_params, mode).items():
+    p_sq = sum(_sq(p[i]) for i in idx)
+    g_sq = sum(_sq(g[i]) for i in idx)
+    u_sq = sum(_sq(n[i].astype(jnp.float32) - p[i].astype(jnp.float32)) for i in idx)
     p_norm = jnp.sqrt(p_sq)
     out[f"grad_norm/{name}"] = jnp.sqrt(g_sq)
     out[f"param_norm/{name}"] = p_norm
     out[f"update_ratio/{name}"] = jnp.where(p_norm > 0, jnp.sqrt(u_sq) / jnp.where(p_norm > 0, p_norm, 1),
                                             0.0)
   return out
+
+
+def step_stats(old_params, grads, new_params, mode: str, every: int,
+               step: jax.Array) -> dict[str, jax.Array]:
+  """`group_stats` on the micro-steps of every `every`-th optimizer step (`step`: the optimizer
+  steps taken before this micro-step), zeros on the others: the loop reads them only on the
+  steps it logs, and the other steps skip the reductions."""
+  if mode == "none":
+    return {}
+  compute = lambda: group_stats(old_params, grads, new_params, mode)
+  if every == 1:
+    return compute()
+  zeros = {f"{s}/{g}": jnp.zeros((), jnp.float32) for g in groups(old_params, mode) for s in STATS}
+  return jax.lax.cond((step + 1) % every == 0, compute, lambda: zeros)
 
 
 def combine(micro: list[dict]) -> dict[str, float]:
