@@ -328,8 +328,8 @@ def _read(r: Run, p: Progress, stats: dict | None = None) -> float | None:
 
 
 def _log(r: Run, p: Progress) -> None:
-  stats = {}  # the train step computes them on every log_every-th step
-  grad_norm = _read(r, p, stats if p.step % r.cfg.train.log_every == 0 else None)
+  stats = {}
+  grad_norm = _read(r, p, stats)
   speed = p.meter.read(p.step, time.perf_counter())
   if speed is not None and not p.speed_said:
     p.speed_said = True

@@ -97,9 +97,9 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
         if on_cpu else {}
   one_allreduce = (on_cpu and device_mesh.shape["data"] > 1 and device_mesh.shape["fsdp"] == 1
                    and model_cfg.dropout == 0 and step_flops / len(devices) < ONE_ALLREDUCE_FLOPS)
-  stats = (cfg.log.group_stats, cfg.train.log_every)  # computed on the logged steps only
-  train_fn = mesh.one_allreduce_step(device_mesh, *stats) if one_allreduce else \
-      functools.partial(steps.train_step, stats=stats[0], stats_every=stats[1])
+  stats = cfg.log.group_stats
+  train_fn = mesh.one_allreduce_step(device_mesh, stats) if one_allreduce else \
+      functools.partial(steps.train_step, stats=stats)
   batch = {"tokens": mesh.batch_sharding(device_mesh)}
   rep = mesh.replicated(device_mesh)
   return Programs(

@@ -5,8 +5,8 @@ Groups: "embedding" (token and position embeddings), "attention" and "mlp" (the 
 "norms" (norm scales), "head" (an untied output projection). With mode "layers" each block's
 groups are apart ("layer0.attention", ..., "layer0.norms"); the final norm stays "norms".
 Metric names: "grad_norm/<group>", "param_norm/<group>", "update_ratio/<group>" (a "/" marks a
-statistic). They are computed on every `train.log_every`-th optimizer step only (`step_stats`),
-and read by the loop on those steps.
+statistic). The step computes them every time (a few reductions, fused with work it does
+anyway); the loop copies them off the device only on the steps it logs.
 """
 
 import jax
@@ -74,20 +74,6 @@ def group_stats(old_params, grads, new_params, mode: str) -> dict[str, jax.Array
     out[f"update_ratio/{name}"] = jnp.where(p_norm > 0, jnp.sqrt(u_sq) / jnp.where(p_norm > 0, p_norm, 1),
                                             0.0)
   return out
-
-
-def step_stats(old_params, grads, new_params, mode: str, every: int,
-               step: jax.Array) -> dict[str, jax.Array]:
-  """`group_stats` on the micro-steps of every `every`-th optimizer step (`step`: the optimizer
-  steps taken before this micro-step), zeros on the others: the loop reads them only on the
-  steps it logs, and the other steps skip the reductions."""
-  if mode == "none":
-    return {}
-  compute = lambda: group_stats(old_params, grads, new_params, mode)
-  if every == 1:
-    return compute()
-  zeros = {f"{s}/{g}": jnp.zeros((), jnp.float32) for g in groups(old_params, mode) for s in STATS}
-  return jax.lax.cond((step + 1) % every == 0, compute, lambda: zeros)
 
 
 def combine(micro: list[dict]) -> dict[str, float]:

@@ -81,14 +81,12 @@ def loss_fn(params, graphdef: nnx.GraphDef, tokens_BT1: jax.Array,
   return cross_entropy(logits_BTV, tokens_BT1[:, 1:])
 
 
-def train_step(state: TrainState, batch: dict, stats: str = "none",
-               stats_every: int = 1) -> tuple[TrainState, dict]:
+def train_step(state: TrainState, batch: dict, stats: str = "none") -> tuple[TrainState, dict]:
   """One micro-batch: gradients, then the optimizer (which applies an update every grad_accum).
-  `stats`, `stats_every`: per-group statistics in the metrics too, on every stats_every-th
-  optimizer step (stats.step_stats; both bound before jit)."""
+  `stats`: per-group statistics in the metrics too (stats.MODES; bound before jit)."""
   rng, dropout_key = jax.random.split(state.rng)
   loss, grads = gradients(state, batch["tokens"], dropout_key)
-  return apply_gradients(state, rng, loss, grads, stats, stats_every)
+  return apply_gradients(state, rng, loss, grads, stats)
 
 
 def gradients(state: TrainState, tokens_BT1: jax.Array,
@@ -104,7 +102,7 @@ def gradients(state: TrainState, tokens_BT1: jax.Array,
 
 
 def apply_gradients(state: TrainState, rng: jax.Array, loss: jax.Array,
-                    grads: Any, stats: str = "none", stats_every: int = 1) -> tuple[TrainState, dict]:
+                    grads: Any, stats: str = "none") -> tuple[TrainState, dict]:
   """The optimizer's part of `train_step`; `rng` is the state's next dropout key."""
   scale = state.loss_scale
   grad_norm = optax.tree.norm(grads)
@@ -117,8 +115,7 @@ def apply_gradients(state: TrainState, rng: jax.Array, loss: jax.Array,
     scale = jnp.clip(jnp.where(jnp.isfinite(grad_norm), scale * LOSS_SCALE_GROWTH, scale / 2),
                      1.0, 2.0**24)
   metrics = {"loss": loss, "grad_norm": grad_norm, "skipped": optim.skipped_steps(opt_state),
-             "loss_scale": scale,
-             **stats_lib.step_stats(state.params, grads, params, stats, stats_every, state.step)}
+             "loss_scale": scale, **stats_lib.group_stats(state.params, grads, params, stats)}
   return state.replace(params=params, opt_state=opt_state, step=step, rng=rng,
                        loss_scale=scale), metrics
 
