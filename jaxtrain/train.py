@@ -22,9 +22,9 @@ from jaxtrain.checkpoints import init_from
 from jaxtrain.checkpoints import lifecycle as saving_lib
 from jaxtrain.checkpoints import store as checkpoint
 from jaxtrain.config import validate as validation
-from jaxtrain.core import cpu, mesh, optim
+from jaxtrain.core import cpu, mesh
 from jaxtrain.core import programs as programs_lib
-from jaxtrain.core.model import flops_per_token
+from jaxtrain.core import stats as stats_lib
 from jaxtrain.core.steps import TrainState
 from jaxtrain.data import corpus as data
 from jaxtrain.data import tokenizer as tokenizer_lib
@@ -32,14 +32,13 @@ from jaxtrain.loop import (
   budget,
   early_stop,
   ending,
-  estimate,
-  memory,
   metrics,
-  monitor,
   profile,
+  progress,
   status,
   summary,
   tblog,
+  wandb_log,
 )
 from jaxtrain.loop import hooks as hooks_lib
 from jaxtrain.loop.console import Console, LibraryLog
@@ -108,7 +107,8 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
       cfg = cfg.copy_and_resolve_references()
     cpu.split_cpu(cfg)  # before jax starts its backends
     platform = runtime.setup(cfg)
-    r = _setup(cfg, platform, show_progress, [*hooks, tblog.TensorBoard(), status.Status()],
+    r = _setup(cfg, platform, show_progress,
+               [*hooks, tblog.TensorBoard(), *wandb_log.hooks(cfg.log), status.Status()],
                t_start, library_log, lock)
     if taken:
       r.out.print(f"init_from: from {cfg.init_from}, {', '.join(taken)}")
@@ -220,54 +220,11 @@ def _restore(r: Run) -> tuple[TrainState, float, float]:
   return state, meta.get("elapsed_s", 0.0), meta.get("best_val_loss") or math.inf
 
 
-@dataclasses.dataclass
-class Progress:
-  """What the loop carries from step to step."""
-
-  step: int
-  elapsed_before: float  # training seconds of earlier legs of this run
-  t_run: float  # when this leg's training began
-  best: monitor.BestVal
-  guard: monitor.NonFiniteGuard
-  meter: monitor.Throughput
-  schedule: object  # jitted: the learning rate at a step
-  eval_set: list[dict]  # the same placed validation batches at every evaluation
-  bpb: float  # val_bpb / val_loss over eval_set (data.bits_per_byte)
-  eval_weights: np.ndarray | None  # targets in the loss per eval batch (completions only); None: all
-  pending: tuple[int, list[dict]] | None = None  # a step whose metrics are still on the device
-  last_loss: float | None = None
-  last_val: float | None = None
-  speed_said: bool = False  # the first speed reading gets a line of its own
-  mem_watch: memory.Watch = dataclasses.field(default_factory=memory.Watch)
-
-  def elapsed(self) -> float:
-    return self.elapsed_before + time.time() - self.t_run
-
-
-def _progress(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> Progress:
-  cfg, t = r.cfg, r.cfg.train
-  dtype = r.programs.model_cfg.dtype
-  eval_batches = data.eval_batches(r.corpus, t.batch_size, cfg.model.seq_len, cfg.seed,
-                                   t.eval_steps, jax.process_index(), jax.process_count())
-  return Progress(
-      step=int(state.step), elapsed_before=elapsed_before, t_run=time.time(),
-      best=monitor.BestVal(best_val),
-      guard=monitor.NonFiniteGuard(t.skip_nonfinite, r.programs.abstract.dynamic_loss_scale),
-      meter=monitor.Throughput(t.batch_size * t.grad_accum * cfg.model.seq_len,
-                               flops_per_token(r.programs.model_cfg), t.max_steps,
-                               peak=lambda: estimate.peak_flops(jax.devices(), dtype)[0]),
-      schedule=jax.jit(optim.lr_schedule(cfg.optim, t.max_steps)),
-      eval_set=[r.programs.place(b) for b in eval_batches],
-      bpb=data.bits_per_byte(r.corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps),
-      eval_weights=data.eval_weights(r.corpus, t.batch_size, cfg.model.seq_len, cfg.seed,
-                                     t.eval_steps))
-
-
 def _loop(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> ending.RunResult:
   t = r.cfg.train
   if int(state.step) >= t.max_steps:
     return ending.already_done(r, int(state.step))
-  p = _progress(r, state, elapsed_before, best_val)
+  p = progress.start(r, state, elapsed_before, best_val)
   for hook in r.hooks:
     hook.on_start(r, p.step)
   signal_stop = hook_stop = None
@@ -318,7 +275,7 @@ def _loop(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> 
   return ending.finish(r, state, p, speed)
 
 
-def _step(r: Run, p: Progress, state: TrainState) -> TrainState:
+def _step(r: Run, p: progress.Progress, state: TrainState) -> TrainState:
   """One optimizer step: grad_accum micro-batches. The previous step's metrics are read now
   that this one is queued; this one's stay on the device."""
   micro = []
@@ -336,11 +293,17 @@ def _step(r: Run, p: Progress, state: TrainState) -> TrainState:
   return state
 
 
-def _read(r: Run, p: Progress) -> float | None:
-  """Reads the pending step's metrics (waiting for it); returns its gradient norm."""
+def _read(r: Run, p: progress.Progress, stats: dict | None = None) -> float | None:
+  """Reads the pending step's metrics (waiting for it); returns its gradient norm. Its per-group
+  statistics are copied from the device only when asked (into `stats`)."""
   if p.pending is None:
     return None
-  loss, grad_norm, note = p.guard.check(p.pending[0], jax.device_get(p.pending[1]))
+  micro = p.pending[1]
+  host = jax.device_get([{k: v for k, v in m.items() if stats is not None or not stats_lib.is_stat(k)}
+                         for m in micro])
+  loss, grad_norm, note = p.guard.check(p.pending[0], host)
+  if stats is not None:
+    stats.update(stats_lib.combine(host))
   p.pending = None
   if note:
     r.out.print(note)
@@ -348,8 +311,9 @@ def _read(r: Run, p: Progress) -> float | None:
   return grad_norm
 
 
-def _log(r: Run, p: Progress) -> None:
-  grad_norm = _read(r, p)
+def _log(r: Run, p: progress.Progress) -> None:
+  stats = {}
+  grad_norm = _read(r, p, stats)
   speed = p.meter.read(p.step, time.perf_counter())
   if speed is not None and not p.speed_said:
     p.speed_said = True
@@ -365,13 +329,13 @@ def _log(r: Run, p: Progress) -> None:
   saving_lib.check(r.ckpts, p.step)  # a background write that failed is reported now
   record = {"step": p.step, "loss": p.last_loss, "lr": lr, "grad_norm": grad_norm,
             "tokens_per_sec": speed.tokens_per_sec if speed else None,
-            "mfu": speed.mfu if speed else None, "elapsed_s": round(elapsed, 3), **mem}
+            "mfu": speed.mfu if speed else None, "elapsed_s": round(elapsed, 3), **mem, **stats}
   r.metrics_file.write(**record)
   for hook in r.hooks:
     hook.on_log(p.step, record)
 
 
-def _evaluate(r: Run, p: Progress, state: TrainState) -> float:
+def _evaluate(r: Run, p: progress.Progress, state: TrainState) -> float:
   losses = []
   for batch in p.eval_set:
     losses.append(r.programs.eval_step(state, batch)["loss"])

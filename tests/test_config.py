@@ -44,6 +44,10 @@ BAD = [
     ({"mesh.data": 0}, "mesh.data", "-1 (all devices) or >= 1"),
     ({"mesh.data": -1, "mesh.fsdp": -1}, "mesh.fsdp", "only one mesh axis"),
     ({"workdir": " "}, "workdir", "is empty"),
+    ({"log.group_stats": "layer"}, "log.group_stats", "not one of groups, layers, none"),
+    ({"log.wandb_mode": "disabled"}, "log.wandb_mode", "not one of online, offline"),
+    ({"log.wandb_project": "team/proj"}, "log.wandb_project", "not a W&B project name"),
+    ({"log.wandb_project": ""}, "log.wandb_project", "not a W&B project name"),
 ]
 
 

@@ -44,7 +44,8 @@ CHOICES = {"model.norm": config.NORMS, "model.pos": config.POSITIONS, "model.mlp
            "model.dtype": config.DTYPES, "model.attention": config.ATTENTION,
            "optim.name": config.OPTIMIZERS, "optim.schedule": config.SCHEDULES,
            "data.tokenizer": config.TOKENIZERS, "optim.loss_scaling": config.LOSS_SCALING,
-           "model.remat": config.REMATS}
+           "model.remat": config.REMATS, "log.group_stats": config.GROUP_STATS,
+           "log.wandb_mode": config.WANDB_MODES}
 ODD_STRINGS = ["", " ", "nan", "-1", "1e9", "True", "auto ", "RMSNORM", "a:b", "host:", ":1",
                "localhost:1234", "10.0.0.1:99999999999", "é", "a\nb", "\x00"]
 

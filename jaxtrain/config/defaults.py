@@ -25,6 +25,8 @@ ATTENTION = ("auto", "xla", "cudnn")
 TOKENIZERS = ("byte", "char", "bpe")  # or the path of a tokenizer.json
 LOSS_SCALING = ("auto", "dynamic", "off")
 REMATS = ("none", "dots", "full")
+WANDB_MODES = ("online", "offline")
+GROUP_STATS = ("groups", "layers", "none")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -42,6 +44,7 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.sample = _sample()
   cfg.mesh = _mesh()
   cfg.distributed = _distributed()
+  cfg.log = _log()
   return cfg.lock()  # new fields: only here; a config file or override that names another fails
 
 
@@ -156,6 +159,17 @@ def _distributed() -> ml_collections.ConfigDict:
   distributed.process_id = -1  # -1: from the environment (Slurm) or 0
   distributed.timeout_s = 300  # how long to wait for every process to join
   return distributed
+
+
+def _log() -> ml_collections.ConfigDict:
+  log = ml_collections.ConfigDict()
+  # Per-group gradient norm, param norm and update/param ratio every train.log_every steps:
+  # groups (embedding, attention, mlp, norms, head) | layers (each block's groups apart) | none
+  log.group_stats = "groups"
+  log.wandb = False  # True: also log to Weights & Biases (pip install 'jaxtrain[wandb]')
+  log.wandb_project = "jaxtrain"  # $WANDB_PROJECT wins
+  log.wandb_mode = "online"  # online | offline (sync later: wandb sync); $WANDB_MODE wins
+  return log
 
 
 def override(cfg: ml_collections.ConfigDict, **dotted) -> ml_collections.ConfigDict:

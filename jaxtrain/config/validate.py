@@ -57,7 +57,7 @@ MAX_BUDGET_S = 30 * 86400
 FLOAT32_BELOW_1 = 1 - 2**-24  # numbers from here to 1 round to 1 in float32
 # Path fields: a NUL or a newline in one is a mistake, and would break the one-line messages.
 PATH_FIELDS = ("workdir", "data.path", "data.cache_dir", "init_from", "data.tokenizer",
-               "data.text_field", "data.prompt_field", "data.completion_field")
+               "data.text_field", "data.prompt_field", "data.completion_field", "log.wandb_project")
 KINDS = {bool: "True or False", int: "an integer", str: "a string",
           float: "a number within float32's range (|x| <= 3.4e38)"}
 
@@ -117,6 +117,17 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   _validate_sizes(cfg)
   _validate_data_sample(cfg)
   _validate_mesh_distributed(cfg)
+  _validate_log(cfg)
+
+
+def _validate_log(cfg: ml_collections.ConfigDict) -> None:
+  _one_of(cfg.log.group_stats, config.GROUP_STATS, "log.group_stats")
+  _one_of(cfg.log.wandb_mode, config.WANDB_MODES, "log.wandb_mode")
+  project = cfg.log.wandb_project
+  # W&B refuses these characters in project names (and the name's length past 128).
+  _check(project.strip() != "" and len(project) <= 128 and not any(c in project for c in "/\\#?%:"),
+         "log.wandb_project", f"{_show(project)} is not a W&B project name (1-128 characters, none "
+         "of / \\ # ? % :)", "pass e.g. --config.log.wandb_project=jaxtrain")
 
 
 def _validate_model(cfg: ml_collections.ConfigDict) -> None:

@@ -92,7 +92,7 @@ def global_batch(batch: dict, mesh: Mesh) -> dict:
   return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
 
 
-def one_allreduce_step(mesh: Mesh):
+def one_allreduce_step(mesh: Mesh, stats: str = "none"):
   """`steps.train_step` written per device, for pure data parallelism without dropout (each
   device would draw its own mask): its rows' gradients, one all-reduce of all of them as one
   flat buffer, then the same optimizer update on every device.
@@ -116,6 +116,6 @@ def one_allreduce_step(mesh: Mesh):
                                 out_specs=(P(), P()))(state.params, state.loss_scale,
                                                       batch["tokens"])
     rng, _ = jax.random.split(state.rng)  # as in train_step: its dropout key goes unused
-    return steps.apply_gradients(state, rng, loss, grads)
+    return steps.apply_gradients(state, rng, loss, grads, stats)
 
   return train_step

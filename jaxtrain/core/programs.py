@@ -6,6 +6,7 @@ helpers, the notebooks and every benchmark call it, so what is measured is what 
 """
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable
 
@@ -107,7 +108,9 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   one_allreduce = (on_cpu and not weighted and device_mesh.shape["data"] > 1
                    and device_mesh.shape["fsdp"] == 1 and model_cfg.dropout == 0
                    and step_flops / len(devices) < ONE_ALLREDUCE_FLOPS)
-  train_fn = mesh.one_allreduce_step(device_mesh) if one_allreduce else steps.train_step
+  stats = cfg.log.group_stats
+  train_fn = mesh.one_allreduce_step(device_mesh, stats) if one_allreduce else \
+      functools.partial(steps.train_step, stats=stats)
   batch = mesh.batch_sharding(device_mesh)  # every entry of a batch (tokens, weights)
   rep = mesh.replicated(device_mesh)
   return Programs(

@@ -17,6 +17,7 @@ from flax import nnx, struct
 from jaxtrain.core import loss as loss_lib
 from jaxtrain.core import model as model_lib
 from jaxtrain.core import optim
+from jaxtrain.core import stats as stats_lib
 
 TRAIN_METRICS = ("loss", "grad_norm", "skipped", "loss_scale")  # what train_step reports
 EVAL_METRICS = ("loss",)
@@ -92,11 +93,12 @@ def loss_fn(params, graphdef: nnx.GraphDef, tokens_BT1: jax.Array,
   return loss_lib.mean_loss(losses_BT, weights_BT)
 
 
-def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-  """One micro-batch: gradients, then the optimizer (which applies an update every grad_accum)."""
+def train_step(state: TrainState, batch: dict, stats: str = "none") -> tuple[TrainState, dict]:
+  """One micro-batch: gradients, then the optimizer (which applies an update every grad_accum).
+  `stats`: per-group statistics in the metrics too (stats.MODES; bound before jit)."""
   rng, dropout_key = jax.random.split(state.rng)
   loss, grads = gradients(state, batch["tokens"], dropout_key, batch.get("weights"))
-  return apply_gradients(state, rng, loss, grads)
+  return apply_gradients(state, rng, loss, grads, stats)
 
 
 def gradients(state: TrainState, tokens_BT1: jax.Array, dropout_key: jax.Array | None,
@@ -112,7 +114,7 @@ def gradients(state: TrainState, tokens_BT1: jax.Array, dropout_key: jax.Array |
 
 
 def apply_gradients(state: TrainState, rng: jax.Array, loss: jax.Array,
-                    grads: Any) -> tuple[TrainState, dict]:
+                    grads: Any, stats: str = "none") -> tuple[TrainState, dict]:
   """The optimizer's part of `train_step`; `rng` is the state's next dropout key."""
   scale = state.loss_scale
   grad_norm = optax.tree.norm(grads)
@@ -125,7 +127,7 @@ def apply_gradients(state: TrainState, rng: jax.Array, loss: jax.Array,
     scale = jnp.clip(jnp.where(jnp.isfinite(grad_norm), scale * LOSS_SCALE_GROWTH, scale / 2),
                      1.0, 2.0**24)
   metrics = {"loss": loss, "grad_norm": grad_norm, "skipped": optim.skipped_steps(opt_state),
-             "loss_scale": scale}
+             "loss_scale": scale, **stats_lib.group_stats(state.params, grads, params, stats)}
   return state.replace(params=params, opt_state=opt_state, step=step, rng=rng,
                        loss_scale=scale), metrics
 

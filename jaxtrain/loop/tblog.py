@@ -2,7 +2,8 @@
 `tensorboard --logdir runs` shows every run under runs/ side by side.
 
 Scalars: the train lines' numbers (train/loss, train/lr, train/grad_norm), speed (perf/...),
-memory (memory/..._mib) and every number of an evaluation (val/loss, val/ppl, val/bpb, ...); the
+memory (memory/..._mib), the per-group statistics (grad_norm/<group>, param_norm/<group>,
+update_ratio/<group>) and every number of an evaluation (val/loss, val/ppl, val/bpb, ...); the
 config as hparams; the end-of-run samples as text. A resumed run drops the events past the step
 it restored, as metrics.jsonl does, so its curves continue without a second copy of any step.
 """
@@ -25,12 +26,22 @@ HPARAMS_TAG = "_hparams_/"  # tensorboard's hparams plugin writes its summaries 
 
 
 def tag(section: str, key: str) -> str:
-  """The scalar's name: train/loss, perf/mfu, memory/peak_rss_mib, val/bpb, ..."""
+  """The scalar's name: train/loss, perf/mfu, memory/peak_rss_mib, val/bpb, ...; a key that
+  names its own section keeps it (grad_norm/attention: one chart per group under grad_norm)."""
+  if "/" in key:
+    return key
   if key.endswith("_bytes"):
     return f"memory/{key[:-len('_bytes')]}_mib"
   if key in PERF:
     return f"perf/{key}"
   return f"{section}/{key.removeprefix('val_')}"
+
+
+def scalars(section: str, record: dict) -> dict[str, float]:
+  """{tag: value} of a record's numbers, as TensorBoard (and W&B) show them: bytes as MiB."""
+  return {tag(section, key): value / 2**20 if key.endswith("_bytes") else value
+          for key, value in record.items()
+          if key not in SKIP and isinstance(value, int | float) and not isinstance(value, bool)}
 
 
 def read_records(path: Path) -> list[bytes]:
@@ -92,10 +103,8 @@ class TensorBoard(Hook):
   def _scalars(self, section: str, step: int, record: dict) -> None:
     if self.writer is None:
       return
-    for key, value in record.items():
-      if key not in SKIP and isinstance(value, int | float) and not isinstance(value, bool):
-        self.writer.add_scalar(tag(section, key), value / 2**20 if key.endswith("_bytes")
-                               else value, step)
+    for name, value in scalars(section, record).items():
+      self.writer.add_scalar(name, value, step)
 
   def on_log(self, step: int, record: dict) -> None:
     self._scalars("train", step, record)

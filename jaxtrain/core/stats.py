@@ -1,0 +1,89 @@
+"""Per-group training statistics, computed inside the compiled train step from trees it already
+holds: each group's gradient norm, parameter norm and update-to-parameter ratio.
+
+Groups: "embedding" (token and position embeddings), "attention" and "mlp" (the blocks' kernels),
+"norms" (norm scales), "head" (an untied output projection). With mode "layers" each block's
+groups are apart ("layer0.attention", ..., "layer0.norms"); the final norm stays "norms".
+Metric names: "grad_norm/<group>", "param_norm/<group>", "update_ratio/<group>" (a "/" marks a
+statistic). The step computes them every time (a few reductions, fused with work it does
+anyway); the loop copies them off the device only on the steps it logs.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from jaxtrain.core import optim
+
+MODES = ("groups", "layers", "none")
+STATS = ("grad_norm", "param_norm", "update_ratio")
+
+
+def is_stat(key: str) -> bool:
+  return "/" in key
+
+
+def _names(path) -> list:
+  return [getattr(k, "key", getattr(k, "name", getattr(k, "idx", None))) for k in path]
+
+
+def group_of(path, muon_group: str, mode: str) -> str:
+  """The statistics group of the param at `path`; `muon_group` is optim.param_groups' for it."""
+  names = _names(path)
+  if muon_group in ("embedding", "head"):
+    return muon_group
+  if muon_group == "vector":
+    group = "norms"
+  else:
+    group = "attention" if "attn" in names else "mlp" if "mlp" in names else "other"
+  if mode == "layers" and "blocks" in names:
+    return f"layer{names[names.index('blocks') + 1]}.{group}"
+  return group
+
+
+def groups(params, mode: str) -> dict[str, list[int]]:
+  """{group: indices of its leaves in jax.tree.leaves(params)}, in the order leaves come."""
+  with_path = jax.tree_util.tree_leaves_with_path(params)
+  muon = jax.tree.leaves(optim.param_groups(params))
+  out: dict[str, list[int]] = {}
+  for i, ((path, _), muon_group) in enumerate(zip(with_path, muon)):
+    out.setdefault(group_of(path, muon_group, mode), []).append(i)
+  return out
+
+
+def _sq(x: jax.Array) -> jax.Array:
+  return jnp.sum(jnp.square(x.astype(jnp.float32)))
+
+
+def group_stats(old_params, grads, new_params, mode: str) -> dict[str, jax.Array]:
+  """The statistics of one micro-step: `old_params` before the update, `grads` of this
+  micro-batch, `new_params` after it (unchanged on a micro-step that only accumulates). An update
+  ratio is ||new - old|| / ||old|| of its group (0 while those params are all zero). The update is
+  taken from the params, which the step holds anyway, rather than from the optimizer's output,
+  which XLA would then have to keep apart from the fused param update."""
+  if mode == "none":
+    return {}
+  p, g, n = (jax.tree.leaves(t) for t in (old_params, grads, new_params))
+  out = {}
+  for name, idx in groups(old_params, mode).items():
+    p_sq = sum(_sq(p[i]) for i in idx)
+    g_sq = sum(_sq(g[i]) for i in idx)
+    u_sq = sum(_sq(n[i].astype(jnp.float32) - p[i].astype(jnp.float32)) for i in idx)
+    p_norm = jnp.sqrt(p_sq)
+    out[f"grad_norm/{name}"] = jnp.sqrt(g_sq)
+    out[f"param_norm/{name}"] = p_norm
+    out[f"update_ratio/{name}"] = jnp.where(p_norm > 0, jnp.sqrt(u_sq) / jnp.where(p_norm > 0, p_norm, 1),
+                                            0.0)
+  return out
+
+
+def combine(micro: list[dict]) -> dict[str, float]:
+  """One optimizer step's statistics from its micro-steps' (host values): gradient norms are the
+  mean over micro-batches, as the global grad_norm; the param norm and update ratio are the last
+  micro-step's, the one whose update the optimizer applied."""
+  out = {}
+  for key in micro[-1]:
+    if not is_stat(key):
+      continue
+    values = [float(m[key]) for m in micro] if key.startswith("grad_norm/") else [float(micro[-1][key])]
+    out[key] = sum(values) / len(values)
+  return out
