@@ -26,6 +26,7 @@ from jaxtrain.core import programs as programs_lib
 from jaxtrain.core.model import flops_per_token
 from jaxtrain.core.steps import TrainState
 from jaxtrain.data import corpus as data
+from jaxtrain.data import mixture
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.loop import (
   budget,
@@ -35,6 +36,7 @@ from jaxtrain.loop import (
   memory,
   metrics,
   monitor,
+  sources,
   status,
   summary,
   tblog,
@@ -150,15 +152,15 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
   out.print(f"jaxtrain {__version__} | workdir {workdir} | {platform} x{len(devices)} "
             f"(mesh data={data_axis} fsdp={fsdp_axis}) | jax {jax.__version__}"
             + (f" | {allocator.in_use()} allocator" if platform == "cpu" else ""))
-  corpus = data.prepare(cfg.data, show_progress=out.use_bar, log=out.print)
-  data.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
+  corpus = mixture.prepare(cfg.data, show_progress=out.use_bar, log=out.print)
+  mixture.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
   vocab = tokenizer_lib.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
   programs = programs_lib.build(cfg, vocab, devices, eot_id=corpus.tokenizer.eot_id)
   if cfg.train.time_budget:
     spent = budget.process_age_s if library_log else lambda: time.time() - t_start
     programs = budget.fit(cfg, programs, devices, workdir, out.print, spent)
   summary.describe(out, cfg, corpus, programs)
-  train_iter = data.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed,
+  train_iter = mixture.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed,
                                    jax.process_index(), jax.process_count())
   run_meta = {"jaxtrain_version": __version__, "data_fingerprint": corpus.fingerprint,
               "tokenizer": corpus.tokenizer.to_json(), "config": cfg.to_dict()}
@@ -230,6 +232,7 @@ class Progress:
   last_val: float | None = None
   speed_said: bool = False  # the first speed reading gets a line of its own
   mem_watch: memory.Watch = dataclasses.field(default_factory=memory.Watch)
+  source_sets: list = dataclasses.field(default_factory=list)  # data.mixture's, placed
 
   def elapsed(self) -> float:
     return self.elapsed_before + time.time() - self.t_run
@@ -238,8 +241,9 @@ class Progress:
 def _progress(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> Progress:
   cfg, t = r.cfg, r.cfg.train
   dtype = r.programs.model_cfg.dtype
-  eval_batches = data.eval_batches(r.corpus, t.batch_size, cfg.model.seq_len, cfg.seed,
-                                   t.eval_steps, jax.process_index(), jax.process_count())
+  sets = mixture.eval_sets(r.corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps,
+                           jax.process_index(), jax.process_count())
+  sets = [dataclasses.replace(s, batches=[r.programs.place(b) for b in s.batches]) for s in sets]
   return Progress(
       step=int(state.step), elapsed_before=elapsed_before, t_run=time.time(),
       best=monitor.BestVal(best_val),
@@ -248,8 +252,7 @@ def _progress(r: Run, state: TrainState, elapsed_before: float, best_val: float)
                                flops_per_token(r.programs.model_cfg), t.max_steps,
                                peak=lambda: estimate.peak_flops(jax.devices(), dtype)[0]),
       schedule=jax.jit(optim.lr_schedule(cfg.optim, t.max_steps)),
-      eval_set=[r.programs.place(b) for b in eval_batches],
-      bpb=data.bits_per_byte(r.corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps))
+      eval_set=sets[0].batches, bpb=sets[0].bpb, source_sets=sets[1:])
 
 
 def _loop(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> ending.RunResult:
@@ -369,6 +372,9 @@ def _evaluate(r: Run, p: Progress, state: TrainState) -> float:
               f"{val * p.bpb:.4f} bits/byte")
   record = {"step": p.step, "val_loss": val, "val_ppl": ppl, "val_bpb": val * p.bpb,
             "elapsed_s": round(p.elapsed(), 3)}
+  if p.source_sets:
+    record.update(sources.evaluate(r.programs, state, p.source_sets, _throttle))
+    r.out.print(sources.line(p.step, record))
   r.metrics_file.write(**record)
   for hook in r.hooks:
     hook.on_eval(p.step, record)

@@ -107,6 +107,7 @@ def _optim() -> ml_collections.ConfigDict:
 def _data() -> ml_collections.ConfigDict:
   data = ml_collections.ConfigDict()
   data.path = ""  # text, .jsonl or .parquet files: a file, directory or glob; "": Python's stdlib
+  data.mixture = ""  # "books/*.txt:3,notes.jsonl:1": sources (as data.path) drawn by weight; "": off
   data.text_field = "text"  # the .jsonl field or .parquet column that holds each document
   data.tokenizer = "byte"  # byte | char | bpe (trained on the corpus) | a tokenizer.json path
   data.vocab_size = 4096  # tokens of the bpe vocabulary, end-of-text included (>= 257)

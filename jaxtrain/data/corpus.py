@@ -47,6 +47,7 @@ class Corpus:
   n_bytes: int
   notes: list[str]  # what was skipped or replaced, for the log
   n_docs: int = 0
+  sources: list = dataclasses.field(default_factory=list)  # data.mixture's (mixture.Source)
 
   @property
   def train(self) -> np.ndarray:
@@ -65,10 +66,12 @@ def _ordered(files: list[Path]) -> list[Path]:
   return [files[i] for i in np.random.default_rng(0).permutation(len(files))]
 
 
-def _cache_key(files: list[Path], data: ml_collections.ConfigDict) -> str:
+def _cache_key(files: list[Path], data: ml_collections.ConfigDict, fixed=None) -> str:
   """Names, sizes and mtimes of the files, and every setting that changes the tokens or split."""
   tok = data.tokenizer
-  if tok not in tokenizer_lib.BUILTIN:  # a tokenizer.json: its content
+  if fixed is not None:
+    tok = hashlib.sha256(json.dumps(fixed.to_json(), sort_keys=True).encode()).hexdigest()
+  elif tok not in tokenizer_lib.BUILTIN:  # a tokenizer.json: its content
     try:
       tok = hashlib.sha256(Path(tok).expanduser().read_bytes()).hexdigest()
     except OSError as e:
@@ -83,15 +86,17 @@ def _cache_key(files: list[Path], data: ml_collections.ConfigDict) -> str:
   return h.hexdigest()[:24]
 
 
-def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=print) -> Corpus:
-  """Tokenizes `data.path` once (cached by file names, sizes, mtimes and the tokenizer's
-  settings) and maps it."""
-  files = _ordered(resolve_files(data.path))
+def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=print,
+            files: list[Path] | None = None, tokenizer=None) -> Corpus:
+  """Tokenizes `data.path` (or `files`) once (cached by file names, sizes, mtimes and the
+  tokenizer's settings) and maps it. `tokenizer`: this one instead of `data.tokenizer`'s."""
+  files = _ordered(resolve_files(data.path) if files is None else files)
   if not files:
     raise ConfigError("data.path", f"{describe(data.path)!r} matches no file (not a file, a "
                       "directory with files, or a glob)", "point --config.data.path at your text "
                       "(file, directory or glob), or leave it empty for the Python standard library")
-  cache = _Cache(Path(data.cache_dir or default_cache_dir()) / "tokens", _cache_key(files, data))
+  cache = _Cache(Path(data.cache_dir or default_cache_dir()) / "tokens",
+                 _cache_key(files, data, tokenizer))
   meta, damage = cache.load()
   if meta is None:
     with cache.writing(log):
@@ -99,7 +104,7 @@ def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=pri
       if meta is None:
         if damage:
           log(f"data: ignoring the token cache {cache.bin} ({damage}); tokenizing again")
-        meta = _tokenize(files, data, cache, show_progress, log)
+        meta = _tokenize(files, data, cache, show_progress, log, tokenizer)
   tok = tokenizer_lib.from_cache(meta)
   n = meta["n_tokens"]
   tokens = np.memmap(cache.bin, dtype=np.dtype(meta["dtype"]), mode="r", shape=(n,))
@@ -186,27 +191,28 @@ _META_KEYS = {"tokenizer", "dtype", "n_tokens", "n_train", "fingerprint", "n_fil
               "n_docs", "notes"}
 
 
-def _tokenize(files, data, cache: _Cache, show_progress: bool, log) -> dict:
+def _tokenize(files, data, cache: _Cache, show_progress: bool, log, fixed=None) -> dict:
   """Writes the cache entry (the tokens, then the .json that marks them complete); its meta.
   Bad input is found by the first pass, before anything is written."""
-  tok = None if data.tokenizer in tokenizer_lib.BUILTIN else \
+  kind = "fixed" if fixed is not None else data.tokenizer
+  tok = fixed if fixed is not None else None if kind in tokenizer_lib.BUILTIN else \
       tokenizer_lib.read_file(os.path.expanduser(data.tokenizer))  # one that does not load: now
   docs = Documents(files, data.path, data.text_field, show_progress)
   if not show_progress:
     log(f"data: tokenizing {len(files)} file(s), {docs.total / 1e6:.1f} MB, once (then cached)")
-  sizes, chars = corpus_lib.survey(docs, data.tokenizer == "char")
+  sizes, chars = corpus_lib.survey(docs, kind == "char")
   if not sizes.sum():
     raise UserError(f"{describe(data.path)} holds no text (no documents, or only empty ones); "
                     "point --config.data.path at non-empty text, .jsonl or .parquet files")
   cut = corpus_lib.cut(sizes, data.val_fraction)
-  if data.tokenizer == "bpe":
+  if kind == "bpe":
     log(f"data: training a {data.vocab_size}-token BPE vocabulary on the training split "
         f"({fmt.nbytes(int(sizes[:cut[0]].sum()) + cut[1])})")
     pieces = itertools.takewhile(lambda p: p[2], corpus_lib.split(docs("BPE"), cut))
     tok = tokenizer_lib.train_bpe((text for text, _, _ in pieces), data.vocab_size)
-  elif data.tokenizer == "char":
+  elif kind == "char":
     tok = tokenizer_lib.CharTokenizer(chars)
-  elif data.tokenizer == "byte":
+  elif kind == "byte":
     tok = tokenizer_lib.ByteTokenizer()
   tmp, tmp_meta = cache.tmp(cache.bin), cache.tmp(cache.meta)
   try:
@@ -338,7 +344,13 @@ def bits_per_byte(corpus: Corpus, batch_size: int, seq_len: int, seed: int,
   """What turns the mean validation loss (nats per target token) into val_bpb, bits per UTF-8
   byte: targets / (ln 2 x the bytes they stand for), over every row of the evaluation batches.
   End-of-text targets count in the loss and as no bytes."""
-  nbytes = corpus.tokenizer.token_bytes()
-  targets = [b["tokens"][:, 1:] for b in eval_batches(corpus, batch_size, seq_len, seed, n_batches)]
+  return batches_bpb(corpus.tokenizer,
+                     eval_batches(corpus, batch_size, seq_len, seed, n_batches))
+
+
+def batches_bpb(tokenizer, batches: list[dict]) -> float:
+  """bits_per_byte over these batches (every row of them)."""
+  nbytes = tokenizer.token_bytes()
+  targets = [b["tokens"][:, 1:] for b in batches]
   text = sum(int(nbytes[t].sum()) for t in targets)
   return sum(t.size for t in targets) / (math.log(2) * text) if text else math.nan
