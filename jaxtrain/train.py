@@ -27,6 +27,7 @@ from jaxtrain.core import programs as programs_lib
 from jaxtrain.core import stats as stats_lib
 from jaxtrain.core.steps import TrainState
 from jaxtrain.data import corpus as data
+from jaxtrain.data import mixture
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.loop import (
   budget,
@@ -35,6 +36,7 @@ from jaxtrain.loop import (
   metrics,
   profile,
   progress,
+  sources,
   status,
   summary,
   tblog,
@@ -157,15 +159,15 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
   out.print(f"jaxtrain {__version__} | workdir {workdir} | {platform} x{len(devices)} "
             f"(mesh data={data_axis} fsdp={fsdp_axis}) | jax {jax.__version__}"
             + (f" | {allocator.in_use()} allocator" if platform == "cpu" else ""))
-  corpus = data.prepare(cfg.data, show_progress=out.use_bar, log=out.print)
-  data.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
+  corpus = mixture.prepare(cfg.data, show_progress=out.use_bar, log=out.print)
+  mixture.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
   vocab = tokenizer_lib.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
   programs = programs_lib.build(cfg, vocab, devices, eot_id=corpus.tokenizer.eot_id)
   if cfg.train.time_budget:
     spent = budget.process_age_s if library_log else lambda: time.time() - t_start
     programs = budget.fit(cfg, programs, devices, workdir, out.print, spent)
   summary.describe(out, cfg, corpus, programs)
-  train_iter = data.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed,
+  train_iter = mixture.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed,
                                    jax.process_index(), jax.process_count())
   run_meta = {"jaxtrain_version": __version__, "data_fingerprint": corpus.fingerprint,
               "tokenizer": corpus.tokenizer.to_json(), "config": cfg.to_dict()}
@@ -348,6 +350,9 @@ def _evaluate(r: Run, p: progress.Progress, state: TrainState) -> float:
               f"{val * p.bpb:.4f} bits/byte")
   record = {"step": p.step, "val_loss": val, "val_ppl": ppl, "val_bpb": val * p.bpb,
             "elapsed_s": round(p.elapsed(), 3)}
+  if p.source_sets:
+    record.update(sources.evaluate(r.programs, state, p.source_sets, _throttle))
+    r.out.print(sources.line(p.step, record))
   r.metrics_file.write(**record)
   for hook in r.hooks:
     hook.on_eval(p.step, record)

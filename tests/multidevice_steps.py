@@ -14,7 +14,7 @@ jax.config.update("jax_num_cpu_devices", int(sys.argv[1]) if len(sys.argv) > 1 e
 
 import numpy as np  # noqa: E402
 
-from jaxtrain import programs  # noqa: E402
+from jaxtrain.core import programs  # noqa: E402
 from jaxtrain.testing import random_batch, tiny_config  # noqa: E402
 
 

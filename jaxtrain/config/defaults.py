@@ -121,6 +121,7 @@ def _optim() -> ml_collections.ConfigDict:
 def _data() -> ml_collections.ConfigDict:
   data = ml_collections.ConfigDict()
   data.path = ""  # text, .jsonl or .parquet files: a file, directory or glob; "": Python's stdlib
+  data.mixture = ""  # "books/*.txt:3,notes.jsonl:1": sources (as data.path) drawn by weight; "": off
   data.text_field = "text"  # the .jsonl field or .parquet column that holds each document
   # Both set: prompt/completion records (.jsonl/.parquet), each one document (prompt, completion,
   # end-of-text); only completions (and their end-of-text) count in the loss and in val_loss.

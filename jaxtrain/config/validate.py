@@ -4,6 +4,8 @@
 Whatever needs devices or data (a mesh that fits, a corpus long enough) is checked where they are.
 """
 
+import glob
+import math
 import os
 
 import ml_collections
@@ -57,7 +59,8 @@ MAX_BUDGET_S = 30 * 86400
 FLOAT32_BELOW_1 = 1 - 2**-24  # numbers from here to 1 round to 1 in float32
 # Path fields: a NUL or a newline in one is a mistake, and would break the one-line messages.
 PATH_FIELDS = ("workdir", "data.path", "data.cache_dir", "init_from", "data.tokenizer",
-               "data.text_field", "data.prompt_field", "data.completion_field", "log.wandb_project")
+               "data.text_field", "data.prompt_field", "data.completion_field", "log.wandb_project",
+               "data.mixture")
 KINDS = {bool: "True or False", int: "an integer", str: "a string",
           float: "a number within float32's range (|x| <= 3.4e38)"}
 
@@ -264,6 +267,8 @@ def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
   _check(1e-30 <= d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1) (at least "
          f"1e-30), got {d.val_fraction}", "pass --config.data.val_fraction=0.1")
 
+  _validate_mixture(d)
+
   _positive_int(cfg, "sample.num_samples", minimum=0)
   _positive_int(cfg, "sample.max_new_tokens", minimum=0)
   # Logits are divided by it in float32, where a smaller temperature is 0: nan samples.
@@ -303,3 +308,39 @@ def _validate_mesh_distributed(cfg: ml_collections.ConfigDict) -> None:
   _check(not (cfg.mesh.data == -1 and cfg.mesh.fsdp == -1), "mesh.fsdp",
          "only one mesh axis can be -1",
          "pass --config.mesh.fsdp=1 or give mesh.data an explicit size")
+
+
+def mixture_sources(spec: str) -> list[tuple[str, float]]:
+  """`data.mixture` ("books/*.txt:3,notes.jsonl:1") as [(source, weight)]; raises ConfigError."""
+  fix = "pass --config.data.mixture=SOURCE:WEIGHT,SOURCE:WEIGHT (e.g. books/*.txt:3,notes.jsonl:1)"
+  sources = []
+  for item in spec.split(","):
+    source, sep, weight = item.strip().rpartition(":")
+    try:
+      w = float(weight)
+    except ValueError:
+      w = math.nan
+    _check(bool(sep) and source != "", "data.mixture", f"{_show(item)} is not SOURCE:WEIGHT", fix)
+    _check(math.isfinite(w) and w > 0, "data.mixture", f"{_show(item)}: the weight "
+           f"{_show(weight)} is not a positive number", fix)
+    sources.append((source, w))
+  return sources
+
+
+def _validate_mixture(d: ml_collections.ConfigDict) -> None:
+  if d.mixture == "":
+    return
+  _check(d.path == "", "data.mixture", f"is set and so is data.path ({_show(d.path)})",
+         "pass either --config.data.path or --config.data.mixture (its sources are the data)")
+  _check(not (d.prompt_field and d.completion_field), "data.mixture",
+         "mixes text sources; prompt/completion records (data.prompt_field) are one source",
+         "pass either --config.data.mixture or the prompt and completion fields")
+  seen = set()
+  for source, _ in mixture_sources(d.mixture):
+    _check(source not in seen, "data.mixture", f"names {_show(source)} twice",
+           "name each source once (add up its weights)")
+    seen.add(source)
+    path = os.path.expanduser(source)
+    _check(os.path.exists(path) or any(os.path.isfile(f) for f in glob.iglob(path, recursive=True)),
+           "data.mixture", f"the source {_show(source)} matches no file (not a file, a directory "
+           "with files, or a glob)", "point each source of --config.data.mixture at your text")

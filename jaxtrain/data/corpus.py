@@ -30,7 +30,10 @@ from jaxtrain.data import documents as corpus_lib
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.data.documents import Documents, describe, resolve_files, stdlib_dir  # noqa: F401 (API)
 from jaxtrain.data.windows import (  # noqa: F401 (API)
+  _EVAL_STREAM,
+  _TRAIN_STREAM,
   WindowBatches,
+  batches_bpb,
   bits_per_byte,
   check_lengths,
   eval_batches,
@@ -58,6 +61,7 @@ class Corpus:
   notes: list[str]  # what was skipped or replaced, for the log
   n_docs: int = 0
   mask: np.ndarray | None = None  # uint8 per token, 1: a target in the loss; None: all are
+  sources: list = dataclasses.field(default_factory=list)  # data.mixture's (mixture.Source)
 
   @property
   def train(self) -> np.ndarray:
@@ -81,10 +85,12 @@ def _ordered(files: list[Path]) -> list[Path]:
   return [files[i] for i in np.random.default_rng(0).permutation(len(files))]
 
 
-def _cache_key(files: list[Path], data: ml_collections.ConfigDict) -> str:
+def _cache_key(files: list[Path], data: ml_collections.ConfigDict, fixed=None) -> str:
   """Names, sizes and mtimes of the files, and every setting that changes the tokens or split."""
   tok = data.tokenizer
-  if tok not in tokenizer_lib.BUILTIN:  # a tokenizer.json: its content
+  if fixed is not None:
+    tok = hashlib.sha256(json.dumps(fixed.to_json(), sort_keys=True).encode()).hexdigest()
+  elif tok not in tokenizer_lib.BUILTIN:  # a tokenizer.json: its content
     try:
       tok = hashlib.sha256(Path(tok).expanduser().read_bytes()).hexdigest()
     except OSError as e:
@@ -106,15 +112,17 @@ def is_records(data: ml_collections.ConfigDict) -> bool:
   return bool(data.get("prompt_field") and data.get("completion_field"))
 
 
-def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=print) -> Corpus:
-  """Tokenizes `data.path` once (cached by file names, sizes, mtimes and the tokenizer's
-  settings) and maps it."""
-  files = _ordered(resolve_files(data.path))
+def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=print,
+            files: list[Path] | None = None, tokenizer=None) -> Corpus:
+  """Tokenizes `data.path` (or `files`) once (cached by file names, sizes, mtimes and the
+  tokenizer's settings) and maps it. `tokenizer`: this one instead of `data.tokenizer`'s."""
+  files = _ordered(resolve_files(data.path) if files is None else files)
   if not files:
     raise ConfigError("data.path", f"{describe(data.path)!r} matches no file (not a file, a "
                       "directory with files, or a glob)", "point --config.data.path at your text "
                       "(file, directory or glob), or leave it empty for the Python standard library")
-  cache = _Cache(Path(data.cache_dir or default_cache_dir()) / "tokens", _cache_key(files, data))
+  cache = _Cache(Path(data.cache_dir or default_cache_dir()) / "tokens",
+                 _cache_key(files, data, tokenizer))
   meta, damage = cache.load()
   if meta is None:
     with cache.writing(log):
@@ -122,7 +130,7 @@ def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=pri
       if meta is None:
         if damage:
           log(f"data: ignoring the token cache {cache.bin} ({damage}); tokenizing again")
-        meta = _tokenize(files, data, cache, show_progress, log)
+        meta = _tokenize(files, data, cache, show_progress, log, tokenizer)
   tok = tokenizer_lib.from_cache(meta)
   n = meta["n_tokens"]
   tokens = np.memmap(cache.bin, dtype=np.dtype(meta["dtype"]), mode="r", shape=(n,))
@@ -219,29 +227,30 @@ _META_KEYS = {"tokenizer", "dtype", "n_tokens", "n_train", "fingerprint", "n_fil
               "n_docs", "notes"}
 
 
-def _tokenize(files, data, cache: _Cache, show_progress: bool, log) -> dict:
+def _tokenize(files, data, cache: _Cache, show_progress: bool, log, fixed=None) -> dict:
   """Writes the cache entry (the tokens, then the .json that marks them complete); its meta.
   Bad input is found by the first pass, before anything is written."""
-  tok = None if data.tokenizer in tokenizer_lib.BUILTIN else \
+  kind = "fixed" if fixed is not None else data.tokenizer
+  tok = fixed if fixed is not None else None if kind in tokenizer_lib.BUILTIN else \
       tokenizer_lib.read_file(os.path.expanduser(data.tokenizer))  # one that does not load: now
   records = is_records(data)
   docs = Documents(files, data.path, data.text_field, show_progress,
                    data.get("prompt_field", ""), data.get("completion_field", ""))
   if not show_progress:
     log(f"data: tokenizing {len(files)} file(s), {docs.total / 1e6:.1f} MB, once (then cached)")
-  sizes, chars = corpus_lib.survey(docs, data.tokenizer == "char")
+  sizes, chars = corpus_lib.survey(docs, kind == "char")
   if not sizes.sum():
     raise UserError(f"{describe(data.path)} holds no text (no documents, or only empty ones); "
                     "point --config.data.path at non-empty text, .jsonl or .parquet files")
   cut = corpus_lib.cut(sizes, data.val_fraction)
-  if data.tokenizer == "bpe":
+  if kind == "bpe":
     log(f"data: training a {data.vocab_size}-token BPE vocabulary on the training split "
         f"({fmt.nbytes(int(sizes[:cut[0]].sum()) + cut[1])})")
     pieces = itertools.takewhile(lambda p: p[2], corpus_lib.split(docs("BPE"), cut))
     tok = tokenizer_lib.train_bpe((p[0] for p in pieces), data.vocab_size)
-  elif data.tokenizer == "char":
+  elif kind == "char":
     tok = tokenizer_lib.CharTokenizer(chars)
-  elif data.tokenizer == "byte":
+  elif kind == "byte":
     tok = tokenizer_lib.ByteTokenizer()
   tmp, tmp_meta, tmp_mask = cache.tmp(cache.bin), cache.tmp(cache.meta), cache.tmp(cache.mask)
   try:

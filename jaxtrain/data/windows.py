@@ -100,8 +100,12 @@ def bits_per_byte(corpus: Corpus, batch_size: int, seq_len: int, seed: int,
   byte: targets / (ln 2 x the bytes they stand for), over every row of the evaluation batches.
   End-of-text targets count in the loss and as no bytes. With weights (prompt/completion
   records), only the targets in the loss count: val_bpb is on completions."""
-  nbytes = corpus.tokenizer.token_bytes()
-  batches = eval_batches(corpus, batch_size, seq_len, seed, n_batches)
+  return batches_bpb(corpus.tokenizer, eval_batches(corpus, batch_size, seq_len, seed, n_batches))
+
+
+def batches_bpb(tokenizer, batches: list[dict]) -> float:
+  """bits_per_byte over these batches (every row of them; weighted targets only, if weighted)."""
+  nbytes = tokenizer.token_bytes()
   weights = [b.get("weights", np.ones(b["tokens"][:, 1:].shape, np.float32)) for b in batches]
   text = sum(float((nbytes[b["tokens"][:, 1:]] * w).sum()) for b, w in zip(batches, weights))
   return sum(float(w.sum()) for w in weights) / (math.log(2) * text) if text else math.nan

@@ -10,6 +10,7 @@ import numpy as np
 from jaxtrain.core import optim
 from jaxtrain.core.model import flops_per_token
 from jaxtrain.data import corpus as data
+from jaxtrain.data import mixture
 from jaxtrain.loop import estimate, memory, monitor
 
 
@@ -32,6 +33,7 @@ class Progress:
   last_val: float | None = None
   speed_said: bool = False  # the first speed reading gets a line of its own
   mem_watch: memory.Watch = dataclasses.field(default_factory=memory.Watch)
+  source_sets: list = dataclasses.field(default_factory=list)  # data.mixture's, placed
 
   def elapsed(self) -> float:
     return self.elapsed_before + time.time() - self.t_run
@@ -41,8 +43,9 @@ def start(r, state, elapsed_before: float, best_val: float) -> Progress:
   """The loop's state at the start of a leg: `r` is train.Run, `state` the restored or new state."""
   cfg, t = r.cfg, r.cfg.train
   dtype = r.programs.model_cfg.dtype
-  eval_batches = data.eval_batches(r.corpus, t.batch_size, cfg.model.seq_len, cfg.seed,
-                                   t.eval_steps, jax.process_index(), jax.process_count())
+  sets = mixture.eval_sets(r.corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps,
+                           jax.process_index(), jax.process_count())
+  sets = [dataclasses.replace(s, batches=[r.programs.place(b) for b in s.batches]) for s in sets]
   return Progress(
       step=int(state.step), elapsed_before=elapsed_before, t_run=time.time(),
       best=monitor.BestVal(best_val),
@@ -51,7 +54,6 @@ def start(r, state, elapsed_before: float, best_val: float) -> Progress:
                                flops_per_token(r.programs.model_cfg), t.max_steps,
                                peak=lambda: estimate.peak_flops(jax.devices(), dtype)[0]),
       schedule=jax.jit(optim.lr_schedule(cfg.optim, t.max_steps)),
-      eval_set=[r.programs.place(b) for b in eval_batches],
-      bpb=data.bits_per_byte(r.corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps),
+      eval_set=sets[0].batches, bpb=sets[0].bpb, source_sets=sets[1:],
       eval_weights=data.eval_weights(r.corpus, t.batch_size, cfg.model.seq_len, cfg.seed,
                                      t.eval_steps))

@@ -15,7 +15,7 @@ from jaxtrain.system import fmt
 def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: data.Corpus,
              programs: Programs) -> None:
   tok, mc = corpus.tokenizer, programs.model_cfg
-  out.print(f"data: {data.describe(cfg.data.path)}: {corpus.n_files} file(s), "
+  out.print(f"data: {data.describe(cfg.data.mixture or cfg.data.path)}: {corpus.n_files} file(s), "
             f"{fmt.count(corpus.n_docs)} documents, {fmt.count(corpus.n_bytes)}B -> "
             f"{fmt.count(len(corpus.tokens))} {tok.name} tokens "
             f"(train {fmt.count(len(corpus.train))}, val {fmt.count(len(corpus.val))})")

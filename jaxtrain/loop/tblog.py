@@ -34,6 +34,8 @@ def tag(section: str, key: str) -> str:
     return f"memory/{key[:-len('_bytes')]}_mib"
   if key in PERF:
     return f"perf/{key}"
+  if "/" in key:  # named in full already: val/<source>/loss
+    return key
   return f"{section}/{key.removeprefix('val_')}"
 
 

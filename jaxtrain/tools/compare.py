@@ -53,8 +53,16 @@ def _loss(x: float | None) -> str:
   return "-" if x is None else f"{x:.4f}"
 
 
-def rows(infos: list[runs.RunInfo], fields: list[str]) -> list[list[str]]:
-  """One row a run, in the order given: name, differing fields, then COLUMNS."""
+def source_keys(infos: list[runs.RunInfo]) -> list[str]:
+  """The per-source validation losses of data.mixture runs (val/<source>/loss), first seen first."""
+  keys = (k for info in infos for r in info.evals for k in r)
+  return list(dict.fromkeys(k for k in keys if k.startswith("val/") and k.endswith("/loss")))
+
+
+def rows(infos: list[runs.RunInfo], fields: list[str],
+         sources: list[str] = ()) -> list[list[str]]:
+  """One row a run, in the order given: name, differing fields, COLUMNS, then the final
+  per-source validation losses `sources`."""
   out = []
   for name, info in zip(names(infos), infos):
     params = info.status.get("params")
@@ -64,7 +72,8 @@ def rows(infos: list[runs.RunInfo], fields: list[str]) -> list[list[str]]:
                 fmt.count(params) if params else "-", f"{info.step}/{_value(info.max_steps)}",
                 _loss(info.best("val_loss")), _loss(info.final("val_loss")),
                 _loss(info.final("val_bpb")), fmt.count(speed) if speed else "-",
-                fmt.duration(wall) if wall is not None else "-", state])
+                fmt.duration(wall) if wall is not None else "-", state,
+                *(_loss(info.final(k)) for k in sources)])
   return out
 
 
@@ -123,8 +132,9 @@ def compare(patterns: list[str], out: Path | None = None, print_fn=print) -> lis
   first."""
   infos = sorted((runs.read(p) for p in runs.find(patterns)), key=rank_key)
   fields = differences(infos)
-  header = ["run", *fields, *COLUMNS]
-  body = rows(infos, fields)
+  sources = source_keys(infos)
+  header = ["run", *fields, *COLUMNS, *(f"val {k.split('/')[1]}" for k in sources)]
+  body = rows(infos, fields, sources)
   print_fn(terminal_table(header, body))
   best = infos[0]
   if best.best("val_loss") is not None:
