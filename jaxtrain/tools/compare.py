@@ -12,8 +12,12 @@ from pathlib import Path
 
 from jaxtrain.system import fmt
 from jaxtrain.system.errors import UserError
-from jaxtrain.tools import runs
+from jaxtrain.tools import cli, runs
 
+USAGE = ("usage: python -m jaxtrain.compare RUN... [--out=DIR]\n"
+         "Runs side by side, best first: the config fields that differ, losses, speed and time.")
+HELP = [("RUN", "A run's directory, a glob of them, or a directory of runs (a sweep's root)."),
+        ("--out=DIR", "Also write the table as DIR/compare.md and the loss plots as PNGs.")]
 IGNORED = ("workdir",)  # differs between any two runs and says nothing
 COLUMNS = ("params", "steps", "best val", "final val", "val bpb", "tok/s", "time", "state")
 
@@ -143,7 +147,8 @@ def parse(argv: list[str]) -> tuple[list[str], Path | None]:
     if arg.startswith("--out="):
       out = Path(arg.split("=", 1)[1]).expanduser()
     elif arg.startswith("-"):
-      raise UserError(f"unknown flag {arg}; usage: python -m jaxtrain.compare RUN... [--out=DIR]")
+      raise UserError(f"unknown flag {arg}; usage: python -m jaxtrain.compare RUN... [--out=DIR] "
+                      "(see --help)")
     else:
       patterns.append(arg)
   if not patterns:
@@ -153,6 +158,9 @@ def parse(argv: list[str]) -> tuple[list[str], Path | None]:
 
 
 def main(argv: list[str]) -> int:
+  if any(arg in cli.HELP_FLAGS for arg in argv):
+    print(cli.help_text(USAGE, HELP, common=()))
+    return 0
   try:
     compare(*parse(argv))
   except UserError as e:

@@ -14,6 +14,8 @@ from jaxtrain.checkpoints import load as trained
 from jaxtrain.system import paths
 from jaxtrain.system.errors import UserError
 
+USAGE = ("usage: python -m jaxtrain.export --workdir=runs/nano --out=hf/nano [--step=latest|best|N]\n"
+         "A run's model as a Hugging Face transformers directory.")
 WRITTEN = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
            "generation_config.json")
 
@@ -83,4 +85,4 @@ def main() -> None:
     print(f"wrote {arch} ({n:,} numbers) to {target}; load it with "
           f"transformers.AutoModelForCausalLM.from_pretrained({str(target)!r})", file=sys.stderr)
 
-  cli.main(run)
+  cli.main(run, USAGE, __name__)

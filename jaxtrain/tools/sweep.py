@@ -24,10 +24,16 @@ from jaxtrain.config import defaults as config
 from jaxtrain.config import validate as validation
 from jaxtrain.system import fmt, paths
 from jaxtrain.system.errors import ConfigError, UserError
-from jaxtrain.tools import compare, runs
+from jaxtrain.tools import cli, compare, runs
 
 USAGE = ("usage: python -m jaxtrain.sweep --config=F --sweep=field=v1,v2 [--sweep=...] --root=DIR "
-         "[--parallel=N] [--config.x=y ...]")
+         "[--parallel=N] [--config.x=y ...] (see --help)")
+HELP = [("--config=FILE", "The config every run starts from (e.g. configs/nano.py)."),
+        ("--sweep=FIELD=V1,V2", "A config field and its values; repeat for a grid of every combination."),
+        ("--root=DIR", "Where the runs go: DIR/<swept values>, logs in DIR/logs, the comparison in DIR."),
+        ("--parallel=1", "Runs at once, each on its own share of the CPU cores."),
+        ("--config.FIELD=V", "A setting for every run of the sweep."),
+        ("--jax_*=V", "Passed on to every run (e.g. --jax_platforms=cpu).")]
 PROGRESS_EVERY_S = 30.0
 
 
@@ -56,7 +62,7 @@ def _known_field(name: str, flag: str) -> str:
   known = config.flatten(config.default_config().to_dict())
   if name not in known:
     raise UserError(f"{flag}: {name} is not a config field; the fields are listed in "
-                    "jaxtrain/config.py (e.g. optim.lr, model.n_layers)")
+                    "jaxtrain/config/defaults.py (e.g. optim.lr, model.n_layers)")
   if name == "workdir":
     raise UserError(f"{flag}: the sweep sets each run's workdir under --root; drop it")
   return name
@@ -274,6 +280,10 @@ class Sweep:
 
 
 def main(argv: list[str]) -> int:
+  if any(arg in cli.HELP_FLAGS for arg in argv):
+    print(cli.help_text(USAGE.split(" (see")[0] + "\nEvery combination of the swept values, a run "
+                        "each, then the comparison of them all.", HELP, common=()))
+    return 0
   t0 = time.time()
   try:
     args = parse(argv)
