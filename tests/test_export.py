@@ -90,6 +90,17 @@ def test_a_layout_without_an_hf_equivalent_is_refused_naming_the_switch(switch, 
   assert not (tmp_path / "hf").exists()  # refused before anything was written
 
 
+def test_every_blocker_of_an_export_is_named_in_one_line():
+  cfg = tiny_config(**{"model.qk_norm": True, "model.logit_softcap": 5.0, "model.mlp": "relu2"})
+  with pytest.raises(UserError) as e:
+    hf.architecture(jt.ModelConfig.from_config(cfg.model, 256))
+  assert str(e.value) == (
+      "this model has no exact Hugging Face equivalent: model.qk_norm=True (neither Llama nor "
+      "GPT-2 has it); model.logit_softcap=5.0 (neither Llama nor GPT-2 has it); model.mlp=relu2 "
+      "with model.pos=rope (Llama needs model.mlp=swiglu); export a model trained with "
+      "rope+rmsnorm+swiglu or learned+layernorm+gelu, without qk_norm and logit_softcap")
+
+
 @pytest.mark.parametrize("arch", [hf.LLAMA, hf.GPT2])
 def test_init_from_a_transformers_model_made_with_save_pretrained(arch, tmp_path):
   torch.manual_seed(0)

@@ -186,6 +186,14 @@ _META_KEYS = {"tokenizer", "dtype", "n_tokens", "n_train", "fingerprint", "n_fil
               "n_docs", "notes"}
 
 
+def _why_empty(docs: Documents, n_files: int) -> str:
+  if not docs.binary:
+    return "no documents, or only empty ones"
+  skipped = f"{len(docs.binary)} of its {n_files} files skipped as binary (they have NUL bytes), " \
+      f"e.g. {docs.binary[0]}"
+  return skipped if len(docs.binary) == n_files else f"{skipped}; the rest empty"
+
+
 def _tokenize(files, data, cache: _Cache, show_progress: bool, log) -> dict:
   """Writes the cache entry (the tokens, then the .json that marks them complete); its meta.
   Bad input is found by the first pass, before anything is written."""
@@ -196,7 +204,7 @@ def _tokenize(files, data, cache: _Cache, show_progress: bool, log) -> dict:
     log(f"data: tokenizing {len(files)} file(s), {docs.total / 1e6:.1f} MB, once (then cached)")
   sizes, chars = corpus_lib.survey(docs, data.tokenizer == "char")
   if not sizes.sum():
-    raise UserError(f"{describe(data.path)} holds no text (no documents, or only empty ones); "
+    raise UserError(f"{describe(data.path)} holds no text ({_why_empty(docs, len(files))}); "
                     "point --config.data.path at non-empty text, .jsonl or .parquet files")
   cut = corpus_lib.cut(sizes, data.val_fraction)
   if data.tokenizer == "bpe":
