@@ -78,10 +78,12 @@ def architecture(c: ModelConfig) -> str:
   return arch
 
 
-def hf_config(c: ModelConfig) -> dict:
-  """config.json for `c` (float32 weights; no special tokens: jaxtrain's tokenizers have none)."""
+def hf_config(c: ModelConfig, eos_id: int, bos_id: int | None = None) -> dict:
+  """config.json for `c` (float32 weights) with the tokenizer's end-of-text token as eos (and
+  its beginning-of-sequence token, where it has one)."""
   common = {"vocab_size": c.vocab_size, "tie_word_embeddings": c.tie_embeddings,
-            "bos_token_id": None, "eos_token_id": None, "pad_token_id": None, "dtype": "float32"}
+            "bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": None,
+            "dtype": "float32"}
   if architecture(c) == LLAMA:
     return {"architectures": [LLAMA], "model_type": "llama", "hidden_size": c.d_model,
             "intermediate_size": c.mlp_hidden, "num_hidden_layers": c.n_layers,
