@@ -14,7 +14,7 @@ OWN_FLAGS = {
     "jaxtrain.export": ["--workdir", "--out", "--step=latest", "--jax_platforms"],
     "jaxtrain.compare": ["RUN", "--out=DIR"],
     "jaxtrain.sweep": ["--config=FILE", "--sweep=FIELD=V1,V2", "--root=DIR", "--parallel=1",
-                       "--config.FIELD=V", "--jax_*"],
+                       "--progress_every_s=30", "--config.FIELD=V", "--jax_*"],
 }
 
 

@@ -14,6 +14,7 @@ import functools
 import itertools
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,9 +33,10 @@ HELP = [("--config=FILE", "The config every run starts from (e.g. configs/nano.p
         ("--sweep=FIELD=V1,V2", "A config field and its values; repeat for a grid of every combination."),
         ("--root=DIR", "Where the runs go: DIR/<swept values>, logs in DIR/logs, the comparison in DIR."),
         ("--parallel=1", "Runs at once, each on its own share of the CPU cores."),
+        ("--progress_every_s=30", "How often each running run's step, loss and ETA are printed."),
         ("--config.FIELD=V", "A setting for every run of the sweep."),
         ("--jax_*=V", "Passed on to every run (e.g. --jax_platforms=cpu).")]
-PROGRESS_EVERY_S = 30.0
+PROGRESS_EVERY_S = 30.0  # the default of --progress_every_s
 
 
 @dataclasses.dataclass
@@ -45,6 +47,7 @@ class Args:
   parallel: int = 1
   overrides: list[str] = dataclasses.field(default_factory=list)  # --config.x=y, passed on
   passthrough: list[str] = dataclasses.field(default_factory=list)  # --jax_*, passed on
+  progress_every_s: float = PROGRESS_EVERY_S
 
 
 @dataclasses.dataclass
@@ -72,7 +75,7 @@ def parse(argv: list[str]) -> Args:
   found: dict = {"sweeps": [], "overrides": [], "passthrough": []}
   for arg in argv:
     key, eq, value = arg.partition("=")
-    if key in ("--config", "--root", "--parallel") and eq:
+    if key in ("--config", "--root", "--parallel", "--progress_every_s") and eq:
       found[key[2:]] = value
     elif key == "--sweep" and eq:
       field, eq2, values = value.partition("=")
@@ -99,8 +102,15 @@ def parse(argv: list[str]) -> Args:
   parallel = found.get("parallel", "1")
   if not parallel.isdigit() or int(parallel) < 1:
     raise UserError(f"--parallel={parallel}: must be an integer >= 1 (runs at once)")
+  every = found.get("progress_every_s", str(PROGRESS_EVERY_S))
+  try:
+    every_s = float(every)
+  except ValueError:
+    every_s = 0.0
+  if not every_s > 0:
+    raise UserError(f"--progress_every_s={every}: must be a number of seconds > 0")
   return Args(found["config"], found["sweeps"], Path(found["root"]).expanduser(), int(parallel),
-              found["overrides"], found["passthrough"])
+              found["overrides"], found["passthrough"], every_s)
 
 
 def typed(field: str, text: str, default):
@@ -184,12 +194,21 @@ def _last_line(path: Path) -> str:
   return lines[-1][:300] if lines else ""
 
 
-def _where(point: Point) -> str:
+def progress(point: Point) -> str | None:
+  """"step 120/400, loss 2.3456, 5.1k tok/s, ETA 1m20s" from the run's metrics.jsonl; None
+  before its first train line."""
   info = runs.read(point.workdir) if paths.is_run(point.workdir) else None
   if info is None or not info.train:
-    return "starting"
-  loss = info.final("loss")
-  return f"step {info.step}/{point.max_steps}" + (f", loss {loss:.4f}" if loss else "")
+    return None
+  step, loss, speed = info.train[-1]["step"], info.final("loss"), info.final("tokens_per_sec")
+  line = f"step {step}/{point.max_steps}" + (f", loss {loss:.4f}" if loss is not None else "") + \
+      (f", {fmt.count(speed)} tok/s" if speed else "")
+  timed = [r for r in info.train[-20:] if isinstance(r.get("elapsed_s"), int | float)]
+  if len(timed) >= 2 and timed[-1]["elapsed_s"] > timed[0]["elapsed_s"] and step < point.max_steps:
+    rate = (timed[-1]["step"] - timed[0]["step"]) / (timed[-1]["elapsed_s"] - timed[0]["elapsed_s"])
+    if rate > 0:
+      line += f", ETA {fmt.duration((point.max_steps - step) / rate)}"
+  return line
 
 
 class Sweep:
@@ -243,6 +262,15 @@ class Sweep:
       self.print(f"{self._tag(point)}: FAILED (exit status {code}) after {took}: "
                  f"{_last_line(point.log)} (whole log: {point.log})")
 
+  def _progress(self) -> None:
+    """A line a running run that has trained a step (before that, its log says what it does)."""
+    width = shutil.get_terminal_size((100, 24)).columns
+    for point, _, t0 in self.running.values():
+      where = progress(point)
+      if where is not None:
+        line = f"{self._tag(point)}: {where} ({fmt.duration(time.time() - t0)} so far)"
+        self.print(line if len(line) <= width else line[:width - 3] + "...")
+
   def _on_signal(self, signum, frame) -> None:
     name = signal.Signals(signum).name
     if self.signal is None:
@@ -270,10 +298,9 @@ class Sweep:
         for slot, (_, proc, _) in list(self.running.items()):
           if proc.poll() is not None:
             self._finish(slot, proc.returncode)
-        if time.time() - last_progress >= PROGRESS_EVERY_S and self.running:
+        if time.time() - last_progress >= self.args.progress_every_s and self.running:
           last_progress = time.time()
-          self.print("  " + "; ".join(f"{p.name}: {_where(p)}" for p, _, _ in
-                                      self.running.values()))
+          self._progress()
     finally:
       for s, handler in previous.items():
         signal.signal(s, handler)
