@@ -96,15 +96,32 @@ def test_progress_says_step_loss_speed_and_eta(tmp_path):
   point.workdir.mkdir()
   (point.workdir / "run.json").write_text("{}")
   assert sweep.progress(point) is None  # no step trained yet
-  lines = [{"step": s, "loss": 3.0 - s / 100, "tokens_per_sec": 2000.0, "elapsed_s": 5.0 + s / 10}
-           for s in (10, 20, 30, 40)]
-  (point.workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-  assert sweep.progress(point) == "step 40/100, loss 2.6000, 2.00k tok/s, ETA 6.0s"
+  metrics = point.workdir / "metrics.jsonl"
+
+  def train_to(last: int) -> None:
+    metrics.write_text("".join(json.dumps({"step": s, "loss": 3.0 - s / 100,
+                                           "tokens_per_sec": 2000.0}) + "\n"
+                               for s in range(10, last + 1, 10)))
+
+  train_to(40)
+  assert sweep.progress(point) == (40, "step 40/100, loss 2.6000, 2.00k tok/s")
+  # 20 steps in 10 s of wall time: 40 more take 20 s.
+  assert sweep.progress(point, first=(40, 1000.0), now=1010.0) == (
+      40, "step 40/100, loss 2.6000, 2.00k tok/s")  # no step since: no rate yet
+  train_to(60)
+  assert sweep.progress(point, first=(40, 1000.0), now=1010.0)[1].endswith(", ETA 20.0s")
+
   printed = []
   s = sweep.Sweep(sweep.Args("c.py", [("optim.lr", ["1"])], tmp_path), [point], printed.append)
   s.running[0] = (point, None, time.time() - 65)
   s._progress()
-  assert printed == ["[1/1] lr=1: step 40/100, loss 2.6000, 2.00k tok/s, ETA 6.0s (1m05s so far)"]
+  s._progress()  # the same step again: no new line
+  assert printed == ["[1/1] lr=1: step 60/100, loss 2.4000, 2.00k tok/s (1m05s so far)"]
+  s.first_seen["lr=1"] = (40, time.time() - 10)
+  train_to(80)
+  s._progress()
+  assert re.fullmatch(r"\[1/1\] lr=1: step 80/100, loss 2\.2000, 2\.00k tok/s, ETA 5\.\ds "
+                      r"\(1m05s so far\)", printed[-1]), printed
 
 
 @pytest.mark.slow

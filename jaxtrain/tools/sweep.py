@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -194,21 +195,22 @@ def _last_line(path: Path) -> str:
   return lines[-1][:300] if lines else ""
 
 
-def progress(point: Point) -> str | None:
-  """"step 120/400, loss 2.3456, 5.1k tok/s, ETA 1m20s" from the run's metrics.jsonl; None
-  before its first train line."""
+def progress(point: Point, first: tuple[int, float] | None = None,
+             now: float | None = None) -> tuple[int, str] | None:
+  """(step, "step 120/400, loss 2.3456, 5.1k tok/s, ETA 1m20s") from the run's metrics.jsonl;
+  None before its first train line. The ETA is by the wall-clock rate since `first` (a step and
+  the time it was seen), evaluations, saves and compiles included."""
   info = runs.read(point.workdir) if paths.is_run(point.workdir) else None
   if info is None or not info.train:
     return None
   step, loss, speed = info.train[-1]["step"], info.final("loss"), info.final("tokens_per_sec")
   line = f"step {step}/{point.max_steps}" + (f", loss {loss:.4f}" if loss is not None else "") + \
       (f", {fmt.count(speed)} tok/s" if speed else "")
-  timed = [r for r in info.train[-20:] if isinstance(r.get("elapsed_s"), int | float)]
-  if len(timed) >= 2 and timed[-1]["elapsed_s"] > timed[0]["elapsed_s"] and step < point.max_steps:
-    rate = (timed[-1]["step"] - timed[0]["step"]) / (timed[-1]["elapsed_s"] - timed[0]["elapsed_s"])
-    if rate > 0:
-      line += f", ETA {fmt.duration((point.max_steps - step) / rate)}"
-  return line
+  now = time.time() if now is None else now
+  if first is not None and step > first[0] and now > first[1] and step < point.max_steps:
+    rate = (step - first[0]) / (now - first[1])
+    line += f", ETA {fmt.duration((point.max_steps - step) / rate)}"
+  return step, line
 
 
 class Sweep:
@@ -222,6 +224,8 @@ class Sweep:
     self.failed: list[str] = []
     self.stopped: list[str] = []
     self.ran = 0
+    self.first_seen: dict[str, tuple[int, float]] = {}  # a run's first step seen, and when
+    self.shown: dict[str, int] = {}  # the step of a run's last progress line
     self.signal: str | None = None
 
   def _tag(self, point: Point) -> str:
@@ -263,13 +267,20 @@ class Sweep:
                  f"{_last_line(point.log)} (whole log: {point.log})")
 
   def _progress(self) -> None:
-    """A line a running run that has trained a step (before that, its log says what it does)."""
-    width = shutil.get_terminal_size((100, 24)).columns
+    """A line a running run whose step moved since its last line (before its first step, its
+    log says what it does: tokenizing, compiling)."""
+    wrap = sys.stdout.isatty()
     for point, _, t0 in self.running.values():
-      where = progress(point)
-      if where is not None:
-        line = f"{self._tag(point)}: {where} ({fmt.duration(time.time() - t0)} so far)"
-        self.print(line if len(line) <= width else line[:width - 3] + "...")
+      now = time.time()
+      found = progress(point, self.first_seen.get(point.name), now)
+      if found is None or self.shown.get(point.name) == found[0]:
+        continue
+      self.first_seen.setdefault(point.name, (found[0], now))
+      self.shown[point.name] = found[0]
+      line = f"{self._tag(point)}: {found[1]} ({fmt.duration(now - t0)} so far)"
+      width = shutil.get_terminal_size((100, 24)).columns
+      for part in (textwrap.wrap(line, width, subsequent_indent="    ") if wrap else [line]):
+        self.print(part)
 
   def _on_signal(self, signum, frame) -> None:
     name = signal.Signals(signum).name
