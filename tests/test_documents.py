@@ -271,12 +271,12 @@ def test_a_directory_of_binary_files_says_they_were_skipped_as_binary(tmp_path):
   with pytest.raises(UserError) as e:
     data.prepare(cfg.data, show_progress=False)
   assert str(e.value) == (
-      f"{folder} holds no text (2 of its 2 files skipped as binary (they have NUL bytes), e.g. "
+      f"{folder} holds no text: all 2 files were skipped as binary (they have NUL bytes, e.g. "
       f"{folder / 'a.bin.txt'}); point --config.data.path at non-empty text, .jsonl or .parquet "
       "files")
   (folder / "c.txt").write_text("")
-  with pytest.raises(UserError, match=r"holds no text \(2 of its 3 files skipped as binary .*; "
-                     r"the rest empty\)"):
+  with pytest.raises(UserError, match=r"holds no text: 2 of the 3 files were skipped as binary "
+                     r"\(they have NUL bytes, e\.g\. .*a\.bin\.txt\) and the rest are empty; point"):
     data.prepare(cfg.data, show_progress=False)
 
 
