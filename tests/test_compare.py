@@ -119,6 +119,9 @@ def test_a_table_wider_than_the_terminal_becomes_a_block_a_run(sweep_root):
   lines = printed[0].splitlines()
   assert all(len(line) <= 50 for line in lines), lines
   assert lines[0] == "1. lr=3e-3" and lines[1] == "   model.n_layers=2  optim.lr=0.003"
+  assert lines[2:5] == ["   params 123.46k  steps 40/40  best val 1.8000",  # a label and its
+                        "   final val 1.8000  val bpb 2.5974  tok/s 2.50k",  # value together
+                        "   time 1m20s  state done"]
   assert "best val 1.8000" in printed[0] and "state done" in printed[0]
   assert [line for line in lines if not line.startswith("   ")] == ["1. lr=3e-3", "2. lr=1e-3",
                                                                     "3. lr=1e-2"]

@@ -9,7 +9,6 @@ root). Unfinished runs are included and marked.
 
 import shutil
 import sys
-import textwrap
 from pathlib import Path
 
 from jaxtrain.system import fmt
@@ -105,22 +104,35 @@ def rows(infos: list[runs.RunInfo], fields: list[str]) -> list[list[str]]:
   return out
 
 
+def _pack(items: list[str], width: int, indent: str = "   ") -> list[str]:
+  """`items` two spaces apart, as many a line as fit in `width`; an item is never split."""
+  lines: list[str] = []
+  for item in items:
+    if lines and len(lines[-1]) + 2 + len(item) <= width:
+      lines[-1] += "  " + item
+    else:
+      lines.append(indent + item)
+  return lines
+
+
 def terminal_table(header: list[str], body: list[list[str]], width: int | None = None) -> str:
-  """A table where it fits `width` (the terminal's), else a block a run, wrapped to it."""
-  width = width or shutil.get_terminal_size((100, 24)).columns
+  """A table where it fits `width` (None: no limit), else a block of lines a run."""
   widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
   line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
-  if sum(widths) + 2 * (len(widths) - 1) <= width:
+  if width is None or sum(widths) + 2 * (len(widths) - 1) <= width:
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, body)])
   n_config = len(header) - 1 - len(COLUMNS)
   blocks = []
   for i, row in enumerate(body, start=1):
     pairs = [f"{h}={v}" for h, v in zip(header[1:1 + n_config], row[1:1 + n_config])]
     stats = [f"{h} {v}" for h, v in zip(COLUMNS, row[1 + n_config:])]
-    wrap = lambda parts: textwrap.wrap("  ".join(parts), width, initial_indent="   ",
-                                       subsequent_indent="   ", break_on_hyphens=False)
-    blocks.append("\n".join([f"{i}. {row[0]}", *(wrap(pairs) if pairs else []), *wrap(stats)]))
+    blocks.append("\n".join([f"{i}. {row[0]}", *_pack(pairs, width), *_pack(stats, width)]))
   return "\n".join(blocks)
+
+
+def terminal_width() -> int | None:
+  """The terminal's columns; None where the output is not a terminal (a file, a pipe)."""
+  return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
 
 
 def markdown_table(header: list[str], body: list[list[str]]) -> str:
@@ -177,7 +189,7 @@ def compare(patterns: list[str], out: Path | None = None, print_fn=print,
   fields = differences(infos)
   header = ["run", *fields, *COLUMNS]
   body = rows(infos, fields)
-  print_fn(terminal_table(header, body, width))
+  print_fn(terminal_table(header, body, width if width is not None else terminal_width()))
   best = infos[0]
   if best.best(key) is not None:
     why = ("bits per byte: the runs' tokenizers or data differ, so their losses per token do not "

@@ -224,7 +224,7 @@ class Sweep:
     self.failed: list[str] = []
     self.stopped: list[str] = []
     self.ran = 0
-    self.first_seen: dict[str, tuple[int, float]] = {}  # a run's first step seen, and when
+    self.first_seen: dict[str, tuple[int, float]] = {}  # a run's first step that moved, and when
     self.shown: dict[str, int] = {}  # the step of a run's last progress line
     self.signal: str | None = None
 
@@ -275,7 +275,8 @@ class Sweep:
       found = progress(point, self.first_seen.get(point.name), now)
       if found is None or self.shown.get(point.name) == found[0]:
         continue
-      self.first_seen.setdefault(point.name, (found[0], now))
+      if point.name in self.shown:  # the step moved while watched: the rate starts here, after
+        self.first_seen.setdefault(point.name, (found[0], now))  # start-up and compiling
       self.shown[point.name] = found[0]
       line = f"{self._tag(point)}: {found[1]} ({fmt.duration(now - t0)} so far)"
       width = shutil.get_terminal_size((100, 24)).columns
