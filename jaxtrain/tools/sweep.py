@@ -199,7 +199,7 @@ def progress(point: Point, first: tuple[int, float] | None = None,
              now: float | None = None) -> tuple[int, str] | None:
   """(step, "step 120/400, loss 2.3456, 5.1k tok/s, ETA 1m20s") from the run's metrics.jsonl;
   None before its first train line. The ETA is by the wall-clock rate since `first` (a step and
-  the time it was seen), evaluations, saves and compiles included."""
+  when it was seen), evaluations and saves included."""
   info = runs.read(point.workdir) if paths.is_run(point.workdir) else None
   if info is None or not info.train:
     return None
