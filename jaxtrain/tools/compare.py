@@ -1,7 +1,9 @@
 """`python -m jaxtrain.compare RUN... [--out=D]`: runs side by side.
 
-A table of each run's config differences (only the fields that differ), params, steps, best and
-final validation loss, val_bpb, tokens/s and training time, best run first, on the terminal; with
+A table of each run's config differences (only the fields that differ and have an effect), params,
+steps, best and final validation loss, val_bpb, tokens/s and training time, best run first (by
+val_bpb where the runs' tokens differ, else by val loss; the last line says which), on the
+terminal (a block a run where a terminal is narrower than the table); with
 --out also as markdown (compare.md) and PNG plots of the losses against step and against time,
 one colour a run. RUN is a run's directory, a glob of them, or a directory of runs (a sweep's
 root). Unfinished runs are included and marked.
