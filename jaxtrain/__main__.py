@@ -8,6 +8,7 @@ from jaxtrain.system import allocator, exiting
 if __name__ == "__main__":
   allocator.reexec()  # first of all: the allocator is chosen when a process starts
   exiting.install()
+  exiting.quiet_broken_pipe()
 
 import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402

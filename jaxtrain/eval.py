@@ -2,7 +2,9 @@
 
 The command lives in jaxtrain/tools/evaluate.py."""
 
+from jaxtrain.system import exiting
 from jaxtrain.tools.evaluate import main
 
 if __name__ == "__main__":
+  exiting.quiet_broken_pipe()
   main()

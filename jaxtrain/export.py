@@ -2,7 +2,9 @@
 
 The command lives in jaxtrain/tools/export.py."""
 
+from jaxtrain.system import exiting
 from jaxtrain.tools.export import main
 
 if __name__ == "__main__":
+  exiting.quiet_broken_pipe()
   main()

@@ -15,11 +15,11 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
 def _make_run(path, lr: float, n_layers: int, val: list[float], max_steps: int = 40,
-              status: dict | None = None):
+              status: dict | None = None, bpb: float = 1 / 0.693, **fields):
   path.mkdir(parents=True)
   cfg = config.override(config.default_config(), **{
       "workdir": str(path), "optim.lr": lr, "model.n_layers": n_layers,
-      "train.max_steps": max_steps})
+      "train.max_steps": max_steps, **fields})
   paths.write_json(path / paths.RUN_FILE, {"jaxtrain_version": "test"})
   paths.write_json(path / "config.json", cfg.to_dict())
   lines = []
@@ -27,7 +27,7 @@ def _make_run(path, lr: float, n_layers: int, val: list[float], max_steps: int =
     step = 10 * i
     lines.append({"step": step, "loss": v + 0.1, "lr": lr, "tokens_per_sec": 1000.0 * i,
                   "elapsed_s": 2.0 * step})
-    lines.append({"step": step, "val_loss": v, "val_bpb": v / 0.693, "elapsed_s": 2.0 * step})
+    lines.append({"step": step, "val_loss": v, "val_bpb": v * bpb, "elapsed_s": 2.0 * step})
   (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines)
                                       + '{"step": 99, "loss"')  # a line a kill cut short
   if status is not None:
@@ -48,7 +48,7 @@ def sweep_root(tmp_path):
 def test_table_lists_differences_best_first_and_marks_unfinished(sweep_root, tmp_path):
   printed = []
   out = tmp_path / "cmp"
-  infos = compare.compare([str(sweep_root)], out, printed.append)
+  infos = compare.compare([str(sweep_root)], out, printed.append, width=200)
   assert [i.path.name for i in infos] == ["lr=3e-3", "lr=1e-3", "lr=1e-2"]
   table = printed[0].splitlines()
   assert table[0].split() == ["run", "model.n_layers", "optim.lr", "params", "steps", "best",
@@ -60,7 +60,8 @@ def test_table_lists_differences_best_first_and_marks_unfinished(sweep_root, tmp
   unfinished = table[4].split()
   assert unfinished[0] == "lr=1e-2" and unfinished[-1] == "killed"  # "running", but no lock held
   assert unfinished[4] == "20/40"
-  assert printed[1] == "best: lr=3e-3 (val loss 1.8000)"
+  assert printed[1] == ("best: lr=3e-3 (best val_loss 1.8000); ranked by val_loss (nats per token: "
+                        "the same tokens in every run)")
   md = (out / "compare.md").read_text().splitlines()
   assert md[0].startswith("| run | model.n_layers | optim.lr |") and len(md) == 5
   for png in ("loss_vs_step.png", "loss_vs_time.png"):
@@ -87,3 +88,40 @@ def test_cli_says_what_is_wrong_in_one_line(tmp_path):
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
   assert res.returncode == 2
   assert res.stderr.count("\n") == 1 and "no jaxtrain run at" in res.stderr
+
+
+def test_runs_with_other_tokens_rank_by_bits_per_byte_and_irrelevant_fields_stay_out(tmp_path):
+  done = {"state": "finished", "step": 40, "params": 1000}
+  # The char run has the lower loss per token, the BPE run the lower bits per byte: BPE wins.
+  _make_run(tmp_path / "char", 1e-3, 2, [1.5], status=done, bpb=1.0,
+            **{"data.tokenizer": "char", "data.vocab_size": 512, "headless": True,
+               "sample.num_samples": 1})
+  _make_run(tmp_path / "bpe", 1e-3, 2, [3.0], status=done, bpb=0.4,
+            **{"data.tokenizer": "bpe", "data.vocab_size": 4096})
+  _make_run(tmp_path / "byte", 1e-3, 2, [1.4], status=done, bpb=1.2,
+            **{"data.tokenizer": "byte", "data.vocab_size": 4096})
+  printed = []
+  infos = compare.compare([str(tmp_path)], print_fn=printed.append, width=200)
+  assert [i.path.name for i in infos] == ["bpe", "char", "byte"]
+  table = printed[0].splitlines()
+  # Only what differs and has an effect: vocab_size counts for the BPE run alone.
+  assert table[0].split()[:4] == ["run", "data.tokenizer", "data.vocab_size", "params"]
+  assert [r.split()[:3] for r in table[2:]] == [["bpe", "bpe", "4096"], ["char", "char", "-"],
+                                                ["byte", "byte", "-"]]
+  assert printed[1] == ("best: bpe (best val_bpb 1.2000); ranked by val_bpb (bits per byte: the "
+                        "runs' tokenizers or data differ, so their losses per token do not compare)")
+  assert compare.differences(infos[1:]) == ["data.tokenizer"]  # byte vs char: vocab_size moot
+
+
+def test_a_table_wider_than_the_terminal_becomes_a_block_a_run(sweep_root):
+  printed = []
+  compare.compare([str(sweep_root)], print_fn=printed.append, width=50)
+  lines = printed[0].splitlines()
+  assert all(len(line) <= 50 for line in lines), lines
+  assert lines[0] == "1. lr=3e-3" and lines[1] == "   model.n_layers=2  optim.lr=0.003"
+  assert lines[2:5] == ["   params 123.46k  steps 40/40  best val 1.8000",  # a label and its
+                        "   final val 1.8000  val bpb 2.5974  tok/s 2.50k",  # value together
+                        "   time 1m20s  state done"]
+  assert "best val 1.8000" in printed[0] and "state done" in printed[0]
+  assert [line for line in lines if not line.startswith("   ")] == ["1. lr=3e-3", "2. lr=1e-3",
+                                                                    "3. lr=1e-2"]

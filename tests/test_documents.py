@@ -246,10 +246,46 @@ def test_a_vocab_size_below_the_byte_alphabet_is_refused_up_front(tmp_path):
   with pytest.raises(ConfigError, match=r"^config.data.vocab_size: 200 is too small for "
                      r"byte-level BPE \(256 byte tokens \+ end-of-text\); pass"):
     validation.validate(cfg)
-  cfg.data.vocab_size, cfg.data.tokenizer = 4096, str(tmp_path / "missing.json")
-  with pytest.raises(ConfigError, match="^config.data.tokenizer: .* is not byte, char, bpe or a "
+  cfg.data.vocab_size, cfg.data.tokenizer = 4096, "bpee"
+  with pytest.raises(ConfigError, match="^config.data.tokenizer: 'bpee' is not byte, char, bpe or a "
                      "tokenizer.json file"):
     validation.validate(cfg)
+
+
+def test_a_missing_tokenizer_file_is_said_not_to_exist(tmp_path):
+  missing = tmp_path / "missing" / "tokenizer.json"
+  with pytest.raises(ConfigError) as e:
+    validation.validate(tiny_config(**{"data.tokenizer": str(missing)}))
+  assert str(e.value) == (f"config.data.tokenizer: the file {missing} does not exist; pass the path "
+                          "of an existing tokenizer.json (or --config.data.tokenizer=bpe, byte, char)")
+  with pytest.raises(ConfigError, match="is a directory, not a file"):
+    validation.validate(tiny_config(**{"data.tokenizer": str(tmp_path) + "/"}))
+
+
+def test_a_directory_of_binary_files_says_they_were_skipped_as_binary(tmp_path):
+  folder = tmp_path / "docs"
+  folder.mkdir()
+  for name in ("a.bin.txt", "b.txt"):
+    (folder / name).write_bytes(b"\x00\x01\x02" * 100)
+  cfg = cfg_for(folder, tmp_path)
+  with pytest.raises(UserError) as e:
+    data.prepare(cfg.data, show_progress=False)
+  assert str(e.value) == (
+      f"{folder} holds no text: all 2 files were skipped as binary (they have NUL bytes, e.g. "
+      f"{folder / 'a.bin.txt'}); point --config.data.path at non-empty text, .jsonl or .parquet "
+      "files")
+  (folder / "c.txt").write_text("")
+  with pytest.raises(UserError, match=r"holds no text: 2 of the 3 files were skipped as binary "
+                     r"\(they have NUL bytes, e\.g\. .*a\.bin\.txt\) and the rest are empty; point"):
+    data.prepare(cfg.data, show_progress=False)
+
+
+def test_json_errors_ending_in_at_read_once(tmp_path):
+  path = bad(tmp_path, "u.jsonl", '{"text": "ok"}\n{"text": "cut')
+  with pytest.raises(UserError) as e:
+    data.prepare(cfg_for(path, tmp_path).data, show_progress=False)
+  assert str(e.value) == (f"{path} line 2 is not JSON (Unterminated string starting at column 10); "
+                          "fix that line or leave the file out of --config.data.path")
 
 
 def test_the_command_line_names_the_bad_jsonl_line_and_exits_2(tmp_path):

@@ -1,11 +1,15 @@
 """Export to Hugging Face transformers and `init_from` back: logits equal within 1e-4 in torch,
 tokenizers with the same ids, round trips, and one-line refusals."""
 
+import io
+import logging
+import warnings
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+import tokenizers
 
 import jaxtrain as jt
 from jaxtrain.checkpoints import hf, init_from
@@ -88,6 +92,74 @@ def test_a_layout_without_an_hf_equivalent_is_refused_naming_the_switch(switch, 
   with pytest.raises(UserError, match=rf"model\.{switch}={value}"):
     export.export(str(tmp_path / "run"), str(tmp_path / "hf"))
   assert not (tmp_path / "hf").exists()  # refused before anything was written
+
+
+def test_the_export_carries_end_of_text_in_every_file(tmp_path):
+  tok = tokenizer_lib.CharTokenizer("abcdef \n")
+  make_run(tmp_path / "run", tiny_config(), tok)
+  out = export.export(str(tmp_path / "run"), str(tmp_path / "hf"))
+  eot = tok.eot_id
+  assert transformers.AutoConfig.from_pretrained(str(out)).eos_token_id == eot
+  gen = transformers.GenerationConfig.from_pretrained(str(out))
+  assert gen.eos_token_id == eot and gen.pad_token_id == eot and gen.max_new_tokens == 16
+  assert "max_length" not in paths.read_json(out / "generation_config.json")
+  hf_tok = transformers.AutoTokenizer.from_pretrained(str(out))
+  assert hf_tok.eos_token == tokenizer_lib.EOT and hf_tok.eos_token_id == eot
+  assert hf_tok.bos_token_id is None  # jaxtrain's own tokenizers have no beginning token
+  assert hf_tok("abc")["input_ids"] == tok.encode("abc").tolist()  # nothing added around text
+
+
+def test_a_tokenizer_json_with_a_beginning_token_exports_it_as_bos():
+  t = tokenizers
+  base = t.Tokenizer(t.models.WordLevel(vocab={"a": 0, "b": 1}, unk_token=None))
+  base.add_special_tokens([t.AddedToken("<s>", special=True)])
+  tok = tokenizer_lib.HFTokenizer(base.to_str())
+  assert tokenizer_lib.bos_id(tok) == 2 and tok.eot_id == 3
+  assert tokenizer_lib.bos_id(tokenizer_lib.ByteTokenizer()) is None
+  assert hf.hf_config(jt.ModelConfig.from_config(tiny_config().model, 4), tok.eot_id,
+                      tokenizer_lib.bos_id(tok))["bos_token_id"] == 2
+
+
+def test_generate_stops_at_end_of_text_and_a_pipeline_warns_nothing(tmp_path, caplog):
+  make_run(tmp_path / "run", tiny_config(**LAYOUTS["gpt2"]))
+  caplog.set_level(logging.WARNING)
+  jt.load_state(str(tmp_path / "run"))
+  assert not [r for r in caplog.records if "read only" in r.getMessage()
+              or "read_only" in r.getMessage()], caplog.text
+  out = export.export(str(tmp_path / "run"), str(tmp_path / "hf"))
+  eot = tokenizer_lib.ByteTokenizer.eot_id
+  model = transformers.AutoModelForCausalLM.from_pretrained(str(out))
+  with torch.no_grad():  # every position's likeliest next token becomes end-of-text
+    model.transformer.ln_f.weight.zero_()
+    model.transformer.ln_f.bias.fill_(1.0)
+    model.transformer.wte.weight[eot] = 10.0
+  prompt = torch.tensor([[72, 105]])
+  ids = model.generate(prompt, max_new_tokens=8, do_sample=False)
+  assert ids[0].tolist() == [72, 105, eot]  # stopped at end of text, not after 8 tokens
+
+  seen = io.StringIO()
+  handler = logging.StreamHandler(seen)
+  transformers.logging.get_logger().addHandler(handler)
+  try:
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      pipe = transformers.pipeline("text-generation", model=str(out))
+      for kw in ({}, {"max_new_tokens": 5}) * 3:  # sampled: some stop at end of text, some not
+        assert pipe("Hi", **kw)[0]["generated_text"].startswith("Hi")
+  finally:
+    transformers.logging.get_logger().removeHandler(handler)
+  assert [str(w.message) for w in caught] == [] and seen.getvalue() == ""
+
+
+def test_every_blocker_of_an_export_is_named_in_one_line():
+  cfg = tiny_config(**{"model.qk_norm": True, "model.logit_softcap": 5.0, "model.mlp": "relu2"})
+  with pytest.raises(UserError) as e:
+    hf.architecture(jt.ModelConfig.from_config(cfg.model, 256))
+  assert str(e.value) == (
+      "this model has no exact Hugging Face equivalent: model.qk_norm=True (neither Llama nor "
+      "GPT-2 has it); model.logit_softcap=5.0 (neither Llama nor GPT-2 has it); model.mlp=relu2 "
+      "with model.pos=rope (Llama needs model.mlp=swiglu); export a model trained with "
+      "rope+rmsnorm+swiglu or learned+layernorm+gelu, without qk_norm and logit_softcap")
 
 
 @pytest.mark.parametrize("arch", [hf.LLAMA, hf.GPT2])

@@ -1,6 +1,8 @@
 """`python -m jaxtrain.sweep`: the grid, its names and checks; a 2x1 sweep interrupted and
 resumed; a run that fails."""
 
+import json
+import re
 import signal
 import subprocess
 import sys
@@ -53,6 +55,8 @@ def test_grid_names_each_run_by_its_values(tiny_file, tmp_path):
     (["--config=F", "--sweep=optim.lr=", "--root=r"], "write --sweep=field=v1,v2"),
     (["--config=F", "--sweep=workdir=a,b", "--root=r"], "drop it"),
     (["--config=F", "--root=r", "--oops"], "unexpected argument --oops"),
+    (["--config=F", "--sweep=optim.lr=1e-3", "--root=r", "--progress_every_s=0"],
+     "--progress_every_s=0: must be a number of seconds > 0"),
 ])
 def test_bad_arguments_say_what_to_do(argv, message, tiny_file):
   argv = [a.replace("=F", f"={tiny_file}") for a in argv]
@@ -86,6 +90,43 @@ def _wait_for_a_train_line(metrics: Path, proc: subprocess.Popen, timeout: float
   raise AssertionError(f"no train line in {metrics}; sweep exit {proc.poll()}")
 
 
+def test_progress_says_step_loss_speed_and_eta(tmp_path):
+  point = sweep.Point("lr=1", [("optim.lr", "1")], tmp_path / "run", tmp_path / "run.log", 100)
+  assert sweep.progress(point) is None  # no run yet: nothing to say
+  point.workdir.mkdir()
+  (point.workdir / "run.json").write_text("{}")
+  assert sweep.progress(point) is None  # no step trained yet
+  metrics = point.workdir / "metrics.jsonl"
+
+  def train_to(last: int) -> None:
+    metrics.write_text("".join(json.dumps({"step": s, "loss": 3.0 - s / 100,
+                                           "tokens_per_sec": 2000.0}) + "\n"
+                               for s in range(10, last + 1, 10)))
+
+  train_to(40)
+  assert sweep.progress(point) == (40, "step 40/100, loss 2.6000, 2.00k tok/s")
+  # 20 steps in 10 s of wall time: 40 more take 20 s.
+  assert sweep.progress(point, first=(40, 1000.0), now=1010.0) == (
+      40, "step 40/100, loss 2.6000, 2.00k tok/s")  # no step since: no rate yet
+  train_to(60)
+  assert sweep.progress(point, first=(40, 1000.0), now=1010.0)[1].endswith(", ETA 20.0s")
+
+  printed = []
+  s = sweep.Sweep(sweep.Args("c.py", [("optim.lr", ["1"])], tmp_path), [point], printed.append)
+  s.running[0] = (point, None, time.time() - 65)
+  s._progress()
+  s._progress()  # the same step again: no new line
+  assert printed == ["[1/1] lr=1: step 60/100, loss 2.4000, 2.00k tok/s (1m05s so far)"]
+  train_to(70)
+  s._progress()  # the step moved: the rate is measured from here (start-up left out)
+  assert printed[-1] == "[1/1] lr=1: step 70/100, loss 2.3000, 2.00k tok/s (1m05s so far)"
+  s.first_seen["lr=1"] = (70, time.time() - 10)
+  train_to(80)
+  s._progress()
+  assert re.fullmatch(r"\[1/1\] lr=1: step 80/100, loss 2\.2000, 2\.00k tok/s, ETA (19\.\d|20\.\d)s "
+                      r"\(1m05s so far\)", printed[-1]), printed
+
+
 @pytest.mark.slow
 def test_a_sweep_interrupted_and_run_again_continues(tiny_file, tmp_path):
   root = tmp_path / "sweep"
@@ -104,10 +145,14 @@ def test_a_sweep_interrupted_and_run_again_continues(tiny_file, tmp_path):
   assert stopped.state == "stopped" and 0 < stopped.step < 600
   assert not second.exists()  # no new run starts once the sweep is stopping
 
-  proc = _sweep(*argv)
+  proc = _sweep(*argv, "--progress_every_s=0.5")
   out, _ = proc.communicate(timeout=300)
   assert proc.returncode == 0, out
   assert "sweep: ran 2, skipped 0, failed 0" in out
+  shown = re.findall(r"^\[2/2\] lr=3e-3_n_layers=1: step (\d+)/600, loss \d\.\d{4}, .* tok/s(, ETA "
+                     r"\S+)? \(.* so far\)$", out, re.MULTILINE)
+  assert shown, out  # the second run's progress while it ran
+  assert not re.search(r"^ +\S+: (starting|step)", out, re.MULTILINE), out  # no stray lines
   log = (root / "logs" / f"{first.name}.log").read_text()
   assert f"resumed from checkpoint {first / 'checkpoints' / str(stopped.step)}" in log
   for workdir in (first, second):

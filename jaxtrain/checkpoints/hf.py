@@ -60,28 +60,30 @@ def fill(template, flat: dict[str, np.ndarray], source: str):
 
 
 def architecture(c: ModelConfig) -> str:
-  """LLAMA or GPT2; a model with no exact equivalent is refused, naming the switch."""
-  for field, off in (("qk_norm", False), ("logit_softcap", 0.0)):
-    if getattr(c, field) != off:
-      raise UserError(f"model.{field}={getattr(c, field)} has no exact Hugging Face equivalent in "
-                      "Llama or GPT-2; export a model trained without it")
-  if c.pos != "rope" and c.kv_heads != c.n_heads:
-    raise UserError(f"model.n_kv_heads={c.n_kv_heads} has no exact Hugging Face equivalent with "
-                    "model.pos=learned (GPT-2 has no grouped-query attention)")
+  """LLAMA or GPT2; a model with no exact equivalent is refused, naming every switch in the way."""
   arch, name, needs = (LLAMA, "Llama", (("norm", "rmsnorm"), ("mlp", "swiglu"))) \
       if c.pos == "rope" else (GPT2, "GPT-2", (("norm", "layernorm"), ("mlp", "gelu")))
-  for field, want in needs:
-    if getattr(c, field) != want:
-      raise UserError(f"model.{field}={getattr(c, field)} has no exact Hugging Face equivalent "
-                      f"with model.pos={c.pos} ({name} needs model.{field}={want}); export a model "
-                      "trained with rope+rmsnorm+swiglu or learned+layernorm+gelu")
+  blockers = [f"model.{field}={getattr(c, field)} (neither Llama nor GPT-2 has it)"
+              for field, off in (("qk_norm", False), ("logit_softcap", 0.0))
+              if getattr(c, field) != off]
+  if c.pos != "rope" and c.kv_heads != c.n_heads:
+    blockers.append(f"model.n_kv_heads={c.n_kv_heads} with model.pos=learned (GPT-2 has no "
+                    "grouped-query attention)")
+  blockers += [f"model.{field}={getattr(c, field)} with model.pos={c.pos} ({name} needs "
+               f"model.{field}={want})" for field, want in needs if getattr(c, field) != want]
+  if blockers:
+    raise UserError(f"this model has no exact Hugging Face equivalent: {'; '.join(blockers)}; "
+                    "export a model trained with rope+rmsnorm+swiglu or learned+layernorm+gelu, "
+                    "without qk_norm and logit_softcap")
   return arch
 
 
-def hf_config(c: ModelConfig) -> dict:
-  """config.json for `c` (float32 weights; no special tokens: jaxtrain's tokenizers have none)."""
+def hf_config(c: ModelConfig, eos_id: int, bos_id: int | None = None) -> dict:
+  """config.json for `c` (float32 weights) with the tokenizer's end-of-text token as eos (and
+  its beginning-of-sequence token, where it has one)."""
   common = {"vocab_size": c.vocab_size, "tie_word_embeddings": c.tie_embeddings,
-            "bos_token_id": None, "eos_token_id": None, "pad_token_id": None, "dtype": "float32"}
+            "bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": None,
+            "dtype": "float32"}
   if architecture(c) == LLAMA:
     return {"architectures": [LLAMA], "model_type": "llama", "hidden_size": c.d_model,
             "intermediate_size": c.mlp_hidden, "num_hidden_layers": c.n_layers,

@@ -2,6 +2,7 @@
 the state of a checkpoint on one device, its tokenizer, and which checkpoint `--step=latest|best|N`
 names. No data is needed."""
 
+import logging
 import sys
 from pathlib import Path
 
@@ -15,6 +16,25 @@ from jaxtrain.core import steps
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system import lock, paths
 from jaxtrain.system.errors import UserError
+
+
+class _ReadOnlyNotice(logging.Filter):
+  """orbax warns that a read-only checkpoint manager is read-only: here that is the point."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not (message.startswith("Given directory is read only")
+                or message.startswith("CheckpointManagerOptions.read_only=True"))
+
+
+def read_only(workdir) -> Checkpoints:
+  """The run's checkpoints, opened to read (orbax's notices of that silenced)."""
+  absl_logger, notice = logging.getLogger("absl"), _ReadOnlyNotice()
+  absl_logger.addFilter(notice)
+  try:
+    return Checkpoints(str(workdir), read_only=True)
+  finally:
+    absl_logger.removeFilter(notice)
 
 
 def check_run(workdir: str) -> Path:
@@ -37,7 +57,7 @@ def val_losses(workdir: Path) -> dict[int, float]:
 
 def best_step(workdir: Path) -> int:
   """The checkpointed step with the lowest validation loss (the run keeps that checkpoint)."""
-  ckpts = Checkpoints(str(workdir), read_only=True)
+  ckpts = read_only(workdir)
   try:
     on_disk = set(ckpts.all_steps())
   finally:
@@ -68,7 +88,7 @@ def load(workdir: str, step: str = "latest") -> tuple[steps.TrainState, object]:
     resolve_step(path, step)  # raises: a typo in --step is named before anything is read
   if not (path / "tokenizer.json").exists():
     raise UserError(f"{path} has no tokenizer.json; it is not a complete jaxtrain run")
-  ckpts = Checkpoints(str(path), read_only=True)
+  ckpts = read_only(path)
   try:
     any_step = bool(ckpts.all_steps())
   finally:
@@ -92,7 +112,7 @@ def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
 
   For sampling, evaluation or inspection outside the training loop: no data is needed.
   """
-  ckpts = Checkpoints(workdir, read_only=True)
+  ckpts = read_only(workdir)
   try:
     def read(s: int):
       meta = ckpts.read_meta(s)

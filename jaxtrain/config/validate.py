@@ -249,7 +249,13 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
 
 def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
   d, s = cfg.data, cfg.sample
-  _check(d.tokenizer in config.TOKENIZERS or os.path.isfile(os.path.expanduser(d.tokenizer)),
+  path = os.path.expanduser(str(d.tokenizer))
+  if isinstance(d.tokenizer, str) and d.tokenizer not in config.TOKENIZERS and \
+      ("/" in d.tokenizer or d.tokenizer.endswith(".json")):
+    _check(os.path.isfile(path), "data.tokenizer", f"the file {path} does not exist"
+           if not os.path.exists(path) else f"{path} is a directory, not a file",
+           "pass the path of an existing tokenizer.json (or --config.data.tokenizer=bpe, byte, char)")
+  _check(d.tokenizer in config.TOKENIZERS or os.path.isfile(path),
          "data.tokenizer", f"{_show(d.tokenizer)} is not byte, char, bpe or a tokenizer.json file",
          "pass --config.data.tokenizer=bpe (or byte, char, or the path of a tokenizer.json)")
   _check(d.text_field != "", "data.text_field", "is empty", "pass --config.data.text_field=text")

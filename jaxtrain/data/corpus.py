@@ -227,6 +227,17 @@ _META_KEYS = {"tokenizer", "dtype", "n_tokens", "n_train", "fingerprint", "n_fil
               "n_docs", "notes"}
 
 
+def _why_empty(docs: Documents, n_files: int) -> str:
+  """Why a corpus came out empty, for the error: after "holds no text"."""
+  n = len(docs.binary)
+  if not n:
+    return " (no documents, or only empty ones)"
+  which = f"all {n} files were" if n == n_files else \
+      f"{n} of the {n_files} files {'was' if n == 1 else 'were'}"
+  rest = "" if n == n_files else " and the rest are empty"
+  return f": {which} skipped as binary (they have NUL bytes, e.g. {docs.binary[0]}){rest}"
+
+
 def _tokenize(files, data, cache: _Cache, show_progress: bool, log, fixed=None) -> dict:
   """Writes the cache entry (the tokens, then the .json that marks them complete); its meta.
   Bad input is found by the first pass, before anything is written."""
@@ -240,7 +251,7 @@ def _tokenize(files, data, cache: _Cache, show_progress: bool, log, fixed=None) 
     log(f"data: tokenizing {len(files)} file(s), {docs.total / 1e6:.1f} MB, once (then cached)")
   sizes, chars = corpus_lib.survey(docs, kind == "char")
   if not sizes.sum():
-    raise UserError(f"{describe(data.path)} holds no text (no documents, or only empty ones); "
+    raise UserError(f"{describe(data.path)} holds no text{_why_empty(docs, len(files))}; "
                     "point --config.data.path at non-empty text, .jsonl or .parquet files")
   cut = corpus_lib.cut(sizes, data.val_fraction)
   if kind == "bpe":

@@ -320,7 +320,9 @@ def _jsonl_error(path: Path, fields: tuple[str, ...], arrow_message: str) -> Use
       try:
         record = json.loads(line)
       except json.JSONDecodeError as e:
-        return UserError(f"{path} line {number} is not JSON ({e.msg} at column {e.colno}); {fix}")
+        # json's own messages may end in "at" ("Unterminated string starting at"): one "at".
+        where = f"{e.msg.removesuffix(' at')} at column {e.colno}"
+        return UserError(f"{path} line {number} is not JSON ({where}); {fix}")
       if not isinstance(record, dict):
         return UserError(f"{path} line {number} is not a JSON object; {fix}")
       for field in fields:

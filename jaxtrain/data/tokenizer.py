@@ -268,6 +268,18 @@ def model_vocab_size(want: int, tok) -> int:
   return want
 
 
+BOS_NAMES = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "[BOS]")
+
+
+def bos_id(tokenizer) -> int | None:
+  """The id of a beginning-of-sequence token where the tokenizer has one (a tokenizer.json that
+  defines e.g. `<s>` as a special token); jaxtrain's own byte, char and BPE tokenizers have none."""
+  if not isinstance(tokenizer, HFTokenizer):
+    return None
+  special = {a.content: i for i, a in tokenizer.tok.get_added_tokens_decoder().items() if a.special}
+  return next((special[name] for name in BOS_NAMES if name in special), None)
+
+
 def newline_id(tokenizer) -> int | None:
   """The id of "\n", if the vocabulary has it as one token (a char vocabulary may not)."""
   try:

@@ -17,6 +17,22 @@ def install() -> None:
   atexit.register(_end)
 
 
+def quiet_broken_pipe() -> None:
+  """For a command: output into a pipe whose reader left (`| head`) ends the process with 141
+  (128 + SIGPIPE), as a shell tool does, instead of a BrokenPipeError traceback."""
+  previous = sys.excepthook
+
+  def hook(kind, value, tb) -> None:
+    if not issubclass(kind, BrokenPipeError):
+      previous(kind, value, tb)
+      return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush has nowhere to fail
+    os._exit(141)
+
+  sys.excepthook = hook
+
+
 def exit_now(code: int) -> NoReturn:
   """`sys.exit(code)`, and the handler from `install` then ends the process at once. Only for
   an orderly end: every file closed and every checkpoint write finished."""

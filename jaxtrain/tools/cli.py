@@ -21,6 +21,39 @@ def first_line(e: BaseException) -> str:
   return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
+HELP_FLAGS = ("--help", "-h", "--helpshort", "-?")
+COMMON = (("--jax_platforms=cpu", "Run on the CPU even where a GPU is present."),
+          ("--helpfull", "Every flag, the libraries' included."))
+
+
+def help_text(usage: str, rows: list[tuple[str, str]], common=COMMON) -> str:
+  """`usage`, then one line a flag: its name (with its default) and what it does."""
+  rows = [*rows, *common]
+  width = max(len(name) for name, _ in rows) + 2
+  return "\n".join([usage, "", "flags:", *(f"  {name.ljust(width)}{text}" for name, text in rows)])
+
+
+def flag_rows(module: str) -> list[tuple[str, str]]:
+  """The absl flags `module` defined, as help_text rows."""
+  from absl import flags
+
+  rows = []
+  for flag in flags.FLAGS.flags_by_module_dict().get(module, []):
+    if flag.flag_type() == "bool":
+      name = f"--[no]{flag.name}"
+    else:
+      name = f"--{flag.name}" + ("" if flag.default in (None, "") else f"={flag.default}")
+    rows.append((name, " ".join(flag.help.split())))
+  return rows
+
+
+def show_help_if_asked(argv: list[str], usage: str, rows: list[tuple[str, str]]) -> None:
+  """`--help` anywhere in `argv`: the command's own flags on stdout, exit status 0."""
+  if any(arg in HELP_FLAGS for arg in argv[1:] if isinstance(arg, str)):
+    print(help_text(usage, rows))
+    sys.exit(0)
+
+
 def parse_flags(argv: list[str], hint: str = "see --help for the flags") -> list[str]:
   """absl's parser, but a bad flag is one line and exit status 2."""
   from absl import flags
@@ -54,8 +87,9 @@ def missing_config(path: str) -> str:
   return f"config file {path} not found (from {os.getcwd()}); pass --config={shown}{rest}"
 
 
-def main(run: Callable[[], None]) -> None:
-  """Parses the flags defined so far, then calls `run`, turning a UserError into one line."""
+def main(run: Callable[[], None], usage: str, module: str) -> None:
+  """Parses the flags defined so far, then calls `run`, turning a UserError into one line.
+  `--help` prints `usage` and the flags that `module` defined."""
   import jax
   from absl import app, flags, logging
 
@@ -75,5 +109,9 @@ def main(run: Callable[[], None]) -> None:
       print("", file=sys.stderr)
       sys.exit(130)
 
+  def parse(argv: list[str]) -> list[str]:
+    show_help_if_asked(argv, usage, flag_rows(module))
+    return parse_flags(argv)
+
   jax.config.config_with_absl()
-  app.run(body, flags_parser=parse_flags)
+  app.run(body, flags_parser=parse)

@@ -1,39 +1,76 @@
 """`python -m jaxtrain.compare RUN... [--out=D]`: runs side by side.
 
-A table of each run's config differences (only the fields that differ), params, steps, best and
-final validation loss, val_bpb, tokens/s and training time, best run first, on the terminal; with
+A table of each run's config differences (only the fields that differ and have an effect), params,
+steps, best and final validation loss, val_bpb, tokens/s and training time, best run first (by
+val_bpb where the runs' tokens differ, else by val loss; the last line says which), on the
+terminal (a block a run where a terminal is narrower than the table); with
 --out also as markdown (compare.md) and PNG plots of the losses against step and against time,
 one colour a run. RUN is a run's directory, a glob of them, or a directory of runs (a sweep's
 root). Unfinished runs are included and marked.
 """
 
+import shutil
 import sys
 from pathlib import Path
 
 from jaxtrain.system import fmt
 from jaxtrain.system.errors import UserError
-from jaxtrain.tools import runs
+from jaxtrain.tools import cli, runs
 
-IGNORED = ("workdir",)  # differs between any two runs and says nothing
+USAGE = ("usage: python -m jaxtrain.compare RUN... [--out=DIR]\n"
+         "Runs side by side, best first: the config fields that differ, losses, speed and time.")
+HELP = [("RUN", "A run's directory, a glob of them, or a directory of runs (a sweep's root)."),
+        ("--out=DIR", "Also write the table as DIR/compare.md and the loss plots as PNGs.")]
+# Fields that say nothing about a result: where it was written, how it was logged or sampled.
+NOT_SHOWN = ("workdir", "headless", "data.cache_dir", "data.allow_changed", "train.log_every",
+             "train.checkpoint_every", "train.keep_checkpoints")
+NOT_SHOWN_SECTIONS = ("sample.", "distributed.")
+_MUON_ONLY = ("optim.matrix_lr", "optim.embedding_lr", "optim.head_lr", "optim.momentum",
+              "optim.embedding_weight_decay", "optim.head_weight_decay")
+# A field with no effect on a run, by that run's config: not compared, shown as "-" for it.
+NO_EFFECT = {"data.vocab_size": lambda c: c.get("data.tokenizer", "bpe") != "bpe",
+             "optim.decay_fraction": lambda c: c.get("optim.schedule", "wsd") != "wsd",
+             "optim.min_lr_ratio": lambda c: c.get("optim.schedule") == "constant",
+             "model.rope_theta": lambda c: c.get("model.pos", "rope") != "rope",
+             **{f: (lambda c: c.get("optim.name", "muon") != "muon") for f in _MUON_ONLY}}
+# What the tokens are: where these differ, a loss per token does not compare; bits per byte does.
+DATA_FIELDS = ("data.path", "data.text_field", "data.tokenizer", "data.vocab_size",
+               "data.val_fraction", "model.vocab_size")
 COLUMNS = ("params", "steps", "best val", "final val", "val bpb", "tok/s", "time", "state")
+_MISSING = object()
 
 
-def differences(infos: list[runs.RunInfo]) -> list[str]:
-  """The config fields whose values are not the same in every run, in config order."""
+def effective(info: runs.RunInfo, field: str):
+  """The run's value of `field`, or _MISSING where the field has no effect on that run."""
+  no_effect = NO_EFFECT.get(field)
+  return _MISSING if no_effect is not None and no_effect(info.config) else \
+      info.config.get(field, _MISSING)
+
+
+def differences(infos: list[runs.RunInfo], among=None) -> list[str]:
+  """The config fields (of `among`, else all) whose values, where they have an effect, are not the
+  same in every run; in config order."""
   fields: list[str] = []
   for info in infos:
     fields += [f for f in info.config if f not in fields]
-  missing = object()
-  return [f for f in fields if f not in IGNORED
-          and len({repr(info.config.get(f, missing)) for info in infos}) > 1]
+  shown = [f for f in fields if f not in NOT_SHOWN and not f.startswith(NOT_SHOWN_SECTIONS)]
+  return [f for f in (among if among is not None else shown)
+          if len({repr(effective(info, f)) for info in infos} - {repr(_MISSING)}) > 1
+          or len({effective(info, f) is _MISSING for info in infos}) > 1]
 
 
-def rank_key(info: runs.RunInfo) -> tuple:
-  """Lower is better: the best validation loss, or else the last train loss."""
-  best = info.best("val_loss")
+def measure(infos: list[runs.RunInfo]) -> str:
+  """val_bpb where the runs' tokenizers or data differ (a loss per token then does not compare),
+  else val_loss."""
+  return "val_bpb" if differences(infos, DATA_FIELDS) else "val_loss"
+
+
+def rank_key(info: runs.RunInfo, key: str = "val_loss") -> tuple:
+  """Lower is better: the best `key` (val_loss or val_bpb), or else the last train loss."""
+  best = info.best(key)
   if best is not None:
     return (0, best)
-  loss = info.final("loss")
+  loss = info.final("loss") if key == "val_loss" else None
   return (1, loss) if loss is not None else (2, 0.0)
 
 
@@ -68,7 +105,8 @@ def rows(infos: list[runs.RunInfo], fields: list[str],
     params = info.status.get("params")
     speed, wall = info.median_speed(), info.wall_s()
     state = "done" if info.finished else info.state
-    out.append([name, *(_value(info.config.get(f)) for f in fields),
+    out.append([name, *(_value(None if (v := effective(info, f)) is _MISSING else v)
+                        for f in fields),
                 fmt.count(params) if params else "-", f"{info.step}/{_value(info.max_steps)}",
                 _loss(info.best("val_loss")), _loss(info.final("val_loss")),
                 _loss(info.final("val_bpb")), fmt.count(speed) if speed else "-",
@@ -77,10 +115,35 @@ def rows(infos: list[runs.RunInfo], fields: list[str],
   return out
 
 
-def terminal_table(header: list[str], body: list[list[str]]) -> str:
+def _pack(items: list[str], width: int, indent: str = "   ") -> list[str]:
+  """`items` two spaces apart, as many a line as fit in `width`; an item is never split."""
+  lines: list[str] = []
+  for item in items:
+    if lines and len(lines[-1]) + 2 + len(item) <= width:
+      lines[-1] += "  " + item
+    else:
+      lines.append(indent + item)
+  return lines
+
+
+def terminal_table(header: list[str], body: list[list[str]], width: int | None = None) -> str:
+  """A table where it fits `width` (None: no limit), else a block of lines a run."""
   widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
   line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
-  return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, body)])
+  if width is None or sum(widths) + 2 * (len(widths) - 1) <= width:
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, body)])
+  n_config = len(header) - 1 - len(COLUMNS)
+  blocks = []
+  for i, row in enumerate(body, start=1):
+    pairs = [f"{h}={v}" for h, v in zip(header[1:1 + n_config], row[1:1 + n_config])]
+    stats = [f"{h} {v}" for h, v in zip(COLUMNS, row[1 + n_config:])]
+    blocks.append("\n".join([f"{i}. {row[0]}", *_pack(pairs, width), *_pack(stats, width)]))
+  return "\n".join(blocks)
+
+
+def terminal_width() -> int | None:
+  """The terminal's columns; None where the output is not a terminal (a file, a pipe)."""
+  return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
 
 
 def markdown_table(header: list[str], body: list[list[str]]) -> str:
@@ -127,18 +190,23 @@ def plot(infos: list[runs.RunInfo], out: Path) -> list[Path]:
                 f"training time ({'min' if minutes else 's'})", out / "loss_vs_time.png")]
 
 
-def compare(patterns: list[str], out: Path | None = None, print_fn=print) -> list[runs.RunInfo]:
+def compare(patterns: list[str], out: Path | None = None, print_fn=print,
+            width: int | None = None) -> list[runs.RunInfo]:
   """Prints the table (and writes compare.md and the plots to `out`); returns the runs, best
   first."""
-  infos = sorted((runs.read(p) for p in runs.find(patterns)), key=rank_key)
+  infos = [runs.read(p) for p in runs.find(patterns)]
+  key = measure(infos)
+  infos.sort(key=lambda info: rank_key(info, key))
   fields = differences(infos)
   sources = source_keys(infos)
   header = ["run", *fields, *COLUMNS, *(f"val {k.split('/')[1]}" for k in sources)]
   body = rows(infos, fields, sources)
-  print_fn(terminal_table(header, body))
+  print_fn(terminal_table(header, body, width if width is not None else terminal_width()))
   best = infos[0]
-  if best.best("val_loss") is not None:
-    print_fn(f"best: {names(infos)[0]} (val loss {best.best('val_loss'):.4f})")
+  if best.best(key) is not None:
+    why = ("bits per byte: the runs' tokenizers or data differ, so their losses per token do not "
+           "compare") if key == "val_bpb" else "nats per token: the same tokens in every run"
+    print_fn(f"best: {names(infos)[0]} (best {key} {best.best(key):.4f}); ranked by {key} ({why})")
   if out is not None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(markdown_table(header, body) + "\n", encoding="utf-8")
@@ -153,7 +221,8 @@ def parse(argv: list[str]) -> tuple[list[str], Path | None]:
     if arg.startswith("--out="):
       out = Path(arg.split("=", 1)[1]).expanduser()
     elif arg.startswith("-"):
-      raise UserError(f"unknown flag {arg}; usage: python -m jaxtrain.compare RUN... [--out=DIR]")
+      raise UserError(f"unknown flag {arg}; usage: python -m jaxtrain.compare RUN... [--out=DIR] "
+                      "(see --help)")
     else:
       patterns.append(arg)
   if not patterns:
@@ -163,6 +232,9 @@ def parse(argv: list[str]) -> tuple[list[str], Path | None]:
 
 
 def main(argv: list[str]) -> int:
+  if any(arg in cli.HELP_FLAGS for arg in argv):
+    print(cli.help_text(USAGE, HELP, common=()))
+    return 0
   try:
     compare(*parse(argv))
   except UserError as e:

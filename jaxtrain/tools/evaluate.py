@@ -148,6 +148,11 @@ def run() -> None:
     print(f"results: {f.out}", file=sys.stderr)
 
 
+USAGE = ("usage: python -m jaxtrain.eval --workdir=runs/task --data=FILE.jsonl [flags]\n"
+         "Task scores of a trained run on held-out records: loss and bpb on completions, exact "
+         "match of greedy completions, multiple-choice accuracy.")
+
+
 def main() -> None:
   define_flags()
-  cli.main(run)
+  cli.main(run, USAGE, __name__)

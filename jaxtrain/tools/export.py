@@ -11,9 +11,12 @@ import numpy as np
 
 from jaxtrain.checkpoints import hf
 from jaxtrain.checkpoints import load as trained
+from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system import paths
 from jaxtrain.system.errors import UserError
 
+USAGE = ("usage: python -m jaxtrain.export --workdir=runs/nano --out=hf/nano [--step=latest|best|N]\n"
+         "A run's model as a Hugging Face transformers directory.")
 WRITTEN = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
            "generation_config.json")
 
@@ -22,7 +25,8 @@ def export(workdir: str, out: str, step: str = "latest") -> Path:
   """Writes the model of `workdir`'s checkpoint `step` into directory `out`; returns it."""
   state, tok = trained.load(workdir, step)
   c = state.model_cfg
-  config = hf.hf_config(c)  # before anything is written: a model with no equivalent is refused
+  eos, bos = tok.eot_id, tokenizer_lib.bos_id(tok)
+  config = hf.hf_config(c, eos, bos)  # before anything is written: no equivalent is refused
   target = _target(out)
   tensors = hf.to_hf(hf.flatten(jax.device_get(state.params)), c)
   from safetensors.numpy import save_file
@@ -30,8 +34,13 @@ def export(workdir: str, out: str, step: str = "latest") -> Path:
   save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
   paths.write_json(target / "config.json", {**config, "jaxtrain": {
       "workdir": str(Path(workdir).absolute()), "step": int(state.step)}})
-  paths.write_json(target / "generation_config.json", {"do_sample": True, "temperature": 0.8,
-                                                       "max_length": c.seq_len})
+  # max_new_tokens, not max_length (transformers warns when a call's max_new_tokens meets one);
+  # half the trained length, so that a plain call with a short prompt stays within it (GPT-2's
+  # learned positions end there). pad is eos, as transformers would set it, with a warning.
+  paths.write_json(target / "generation_config.json", {
+      "do_sample": True, "temperature": 0.8, "max_new_tokens": max(1, c.seq_len // 2),
+      "eos_token_id": eos, "pad_token_id": eos,
+      **({"bos_token_id": bos} if bos is not None else {})})
   write_tokenizer(tok, target)
   return target
 
@@ -59,9 +68,12 @@ def write_tokenizer(tok, target: Path) -> None:
   """tokenizer.json (every jaxtrain tokenizer has an exact `tokenizers` form, end-of-text token
   included) and the tokenizer_config.json that transformers' AutoTokenizer reads beside it."""
   (target / "tokenizer.json").write_text(tok.hf_json(), encoding="utf-8")
+  bos = tokenizer_lib.bos_id(tok)
+  special = {"eos_token": tokenizer_lib.EOT, "pad_token": tokenizer_lib.EOT,
+             **({"bos_token": tok.decode([bos])} if bos is not None else {})}
   paths.write_json(target / "tokenizer_config.json", {
       "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 10**9,
-      "clean_up_tokenization_spaces": False, "jaxtrain_tokenizer": tok.to_json()})
+      "clean_up_tokenization_spaces": False, **special, "jaxtrain_tokenizer": tok.to_json()})
 
 
 def main() -> None:
@@ -83,4 +95,4 @@ def main() -> None:
     print(f"wrote {arch} ({n:,} numbers) to {target}; load it with "
           f"transformers.AutoModelForCausalLM.from_pretrained({str(target)!r})", file=sys.stderr)
 
-  cli.main(run)
+  cli.main(run, USAGE, __name__)

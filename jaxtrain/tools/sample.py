@@ -24,6 +24,8 @@ from jaxtrain.system.errors import UserError
 from jaxtrain.tools import cli
 
 CHUNK = 8  # tokens per compiled call: how often the text on the screen grows
+USAGE = ("usage: python -m jaxtrain.sample --workdir=runs/nano [--prompt=TEXT|@FILE] [flags]\n"
+         "Text from a saved run, printed as it is made.")
 
 
 def define_flags() -> None:
@@ -179,4 +181,4 @@ def run() -> None:
 
 def main() -> None:
   define_flags()
-  cli.main(run)
+  cli.main(run, USAGE, __name__)

@@ -14,9 +14,11 @@ import functools
 import itertools
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -28,8 +30,15 @@ from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.tools import cli, compare, runs
 
 USAGE = ("usage: python -m jaxtrain.sweep --config=F --sweep=field=v1,v2 [--sweep=...] --root=DIR "
-         "[--parallel=N] [--config.x=y ...]")
-PROGRESS_EVERY_S = 30.0
+         "[--parallel=N] [--config.x=y ...] (see --help)")
+HELP = [("--config=FILE", "The config every run starts from (e.g. configs/nano.py)."),
+        ("--sweep=FIELD=V1,V2", "A config field and its values; repeat for a grid of every combination."),
+        ("--root=DIR", "Where the runs go: DIR/<swept values>, logs in DIR/logs, the comparison in DIR."),
+        ("--parallel=1", "Runs at once, each on its own share of the CPU cores."),
+        ("--progress_every_s=30", "How often each running run's step, loss and ETA are printed."),
+        ("--config.FIELD=V", "A setting for every run of the sweep."),
+        ("--jax_*=V", "Passed on to every run (e.g. --jax_platforms=cpu).")]
+PROGRESS_EVERY_S = 30.0  # the default of --progress_every_s
 
 
 @dataclasses.dataclass
@@ -40,6 +49,7 @@ class Args:
   parallel: int = 1
   overrides: list[str] = dataclasses.field(default_factory=list)  # --config.x=y, passed on
   passthrough: list[str] = dataclasses.field(default_factory=list)  # --jax_*, passed on
+  progress_every_s: float = PROGRESS_EVERY_S
 
 
 @dataclasses.dataclass
@@ -66,7 +76,7 @@ def parse(argv: list[str]) -> Args:
   found: dict = {"sweeps": [], "overrides": [], "passthrough": []}
   for arg in argv:
     key, eq, value = arg.partition("=")
-    if key in ("--config", "--root", "--parallel") and eq:
+    if key in ("--config", "--root", "--parallel", "--progress_every_s") and eq:
       found[key[2:]] = value
     elif key == "--sweep" and eq:
       field, eq2, values = value.partition("=")
@@ -93,8 +103,15 @@ def parse(argv: list[str]) -> Args:
   parallel = found.get("parallel", "1")
   if not parallel.isdigit() or int(parallel) < 1:
     raise UserError(f"--parallel={parallel}: must be an integer >= 1 (runs at once)")
+  every = found.get("progress_every_s", str(PROGRESS_EVERY_S))
+  try:
+    every_s = float(every)
+  except ValueError:
+    every_s = 0.0
+  if not every_s > 0:
+    raise UserError(f"--progress_every_s={every}: must be a number of seconds > 0")
   return Args(found["config"], found["sweeps"], Path(found["root"]).expanduser(), int(parallel),
-              found["overrides"], found["passthrough"])
+              found["overrides"], found["passthrough"], every_s)
 
 
 def typed(field: str, text: str, default):
@@ -178,12 +195,22 @@ def _last_line(path: Path) -> str:
   return lines[-1][:300] if lines else ""
 
 
-def _where(point: Point) -> str:
+def progress(point: Point, first: tuple[int, float] | None = None,
+             now: float | None = None) -> tuple[int, str] | None:
+  """(step, "step 120/400, loss 2.3456, 5.1k tok/s, ETA 1m20s") from the run's metrics.jsonl;
+  None before its first train line. The ETA is by the wall-clock rate since `first` (a step and
+  when it was seen), evaluations and saves included."""
   info = runs.read(point.workdir) if paths.is_run(point.workdir) else None
   if info is None or not info.train:
-    return "starting"
-  loss = info.final("loss")
-  return f"step {info.step}/{point.max_steps}" + (f", loss {loss:.4f}" if loss else "")
+    return None
+  step, loss, speed = info.train[-1]["step"], info.final("loss"), info.final("tokens_per_sec")
+  line = f"step {step}/{point.max_steps}" + (f", loss {loss:.4f}" if loss is not None else "") + \
+      (f", {fmt.count(speed)} tok/s" if speed else "")
+  now = time.time() if now is None else now
+  if first is not None and step > first[0] and now > first[1] and step < point.max_steps:
+    rate = (step - first[0]) / (now - first[1])
+    line += f", ETA {fmt.duration((point.max_steps - step) / rate)}"
+  return step, line
 
 
 class Sweep:
@@ -197,6 +224,8 @@ class Sweep:
     self.failed: list[str] = []
     self.stopped: list[str] = []
     self.ran = 0
+    self.first_seen: dict[str, tuple[int, float]] = {}  # a run's first step that moved, and when
+    self.shown: dict[str, int] = {}  # the step of a run's last progress line
     self.signal: str | None = None
 
   def _tag(self, point: Point) -> str:
@@ -237,6 +266,23 @@ class Sweep:
       self.print(f"{self._tag(point)}: FAILED (exit status {code}) after {took}: "
                  f"{_last_line(point.log)} (whole log: {point.log})")
 
+  def _progress(self) -> None:
+    """A line a running run whose step moved since its last line (before its first step, its
+    log says what it does: tokenizing, compiling)."""
+    wrap = sys.stdout.isatty()
+    for point, _, t0 in self.running.values():
+      now = time.time()
+      found = progress(point, self.first_seen.get(point.name), now)
+      if found is None or self.shown.get(point.name) == found[0]:
+        continue
+      if point.name in self.shown:  # the step moved while watched: the rate starts here, after
+        self.first_seen.setdefault(point.name, (found[0], now))  # start-up and compiling
+      self.shown[point.name] = found[0]
+      line = f"{self._tag(point)}: {found[1]} ({fmt.duration(now - t0)} so far)"
+      width = shutil.get_terminal_size((100, 24)).columns
+      for part in (textwrap.wrap(line, width, subsequent_indent="    ") if wrap else [line]):
+        self.print(part)
+
   def _on_signal(self, signum, frame) -> None:
     name = signal.Signals(signum).name
     if self.signal is None:
@@ -264,16 +310,19 @@ class Sweep:
         for slot, (_, proc, _) in list(self.running.items()):
           if proc.poll() is not None:
             self._finish(slot, proc.returncode)
-        if time.time() - last_progress >= PROGRESS_EVERY_S and self.running:
+        if time.time() - last_progress >= self.args.progress_every_s and self.running:
           last_progress = time.time()
-          self.print("  " + "; ".join(f"{p.name}: {_where(p)}" for p, _, _ in
-                                      self.running.values()))
+          self._progress()
     finally:
       for s, handler in previous.items():
         signal.signal(s, handler)
 
 
 def main(argv: list[str]) -> int:
+  if any(arg in cli.HELP_FLAGS for arg in argv):
+    print(cli.help_text(USAGE.split(" (see")[0] + "\nEvery combination of the swept values, a run "
+                        "each, then the comparison of them all.", HELP, common=()))
+    return 0
   t0 = time.time()
   try:
     args = parse(argv)
