@@ -22,6 +22,12 @@ NOT_HERE = [
                          "test command in a fresh environment"),
     (r"--jax_platforms=cuda", "needs an NVIDIA GPU and a CUDA build of jax"),
     (r"^srun\b", "needs a Slurm cluster"),
+    (r"^(sbatch|sacct|apt-get|eval .*local-cluster|examples/slurm/)", "needs a Slurm cluster, "
+     "installed as root (tests/test_slurm.py starts a one-node Slurm and submits the script)"),
+    (r"JAXTRAIN_TEST_GPU=1", "needs a GPU (the tests skip themselves, saying so, without one)"),
+    (r"^git clone|gpu_side_by_side", "fetches nanoGPT from the network, and measures on a GPU"),
+    (r"^wandb (login|sync)", "talks to the W&B service over the network (tests/test_wandb.py "
+                             "checks offline runs)"),
     (r"--config\.distributed\.num_processes=[2-9]",
      "one process per host of a multi-host jax.distributed run (tests/test_scale_out.py runs two "
      "processes on one machine)"),
@@ -90,6 +96,8 @@ def tiny(command: str) -> str:
   if re.match(r"python -m jaxtrain(\.sweep)? ", command):
     extra = {f"config.{k}": v for k, v in TINY.items() if f"--config.{k}=" not in command}
     extra["config.train.max_steps"] = 6 if "--config.train.max_steps=" in command else 3
+    if "--config.train.time_budget=" in command:
+      extra["config.train.time_budget"] = "15s"
   elif command.startswith("python -m jaxtrain.sample "):
     extra = TINY_SAMPLE
   else:
@@ -124,6 +132,14 @@ def _fixtures(sandbox: Path, text: str) -> None:
   (sandbox / "data").mkdir()
   for i in range(2):
     pq.write_table(pa.table({"text": docs[i::2]}), sandbox / "data" / f"part-{i}.parquet")
+  (sandbox / "books").mkdir()
+  for i in range(2):
+    (sandbox / "books" / f"{i}.txt").write_text("\n".join(lines[i::2]) + "\n")
+  (sandbox / "notes.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+  records = [{"prompt": f"{w} =", "completion": f" {w[::-1]}"} for w in " ".join(lines).split()]
+  for name, part in (("routes", records[:-40]), ("prompts", records[-40:]),
+                     ("held_out", records[-40:])):
+    (sandbox / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
 
 
 @pytest.mark.slow
