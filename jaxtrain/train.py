@@ -165,7 +165,9 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
   programs = programs_lib.build(cfg, vocab, devices, eot_id=corpus.tokenizer.eot_id)
   if cfg.train.time_budget:
     spent = budget.process_age_s if library_log else lambda: time.time() - t_start
-    programs = budget.fit(cfg, programs, devices, workdir, out.print, spent)
+    probe = lambda: mixture.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len,  # noqa: E731
+                                           cfg.seed, jax.process_index(), jax.process_count())
+    programs = budget.fit(cfg, programs, devices, workdir, out.print, spent, probe)
   summary.describe(out, cfg, corpus, programs)
   train_iter = mixture.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed,
                                    jax.process_index(), jax.process_count())

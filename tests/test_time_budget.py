@@ -70,7 +70,8 @@ def test_the_command_ends_near_its_budget(corpus_file, tmp_path):
   args = [a for a in kh.cli_args(tmp_path / "run", corpus_file, 1) if "max_steps" not in a]
   t0 = time.time()
   res = subprocess.run([sys.executable, "-m", "jaxtrain", *args, "--config.train.time_budget=60s",
-                        "--config.train.eval_every=50"], cwd=ROOT, capture_output=True,
+                        "--config.train.eval_every=100", "--config.train.log_every=10",
+                        "--config.train.checkpoint_every=100"], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
   wall = time.time() - t0
   assert res.returncode == 0, res.stderr[-2000:]
