@@ -3,8 +3,6 @@ processes; and the collectives between processes."""
 
 import importlib.util
 import os
-import signal
-import threading
 
 import jax
 import ml_collections
@@ -65,13 +63,10 @@ def init_distributed(distributed: ml_collections.ConfigDict) -> None:
     # CPU collectives go through gloo (jax's default); GPUs use NCCL. The heartbeat timeout bounds
     # how long a survivor can stay blocked without an error on a process that vanished (jax then
     # ends it with its own report); a collective that fails ends it at once (peers.py).
-    previous = signal.getsignal(signal.SIGTERM)
+    # jax's preemption notifier takes SIGTERM over until the training loop's own handler: a
+    # SIGTERM raised on one process while another waits in a collective would hang them both.
     jax.distributed.initialize(initialization_timeout=distributed.timeout_s,
                                heartbeat_timeout_seconds=distributed.timeout_s, **kwargs)
-    # jax's preemption notifier takes SIGTERM over in C, and a SIGTERM before the training loop
-    # would then be swallowed: the command's own handler (signals.raise_on_sigterm) goes back.
-    if callable(previous) and threading.current_thread() is threading.main_thread():
-      signal.signal(signal.SIGTERM, previous)
   except Exception as e:
     first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
     raise UserError(f"joining the multi-process run failed ({first}); check "
