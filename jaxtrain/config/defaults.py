@@ -12,7 +12,7 @@ import os
 
 import ml_collections
 
-from jaxtrain.config import schema
+import jaxtrain.config.schema as schema  # the module itself: not through the package's __init__
 from jaxtrain.system.errors import ConfigError, UserError
 
 NORMS = ("rmsnorm", "layernorm")

@@ -2,13 +2,12 @@
 libraries' own messages kept in a file, out of the way of those lines."""
 
 import logging
-import os
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from jaxtrain.system import fmt
+from jaxtrain.system import exiting, fmt
 
 
 class _QuietFileHandler(logging.FileHandler):
@@ -101,9 +100,7 @@ class Console:
     """SIGPIPE's convention: a command whose reader left stops. Training stops as after Ctrl-C
     (with a checkpoint); stdout goes to /dev/null so no later write or flush fails."""
     self.closed = True
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
+    exiting.stdout_to_devnull()
     if self.on_closed is not None:
       self.on_closed()
 

@@ -17,6 +17,13 @@ def install() -> None:
   atexit.register(_end)
 
 
+def stdout_to_devnull() -> None:
+  """Once stdout's reader has left: later writes and the final flush go nowhere, without error."""
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, sys.stdout.fileno())
+  os.close(devnull)
+
+
 def quiet_broken_pipe() -> None:
   """For a command: output into a pipe whose reader left (`| head`) ends the process with 141
   (128 + SIGPIPE), as a shell tool does, instead of a BrokenPipeError traceback."""
@@ -26,8 +33,7 @@ def quiet_broken_pipe() -> None:
     if not issubclass(kind, BrokenPipeError):
       previous(kind, value, tb)
       return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush has nowhere to fail
+    stdout_to_devnull()  # the interpreter's last flush has nowhere to fail
     os._exit(141)
 
   sys.excepthook = hook
