@@ -81,6 +81,7 @@ class Run:
   t_compile: float = 0.0  # when compiling began: the first step's line counts from it
   phase: str = "compiling"  # what an interrupt outside the loop stopped (loop/ending.py)
   changes: tuple[str, ...] = ()  # harmless config changes since the checkpoint resumed from
+  plan: budget.Plan | None = None  # train.time_budget: the schedule's ends
 
 
 def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
@@ -163,11 +164,12 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
   mixture.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
   vocab = tokenizer_lib.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
   programs = programs_lib.build(cfg, vocab, devices, eot_id=corpus.tokenizer.eot_id)
+  plan = None
   if cfg.train.time_budget:
     spent = budget.process_age_s if library_log else lambda: time.time() - t_start
     probe = lambda: mixture.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len,  # noqa: E731
                                            cfg.seed, jax.process_index(), jax.process_count())
-    programs = budget.fit(cfg, programs, devices, workdir, out.print, spent, probe)
+    programs, plan = budget.fit(cfg, programs, devices, workdir, out.print, spent, probe)
   summary.describe(out, cfg, corpus, programs)
   train_iter = mixture.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed,
                                    jax.process_index(), jax.process_count())
@@ -183,7 +185,7 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
              metrics_file=metrics.MetricsFile(workdir / "metrics.jsonl", enabled=is_main),
              run_meta=run_meta, t_start=t_start,
              hooks=hooks + early_stop.hooks(cfg.train) + profile.hooks(cfg.train, workdir),
-             log=log)
+             log=log, plan=plan)
 
 
 def _start(r: Run) -> tuple[TrainState, float, float]:
@@ -238,6 +240,8 @@ def _loop(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> 
       stop.request("SIGPIPE")
     r.out.start(t.max_steps, p.step)
     while p.step < t.max_steps:
+      if r.plan is not None:  # the schedule's end from this step on
+        state = budget.follow(r, p, state)
       state = _step(r, p, state)
       for hook in r.hooks:
         hook.on_step(p.step, state)

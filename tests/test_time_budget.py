@@ -1,6 +1,7 @@
 """`train.time_budget`: a run trains for a wall time, ends near it, and resumes exactly."""
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -63,6 +64,43 @@ def test_a_budgeted_run_resumes_to_the_steps_it_chose_bit_for_bit(tiny, tmp_path
   plain.workdir = str(tmp_path / "plain")
   jt.run(plain, show_progress=False)
   assert_trees_equal(jt.load_state(tiny.workdir).params, jt.load_state(plain.workdir).params)
+
+
+def test_the_end_the_pace_gives(tiny):
+  plan = budget.Plan(100.0, [[0, 1000]], spent=lambda: 40.0, close_s=5.0, compile_s=5.0)
+  assert budget.new_end(plan, 0, now=10.0) is None  # the leg's first step: the pace starts here
+  assert budget.new_end(plan, 200, now=12.0) is None  # before 30% of the steps
+  # 300 steps in 3 s: 10 ms a step; 100 - 40 - 5 - 5 = 50 s left: 5000 more steps
+  assert budget.new_end(plan, 300, now=13.0) == 300 + 5000
+  plan.ends.append([300, 5300])
+  assert budget.new_end(plan, 1000, now=20.0) is None  # 70% not reached
+  plan.spent = lambda: 90.0 - 0.2  # 0.2 s left for the steps: 0.2 / 0.01 = 20 steps, ends at 3730
+  assert budget.new_end(plan, 3710, now=47.1) == 3710 + 20
+  assert budget.new_end(plan, 3720, now=47.2) is None  # measured at both points already
+  # 50 ms a step, 100 - 55.5 - 5 - 5 = 34.5 s left: 690 more steps, 1% short of 1000
+  steady = budget.Plan(100.0, [[0, 1000]], spent=lambda: 55.5, close_s=5.0, compile_s=5.0)
+  budget.new_end(steady, 0, now=0.0)
+  assert budget.new_end(steady, 300, now=15.0) is None  # within 2%: not worth a compile
+
+
+def test_a_resume_from_before_a_moved_end_trains_as_the_run_did(tiny, tmp_path, monkeypatch):
+  # The end is moved at step 4 (the real one is moved by the measured pace); a second run is
+  # stopped at 6 and its checkpoint 6 lost, so it resumes at 3: before the move, which it replays.
+  monkeypatch.setattr(budget, "fit_steps", lambda *args: 8)
+  monkeypatch.setattr(budget, "new_end",
+                      lambda plan, step, now: 12 if plan.spent and step == 4 else None)
+  tiny.train.time_budget, tiny.train.log_every = "1h", 1
+  tiny.train.checkpoint_every, tiny.train.eval_every, tiny.train.keep_checkpoints = 3, 3, 10
+  tiny.sample.num_samples = 0
+  whole = tiny.copy_and_resolve_references()
+  whole.workdir = str(tmp_path / "whole")
+  assert jt.run(whole, show_progress=False).step == 12
+  assert json.loads((tmp_path / "whole" / budget.PLAN_FILE).read_text())["ends"] == [[0, 8], [4, 12]]
+  assert json.loads((tmp_path / "whole" / "config.json").read_text())["train"]["max_steps"] == 12
+  assert jt.run(tiny, show_progress=False, hooks=(_StopAt(6),)).step == 6
+  shutil.rmtree(tmp_path / "run" / "checkpoints" / "6")
+  assert jt.run(tiny, show_progress=False).step == 12
+  assert_trees_equal(jt.load_state(whole.workdir).params, jt.load_state(tiny.workdir).params)
 
 
 @pytest.mark.slow

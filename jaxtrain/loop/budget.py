@@ -4,10 +4,16 @@ A new run measures itself first: it compiles its train step and times a few step
 tokens (the speed does not depend on their values), then fixes `train.max_steps` so that the
 steps, their evaluations and the end of the run (a second compile, samples) fit the budget,
 counted from the start of the process. The schedule (warmup, decay) then spans exactly those
-steps, and the chosen number is the run's `train.max_steps` in config.json, so a resume trains
-to the same step as an uninterrupted run.
+steps, and the chosen number is the run's `train.max_steps` in config.json.
+
+A probe of a few seconds misjudges a loop that runs for minutes (evaluations, saves, logging, a
+machine whose speed changes), so the run's first leg measures its own pace again at REFIT_AT of
+its steps and, when that moves the end by more than TOLERANCE, rebuilds its train step for the
+new end. Each end and the step it took over at are recorded in budget.json (the `Plan`); a
+resumed leg follows them, so it trains exactly as the uninterrupted run did.
 """
 
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -19,9 +25,13 @@ import jax
 import ml_collections
 
 from jaxtrain.checkpoints.store import Checkpoints
+from jaxtrain.core import optim
 from jaxtrain.core import programs as programs_lib
-from jaxtrain.system import fmt, paths
+from jaxtrain.system import fmt, paths, runtime
 
+PLAN_FILE = "budget.json"
+REFIT_AT = (0.3, 0.7)  # fractions of the planned steps where the first leg measures its pace
+TOLERANCE = 0.02  # a new end within 2% of the planned one is not worth a compile
 EVAL_COST = 0.35  # a forward pass costs about a third of a forward and backward pass
 END_S = 2.0  # closing work besides sampling: the loss plot, the last save's wait
 
@@ -90,22 +100,107 @@ def fit_steps(budget_s: float, spent_s: float, compile_s: float, step_s: float, 
   return max(1, int(left / (step_s + eval_per_step + save_s / train.checkpoint_every)))
 
 
+@dataclasses.dataclass
+class Plan:
+  """The ends a time-budgeted run's schedule follows: from each step on, the `train.max_steps`
+  its learning rate was built for. `spent` is set in the leg that may move the end (a new run's
+  first); a resumed leg only follows the recorded ends."""
+
+  budget_s: float
+  ends: list[list[int]]  # [from_step, max_steps], ascending by step
+  spent: Callable[[], float] | None = None  # seconds of the budget used so far
+  close_s: float = 0.0  # after the last step: its evaluation, samples, the closing work
+  compile_s: float = 0.0  # a switch's compile, as the leg's first compile took
+  checked: int = 0  # how many of REFIT_AT this leg has measured at
+  t_first: float | None = None  # when the leg's first step ended, and its number
+  first_step: int = 0
+  pace_s: float = 0.0  # seconds per step, as last measured
+
+  @property
+  def final(self) -> int:
+    return self.ends[-1][1]
+
+  def end_at(self, step: int) -> int:
+    return [end for start, end in self.ends if start <= step][-1]
+
+  def save(self, workdir: Path) -> None:
+    if jax.process_index() == 0:
+      paths.write_json(workdir / PLAN_FILE, {"budget_s": self.budget_s, "ends": self.ends})
+
+
 def fit(cfg: ml_collections.ConfigDict, programs: programs_lib.Programs, devices: list,
         workdir: Path, log: Callable[[str], None], spent: Callable[[], float],
-        batches: Callable[[], Iterator[dict]]) -> programs_lib.Programs:
+        batches: Callable[[], Iterator[dict]]) -> tuple[programs_lib.Programs, Plan]:
   """`train.time_budget`: sets `cfg.train.max_steps` to the steps that fit (measured by a new
-  run; a resumed run keeps those its first leg chose) and builds the programs for them."""
+  run; a resumed run keeps the ends its first leg chose) and builds the programs for them."""
+  budget_s = fmt.parse_duration(cfg.train.time_budget)
   if paths.is_run(workdir):
-    cfg.train.max_steps = int(paths.read_json(workdir / "config.json")["train"]["max_steps"])
+    saved = paths.read_json(workdir / PLAN_FILE) if (workdir / PLAN_FILE).exists() else None
+    max_steps = int(paths.read_json(workdir / "config.json")["train"]["max_steps"])
+    plan = Plan(budget_s, saved["ends"] if saved else [[0, max_steps]])
   else:
-    budget_s = fmt.parse_duration(cfg.train.time_budget)
     compile_s, step_s, save_s = measure(programs, batches(), cfg.train.grad_accum)
     sample_s = compile_s if cfg.sample.num_samples and cfg.sample.max_new_tokens else 0.0
     spent_s = spent()
-    cfg.train.max_steps = fit_steps(budget_s, spent_s, compile_s, step_s, cfg.train, sample_s,
-                                    save_s)
-    log(f"time budget {fmt.duration(budget_s)}: train.max_steps={cfg.train.max_steps} fit "
+    steps = fit_steps(budget_s, spent_s, compile_s, step_s, cfg.train, sample_s, save_s)
+    eval_s = EVAL_COST * cfg.train.eval_steps * step_s / cfg.train.grad_accum
+    plan = Plan(budget_s, [[0, steps]], spent, close_s=END_S + sample_s + eval_s,
+                compile_s=compile_s)
+    log(f"time budget {fmt.duration(budget_s)}: train.max_steps={steps} fit "
         f"({step_s * 1e3:.1f} ms/step, {save_s * 1e3:.0f} ms/save and a {compile_s:.1f}s compile "
         f"measured; {fmt.duration(spent_s)} spent so far)")
+  cfg.train.max_steps = plan.final
   m = programs.model_cfg
-  return programs_lib.build(cfg, m.vocab_size, devices, eot_id=m.eot_id)
+  return programs_lib.build(cfg, m.vocab_size, devices, eot_id=m.eot_id), plan
+
+
+def new_end(plan: Plan, step: int, now: float) -> int | None:
+  """At the leg's next REFIT_AT point: the end its measured pace (the steps since its first,
+  evaluations, saves and logging included) gives, if it moves the end by more than TOLERANCE."""
+  if plan.spent is None or plan.checked >= len(REFIT_AT):
+    return None
+  if plan.t_first is None:
+    plan.t_first, plan.first_step = now, step
+    return None
+  if step < REFIT_AT[plan.checked] * plan.final or step <= plan.first_step:
+    return None
+  plan.checked += 1
+  plan.pace_s = (now - plan.t_first) / (step - plan.first_step)
+  left_s = plan.budget_s - plan.spent() - plan.close_s - plan.compile_s
+  end = step + max(1, int(left_s / plan.pace_s))
+  end = runtime.from_process_0(end)  # every process switches at the same step, to the same end
+  return end if abs(end - plan.final) > TOLERANCE * plan.final else None
+
+
+def follow(r, p, state):
+  """The loop's part of the plan, after each step: at a recorded switch (or a new end the pace
+  gives), the train step is rebuilt for the end from this step on. `r`: the loop's train.Run,
+  `p` its Progress; returns the state with the new optimizer settings."""
+  plan, step = r.plan, p.step
+  end = new_end(plan, step, time.perf_counter())
+  if end is not None:
+    plan.ends.append([step, end])
+    plan.save(r.workdir)
+    r.cfg.train.max_steps = end
+    r.run_meta["config"] = r.cfg.to_dict()
+    if jax.process_index() == 0:
+      paths.write_json(r.workdir / "config.json", r.cfg.to_dict())
+    r.out.print(f"time budget: train.max_steps={end} from step {step} (the loop's pace, "
+                f"{plan.pace_s * 1e3:.1f} ms/step, moved the end)")
+  built = r.programs.optimizer.max_steps
+  if plan.end_at(step) == built:
+    return state
+  cfg = r.cfg.copy_and_resolve_references()
+  cfg.train.max_steps = plan.end_at(step)
+  m, t0 = r.programs.model_cfg, time.perf_counter()
+  programs = programs_lib.build(cfg, m.vocab_size, jax.devices(), eot_id=m.eot_id)
+  r.programs = dataclasses.replace(programs, train_step=programs.compile_train())
+  state = programs.abstract.with_arrays(state.arrays())
+  if p.eval_set:  # its compile, now rather than in the steps whose pace is measured
+    jax.block_until_ready(programs.eval_step(state, p.eval_set[0]))
+  plan.compile_s = time.perf_counter() - t0
+  if plan.t_first is not None:  # a one-off: the pace is the steps'
+    plan.t_first += plan.compile_s
+  p.schedule = jax.jit(optim.lr_schedule(cfg.optim, cfg.train.max_steps))
+  p.meter.max_steps = r.cfg.train.max_steps
+  return state

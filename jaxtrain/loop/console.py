@@ -113,6 +113,7 @@ class Console:
   def progress(self, step: int, total: int, loss: float, lr: float, tokens_per_sec: float,
                elapsed: float, eta: float, memory: str = "") -> None:
     if self.bar is not None:
+      self.bar.total = total  # a time budget's plan may move the end
       self.bar.update(step - self.bar.n)
       self.bar.set_postfix_str(f"loss {loss:.4f} lr {lr:.2e} {fmt.count(tokens_per_sec)} tok/s"
                                + (f" {memory}" if memory else ""), refresh=False)

@@ -16,11 +16,12 @@ class Status(Hook):
   def __init__(self):
     self.path: Path | None = None
     self.info: dict = {}
+    self.run = None
 
   def on_start(self, run, step: int) -> None:
     if jax.process_index() != 0:
       return
-    self.path = Path(run.workdir) / paths.STATUS_FILE
+    self.path, self.run = Path(run.workdir) / paths.STATUS_FILE, run
     self.info = {"state": "running", "step": step, "max_steps": run.cfg.train.max_steps,
                  "params": int(sum(x.size for x in jax.tree.leaves(run.programs.abstract.params))),
                  "started": time.time()}
@@ -32,6 +33,7 @@ class Status(Hook):
     if result is None:
       self.info["state"] = "failed"
     else:
+      self.info["max_steps"] = self.run.cfg.train.max_steps  # a time budget may have moved it
       unfinished = result.stopped_by and result.step < self.info["max_steps"]
       self.info.update(state="stopped" if unfinished else "finished", step=result.step,
                        stopped_by=result.stopped_by)

@@ -82,6 +82,14 @@ def any_process(flag: bool) -> bool:
     return bool(np.any(multihost_utils.process_allgather(np.array(flag))))
 
 
+def from_process_0(value: int) -> int:
+  """Process 0's `value` on every process (a collective: every process must call it)."""
+  if jax.process_count() == 1:
+    return value
+  with peers.ends_if_lost():
+    return int(multihost_utils.broadcast_one_to_all(np.int64(value)))
+
+
 def host_copy(tree):
   """Host copies of possibly sharded arrays (across processes, too: a collective)."""
   if jax.process_count() == 1:
