@@ -1,6 +1,11 @@
 """small: ~11M-parameter byte-level model on the Python standard library. A GPU, or a patient CPU.
 
 python -m jaxtrain --config=configs/small.py
+
+Its 5000 steps take minutes on a GPU and hours on a laptop CPU: there, give it the time you have
+instead, and the schedule ends on time (docs/time-budget.md):
+
+python -m jaxtrain --config=configs/small.py --jax_platforms=cpu --config.train.time_budget=10m
 """
 
 from jaxtrain.config import default_config
