@@ -81,13 +81,7 @@ def forward_cached(model: model_lib.GPT, tokens_BT: jax.Array, cache: Cache,
     y_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", probs_BGRTS.astype(q_BTHK.dtype), v_cache_BSGK)
     x_BTD = x_BTD + attn.out(y_BTGRK.reshape(B, T, H * K))
     x_BTD = x_BTD + block.mlp(block.norm2(x_BTD))
-  x_BTD = model.norm_f(x_BTD)
-  if c.tie_embeddings:
-    dtype = jnp.dtype(c.dtype)
-    logits_BTV = x_BTD.astype(dtype) @ model.wte.embedding[...].astype(dtype).T
-  else:
-    logits_BTV = model.lm_head(x_BTD)
-  return model_lib.softcap(logits_BTV.astype(jnp.float32), c.logit_softcap), new_cache
+  return model.head(model.norm_f(x_BTD), model.head_weight()), new_cache
 
 
 def pick(logits_BV: jax.Array, key: jax.Array, temperature: float, top_k: int,
