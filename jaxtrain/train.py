@@ -247,7 +247,9 @@ def _loop(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> 
         hook.on_step(p.step, state)
       evaluate_now = p.step % t.eval_every == 0 or p.step == t.max_steps
       save_now = p.step % t.checkpoint_every == 0 or p.step == t.max_steps
-      if runtime.any_process(stop.requested is not None):  # every process stops at one step
+      # Every process stops at one step: on a signal the loop caught, or one jax's preemption
+      # notifier caught before the loop began (multi-process runs).
+      if runtime.any_process(stop.requested is not None) or runtime.preempted(p.step):
         signal_stop, save_now = stop.requested or "SIGTERM", True
       if p.step % t.log_every == 0 or evaluate_now or save_now:
         _log(r, p)

@@ -103,3 +103,24 @@ def test_a_lost_process_stops_the_others_with_one_line_and_a_restart_resumes(cor
   assert codes == [0, 0], restart.err
   assert f"resumed from checkpoint {ckpt_dir / str(named)} at step {named}" in \
       "\n".join(restart.out[0])
+
+
+@pytest.mark.slow
+def test_a_sigterm_before_the_loop_stops_every_process_at_its_first_step(corpus_file, tmp_path):
+  # Before the loop, SIGTERM is jax's preemption notifier's: it must not be lost.
+  workdir = tmp_path / "run"
+  job = Job(workdir, corpus_file, max_steps=10_000)
+  try:
+    deadline = time.time() + 120
+    while not any(line.startswith("jaxtrain ") for line in job.out[0]) and time.time() < deadline:
+      time.sleep(0.01)
+    assert not any(line.startswith("step ") for line in job.out[0]), "the loop began already"
+    job.procs[1].send_signal(signal.SIGTERM)
+    codes = [job.wait(i, timeout=120) for i in range(2)]
+  finally:
+    job.kill_all()
+  assert codes == [0, 0], job.err
+  stopped = [line for line in job.out[0] if line.startswith("SIGTERM: stopped at step ")]
+  assert stopped, job.out[0][-5:]
+  step = int(stopped[0].split()[4].rstrip(";"))
+  assert step <= 2 and step in complete_steps(workdir / "checkpoints"), (step, stopped)

@@ -82,6 +82,19 @@ def any_process(flag: bool) -> bool:
     return bool(np.any(multihost_utils.process_allgather(np.array(flag))))
 
 
+def preempted(step: int) -> bool:
+  """Whether jax's preemption notifier caught a SIGTERM (on any process of a multi-process run,
+  before the training loop took SIGTERM over) and every process has reached `step`: they all
+  answer True at the same step (a collective: every process calls it at every step)."""
+  if jax.process_count() == 1:
+    return False
+  with peers.ends_if_lost():
+    try:
+      return multihost_utils.reached_preemption_sync_point(step)
+    except RuntimeError:  # processes joined without the coordination service's notifier
+      return False
+
+
 def from_process_0(value: int) -> int:
   """Process 0's `value` on every process (a collective: every process must call it)."""
   if jax.process_count() == 1:
