@@ -251,7 +251,8 @@ def test_a_run_with_any_value_trains_or_names_the_field(corpus_file, tmp_path_fa
   args, how = jaxtrain_cli(field, value, on_command_line, directory)
   event(f"{field} from the {how}")
   env = dict(os.environ, PYTHONUNBUFFERED="1", HOME=str(directory),
-             MPLCONFIGDIR=str(tmp_path_factory.getbasetemp() / "matplotlib"))  # one font cache
+             MPLCONFIGDIR=str(tmp_path_factory.getbasetemp() / "matplotlib"),  # one font cache
+             WANDB_MODE="offline")  # a draw of log.wandb=True must not wait for a network
   try:
     proc = subprocess.run([sys.executable, "-m", "jaxtrain", "--jax_platforms=cpu", *args],
                           cwd=directory, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
