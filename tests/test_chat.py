@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from conftest import ROOT, run_cli
@@ -20,6 +21,7 @@ from test_export import make_run
 from test_sample_cli import module, one_line_error
 
 import jaxtrain as jt
+from jaxtrain.checkpoints import hf, init_from
 from jaxtrain.checkpoints import load as trained
 from jaxtrain.config import validate as validation
 from jaxtrain.data import chat
@@ -186,6 +188,33 @@ def test_chat_config_is_checked_up_front(tmp_path):
   text.write_text("some text\n" * 100)
   with pytest.raises(UserError, match="plain.txt is a text file; chat records"):
     prepare(text, tmp_path)
+
+
+def test_a_chat_run_starts_from_a_text_run_with_the_chat_tokens_added(tmp_path, capsys):
+  untied = {"model.tie_embeddings": False}
+  source = tmp_path / "text"
+  before = hf.flatten(jax.device_get(make_run(source, tiny_config(**untied)).params))  # byte
+  tok = chat.with_chat(tokenizer_lib.ByteTokenizer())
+  c = jt.ModelConfig.from_config(tiny_config(**untied).model, tok.vocab_size)
+  flat, what = init_from.load_flat(str(source), c, tok)
+  wte, head = before["wte/embedding"], before["lm_head/kernel"]
+  assert flat["wte/embedding"].shape == (260, 32) and flat["lm_head/kernel"].shape == (32, 260)
+  assert np.array_equal(flat["wte/embedding"][:256], wte)
+  assert np.array_equal(flat["lm_head/kernel"][:, :256], head)
+  np.testing.assert_allclose(flat["wte/embedding"][256:], np.tile(wte.mean(0), (4, 1)), rtol=1e-6)
+  np.testing.assert_allclose(flat["lm_head/kernel"][:, 256:], np.tile(head.mean(1)[:, None], 4),
+                             rtol=1e-6)
+  assert "4 new token embeddings (the chat tokens)" in what
+  with pytest.raises(UserError, match="another tokenizer"):  # any other tokenizer: as before
+    init_from.load_flat(str(source), c, chat.with_chat(tokenizer_lib.CharTokenizer("abc")))
+  # And a chat run starts from it.
+  cfg = tiny_config(**untied, **CHAT, **{"workdir": str(tmp_path / "chat"), "init_from": str(source),
+                                         "data.path": str(write_jsonl(tmp_path / "c.jsonl",
+                                                                      chats(300, seed=0))),
+                                         "train.max_steps": 2, "headless": True,
+                                         "sample.num_samples": 0})
+  assert jt.run(cfg).step == 2
+  assert "with 4 new token embeddings (the chat tokens)" in capsys.readouterr().out
 
 
 def test_a_tiny_model_learns_the_chat_task_and_keeps_the_conversation(chat_run):
