@@ -49,6 +49,7 @@ _EXPORTS = {
     "load_state": "jaxtrain.checkpoints.load", "load_tokenizer": "jaxtrain.checkpoints.load",
     "Checkpoints": "jaxtrain.checkpoints.store",
     "generate": "jaxtrain.generation.decode", "complete": "jaxtrain.generation.complete",
+    "chat_reply": "jaxtrain.generation.chat",
     "evaluate": "jaxtrain.tools.evaluate",
     "memory_estimate": "jaxtrain.loop.estimate",
 }

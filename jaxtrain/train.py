@@ -353,7 +353,8 @@ def _evaluate(r: Run, p: progress.Progress, state: TrainState) -> float:
   losses, w = np.asarray(jax.device_get(losses)), p.eval_weights  # w: completion tokens per batch
   val = p.last_val = float(np.mean(losses) if w is None else (losses * w).sum() / max(w.sum(), 1.0))
   ppl = math.exp(min(val, 50))
-  on = " on completions" if p.eval_weights is not None else ""
+  scope = data.loss_scope(r.cfg.data)
+  on = f" on {scope}" if scope and p.eval_weights is not None else ""
   r.out.print(f"eval step {p.step}: val loss{on} {val:.4f} | perplexity {ppl:.2f} | "
               f"{val * p.bpb:.4f} bits/byte")
   record = {"step": p.step, "val_loss": val, "val_ppl": ppl, "val_bpb": val * p.bpb,

@@ -42,7 +42,7 @@ TINY = {"model.n_layers": 1, "model.d_model": 32, "model.n_heads": 2, "model.seq
         "train.batch_size": 4, "train.log_every": 1, "train.eval_every": 3, "train.eval_steps": 1,
         "train.checkpoint_every": 3, "optim.warmup_steps": 1, "sample.num_samples": 1,
         "sample.max_new_tokens": 8}
-TINY_SAMPLE = {"max_new_tokens": 8}
+TINY_SAMPLE = {"max_new_tokens": 8}  # sample and chat
 RERUN_PAGES = {"resume.md"}  # its "the same command again" is the point: a restart of a finished run
 
 
@@ -98,7 +98,7 @@ def tiny(command: str) -> str:
     extra["config.train.max_steps"] = 6 if "--config.train.max_steps=" in command else 3
     if "--config.train.time_budget=" in command:
       extra["config.train.time_budget"] = "15s"
-  elif command.startswith("python -m jaxtrain.sample "):
+  elif command.startswith(("python -m jaxtrain.sample ", "python -m jaxtrain.chat ")):
     extra = TINY_SAMPLE
   else:
     extra = {}
@@ -140,6 +140,9 @@ def _fixtures(sandbox: Path, text: str) -> None:
   for name, part in (("routes", records[:-40]), ("prompts", records[-40:]),
                      ("held_out", records[-40:])):
     (sandbox / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+  chats = [{"messages": [{"role": "user", "content": r["prompt"]},
+                         {"role": "assistant", "content": r["completion"]}]} for r in records]
+  (sandbox / "chats.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
 
 
 @pytest.mark.slow

@@ -82,7 +82,7 @@ GROUPS = [
     {"mesh.data", "mesh.fsdp", "mesh.cpu_devices", "train.batch_size"},
     {"distributed.num_processes", "distributed.process_id", "distributed.coordinator_address",
      "train.batch_size"},
-    {"data.prompt_field", "data.completion_field"},
+    {"data.prompt_field", "data.completion_field", "data.messages_field"},
 ]
 
 

@@ -16,6 +16,8 @@ OWN_FLAGS = {
                       "--completion_field", "--context_field", "--endings_field", "--label_field",
                       "--normalize", "--max_new_tokens", "--jax_platforms"],
     "jaxtrain.export": ["--workdir", "--out", "--step=latest", "--jax_platforms"],
+    "jaxtrain.chat": ["--workdir", "--system", "--max_new_tokens=256", "--temperature=0.7",
+                      "--top_k=0", "--top_p=1.0", "--seed=0", "--step=latest", "--jax_platforms"],
     "jaxtrain.compare": ["RUN", "--out=DIR"],
     "jaxtrain.sweep": ["--config=FILE", "--sweep=FIELD=V1,V2", "--root=DIR", "--parallel=1",
                        "--progress_every_s=30", "--config.FIELD=V", "--jax_*"],

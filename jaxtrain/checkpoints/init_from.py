@@ -3,7 +3,11 @@ of another jaxtrain run or of a Hugging Face model directory in the layouts expo
 Anything that does not fit this run's config is refused with one line naming the field or tensor.
 
 From a jaxtrain run, `resolve` first fills in the model: each `model.*` field the user did not set
-takes the source run's value (its config.json), so a fine-tune config need not restate the model."""
+takes the source run's value (its config.json), so a fine-tune config need not restate the model.
+
+A chat run (data.messages_field) may start from a source whose tokenizer is its own less the chat
+tokens (data/chat.py): the embedding (and an untied head) grows by their rows, each the mean of the
+source's rows, a start that keeps the source's predictions for what follows them."""
 
 import json
 from collections.abc import Collection
@@ -17,6 +21,7 @@ from jaxtrain.checkpoints import hf
 from jaxtrain.checkpoints.load import load_state
 from jaxtrain.config import defaults as config
 from jaxtrain.core.model import ModelConfig
+from jaxtrain.data import chat
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system import paths
 from jaxtrain.system.errors import UserError
@@ -93,12 +98,13 @@ def load_flat(path: str, c: ModelConfig, tokenizer) -> tuple[dict[str, np.ndarra
     raise UserError(f"init_from: cannot read {source} ({e.strerror}); pass "
                     "--config.init_from=<a run's workdir or an exported model directory>") from None
   if is_run:
-    return _from_run(source, c, tokenizer)
+    grow = _check_tokenizer(source, _tokenizer_at(source), tokenizer)
+    return _grown(*_from_run(source, c, grow), c.vocab_size if grow else 0)
   if is_hf:
-    _check_tokenizer(source, _tokenizer_at(source), tokenizer)
+    grow = _check_tokenizer(source, _tokenizer_at(source), tokenizer)
     hf_cfg, tensors = hf.read_dir(source)
     flat = hf.from_hf(hf_cfg, tensors, c, str(source))
-    return flat, f"the {hf_cfg['architectures'][0]} in {source}"
+    return _grown(flat, f"the {hf_cfg['architectures'][0]} in {source}", c.vocab_size if grow else 0)
   raise UserError(f"init_from: {source} is neither a jaxtrain run (no {paths.RUN_FILE}) nor a "
                   "Hugging Face model directory (config.json + model.safetensors); pass "
                   "--config.init_from=<a run's workdir or an exported model directory>")
@@ -116,26 +122,47 @@ def _tokenizer_at(source: Path):
                     "workdir or an exported model directory>") from None
 
 
-def _check_tokenizer(source: Path, theirs, tokenizer) -> None:
-  """Token ids mean the same on both sides: the same tokenizer.json, whatever its kind's name."""
+def _check_tokenizer(source: Path, theirs, tokenizer) -> bool:
+  """Token ids mean the same on both sides: the same tokenizer.json, whatever its kind's name.
+  True when this run's is the source's with the chat tokens added after its own."""
   if theirs is None or tokenizer is None:
-    return
-  if json.loads(theirs.hf_json()) != json.loads(tokenizer.hf_json()):
-    raise UserError(f"init_from: {source} was trained with another tokenizer ({theirs.name}, "
-                    f"{theirs.vocab_size} tokens) than this run's ({tokenizer.name}, "
-                    f"{tokenizer.vocab_size}); its token ids would mean other things: pass the "
-                    "same --config.data.tokenizer (and, for char or bpe, the same text)")
+    return False
+  mine = json.loads(tokenizer.hf_json())
+  if json.loads(theirs.hf_json()) == mine:
+    return False
+  if chat.special_ids(tokenizer) and json.loads(chat.with_chat(theirs).hf_json()) == mine:
+    return True
+  raise UserError(f"init_from: {source} was trained with another tokenizer ({theirs.name}, "
+                  f"{theirs.vocab_size} tokens) than this run's ({tokenizer.name}, "
+                  f"{tokenizer.vocab_size}); its token ids would mean other things: pass the "
+                  "same --config.data.tokenizer (and, for char or bpe, the same text)")
 
 
-def _from_run(source: Path, c: ModelConfig, tokenizer) -> tuple[dict[str, np.ndarray], str]:
-  _check_tokenizer(source, _tokenizer_at(source), tokenizer)
+def _from_run(source: Path, c: ModelConfig, grow: bool) -> tuple[dict[str, np.ndarray], str]:
   state = load_state(str(source))  # the newest intact checkpoint
   src = state.model_cfg
-  bad = mismatches(vars(src), vars(c))
+  grown = {"vocab_size": src.vocab_size} if grow and src.vocab_size <= c.vocab_size else {}
+  bad = mismatches(vars(src), {**vars(c), **grown})
   if bad:
     fix = " ".join(f"--config.{b.split(',')[0]}" for b in bad)
     raise UserError(f"init_from: {source} has {'; '.join(bad)}; pass {fix}")
   return hf.flatten(jax.device_get(state.params)), f"step {int(state.step)} of {source}"
+
+
+def _grown(flat: dict[str, np.ndarray], what: str, vocab_size: int) -> tuple[dict, str]:
+  """`flat` with the embedding's rows (and an untied head's columns) up to `vocab_size`, each new
+  one the mean of the source's; `vocab_size` 0 or no larger: as it is."""
+  n = len(flat["wte/embedding"])
+  if vocab_size <= n:
+    return flat, what
+  out = dict(flat)
+  wte = flat["wte/embedding"]
+  out["wte/embedding"] = np.concatenate([wte, np.broadcast_to(wte.mean(0), (vocab_size - n, wte.shape[1]))])
+  if "lm_head/kernel" in flat:
+    head = flat["lm_head/kernel"]
+    cols = np.broadcast_to(head.mean(1, keepdims=True), (head.shape[0], vocab_size - n))
+    out["lm_head/kernel"] = np.concatenate([head, cols], axis=1)
+  return out, f"{what}, with {vocab_size - n} new token embeddings (the chat tokens) at its mean"
 
 
 def apply(path: str, state, programs, tokenizer, log) -> object:

@@ -60,7 +60,7 @@ FLOAT32_BELOW_1 = 1 - 2**-24  # numbers from here to 1 round to 1 in float32
 # Path fields: a NUL or a newline in one is a mistake, and would break the one-line messages.
 PATH_FIELDS = ("workdir", "data.path", "data.cache_dir", "init_from", "data.tokenizer",
                "data.text_field", "data.prompt_field", "data.completion_field", "log.wandb_project",
-               "data.mixture")
+               "data.mixture", "data.messages_field")
 KINDS = {bool: "True or False", int: "an integer", str: "a string",
           float: "a number within float32's range (|x| <= 3.4e38)"}
 
@@ -259,6 +259,10 @@ def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
          "data.tokenizer", f"{_show(d.tokenizer)} is not byte, char, bpe or a tokenizer.json file",
          "pass --config.data.tokenizer=bpe (or byte, char, or the path of a tokenizer.json)")
   _check(d.text_field != "", "data.text_field", "is empty", "pass --config.data.text_field=text")
+  _check(not (d.messages_field and (d.prompt_field or d.completion_field)), "data.messages_field",
+         f"is set ({_show(d.messages_field)}) and so are the prompt/completion fields; a record is "
+         "a chat or a prompt and its completion, not both", "pass either "
+         "--config.data.messages_field or --config.data.prompt_field and completion_field")
   for f, other in (("prompt_field", "completion_field"), ("completion_field", "prompt_field")):
     _check(bool(d[f]) or not d[other], f"data.{f}", f"is empty but data.{other} is set "
            "(prompt/completion records need both)", f"pass --config.data.{f}=<its field>, or "
@@ -341,6 +345,9 @@ def _validate_mixture(d: ml_collections.ConfigDict) -> None:
   _check(not (d.prompt_field and d.completion_field), "data.mixture",
          "mixes text sources; prompt/completion records (data.prompt_field) are one source",
          "pass either --config.data.mixture or the prompt and completion fields")
+  _check(not d.messages_field, "data.mixture",
+         "mixes text sources; chat records (data.messages_field) are one source",
+         "pass either --config.data.mixture or --config.data.messages_field")
   seen = set()
   for source, _ in mixture_sources(d.mixture):
     _check(source not in seen, "data.mixture", f"names {_show(source)} twice",

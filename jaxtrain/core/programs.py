@@ -34,7 +34,7 @@ class Programs:
   abstract: steps.TrainState  # shapes and dtypes; its static parts are every state's
   shardings: steps.TrainState  # a NamedSharding for every array of the state
   batch_shape: tuple[int, int]  # one global micro-batch of tokens: (batch_size, seq_len + 1)
-  weighted: bool  # batches carry "weights" (prompt/completion data: completions in the loss)
+  weighted: bool  # batches carry "weights" (prompt/completion or chat data: a loss mask)
   compiler_options: dict  # XLA options of the train and eval steps
   one_allreduce: bool  # the train step all-reduces its gradients as one buffer
   init_arrays: Callable[[], dict]  # jitted: a fresh state's arrays, each with its sharding
@@ -79,8 +79,9 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   device_mesh = mesh.make_mesh(cfg.mesh, devices)
   impl, why = attention.resolve_attention(m.attention, m.dtype, m.seq_len, m.n_heads,
                                           m.d_model // m.n_heads, devices[0].platform)
-  # Prompt/completion records are documents that must not see each other in a packed window.
-  weighted = bool(cfg.data.get("prompt_field") and cfg.data.get("completion_field"))
+  # Prompt/completion and chat records are documents that must not see each other in a window.
+  weighted = bool(cfg.data.get("prompt_field") and cfg.data.get("completion_field")) or \
+      bool(cfg.data.get("messages_field"))
   doc_mask = m.doc_mask or (weighted and eot_id >= 0)
   if doc_mask and not 0 <= eot_id < vocab_size:
     raise ValueError(f"model.doc_mask needs the tokenizer's end-of-text id, got eot_id={eot_id}")

@@ -9,7 +9,8 @@ one), so every tokenizer sees the same validation text. The micro-batch with ind
 (seed, i), packed across documents: any batch can be rebuilt from the seed and its index.
 Prompt/completion records also get a mask beside the tokens (KEY.mask, a uint8 per token: 1 where
 the token counts in the loss, i.e. completions and their end-of-text), and their batches a
-`"weights"` entry, float32[B, T], one per target.
+`"weights"` entry, float32[B, T], one per target; so do chat records (data/chat.py: 1 on the
+assistant turns' tokens and their end-of-turn tokens), whose tokenizer gets the chat tokens.
 """
 
 import contextlib
@@ -26,6 +27,7 @@ import grain  # noqa: F401 (API: data.grain)
 import ml_collections
 import numpy as np
 
+from jaxtrain.data import chat
 from jaxtrain.data import documents as corpus_lib
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.data.documents import Documents, describe, resolve_files, stdlib_dir  # noqa: F401 (API)
@@ -100,6 +102,8 @@ def _cache_key(files: list[Path], data: ml_collections.ConfigDict, fixed=None) -
          "vocab": data.vocab_size if tok == "bpe" else 0, "val": data.val_fraction}
   if is_records(data):  # (text corpora keep the keys they had)
     key.update(field=[data.prompt_field, data.completion_field])
+  if is_chat(data):
+    key.update(field=data.messages_field, chat=list(chat.TOKENS))
   h = hashlib.sha256(json.dumps(key).encode())
   for f in files:
     st = os.stat(f)
@@ -110,6 +114,16 @@ def _cache_key(files: list[Path], data: ml_collections.ConfigDict, fixed=None) -
 def is_records(data: ml_collections.ConfigDict) -> bool:
   """Whether `data` is prompt/completion records (only completions in the loss)."""
   return bool(data.get("prompt_field") and data.get("completion_field"))
+
+
+def is_chat(data: ml_collections.ConfigDict) -> bool:
+  """Whether `data` is chat records (only assistant turns in the loss)."""
+  return bool(data.get("messages_field"))
+
+
+def loss_scope(data: ml_collections.ConfigDict) -> str:
+  """What the loss counts, as the eval line says it ("": every token)."""
+  return "completions" if is_records(data) else "assistant turns" if is_chat(data) else ""
 
 
 def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=print,
@@ -244,9 +258,10 @@ def _tokenize(files, data, cache: _Cache, show_progress: bool, log, fixed=None) 
   kind = "fixed" if fixed is not None else data.tokenizer
   tok = fixed if fixed is not None else None if kind in tokenizer_lib.BUILTIN else \
       tokenizer_lib.read_file(os.path.expanduser(data.tokenizer))  # one that does not load: now
-  records = is_records(data)
+  records = is_records(data) or is_chat(data)  # a loss mask beside the tokens
   docs = Documents(files, data.path, data.text_field, show_progress,
-                   data.get("prompt_field", ""), data.get("completion_field", ""))
+                   data.get("prompt_field", ""), data.get("completion_field", ""),
+                   data.get("messages_field", ""))
   if not show_progress:
     log(f"data: tokenizing {len(files)} file(s), {docs.total / 1e6:.1f} MB, once (then cached)")
   sizes, chars = corpus_lib.survey(docs, kind == "char")
@@ -258,17 +273,20 @@ def _tokenize(files, data, cache: _Cache, show_progress: bool, log, fixed=None) 
     log(f"data: training a {data.vocab_size}-token BPE vocabulary on the training split "
         f"({fmt.nbytes(int(sizes[:cut[0]].sum()) + cut[1])})")
     pieces = itertools.takewhile(lambda p: p[2], corpus_lib.split(docs("BPE"), cut))
-    tok = tokenizer_lib.train_bpe((p[0] for p in pieces), data.vocab_size)
+    tok = tokenizer_lib.train_bpe((p[0] for p in pieces if not isinstance(p[0], chat.Special)),
+                                  data.vocab_size)
   elif kind == "char":
     tok = tokenizer_lib.CharTokenizer(chars)
   elif kind == "byte":
     tok = tokenizer_lib.ByteTokenizer()
+  if is_chat(data):
+    tok = chat.with_chat(tok)
   tmp, tmp_meta, tmp_mask = cache.tmp(cache.bin), cache.tmp(cache.meta), cache.tmp(cache.mask)
   try:
     cache.meta.unlink(missing_ok=True)  # a damaged entry's: only a complete new one may count
     with open(tmp, "wb") as out, \
         (open(tmp_mask, "wb") if records else contextlib.nullcontext()) as mask_out:
-      writer = _Writer(tok, out, mask_out)
+      writer = _Writer(tok, out, mask_out, chat.special_ids(tok) if is_chat(data) else None)
       for piece in corpus_lib.split(docs("tokenizing"), cut):
         writer.add(*piece)
       writer.flush()
@@ -306,10 +324,11 @@ def _tokenize(files, data, cache: _Cache, show_progress: bool, log, fixed=None) 
 class _Writer:
   """Encodes pieces in batches, writes the tokens with end-of-text after each non-empty
   document, and counts what the training split holds; with `mask_out`, a byte per token too:
-  1 where it counts in the loss (its piece's, end-of-text always)."""
+  1 where it counts in the loss (its piece's; end-of-text: that of the piece ending the document).
+  `specials`: the ids of chat.Special pieces."""
 
-  def __init__(self, tok, out, mask_out=None):
-    self.tok, self.out, self.mask_out = tok, out, mask_out
+  def __init__(self, tok, out, mask_out=None, specials: dict[str, int] | None = None):
+    self.tok, self.out, self.mask_out, self.specials = tok, out, mask_out, specials or {}
     self.sha, self.n_tokens, self.n_train = hashlib.sha256(), 0, 0
     self.pending: list[tuple[str, bool, bool, bool]] = []
     self.chars, self.doc_chars, self.loss_chars = 0, 0, 0
@@ -325,14 +344,17 @@ class _Writer:
   def flush(self) -> None:
     if not self.pending:
       return
-    encoded = self.tok.encode_batch([p[0] for p in self.pending])
+    texts = [p[0] for p in self.pending if not isinstance(p[0], chat.Special)]
+    encoded = iter(self.tok.encode_batch(texts) if texts else [])
     parts, masks = [], []
-    for ids, (text, end, train, loss) in zip(encoded, self.pending):
+    for text, end, train, loss in self.pending:
+      ids = np.array([self.specials[text]], self.tok.dtype) if isinstance(text, chat.Special) \
+          else next(encoded)
       self.doc_chars += len(text)
       eot = end and self.doc_chars > 0
       n = len(ids) + eot
       parts += [ids, self.eot] if eot else [ids]
-      masks += [np.full(len(ids), loss, np.uint8)] + ([np.ones(1, np.uint8)] if eot else [])
+      masks += [np.full(len(ids) + eot, loss, np.uint8)]
       self.n_tokens += n
       self.n_train += n if train else 0
       self.doc_chars = 0 if end else self.doc_chars

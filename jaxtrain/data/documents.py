@@ -2,9 +2,10 @@
 
 A text file is one document; a .jsonl line or a .parquet row is one, its text in the field or
 column `data.text_field`, or, for prompt/completion records, the prompt then the completion
-(`data.prompt_field`, `data.completion_field`). `Documents` streams them as pieces (text, whether
-a document ends there, whether its tokens count in the loss: a prompt's do not) without ever
-holding a whole file, with a progress bar in MB/s of the files read. pyarrow
+(`data.prompt_field`, `data.completion_field`), or, for chat records, the messages in the chat
+format (`data.messages_field`, data/chat.py). `Documents` streams them as pieces (text or a chat
+special token, whether a document ends there, whether its tokens count in the loss: a prompt's do
+not) without ever holding a whole file, with a progress bar in MB/s of the files read. pyarrow
 parses .jsonl and .parquet in blocks on all cores. Bad input is one line naming the file (and
 the line) and what to do.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxtrain.data import chat
 from jaxtrain.data.tokenizer import codepoints
 from jaxtrain.system.errors import UserError
 
@@ -104,10 +106,12 @@ class Documents:
   fatal when they are all there is)."""
 
   def __init__(self, files: list[Path], path: str, text_field: str, show_progress: bool,
-               prompt_field: str = "", completion_field: str = ""):
+               prompt_field: str = "", completion_field: str = "", messages_field: str = ""):
     self.files, self.path, self.show_progress = files, path, show_progress
     # Prompt/completion records: the prompt's pieces are out of the loss, the completion's in.
-    self.fields = (prompt_field, completion_field) if prompt_field else (text_field,)
+    self.fields = (prompt_field, completion_field) if prompt_field else \
+        (messages_field,) if messages_field else (text_field,)
+    self.chat = bool(messages_field)
     self.total = sum(f.stat().st_size for f in files)
     self.counter = _Counter()
     self.binary: list[Path] = []
@@ -128,9 +132,10 @@ class Documents:
             yield from self._pieces(self._jsonl(f, bar))
           elif kind(f) == "parquet":
             yield from self._pieces(self._parquet(f, bar))
-          elif len(self.fields) == 2:
-            raise UserError(f"{f} is a text file; prompt/completion records (data.prompt_field, "
-                            "data.completion_field) come from .jsonl or .parquet files only")
+          elif len(self.fields) == 2 or self.chat:
+            what = "chat records (data.messages_field)" if self.chat else \
+                "prompt/completion records (data.prompt_field, data.completion_field)"
+            raise UserError(f"{f} is a text file; {what} come from .jsonl or .parquet files only")
           else:
             yield from ((text, end, True) for text, end in self._text(f, bar))
         except _Binary as e:
@@ -145,6 +150,9 @@ class Documents:
 
   def _pieces(self, records: Iterator[tuple]) -> Iterator[tuple[str, bool, bool]]:
     for record in records:
+      if self.chat:
+        yield from chat.pieces(record[0])
+        continue
       if len(record) == 2:
         yield record[0], False, False
       yield record[-1], True, True
@@ -181,7 +189,7 @@ class Documents:
         if "straddl" in str(e) and block < 2**30:
           block *= 8
           continue
-        error = _jsonl_error(path, self.fields, str(e))
+        error = _jsonl_error(path, self.fields, str(e), self.chat)
         if error is not None:  # else the file holds no records
           raise error from None
         return
@@ -190,7 +198,9 @@ class Documents:
     import pyarrow as pa
     import pyarrow.json as pj
 
-    schema = pa.schema([(field, pa.string()) for field in self.fields])
+    kind = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])) if self.chat \
+        else pa.string()
+    schema = pa.schema([(field, kind) for field in self.fields])
     options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     with open(path, "rb") as raw:
       reader = pj.open_json(_Counted(raw, bar), read_options=pj.ReadOptions(block_size=block),
@@ -198,7 +208,10 @@ class Documents:
       for batch in reader:
         if any(batch.column(i).null_count for i in range(len(self.fields))):
           raise pa.ArrowInvalid("a null")
-        yield from zip(*(batch.column(i).to_pylist() for i in range(len(self.fields))))
+        records = list(zip(*(batch.column(i).to_pylist() for i in range(len(self.fields)))))
+        if self.chat and any(chat.problem(r[0]) for r in records):
+          raise pa.ArrowInvalid("a bad chat")  # the line is found by reading the file again
+        yield from records
 
   def _parquet(self, path: Path, bar) -> Iterator[tuple]:
     import pyarrow as pa
@@ -209,18 +222,25 @@ class Documents:
     except pa.ArrowException as e:
       raise UserError(f"{path} is not a parquet file that reads ({_short(e)}); fix or remove it "
                       "from --config.data.path") from None
-    names, flag = f.schema_arrow.names, _flag(self.fields)
+    names, flag = f.schema_arrow.names, _flag(self.fields, self.chat)
     for field in self.fields:
       if field not in names:
         raise UserError(f"{path} has no column {field!r} (its columns: {', '.join(names)}); "
-                        f"pass {flag}=<the column with the text>")
-      if not pa.types.is_string(f.schema_arrow.field(field).type) and \
-          not pa.types.is_large_string(f.schema_arrow.field(field).type):
-        raise UserError(f"{path}: column {field!r} holds {f.schema_arrow.field(field).type}, "
-                        f"not text; pass {flag}=<a column of strings>")
-    rows, size, done = max(f.metadata.num_rows, 1), path.stat().st_size, 0
+                        f"pass {flag}=<the column with the {'messages' if self.chat else 'text'}>")
+      t = f.schema_arrow.field(field).type
+      fits = (pa.types.is_list(t) or pa.types.is_large_list(t)) if self.chat else \
+          (pa.types.is_string(t) or pa.types.is_large_string(t))
+      if not fits:
+        raise UserError(f"{path}: column {field!r} holds {t}, not "
+                        f"{'lists of messages' if self.chat else 'text'}; pass {flag}=<a column "
+                        f"of {'{role, content} lists' if self.chat else 'strings'}>")
+    rows, size, done, row = max(f.metadata.num_rows, 1), path.stat().st_size, 0, 0
     for batch in f.iter_batches(batch_size=_PARQUET_ROWS, columns=list(self.fields)):
       for record in zip(*(batch.column(i).to_pylist() for i in range(len(self.fields)))):
+        row += 1
+        if self.chat and record[0] is not None and (why := chat.problem(record[0])):
+          raise UserError(f"{path} row {row}: {self.fields[0]!r} {why}; fix that row or leave "
+                          "the file out of --config.data.path")
         if None not in record:  # a null cell is no document
           yield record
       step = size * batch.num_rows // rows
@@ -243,6 +263,11 @@ def survey(docs: Documents, want_chars: bool) -> tuple[np.ndarray, str]:
   while True:
     sizes, size, seen, pending, n_pending = array("q"), 0, set(), [], 0
     for text, end, _ in docs("reading"):
+      if isinstance(text, chat.Special):  # a token, not text: no bytes, no characters
+        if end:
+          sizes.append(size)
+          size = 0
+        continue
       size += len(text.encode("utf-8"))
       if want_chars:
         pending.append(text)
@@ -283,6 +308,8 @@ def split(pieces, cut: tuple[int, int]):
   for text, end, loss in pieces:
     if doc != cut[0] or cut[1] == 0:
       yield text, end, doc < cut[0], loss
+    elif isinstance(text, chat.Special):  # no bytes: in training while the cut is ahead
+      yield text, end, offset < cut[1], loss
     else:
       raw = text.encode("utf-8")
       if offset + len(raw) <= cut[1]:
@@ -302,12 +329,13 @@ def _short(e: Exception) -> str:
   return " ".join(str(e).split())[:160]
 
 
-def _flag(fields: tuple[str, ...]) -> str:
-  return "--config.data.text_field" if len(fields) == 1 else \
-      "--config.data.prompt_field/completion_field"
+def _flag(fields: tuple[str, ...], is_chat: bool = False) -> str:
+  return "--config.data.messages_field" if is_chat else "--config.data.text_field" \
+      if len(fields) == 1 else "--config.data.prompt_field/completion_field"
 
 
-def _jsonl_error(path: Path, fields: tuple[str, ...], arrow_message: str) -> UserError | None:
+def _jsonl_error(path: Path, fields: tuple[str, ...], arrow_message: str,
+                 is_chat: bool = False) -> UserError | None:
   """The first line of `path` that is wrong, found by reading it again line by line (only when
   pyarrow has refused it); None for a file of blank lines (no documents)."""
   fix = "fix that line or leave the file out of --config.data.path"
@@ -328,9 +356,11 @@ def _jsonl_error(path: Path, fields: tuple[str, ...], arrow_message: str) -> Use
       for field in fields:
         if field not in record:
           return UserError(f"{path} line {number} has no field {field!r} (it has: "
-                           f"{', '.join(record) or 'no fields'}); pass "
-                           f"{_flag(fields)}=<the field with the text>")
-        if not isinstance(record[field], str):
+                           f"{', '.join(record) or 'no fields'}); pass {_flag(fields, is_chat)}"
+                           f"=<the field with the {'messages' if is_chat else 'text'}>")
+        if is_chat and (why := chat.problem(record[field])):
+          return UserError(f"{path} line {number}: {field!r} {why}; {fix}")
+        if not is_chat and not isinstance(record[field], str):
           return UserError(f"{path} line {number}: field {field!r} is "
                            f"{type(record[field]).__name__}, not text; pass "
                            f"{_flag(fields)}=<a field of strings>")

@@ -19,7 +19,11 @@ def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: data.Corpus,
             f"{fmt.count(corpus.n_docs)} documents, {fmt.count(corpus.n_bytes)}B -> "
             f"{fmt.count(len(corpus.tokens))} {tok.name} tokens "
             f"(train {fmt.count(len(corpus.train))}, val {fmt.count(len(corpus.val))})")
-  if corpus.mask is not None:
+  if corpus.mask is not None and data.is_chat(cfg.data):
+    out.print(f"data: chat records ({cfg.data.messages_field!r}): "
+              f"{fmt.count(int(corpus.mask.sum()))} of the tokens (assistant turns and their "
+              "end-of-turn tokens) count in the loss; records see only themselves")
+  elif corpus.mask is not None:
     out.print(f"data: prompt/completion records ({cfg.data.prompt_field!r}, "
               f"{cfg.data.completion_field!r}): {fmt.count(int(corpus.mask.sum()))} of the tokens "
               "(completions and their end-of-text) count in the loss; records see only themselves")

@@ -1,0 +1,62 @@
+"""The assistant's turn in a conversation with a model trained on chat records (data/chat.py): the
+conversation in the chat format and <|assistant|> go through the model once (the key-value
+cache's prefill), then tokens are drawn until the model ends its turn.
+
+The turn ends at <|end|>; also at end-of-text or another role's token (a model that has not
+learned the format yet), or after `max_new_tokens`.
+"""
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from jaxtrain.data import chat
+from jaxtrain.generation import decode
+
+CHUNK = 8  # tokens per compiled call: how often the reply on the screen grows
+
+
+def stop_ids(tok) -> set[int]:
+  """The tokens that end an assistant's turn: <|end|>, end-of-text and every role's token."""
+  return {*chat.special_ids(tok).values(), tok.eot_id}
+
+
+def context(state, tok, messages: list[dict]) -> np.ndarray:
+  """What the model reads before its reply: the conversation and <|assistant|> (after an
+  end-of-text for a model without document masks, as it saw documents in training)."""
+  ids = chat.encode(tok, messages, add_generation_prompt=True)
+  if state.model_cfg.doc_mask:
+    return ids
+  return np.concatenate([np.array([tok.eot_id], np.int32), ids])
+
+
+def stream_reply(state, tok, messages: list[dict], max_new_tokens: int = 256, *,
+                 temperature: float = 0.8, top_k: int = 0, top_p: float = 1.0,
+                 seed: int = 0) -> Iterator[str]:
+  """The reply's text as it is made, up to the end of the assistant's turn (not included)."""
+  stops = stop_ids(tok)
+  ids = context(state, tok, messages)
+  made: list[int] = []
+  shown = ""
+  for part in decode.stream(state, ids[None, :], max_new_tokens, temperature=temperature,
+                            top_k=top_k, top_p=top_p, seed=seed, chunk=CHUNK):
+    new = part[0].tolist()
+    end = next((i for i, t in enumerate(new) if t in stops), None)
+    made += new if end is None else new[:end]
+    text = tok.decode(made)
+    if end is None:  # a character whose bytes are not all made yet waits for them
+      text = text.rstrip("\ufffd")
+    if text.startswith(shown) and len(text) > len(shown):
+      yield text[len(shown):]
+      shown = text
+    if end is not None:
+      return
+
+
+def chat_reply(state, tok, messages: list[dict], max_new_tokens: int = 256, **kwargs) -> str:
+  """The assistant's next turn after `messages` (a list of {"role", "content"}), as text.
+  kwargs: temperature (0: greedy), top_k, top_p, seed."""
+  if chat.special_ids(tok) is None:
+    raise ValueError("this tokenizer has no chat tokens: the model was not trained on chat "
+                     "records (data.messages_field)")
+  return "".join(stream_reply(state, tok, messages, max_new_tokens, **kwargs))

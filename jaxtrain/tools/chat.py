@@ -1,0 +1,103 @@
+"""`python -m jaxtrain.chat --workdir=runs/chat [--system=TEXT|@FILE] [--temperature=0.7]
+[--max_new_tokens=256] [--top_k=0 --top_p=1 --seed=0] [--step=latest|best|N]`: talk with a run
+trained on chat records (data.messages_field).
+
+Each line read from stdin is the user's next message (`\\n` in it: a newline); the assistant's
+reply is printed as it is made, up to the end of its turn, then a newline. The conversation is
+kept: each reply sees every turn before it. On a terminal it asks with `you> `; from a pipe it
+prints only the replies, so a script can drive it. An empty line is skipped; end of input ends it
+(exit 0), Ctrl-C too (exit 130).
+"""
+
+import sys
+
+from absl import flags
+
+from jaxtrain.checkpoints import load as trained
+from jaxtrain.data import chat
+from jaxtrain.generation import chat as chat_gen
+from jaxtrain.system.errors import UserError
+from jaxtrain.tools import cli
+from jaxtrain.tools.sample import read_prompt
+
+USAGE = ("usage: python -m jaxtrain.chat --workdir=runs/chat [--system=TEXT] [flags]\n"
+         "Talk with a run trained on chat records: one message a line on stdin, the replies on "
+         "stdout.")
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("workdir", None, "The run's workdir (trained with data.messages_field).")
+  flags.DEFINE_string("system", "", "A system message that opens the conversation, or @path "
+                      "to read it from a file; '': none.")
+  flags.DEFINE_integer("max_new_tokens", 256, "Tokens per reply at most (a reply ends at the "
+                       "end of its turn).", lower_bound=1, upper_bound=2**16)
+  flags.DEFINE_float("temperature", 0.7, "0 is greedy (the likeliest token every time).",
+                     lower_bound=0.0)
+  flags.DEFINE_integer("top_k", 0, "Sample from the k likeliest tokens only; 0: all.",
+                       lower_bound=0)
+  flags.DEFINE_float("top_p", 1.0, "Sample from the likeliest tokens whose probability reaches "
+                     "p (nucleus sampling); 1: all.", lower_bound=0.0, upper_bound=1.0)
+  flags.DEFINE_integer("seed", 0, "Reply i uses seed + i.", lower_bound=0)
+  flags.DEFINE_string("step", "latest", "Checkpoint: latest, best (lowest val loss) or a step.")
+
+
+def read_message(tty: bool) -> str | None:
+  """The user's next message; None at the end of input."""
+  if tty:
+    try:
+      return input("you> ")
+    except EOFError:
+      print(file=sys.stderr)
+      return None
+  line = sys.stdin.readline()
+  return None if line == "" else line.rstrip("\r\n")
+
+
+def converse(state, tok, f, tty: bool, out=sys.stdout) -> int:
+  """Reads messages and writes replies until the input ends; returns the number of replies."""
+  messages = [{"role": "system", "content": read_prompt(f.system)}] if f.system else []
+  if messages:
+    chat.encode(tok, messages)  # a character the vocabulary lacks: said before the first turn
+  replies = 0
+  while (text := read_message(tty)) is not None:
+    if not text.strip():
+      continue
+    turn = [*messages, {"role": "user", "content": text.replace("\\n", "\n")}]
+    try:
+      chat.encode(tok, turn)
+    except UserError as e:  # a character outside the vocabulary: say so, ask again
+      print(f"error: {e}", file=sys.stderr)
+      continue
+    reply = []
+    for piece in chat_gen.stream_reply(state, tok, turn, f.max_new_tokens,
+                                       temperature=f.temperature, top_k=f.top_k, top_p=f.top_p,
+                                       seed=f.seed + replies):
+      out.write(piece)
+      out.flush()
+      reply.append(piece)
+    out.write("\n\n" if tty else "\n")
+    out.flush()
+    messages = [*turn, {"role": "assistant", "content": "".join(reply)}]
+    replies += 1
+  return replies
+
+
+def run() -> None:
+  f = flags.FLAGS
+  if not f.workdir:
+    raise UserError("no run given; pass --workdir=<the workdir of a run trained on chat records>")
+  read_prompt(f.system)  # an unreadable file fails before the checkpoint is read
+  state, tok = trained.load(f.workdir, f.step)
+  if chat.special_ids(tok) is None:
+    raise UserError(f"{f.workdir} was not trained on chat records (its tokenizer has no chat "
+                    "tokens); train one with --config.data.messages_field=messages "
+                    "(docs/finetune.md, Chat)")
+  tty = sys.stdin.isatty()
+  print(f"step {int(state.step)} of {f.workdir} ({state.model_cfg.n_layers} layers, "
+        f"{tok.vocab_size}-token vocabulary)" + ("; Ctrl-D ends" if tty else ""), file=sys.stderr)
+  converse(state, tok, f, tty)
+
+
+def main() -> None:
+  define_flags()
+  cli.main(run, USAGE, __name__)
