@@ -16,7 +16,7 @@ OWN_FLAGS = {
                       "--completion_field", "--context_field", "--endings_field", "--label_field",
                       "--normalize", "--max_new_tokens", "--jax_platforms"],
     "jaxtrain.export": ["--workdir", "--out", "--step=latest", "--jax_platforms"],
-    "jaxtrain.compare": ["RUN", "--out=DIR"],
+    "jaxtrain.compare": ["RUN", "--out=DIR", "--by=METRIC"],
     "jaxtrain.sweep": ["--config=FILE", "--sweep=FIELD=V1,V2", "--root=DIR", "--parallel=1",
                        "--progress_every_s=30", "--config.FIELD=V", "--jax_*"],
 }
