@@ -174,6 +174,7 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
                                            cfg.seed, jax.process_index(), jax.process_count())
     programs, plan = budget.fit(cfg, programs, devices, workdir, out.print, spent, probe)
   summary.describe(out, cfg, corpus, programs)
+  tasks.describe(eval_tasks, cfg.train.eval_tasks_limit, out.print)
   train_iter = mixture.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed,
                                    jax.process_index(), jax.process_count())
   run_meta = {"jaxtrain_version": __version__, "data_fingerprint": corpus.fingerprint,

@@ -16,7 +16,7 @@ from test_finetune import FIELDS, KEYS, keyed, pattern, task_config, write_jsonl
 
 import jaxtrain as jt
 from jaxtrain.config import validate as validation
-from jaxtrain.loop import early_stop, tblog
+from jaxtrain.loop import early_stop, tasks, tblog
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.tools import compare
 
@@ -61,6 +61,8 @@ def test_every_evaluation_has_the_task_scores_and_exact_match_rises(scored):
   assert first[METRIC] < 0.5 <= 0.9 <= max(r[METRIC] for r in rows), [r[METRIC] for r in rows]
   assert last["task/held/loss"] < 0.3 * first["task/held/loss"]
   assert last["task/mc/mc_accuracy"] >= 0.75
+  assert "eval tasks, scored at every evaluation: held (48 prompt/completion), mc (16 " \
+      "multiple-choice)\n" in scored["out"]
   for step in (10, rows[-1]["step"]):  # one console line a task, after the eval line
     eval_line = scored["out"].index(f"eval step {step}: val loss on completions")
     held = scored["out"].index(f"eval step {step} task held: exact_match ", eval_line)
@@ -155,6 +157,30 @@ def test_task_files_are_checked_before_anything_runs(tmp_path):
                                                 "train.early_stop_metric": "task/held/mc_accuracy"})
   with pytest.raises(UserError, match="needs multiple-choice records"):
     jt.run(cfg)
+
+
+def test_the_first_records_are_read_with_the_runs_fields(tmp_path):
+  rows = [{"q": r["prompt"], "a": r["completion"]} for r in keyed(6, seed=1)]
+  mixed = write_jsonl(tmp_path / "mixed.jsonl", [*choices(keyed(2, seed=2)), *rows])
+  plain = write_jsonl(tmp_path / "plain.jsonl", keyed(3, seed=3))
+  cfg = task_config(mixed, tmp_path / "w", **{"data.prompt_field": "q", "data.completion_field": "a",
+                                              "train.eval_tasks": str(mixed),
+                                              "train.eval_tasks_limit": 5})
+  (task,) = tasks.load(cfg)
+  assert [n for n, *_ in task.choices] == [1, 2] and [n for n, *_ in task.pairs] == [3, 4, 5]
+  assert task.pairs[0][1:] == (rows[0]["q"], rows[0]["a"]) and task.in_file == 8
+  said = []
+  tasks.describe([task], 5, said.append)
+  assert said == ["eval tasks, scored at every evaluation: mixed (3 prompt/completion, 2 "
+                  "multiple-choice: the first of 8 records, train.eval_tasks_limit=5)"]
+  # A run on plain text reads prompt and completion; a limit of 0 reads every record.
+  cfg = task_config(plain, tmp_path / "w", **{"train.eval_tasks": str(plain),
+                                              "train.eval_tasks_limit": 0})
+  assert len(tasks.load(cfg)[0].pairs) == 3
+  cfg.data.prompt_field, cfg.data.completion_field = "q", "a"
+  with pytest.raises(UserError, match=r"plain.jsonl line 1 has no field 'q' .*the run's "
+                                      r"data.prompt_field"):
+    tasks.load(cfg)
 
 
 @pytest.mark.slow

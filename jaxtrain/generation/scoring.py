@@ -20,12 +20,14 @@ FIELDS = {"prompt": "prompt", "completion": "completion", "context": "context",
           "endings": "endings", "label": "label"}
 
 
-def split(path: str, fields: dict, fix: str = "", limit: int = 0) -> tuple[list, list]:
+def split(path: str, fields: dict, fix: str = "", limit: int = 0,
+          found: list | None = None) -> tuple[list, list]:
   """(prompt/completion pairs, multiple-choice items) of the file's first `limit` records (0:
-  all), each with its line. A bad record is one line naming the file and the line, ending with
-  `fix` where one is given (else the eval command's flag)."""
+  all), each with its line; `found`: the file's records where already read. A bad record is one
+  line naming the file and the line, ending with `fix` where one is given (else the eval
+  command's flag)."""
   pairs, choices = [], []
-  found = records.read_jsonl(path)
+  found = records.read_jsonl(path) if found is None else found
   for n, r in found[:limit] if limit else found:
     if fields["endings"] in r:
       choices.append((n, *records.multiple_choice(path, n, r, (fields["context"],

@@ -17,6 +17,7 @@ import ml_collections
 
 from jaxtrain.config import defaults as config
 from jaxtrain.config import validate as validation
+from jaxtrain.data import records
 from jaxtrain.generation import scoring
 from jaxtrain.system import runtime
 from jaxtrain.system.errors import UserError
@@ -28,6 +29,7 @@ class Task:
   path: str
   pairs: list  # (line, prompt, completion)
   choices: list  # (line, context, endings, label)
+  in_file: int  # records in the file, of which the first eval_tasks_limit are scored
 
 
 def fields(data: ml_collections.ConfigDict) -> dict:
@@ -47,20 +49,35 @@ def load(cfg: ml_collections.ConfigDict) -> list[Task]:
   tasks = []
   for name, path in validation.eval_task_files(cfg.train.eval_tasks):
     try:
-      pairs, choices = scoring.split(path, names, fix, cfg.train.eval_tasks_limit)
+      found = records.read_jsonl(path)
+      pairs, choices = scoring.split(path, names, fix, cfg.train.eval_tasks_limit, found)
     except UserError as e:
       raise UserError(f"config.train.eval_tasks: {e}") from None
-    tasks.append(Task(name, path, pairs, choices))
+    tasks.append(Task(name, path, pairs, choices, len(found)))
   _check_metric(cfg.train, tasks)
   return tasks
+
+
+def describe(tasks: list[Task], limit: int, say) -> None:
+  """One line: what each evaluation scores."""
+  def one(t: Task) -> str:
+    kinds = [f"{len(t.pairs)} prompt/completion"] * bool(t.pairs) + \
+        [f"{len(t.choices)} multiple-choice"] * bool(t.choices)
+    cut = len(t.pairs) + len(t.choices) < t.in_file
+    return f"{t.name} ({', '.join(kinds)}" + (f": the first of {t.in_file} records, "
+                                              f"train.eval_tasks_limit={limit})" if cut else ")")
+
+  if tasks:
+    say("eval tasks, scored at every evaluation: " + ", ".join(map(one, tasks)))
 
 
 def _check_metric(train: ml_collections.ConfigDict, tasks: list[Task]) -> None:
   """A task metric for early stopping must be one its file's records give."""
   parts = train.early_stop_metric.split("/")
-  if parts[0] != "task":
+  task = next((t for t in tasks if t.name == parts[1]), None) \
+      if len(parts) == 3 and parts[0] == "task" else None
+  if task is None:  # val_loss or val_bpb (validate.py refuses a task that is not a file's)
     return
-  task = next(t for t in tasks if t.name == parts[1])
   mc = parts[2] == "mc_accuracy"
   if not (task.choices if mc else task.pairs):
     have = "prompt/completion" if task.pairs else "multiple-choice"
