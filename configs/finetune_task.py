@@ -5,6 +5,10 @@ python -m jaxtrain --config=configs/finetune_task.py --config.data.path=train.js
 python -m jaxtrain.sample --workdir=runs/task --prompts=test.jsonl --temperature=0
 python -m jaxtrain.eval --workdir=runs/task --data=test.jsonl --out=runs/task/eval.json
 
+With --config.train.eval_tasks=test.jsonl the same task scores (task/test/exact_match, ...) come
+at every evaluation of the run, and --config.train.early_stop_metric=task/test/exact_match stops
+it once exact match stops rising.
+
 Each record `{"prompt": ..., "completion": ...}` is one document: its prompt, its completion and
 an end-of-text token. Only the completions (and their end-of-text) count in the loss and in
 val_loss/val_bpb; records packed into one window do not see each other (document masks). See

@@ -50,7 +50,7 @@ _EXPORTS = {
     "Checkpoints": "jaxtrain.checkpoints.store",
     "generate": "jaxtrain.generation.decode", "complete": "jaxtrain.generation.complete",
     "chat_reply": "jaxtrain.generation.chat",
-    "evaluate": "jaxtrain.tools.evaluate",
+    "evaluate": "jaxtrain.generation.scoring",
     "memory_estimate": "jaxtrain.loop.estimate",
 }
 

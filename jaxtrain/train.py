@@ -39,6 +39,7 @@ from jaxtrain.loop import (
   sources,
   status,
   summary,
+  tasks,
   tblog,
   wandb_log,
 )
@@ -82,6 +83,7 @@ class Run:
   phase: str = "compiling"  # what an interrupt outside the loop stopped (loop/ending.py)
   changes: tuple[str, ...] = ()  # harmless config changes since the checkpoint resumed from
   plan: budget.Plan | None = None  # train.time_budget: the schedule's ends
+  tasks: list = dataclasses.field(default_factory=list)  # train.eval_tasks' records (tasks.Task)
 
 
 def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
@@ -149,6 +151,7 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
            hooks: list[Hook], t_start: float, library_log: bool, lock: WorkdirLock) -> Run:
   is_main = jax.process_index() == 0
   out = Console(enabled=is_main and show_progress, headless=cfg.headless)
+  eval_tasks = tasks.load(cfg)  # bad records stop the run before anything else is done
   devices = jax.devices()
   mesh.check_devices(cfg.mesh, cfg.train.batch_size, devices, cfg.model.dtype)
   workdir = paths.check_workdir(cfg.workdir)
@@ -171,6 +174,7 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
                                            cfg.seed, jax.process_index(), jax.process_count())
     programs, plan = budget.fit(cfg, programs, devices, workdir, out.print, spent, probe)
   summary.describe(out, cfg, corpus, programs)
+  tasks.describe(eval_tasks, cfg.train.eval_tasks_limit, out.print)
   train_iter = mixture.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed,
                                    jax.process_index(), jax.process_count())
   run_meta = {"jaxtrain_version": __version__, "data_fingerprint": corpus.fingerprint,
@@ -185,7 +189,7 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
              metrics_file=metrics.MetricsFile(workdir / "metrics.jsonl", enabled=is_main),
              run_meta=run_meta, t_start=t_start,
              hooks=hooks + early_stop.hooks(cfg.train) + profile.hooks(cfg.train, workdir),
-             log=log, plan=plan)
+             log=log, plan=plan, tasks=eval_tasks)
 
 
 def _start(r: Run) -> tuple[TrainState, float, float]:
@@ -362,6 +366,8 @@ def _evaluate(r: Run, p: progress.Progress, state: TrainState) -> float:
   if p.source_sets:
     record.update(sources.evaluate(r.programs, state, p.source_sets, _throttle))
     r.out.print(sources.line(p.step, record))
+  if r.tasks:
+    record.update(tasks.evaluate(r.tasks, state, r.corpus.tokenizer, r.out.print))
   r.metrics_file.write(**record)
   for hook in r.hooks:
     hook.on_eval(p.step, record)

@@ -83,6 +83,7 @@ GROUPS = [
     {"distributed.num_processes", "distributed.process_id", "distributed.coordinator_address",
      "train.batch_size"},
     {"data.prompt_field", "data.completion_field", "data.messages_field"},
+    {"train.eval_tasks", "train.early_stop_metric"},  # a task metric names a task file
 ]
 
 
@@ -188,6 +189,8 @@ PATHS = {
                   "\x00", "/proc/jaxtrain-fuzz"],
     "data.cache_dir": ["", "cache", "corpus.txt", "~/cache", "a\nb", "\x00", "/proc/jaxtrain-fuzz"],
     "init_from": ["", "missing", "corpus.txt", ".", "~/run", "a\nb", "\x00", "/proc/jaxtrain-fuzz"],
+    "train.eval_tasks": ["", "missing.jsonl", "corpus.txt", "corpus.txt,corpus.txt", ".", ",",
+                         "a\nb", "\x00", "/proc/jaxtrain-fuzz"],
 }
 
 

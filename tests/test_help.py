@@ -18,7 +18,7 @@ OWN_FLAGS = {
     "jaxtrain.export": ["--workdir", "--out", "--step=latest", "--jax_platforms"],
     "jaxtrain.chat": ["--workdir", "--system", "--max_new_tokens=256", "--temperature=0.7",
                       "--top_k=0", "--top_p=1.0", "--seed=0", "--step=latest", "--jax_platforms"],
-    "jaxtrain.compare": ["RUN", "--out=DIR"],
+    "jaxtrain.compare": ["RUN", "--out=DIR", "--by=METRIC"],
     "jaxtrain.sweep": ["--config=FILE", "--sweep=FIELD=V1,V2", "--root=DIR", "--parallel=1",
                        "--progress_every_s=30", "--config.FIELD=V", "--jax_*"],
 }

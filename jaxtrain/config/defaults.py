@@ -27,6 +27,9 @@ LOSS_SCALING = ("auto", "dynamic", "off")
 REMATS = ("none", "dots", "full")
 WANDB_MODES = ("online", "offline")
 GROUP_STATS = ("groups", "layers", "none")
+# train.eval_tasks' numbers, task/<file stem>/<metric>; accuracies are better higher, losses lower.
+TASK_METRICS = ("loss", "bpb", "exact_match", "mc_accuracy")
+HIGHER_IS_BETTER = ("exact_match", "mc_accuracy")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -89,6 +92,12 @@ def _train() -> ml_collections.ConfigDict:
   train.keep_checkpoints = 2  # the latest ones; the best by val loss is kept on top
   train.skip_nonfinite = False  # True: drop updates whose loss or gradients are inf/nan
   train.early_stop_patience = 0  # stop after this many evaluations without a new best; 0: off
+  # What early stopping watches: val_loss, val_bpb or a task metric (task/<stem>/exact_match, ...)
+  train.early_stop_metric = "val_loss"
+  # Held-out .jsonl files ("a.jsonl,b.jsonl") scored at every evaluation: task/<file stem>/loss,
+  # bpb, exact_match (greedy completions), mc_accuracy; "": none
+  train.eval_tasks = ""
+  train.eval_tasks_limit = 64  # records of each file scored (its first ones); 0: all
   train.profile_steps = 0  # > 0: a jax.profiler trace of this many steps, into workdir/profile/
   return train
 
@@ -281,6 +290,11 @@ def config_changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:
       toggles_clip = field == "optim.clip_norm" and (old[field] == 0) != (new[field] == 0)
       (breaking if field in STATE_FIELDS or toggles_clip else harmless).append(change)
   return breaking, harmless
+
+
+def higher_is_better(metric: str) -> bool:
+  """Whether a larger value of a metric (val_loss, task/<stem>/exact_match, ...) is better."""
+  return metric.rsplit("/", 1)[-1] in HIGHER_IS_BETTER
 
 
 def mlp_width(mlp: str, mlp_ratio: float, d_model: int) -> int:

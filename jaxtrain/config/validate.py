@@ -46,7 +46,7 @@ LIMITS = {
     "train.grad_accum": 2**16, "train.max_steps": STEPS_MAX, "train.log_every": STEPS_MAX,
     "train.eval_every": STEPS_MAX, "train.eval_steps": 2**12, "train.checkpoint_every": STEPS_MAX,
     "train.keep_checkpoints": INT32_MAX, "train.early_stop_patience": STEPS_MAX,
-    "train.profile_steps": STEPS_MAX, "model.loss_chunk": 2**24,
+    "train.profile_steps": STEPS_MAX, "model.loss_chunk": 2**24, "train.eval_tasks_limit": 2**24,
     "optim.warmup_steps": STEPS_MAX, "model.n_kv_heads": 2**16,
     "optim.decay_steps": STEPS_MAX, "sample.num_samples": 1024, "sample.max_new_tokens": 2**16,
     "sample.top_k": 2**24, "mesh.data": 2**20, "mesh.fsdp": 2**20, "mesh.cpu_devices": 1024,
@@ -60,7 +60,7 @@ FLOAT32_BELOW_1 = 1 - 2**-24  # numbers from here to 1 round to 1 in float32
 # Path fields: a NUL or a newline in one is a mistake, and would break the one-line messages.
 PATH_FIELDS = ("workdir", "data.path", "data.cache_dir", "init_from", "data.tokenizer",
                "data.text_field", "data.prompt_field", "data.completion_field", "log.wandb_project",
-               "data.mixture", "data.messages_field")
+               "data.mixture", "data.messages_field", "train.eval_tasks", "train.early_stop_metric")
 KINDS = {bool: "True or False", int: "an integer", str: "a string",
           float: "a number within float32's range (|x| <= 3.4e38)"}
 
@@ -211,6 +211,8 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
          f"{_show(cfg.train.time_budget)} is not a duration of up to 30 days",
          'pass e.g. --config.train.time_budget=10m (or 90s, 1h30m), or "" for train.max_steps')
   _positive_int(cfg, "train.profile_steps", minimum=0)
+  _positive_int(cfg, "train.eval_tasks_limit", minimum=0)
+  _validate_eval_tasks(cfg.train)
 
   _one_of(o.name, config.OPTIMIZERS, "optim.name")
   _one_of(o.schedule, config.SCHEDULES, "optim.schedule")
@@ -357,3 +359,34 @@ def _validate_mixture(d: ml_collections.ConfigDict) -> None:
     _check(os.path.exists(path) or any(os.path.isfile(f) for f in glob.iglob(path, recursive=True)),
            "data.mixture", f"the source {_show(source)} matches no file (not a file, a directory "
            "with files, or a glob)", "point each source of --config.data.mixture at your text")
+
+
+def eval_task_files(spec: str) -> list[tuple[str, str]]:
+  """`train.eval_tasks` ("held.jsonl,mc.jsonl") as [(name, path)], a name its file's stem (the
+  metrics are task/<name>/...); raises ConfigError. Their records are read at setup."""
+  if spec.strip() == "":
+    return []
+  fix = "pass --config.train.eval_tasks=FILE.jsonl[,FILE.jsonl...] (held-out records), or \"\""
+  tasks: list[tuple[str, str]] = []
+  for item in spec.split(","):
+    path = os.path.expanduser(item.strip())
+    _check(path != "", "train.eval_tasks", f"{_show(spec)} has an empty item", fix)
+    _check(os.path.isfile(path), "train.eval_tasks", f"{item.strip()!r} is " +
+           ("a directory, not a file" if os.path.isdir(path) else "not a file"), fix)
+    name = os.path.splitext(os.path.basename(path))[0]
+    _check(name not in {n for n, _ in tasks}, "train.eval_tasks", f"two files are named {name!r} "
+           f"(their metrics would both be task/{name}/...)", "rename one of them")
+    tasks.append((name, path))
+  return tasks
+
+
+def _validate_eval_tasks(t: ml_collections.ConfigDict) -> None:
+  names = [n for n, _ in eval_task_files(t.eval_tasks)]
+  metric, parts = t.early_stop_metric, t.early_stop_metric.split("/")
+  task_metric = len(parts) == 3 and parts[0] == "task" and parts[1] in names and \
+      parts[2] in config.TASK_METRICS
+  _check(metric in ("val_loss", "val_bpb") or task_metric, "train.early_stop_metric",
+         f"{_show(metric)} is not val_loss, val_bpb or task/<name>/<{'|'.join(config.TASK_METRICS)}> "
+         f"of a train.eval_tasks file (names: {', '.join(names) or 'none set'})",
+         "pass --config.train.early_stop_metric=val_loss" +
+         (f" (or e.g. task/{names[0]}/exact_match)" if names else ""))

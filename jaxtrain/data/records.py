@@ -1,6 +1,7 @@
 """Records read whole from a small .jsonl file, for sampling and evaluation: prompts, prompt and
 completion pairs, multiple-choice items. A record that lacks a field, or holds the wrong kind of
-value, is one line naming the file, the line and the flag that fixes it.
+value, is one line naming the file, the line and the flag that fixes it (or the caller's own fix:
+a training run's `train.eval_tasks` has no such flags).
 """
 
 import json
@@ -34,15 +35,17 @@ def read_jsonl(path: str) -> list[tuple[int, dict]]:
   return records
 
 
-def field(path: str, number: int, record: dict, name: str, flag: str, kind: type = str):
-  """`record[name]`, which must be a `kind`; else one line naming the file, line and flag."""
+def field(path: str, number: int, record: dict, name: str, flag: str, kind: type = str,
+          fix: str = ""):
+  """`record[name]`, which must be a `kind`; else one line naming the file, line and flag (or
+  ending with `fix`, where one is given)."""
   if name not in record:
     raise UserError(f"{path} line {number} has no field {name!r} (it has: "
-                    f"{', '.join(record) or 'no fields'}); pass {flag}=<the field>")
+                    f"{', '.join(record) or 'no fields'}); {fix or f'pass {flag}=<the field>'}")
   value = record[name]
   if not isinstance(value, kind) or isinstance(value, bool):
     raise UserError(f"{path} line {number}: field {name!r} is {type(value).__name__}, not "
-                    f"{kind.__name__}; pass {flag}=<a field of {kind.__name__}s>")
+                    f"{kind.__name__}; {fix or f'pass {flag}=<a field of {kind.__name__}s>'}")
   return value
 
 
@@ -51,11 +54,12 @@ def prompts(path: str, prompt_field: str) -> list[tuple[int, str]]:
   return [(n, field(path, n, r, prompt_field, "--prompt_field")) for n, r in read_jsonl(path)]
 
 
-def multiple_choice(path: str, number: int, record: dict, names: tuple[str, str, str]):
+def multiple_choice(path: str, number: int, record: dict, names: tuple[str, str, str],
+                    fix: str = ""):
   """(context, endings, label) of a multiple-choice record."""
-  context = field(path, number, record, names[0], "--context_field")
-  endings = field(path, number, record, names[1], "--endings_field", list)
-  label = field(path, number, record, names[2], "--label_field", int)
+  context = field(path, number, record, names[0], "--context_field", fix=fix)
+  endings = field(path, number, record, names[1], "--endings_field", list, fix=fix)
+  label = field(path, number, record, names[2], "--label_field", int, fix=fix)
   if len(endings) < 2 or not all(isinstance(e, str) for e in endings):
     raise UserError(f"{path} line {number}: {names[1]!r} must be a list of at least two strings")
   if not 0 <= label < len(endings):

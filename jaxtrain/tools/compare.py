@@ -1,9 +1,11 @@
-"""`python -m jaxtrain.compare RUN... [--out=D]`: runs side by side.
+"""`python -m jaxtrain.compare RUN... [--out=D] [--by=METRIC]`: runs side by side.
 
 A table of each run's config differences (only the fields that differ and have an effect), params,
-steps, best and final validation loss, val_bpb, tokens/s and training time, best run first (by
-val_bpb where the runs' tokens differ, else by val loss; the last line says which), on the
-terminal (a block a run where a terminal is narrower than the table); with
+steps, best and final validation loss, val_bpb, tokens/s and training time, then the final
+per-source losses (data.mixture) and task accuracies (train.eval_tasks: task/<name>/exact_match,
+mc_accuracy), best run first (by val_bpb where the runs' tokens differ, else by val loss, or by
+--by's metric, e.g. task/held/exact_match: the highest accuracy first; the last line says which), on
+the terminal (a block a run where a terminal is narrower than the table); with
 --out also as markdown (compare.md) and PNG plots of the losses against step and against time,
 one colour a run. RUN is a run's directory, a glob of them, or a directory of runs (a sweep's
 root). Unfinished runs are included and marked.
@@ -13,14 +15,19 @@ import shutil
 import sys
 from pathlib import Path
 
+from jaxtrain.config import defaults as config
 from jaxtrain.system import fmt
 from jaxtrain.system.errors import UserError
 from jaxtrain.tools import cli, runs
 
-USAGE = ("usage: python -m jaxtrain.compare RUN... [--out=DIR]\n"
-         "Runs side by side, best first: the config fields that differ, losses, speed and time.")
+USAGE = ("usage: python -m jaxtrain.compare RUN... [--out=DIR] [--by=METRIC]\n"
+         "Runs side by side, best first: the config fields that differ, losses, task "
+         "accuracies, speed and time.")
 HELP = [("RUN", "A run's directory, a glob of them, or a directory of runs (a sweep's root)."),
-        ("--out=DIR", "Also write the table as DIR/compare.md and the loss plots as PNGs.")]
+        ("--out=DIR", "Also write the table as DIR/compare.md and the loss plots as PNGs."),
+        ("--by=METRIC", "Rank by the best of this evaluation metric: val_loss, val_bpb, "
+         "task/<name>/exact_match, ... (accuracies: highest first). Default: val_bpb where the "
+         "runs' tokens differ, else val_loss.")]
 # Fields that say nothing about a result: where it was written, how it was logged or sampled.
 NOT_SHOWN = ("workdir", "headless", "data.cache_dir", "data.allow_changed", "train.log_every",
              "train.checkpoint_every", "train.keep_checkpoints")
@@ -66,10 +73,11 @@ def measure(infos: list[runs.RunInfo]) -> str:
 
 
 def rank_key(info: runs.RunInfo, key: str = "val_loss") -> tuple:
-  """Lower is better: the best `key` (val_loss or val_bpb), or else the last train loss."""
+  """Lower is better: the best `key` (val_loss, val_bpb; an accuracy negated), or else the last
+  train loss."""
   best = info.best(key)
   if best is not None:
-    return (0, best)
+    return (0, -best if config.higher_is_better(key) else best)
   loss = info.final("loss") if key == "val_loss" else None
   return (1, loss) if loss is not None else (2, 0.0)
 
@@ -91,15 +99,22 @@ def _loss(x: float | None) -> str:
 
 
 def source_keys(infos: list[runs.RunInfo]) -> list[str]:
-  """The per-source validation losses of data.mixture runs (val/<source>/loss), first seen first."""
-  keys = (k for info in infos for r in info.evals for k in r)
-  return list(dict.fromkeys(k for k in keys if k.startswith("val/") and k.endswith("/loss")))
+  """The per-source validation losses of data.mixture runs (val/<source>/loss), then the task
+  accuracies of train.eval_tasks (task/<name>/exact_match, mc_accuracy), first seen first."""
+  keys = list(dict.fromkeys(k for info in infos for r in info.evals for k in r))
+  return [k for k in keys if k.startswith("val/") and k.endswith("/loss")] + \
+      [k for k in keys if k.startswith("task/") and config.higher_is_better(k)]
+
+
+def column(key: str) -> str:
+  """A per-source or task column's heading: `val books`, `held/exact_match`."""
+  return key.removeprefix("task/") if key.startswith("task/") else f"val {key.split('/')[1]}"
 
 
 def rows(infos: list[runs.RunInfo], fields: list[str],
          sources: list[str] = ()) -> list[list[str]]:
-  """One row a run, in the order given: name, differing fields, COLUMNS, then the final
-  per-source validation losses `sources`."""
+  """One row a run, in the order given: name, differing fields, COLUMNS, then the final values
+  of `sources` (per-source validation losses, task accuracies)."""
   out = []
   for name, info in zip(names(infos), infos):
     params = info.status.get("params")
@@ -132,11 +147,11 @@ def terminal_table(header: list[str], body: list[list[str]], width: int | None =
   line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
   if width is None or sum(widths) + 2 * (len(widths) - 1) <= width:
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, body)])
-  n_config = len(header) - 1 - len(COLUMNS)
+  n_config = header.index(COLUMNS[0]) - 1  # config fields are dotted: none is named as a column
   blocks = []
   for i, row in enumerate(body, start=1):
     pairs = [f"{h}={v}" for h, v in zip(header[1:1 + n_config], row[1:1 + n_config])]
-    stats = [f"{h} {v}" for h, v in zip(COLUMNS, row[1 + n_config:])]
+    stats = [f"{h} {v}" for h, v in zip(header[1 + n_config:], row[1 + n_config:])]
     blocks.append("\n".join([f"{i}. {row[0]}", *_pack(pairs, width), *_pack(stats, width)]))
   return "\n".join(blocks)
 
@@ -190,22 +205,32 @@ def plot(infos: list[runs.RunInfo], out: Path) -> list[Path]:
                 f"training time ({'min' if minutes else 's'})", out / "loss_vs_time.png")]
 
 
+def _why(key: str, by: str | None) -> str:
+  if by is not None:
+    return f"chosen with --by; {'higher' if config.higher_is_better(key) else 'lower'} is better"
+  return ("bits per byte: the runs' tokenizers or data differ, so their losses per token do not "
+          "compare") if key == "val_bpb" else "nats per token: the same tokens in every run"
+
+
 def compare(patterns: list[str], out: Path | None = None, print_fn=print,
-            width: int | None = None) -> list[runs.RunInfo]:
+            width: int | None = None, by: str | None = None) -> list[runs.RunInfo]:
   """Prints the table (and writes compare.md and the plots to `out`); returns the runs, best
-  first."""
+  first (by `by`'s best value where given)."""
   infos = [runs.read(p) for p in runs.find(patterns)]
-  key = measure(infos)
+  key = by or measure(infos)
+  if by is not None and not any(info.values(by) for info in infos):
+    known = sorted({k for info in infos for r in info.evals for k in r} - {"step", "elapsed_s"})
+    raise UserError(f"--by={by}: no run has that metric in its evaluations (they have: "
+                    f"{', '.join(known) or 'none yet'}); pass --by=<one of them>")
   infos.sort(key=lambda info: rank_key(info, key))
   fields = differences(infos)
   sources = source_keys(infos)
-  header = ["run", *fields, *COLUMNS, *(f"val {k.split('/')[1]}" for k in sources)]
+  header = ["run", *fields, *COLUMNS, *map(column, sources)]
   body = rows(infos, fields, sources)
   print_fn(terminal_table(header, body, width if width is not None else terminal_width()))
   best = infos[0]
   if best.best(key) is not None:
-    why = ("bits per byte: the runs' tokenizers or data differ, so their losses per token do not "
-           "compare") if key == "val_bpb" else "nats per token: the same tokens in every run"
+    why = _why(key, by)
     print_fn(f"best: {names(infos)[0]} (best {key} {best.best(key):.4f}); ranked by {key} ({why})")
   if out is not None:
     out.mkdir(parents=True, exist_ok=True)
@@ -215,20 +240,22 @@ def compare(patterns: list[str], out: Path | None = None, print_fn=print,
   return infos
 
 
-def parse(argv: list[str]) -> tuple[list[str], Path | None]:
-  patterns, out = [], None
+def parse(argv: list[str]) -> tuple[list[str], Path | None, str | None]:
+  patterns, out, by = [], None, None
   for arg in argv:
     if arg.startswith("--out="):
       out = Path(arg.split("=", 1)[1]).expanduser()
+    elif arg.startswith("--by="):
+      by = arg.split("=", 1)[1] or None
     elif arg.startswith("-"):
       raise UserError(f"unknown flag {arg}; usage: python -m jaxtrain.compare RUN... [--out=DIR] "
-                      "(see --help)")
+                      "[--by=METRIC] (see --help)")
     else:
       patterns.append(arg)
   if not patterns:
     raise UserError("no runs given; usage: python -m jaxtrain.compare RUN... [--out=DIR] (RUN: a "
                     "run's directory, a glob, or a directory of runs such as a sweep's root)")
-  return patterns, out
+  return patterns, out, by
 
 
 def main(argv: list[str]) -> int:
@@ -236,7 +263,8 @@ def main(argv: list[str]) -> int:
     print(cli.help_text(USAGE, HELP, common=()))
     return 0
   try:
-    compare(*parse(argv))
+    patterns, out, by = parse(argv)
+    compare(patterns, out, by=by)
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     return e.exit_code

@@ -6,26 +6,22 @@ and bits per byte of the completions given their prompts (end-of-text included, 
 and the exact-match accuracy of greedy completions. Multiple-choice records (a context, a list of
 endings, the index of the right one) give the accuracy of picking the ending with the highest
 log-likelihood per UTF-8 byte. A table on screen; with --out, a JSON file with keys `loss`, `bpb`,
-`exact_match` and `mc_accuracy` (null where the file has no such records).
+`exact_match` and `mc_accuracy` (null where the file has no such records). The scoring itself is
+generation/scoring.py's, which a training run's `train.eval_tasks` shares.
 """
 
-import math
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 from absl import flags
 
 from jaxtrain.checkpoints import load as trained
-from jaxtrain.data import records
-from jaxtrain.generation import complete
+from jaxtrain.generation.scoring import NORMALIZE, evaluate, split
 from jaxtrain.system import paths
 from jaxtrain.system.errors import UserError
 from jaxtrain.tools import cli
 from jaxtrain.tools.sample import run_field
-
-NORMALIZE = {"none": lambda s: s, "strip": str.strip, "lower": lambda s: s.strip().lower()}
 
 
 def define_flags() -> None:
@@ -45,68 +41,6 @@ def define_flags() -> None:
                     "and lowercased (lower).")
   flags.DEFINE_integer("max_new_tokens", 0, "Tokens a greedy completion may have; 0: one more "
                        "than the longest reference.", lower_bound=0, upper_bound=2**16)
-
-
-def split(path: str, fields: dict) -> tuple[list, list]:
-  """(prompt/completion pairs, multiple-choice items) of the file, each with its line."""
-  pairs, choices = [], []
-  for n, r in records.read_jsonl(path):
-    if fields["endings"] in r:
-      choices.append((n, *records.multiple_choice(path, n, r, (fields["context"],
-                                                               fields["endings"], fields["label"]))))
-    else:
-      pairs.append((n, records.field(path, n, r, fields["prompt"], "--prompt_field"),
-                    records.field(path, n, r, fields["completion"], "--completion_field")))
-  return pairs, choices
-
-
-def completion_scores(state, tok, pairs: list, normalize: str, max_new_tokens: int) -> dict:
-  """Loss, bpb and exact match of prompt/completion pairs (line, prompt, completion)."""
-  eot = np.array([tok.eot_id], np.int32)
-  targets = [np.concatenate([np.asarray(tok.encode(c), np.int32), eot]) for _, _, c in pairs]
-  nats = -complete.score(state, [(complete.context_ids(state, tok, p), t)
-                                 for (_, p, _), t in zip(pairs, targets)])
-  n_tokens = sum(len(t) for t in targets)
-  n_bytes = sum(len(c.encode("utf-8")) for _, _, c in pairs)
-  limit = max_new_tokens or max(len(t) for t in targets)
-  made = complete.complete(state, tok, [p for _, p, _ in pairs], limit, temperature=0.0)
-  norm = NORMALIZE[normalize]
-  right = [norm(m) == norm(c) for m, (_, _, c) in zip(made, pairs)]
-  return {"loss": float(nats.sum() / n_tokens),
-          "bpb": float(nats.sum() / (math.log(2) * n_bytes)) if n_bytes else None,
-          "exact_match": float(np.mean(right)), "n_completions": len(pairs),
-          "examples": [{"line": n, "prompt": p, "completion": c, "generated": m}
-                       for (n, p, c), m in list(zip(pairs, made))[:5]]}
-
-
-def choice_accuracy(state, tok, choices: list) -> dict:
-  """Accuracy of multiple-choice items (line, context, endings, label) by log-likelihood per
-  byte of each ending."""
-  asks, sizes = [], []
-  for _, context, endings, _ in choices:
-    ctx = complete.context_ids(state, tok, context)
-    for e in endings:
-      asks.append((ctx, np.asarray(tok.encode(e), np.int32)))
-      sizes.append(max(len(e.encode("utf-8")), 1))
-  per_byte = complete.score(state, asks) / np.array(sizes)
-  at, right = 0, 0
-  for _, _, endings, label in choices:
-    right += int(np.argmax(per_byte[at:at + len(endings)]) == label)
-    at += len(endings)
-  return {"mc_accuracy": right / len(choices), "n_multiple_choice": len(choices)}
-
-
-def evaluate(state, tok, path: str, fields: dict, normalize: str = "strip",
-             max_new_tokens: int = 0) -> dict:
-  """The scores of a trained state on the records of `path` (see the module's docstring)."""
-  pairs, choices = split(path, fields)
-  result = {"loss": None, "bpb": None, "exact_match": None, "mc_accuracy": None,
-            "n_completions": 0, "n_multiple_choice": 0, "normalize": normalize}
-  if pairs:
-    result.update(completion_scores(state, tok, pairs, normalize, max_new_tokens))
-  if choices:
-    result.update(choice_accuracy(state, tok, choices))
-  return result
 
 
 def table(result: dict) -> str:

@@ -53,7 +53,8 @@ class RunInfo:
     return [v for r in records if (v := _number(r.get(key))) is not None]
 
   def best(self, key: str = "val_loss") -> float | None:
-    return min(self.values(key), default=None)
+    """The lowest value, or the highest of an accuracy (task/<name>/exact_match, mc_accuracy)."""
+    return (max if config.higher_is_better(key) else min)(self.values(key), default=None)
 
   def final(self, key: str) -> float | None:
     values = self.values(key)

@@ -1,0 +1,95 @@
+"""Task scores of a state on held-out records, for `python -m jaxtrain.eval` and a training run's
+`train.eval_tasks` alike.
+
+Prompt/completion records give the loss and bits per byte of the completions given their prompts
+(end-of-text included, as in training) and the exact-match accuracy of greedy completions.
+Multiple-choice records (a context, a list of endings, the index of the right one) give the
+accuracy of picking the ending with the highest log-likelihood per UTF-8 byte.
+"""
+
+import math
+
+import numpy as np
+
+from jaxtrain.data import records
+from jaxtrain.generation import complete
+
+NORMALIZE = {"none": lambda s: s, "strip": str.strip, "lower": lambda s: s.strip().lower()}
+# The record fields `split` reads when nothing else is asked for (the eval command's defaults).
+FIELDS = {"prompt": "prompt", "completion": "completion", "context": "context",
+          "endings": "endings", "label": "label"}
+
+
+def split(path: str, fields: dict, fix: str = "", limit: int = 0,
+          found: list | None = None) -> tuple[list, list]:
+  """(prompt/completion pairs, multiple-choice items) of the file's first `limit` records (0:
+  all), each with its line; `found`: the file's records where already read. A bad record is one
+  line naming the file and the line, ending with `fix` where one is given (else the eval
+  command's flag)."""
+  pairs, choices = [], []
+  found = records.read_jsonl(path) if found is None else found
+  for n, r in found[:limit] if limit else found:
+    if fields["endings"] in r:
+      choices.append((n, *records.multiple_choice(path, n, r, (fields["context"],
+                                                               fields["endings"], fields["label"]),
+                                                  fix=fix)))
+    else:
+      pairs.append((n, records.field(path, n, r, fields["prompt"], "--prompt_field", fix=fix),
+                    records.field(path, n, r, fields["completion"], "--completion_field",
+                                  fix=fix)))
+  return pairs, choices
+
+
+def completion_scores(state, tok, pairs: list, normalize: str, max_new_tokens: int,
+                      examples: int = 5) -> dict:
+  """Loss, bpb and exact match of prompt/completion pairs (line, prompt, completion)."""
+  eot = np.array([tok.eot_id], np.int32)
+  targets = [np.concatenate([np.asarray(tok.encode(c), np.int32), eot]) for _, _, c in pairs]
+  nats = -complete.score(state, [(complete.context_ids(state, tok, p), t)
+                                 for (_, p, _), t in zip(pairs, targets)])
+  n_tokens = sum(len(t) for t in targets)
+  n_bytes = sum(len(c.encode("utf-8")) for _, _, c in pairs)
+  limit = max_new_tokens or max(len(t) for t in targets)
+  made = complete.complete(state, tok, [p for _, p, _ in pairs], limit, temperature=0.0)
+  norm = NORMALIZE[normalize]
+  right = [norm(m) == norm(c) for m, (_, _, c) in zip(made, pairs)]
+  return {"loss": float(nats.sum() / n_tokens),
+          "bpb": float(nats.sum() / (math.log(2) * n_bytes)) if n_bytes else None,
+          "exact_match": float(np.mean(right)), "n_completions": len(pairs),
+          "examples": [{"line": n, "prompt": p, "completion": c, "generated": m}
+                       for (n, p, c), m in list(zip(pairs, made))[:examples]]}
+
+
+def choice_accuracy(state, tok, choices: list) -> dict:
+  """Accuracy of multiple-choice items (line, context, endings, label) by log-likelihood per
+  byte of each ending."""
+  asks, sizes = [], []
+  for _, context, endings, _ in choices:
+    ctx = complete.context_ids(state, tok, context)
+    for e in endings:
+      asks.append((ctx, np.asarray(tok.encode(e), np.int32)))
+      sizes.append(max(len(e.encode("utf-8")), 1))
+  per_byte = complete.score(state, asks) / np.array(sizes)
+  at, right = 0, 0
+  for _, _, endings, label in choices:
+    right += int(np.argmax(per_byte[at:at + len(endings)]) == label)
+    at += len(endings)
+  return {"mc_accuracy": right / len(choices), "n_multiple_choice": len(choices)}
+
+
+def scores(state, tok, pairs: list, choices: list, normalize: str = "strip",
+           max_new_tokens: int = 0) -> dict:
+  """The scores of `state` on records already read (`split`); None where there are none."""
+  result = {"loss": None, "bpb": None, "exact_match": None, "mc_accuracy": None,
+            "n_completions": 0, "n_multiple_choice": 0, "normalize": normalize}
+  if pairs:
+    result.update(completion_scores(state, tok, pairs, normalize, max_new_tokens))
+  if choices:
+    result.update(choice_accuracy(state, tok, choices))
+  return result
+
+
+def evaluate(state, tok, path: str, fields: dict = FIELDS, normalize: str = "strip",
+             max_new_tokens: int = 0) -> dict:
+  """The scores of a trained state on the records of `path` (see the module's docstring)."""
+  return scores(state, tok, *split(path, fields), normalize, max_new_tokens)

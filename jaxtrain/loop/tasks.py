@@ -1,0 +1,127 @@
+"""Task scores at every evaluation of a training run (`train.eval_tasks`): the numbers of
+`python -m jaxtrain.eval` (generation/scoring.py) on held-out records, in the evaluation record as
+task/<name>/loss, task/<name>/bpb, task/<name>/exact_match and task/<name>/mc_accuracy (<name>: the
+file's stem; only the numbers its records give), so that metrics.jsonl, TensorBoard, W&B, compare
+and early stopping see them as they see val_loss.
+
+The files are read and checked at setup, before anything is compiled; each evaluation scores their
+first `train.eval_tasks_limit` records with the current params. Scoring reads neither the training
+data's iterator nor the run's random keys: a resumed run stays bit for bit the same.
+"""
+
+import dataclasses
+import time
+
+import jax
+import ml_collections
+
+from jaxtrain.config import defaults as config
+from jaxtrain.config import validate as validation
+from jaxtrain.data import records
+from jaxtrain.generation import scoring
+from jaxtrain.system import runtime
+from jaxtrain.system.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  name: str  # the file's stem: its metrics are task/<name>/...
+  path: str
+  pairs: list  # (line, prompt, completion)
+  choices: list  # (line, context, endings, label)
+  in_file: int  # records in the file, of which the first eval_tasks_limit are scored
+
+
+def fields(data: ml_collections.ConfigDict) -> dict:
+  """The record fields a run's tasks are read with: the run's prompt and completion fields (else
+  prompt, completion), and context, endings, label for multiple choice."""
+  return dict(scoring.FIELDS, prompt=data.prompt_field or "prompt",
+              completion=data.completion_field or "completion")
+
+
+def load(cfg: ml_collections.ConfigDict) -> list[Task]:
+  """The records of every `train.eval_tasks` file (its first `eval_tasks_limit`); a bad record
+  is one line naming the file and the line."""
+  names = fields(cfg.data)
+  fix = (f"fix that line: train.eval_tasks records hold {names['prompt']!r} and "
+         f"{names['completion']!r} (the run's data.prompt_field and data.completion_field), or "
+         f"{names['context']!r}, {names['endings']!r} and {names['label']!r} (multiple choice)")
+  tasks = []
+  for name, path in validation.eval_task_files(cfg.train.eval_tasks):
+    try:
+      found = records.read_jsonl(path)
+      pairs, choices = scoring.split(path, names, fix, cfg.train.eval_tasks_limit, found)
+    except UserError as e:
+      raise UserError(f"config.train.eval_tasks: {e}") from None
+    tasks.append(Task(name, path, pairs, choices, len(found)))
+  _check_metric(cfg.train, tasks)
+  return tasks
+
+
+def describe(tasks: list[Task], limit: int, say) -> None:
+  """One line: what each evaluation scores."""
+  def one(t: Task) -> str:
+    kinds = [f"{len(t.pairs)} prompt/completion"] * bool(t.pairs) + \
+        [f"{len(t.choices)} multiple-choice"] * bool(t.choices)
+    cut = len(t.pairs) + len(t.choices) < t.in_file
+    return f"{t.name} ({', '.join(kinds)}" + (f": the first of {t.in_file} records, "
+                                              f"train.eval_tasks_limit={limit})" if cut else ")")
+
+  if tasks:
+    say("eval tasks, scored at every evaluation: " + ", ".join(map(one, tasks)))
+
+
+def _check_metric(train: ml_collections.ConfigDict, tasks: list[Task]) -> None:
+  """A task metric for early stopping must be one its file's records give."""
+  parts = train.early_stop_metric.split("/")
+  task = next((t for t in tasks if t.name == parts[1]), None) \
+      if len(parts) == 3 and parts[0] == "task" else None
+  if task is None:  # val_loss or val_bpb (validate.py refuses a task that is not a file's)
+    return
+  mc = parts[2] == "mc_accuracy"
+  if not (task.choices if mc else task.pairs):
+    have = "prompt/completion" if task.pairs else "multiple-choice"
+    raise UserError(f"config.train.early_stop_metric: {train.early_stop_metric} needs "
+                    f"{'multiple-choice' if mc else 'prompt/completion'} records, and the first "
+                    f"{len(task.pairs) + len(task.choices)} records of {task.path} are all {have}; "
+                    f"pass --config.train.early_stop_metric=task/{task.name}/"
+                    f"{'exact_match' if mc else 'mc_accuracy'} (or val_loss)")
+
+
+def _on_one_device(state):
+  """The state with its params whole on this process's first device, where generation runs (a
+  collective where params are spread over processes)."""
+  if len(jax.devices()) == 1:
+    return state
+  params = runtime.host_copy(state.params)
+  return state.replace(params=jax.device_put(params, jax.local_devices()[0]))
+
+
+def evaluate(tasks: list[Task], state, tok, say=print) -> dict:
+  """{task/<name>/<metric>: value} of `state` on every task, and one line a task through `say`.
+  Every process takes part; process 0 scores (the others get {})."""
+  state = _on_one_device(state)
+  if jax.process_index() != 0:
+    return {}
+  record = {}
+  for task in tasks:
+    t0 = time.time()
+    s = scoring.scores(state, tok, task.pairs, task.choices)
+    record.update({f"task/{task.name}/{k}": s[k] for k in config.TASK_METRICS if s[k] is not None})
+    say(line(int(state.step), task, record, time.time() - t0))
+  return record
+
+
+def line(step: int, task: Task, record: dict, seconds: float) -> str:
+  """`eval step N task held: exact_match 0.9375 of 48 | loss 0.0123 | 0.0234 bits/byte (0.8s)`."""
+  get = lambda k: record.get(f"task/{task.name}/{k}")  # noqa: E731
+  parts = []
+  if get("exact_match") is not None:
+    parts.append(f"exact_match {get('exact_match'):.4f} of {len(task.pairs)}")
+  if get("mc_accuracy") is not None:
+    parts.append(f"mc_accuracy {get('mc_accuracy'):.4f} of {len(task.choices)}")
+  if get("loss") is not None:
+    parts.append(f"loss {get('loss'):.4f}")
+  if get("bpb") is not None:
+    parts.append(f"{get('bpb'):.4f} bits/byte")
+  return f"eval step {step} task {task.name}: {' | '.join(parts)} ({seconds:.1f}s)"
