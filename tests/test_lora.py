@@ -204,3 +204,27 @@ def final_state(workdir: Path) -> tuple[dict, dict]:
   last = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
   data = next((workdir / "checkpoints" / str(last) / "data").glob("*.json"))
   return arrays, json.loads(data.read_text())
+
+
+def test_init_from_a_hugging_face_directory_fills_the_unset_model_fields(tmp_path):
+  """As from a run: the fields its config.json fixes, where the config leaves them at default."""
+  source = jt.tiny_config(**{"model.tie_embeddings": False, "model.n_kv_heads": 2,
+                             "model.mlp_ratio": 3.0, "model.rope_theta": 500.0})
+  c = jt.model_config(source)
+  (tmp_path / "model.safetensors").write_bytes(b"")
+  config_json = tmp_path / "config.json"
+  config_json.write_text(json.dumps(hf.hf_config(c, eos_id=256)))
+  cfg = jt.default_config()
+  cfg.init_from, cfg.model.n_heads = str(tmp_path), 4  # set: kept, and the same as the source's
+  resolved, taken = init_from.resolve(cfg)
+  model = resolved.model
+  assert (model.n_layers, model.d_model, model.n_heads, model.n_kv_heads) == (2, 32, 4, 2)
+  assert not model.tie_embeddings and model.rope_theta == 500.0 and model.vocab_size == 256
+  assert jt.model_config(resolved).mlp_hidden == c.mlp_hidden  # the width, whatever the ratio
+  assert "model.n_layers=2" in taken and "model.n_heads=4" not in " ".join(taken)
+  # A value of the wrong kind is left to load_flat to name; no traceback here.
+  config_json.write_text(json.dumps({**hf.hf_config(c, eos_id=256), "num_hidden_layers": "2"}))
+  model = init_from.resolve(cfg)[0].model
+  assert model.n_layers == 4 and model.d_model == 32
+  config_json.write_text(json.dumps({**hf.hf_config(c, eos_id=256), "hidden_size": 0}))
+  assert init_from.resolve(cfg)[0].model.d_model == 128  # nothing taken

@@ -62,24 +62,34 @@ def _hf_model(source: Path, ours: dict) -> dict | None:
   try:
     hf_cfg = json.loads((source / "config.json").read_text(encoding="utf-8"))
     fields = hf.model_fields(hf_cfg)
-  except (OSError, ValueError, KeyError, TypeError, UserError):
+    theirs = {**ours, **{f: fields[f] for f in ("pos", "norm", "mlp", "n_heads", "n_layers",
+                                                  "d_model", "tie_embeddings", "rope_theta")
+                         if f in fields}}
+    kv = fields.get("kv_heads", fields["n_heads"])
+    theirs["n_kv_heads"] = 0 if kv == fields["n_heads"] else kv
+    theirs["vocab_size"] = hf_cfg.get("vocab_size", ours["vocab_size"])
+    if fields["pos"] == "learned":
+      theirs["seq_len"] = hf_cfg.get("n_positions", ours["seq_len"])
+    # The MLP width as a ratio: this config's where it gives that width, else the one that does.
+    d, hidden, mlp = fields["d_model"], fields["mlp_hidden"], fields["mlp"]
+    for ratio in (ours["mlp_ratio"], hidden / d * (1.5 if mlp == "swiglu" else 1)):
+      if config.mlp_width(mlp, ratio, d) == hidden:
+        theirs["mlp_ratio"] = ratio
+        break
+  except (OSError, ValueError, KeyError, TypeError, AttributeError, ArithmeticError, UserError):
     return None
-  theirs = {**ours, **{f: fields[f] for f in ("pos", "norm", "mlp", "n_heads", "n_layers",
-                                                "d_model", "tie_embeddings", "rope_theta")
-                       if f in fields}}
-  kv = fields.get("kv_heads", fields["n_heads"])
-  theirs["n_kv_heads"] = 0 if kv == fields["n_heads"] else kv
-  theirs["vocab_size"] = hf_cfg.get("vocab_size", ours["vocab_size"])
-  if fields["pos"] == "learned":
-    theirs["seq_len"] = hf_cfg.get("n_positions", ours["seq_len"])
-  # The MLP width as a ratio: this config's where it gives that width, else the one that does.
-  d, hidden, mlp = fields["d_model"], fields["mlp_hidden"], fields["mlp"]
-  for ratio in (ours["mlp_ratio"], hidden / d * (1.5 if mlp == "swiglu" else 1)):
-    if config.mlp_width(mlp, ratio, d) == hidden:
-      theirs["mlp_ratio"] = ratio
-      break
-  return theirs
+  # A value of another kind than the field's is left out (load_flat then names the mismatch);
+  # values out of range are refused by validation after resolve.
+  return {f: (float(v) if isinstance(ours[f], float) else v) if _same_kind(v, ours[f]) else ours[f]
+          for f, v in theirs.items()}
 
+
+def _same_kind(value, like) -> bool:
+  if isinstance(value, bool) or isinstance(like, bool):
+    return isinstance(value, bool) and isinstance(like, bool)
+  if isinstance(like, float):
+    return isinstance(value, int | float)
+  return isinstance(value, type(like))
 
 def mismatches(theirs: dict, ours: dict) -> list[str]:
   """The model fields that must match and differ, as 'model.X=theirs, this config ours'."""
