@@ -45,7 +45,8 @@ CHOICES = {"model.norm": config.NORMS, "model.pos": config.POSITIONS, "model.mlp
            "optim.name": config.OPTIMIZERS, "optim.schedule": config.SCHEDULES,
            "data.tokenizer": config.TOKENIZERS, "optim.loss_scaling": config.LOSS_SCALING,
            "model.remat": config.REMATS, "log.group_stats": config.GROUP_STATS,
-           "log.wandb_mode": config.WANDB_MODES}
+           "log.wandb_mode": config.WANDB_MODES,
+           "finetune.lora_targets": ("qkv", "qkv,out", "up, down", "qkv,out,up,down", "q,v")}
 ODD_STRINGS = ["", " ", "nan", "-1", "1e9", "True", "auto ", "RMSNORM", "a:b", "host:", ":1",
                "localhost:1234", "10.0.0.1:99999999999", "é", "a\nb", "\x00"]
 
@@ -84,6 +85,7 @@ GROUPS = [
      "train.batch_size"},
     {"data.prompt_field", "data.completion_field", "data.messages_field"},
     {"train.eval_tasks", "train.early_stop_metric"},  # a task metric names a task file
+    {"finetune.lora_rank", "finetune.lora_targets", "init_from"},
 ]
 
 

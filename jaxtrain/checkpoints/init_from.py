@@ -2,8 +2,9 @@
 of another jaxtrain run or of a Hugging Face model directory in the layouts export writes (hf.py).
 Anything that does not fit this run's config is refused with one line naming the field or tensor.
 
-From a jaxtrain run, `resolve` first fills in the model: each `model.*` field the user did not set
-takes the source run's value (its config.json), so a fine-tune config need not restate the model.
+`resolve` first fills in the model: each `model.*` field the user did not set takes the source's
+value (a run's config.json, or what a Hugging Face config.json fixes), so a fine-tune config need
+not restate the model.
 
 A chat run (data.messages_field) may start from a source whose tokenizer is its own less the chat
 tokens (data/chat.py): the embedding (and an untied head) grows by their rows, each the mean of the
@@ -20,6 +21,7 @@ import numpy as np
 from jaxtrain.checkpoints import hf
 from jaxtrain.checkpoints.load import load_state
 from jaxtrain.config import defaults as config
+from jaxtrain.core import lora
 from jaxtrain.core.model import ModelConfig
 from jaxtrain.data import chat
 from jaxtrain.data import tokenizer as tokenizer_lib
@@ -42,8 +44,12 @@ def _source_model(cfg: ml_collections.ConfigDict) -> tuple[dict, str] | None:
     if (own / "config.json").is_file() and ckpts.is_dir() \
         and any(p.name.isdigit() for p in ckpts.iterdir()):
       source = own
+    elif not (source / paths.RUN_FILE).is_file() and (source / "config.json").is_file() \
+        and any(source.glob("model*.safetensors")):
+      theirs = _hf_model(source, cfg.model.to_dict())
+      return None if theirs is None else (theirs, str(source))
     elif not (source / paths.RUN_FILE).is_file() or not (source / "config.json").is_file():
-      return None  # a Hugging Face directory, or nothing there: load_flat says which
+      return None  # nothing there: load_flat says so
   except OSError:  # a name too long, a directory that cannot be read: load_flat says so
     return None
   try:
@@ -53,6 +59,42 @@ def _source_model(cfg: ml_collections.ConfigDict) -> tuple[dict, str] | None:
                     "--config.init_from=<a run's workdir or an exported model directory>") from None
   return config.from_saved(saved).model.to_dict(), str(source)
 
+
+def _hf_model(source: Path, ours: dict) -> dict | None:
+  """The model section `ours` with what a Hugging Face directory's config.json fixes: layout,
+  sizes, heads, vocabulary (and seq_len with learned positions); None if it does not read (load_flat
+  then says why)."""
+  try:
+    hf_cfg = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    fields = hf.model_fields(hf_cfg)
+    theirs = {**ours, **{f: fields[f] for f in ("pos", "norm", "mlp", "n_heads", "n_layers",
+                                                  "d_model", "tie_embeddings", "rope_theta")
+                         if f in fields}}
+    kv = fields.get("kv_heads", fields["n_heads"])
+    theirs["n_kv_heads"] = 0 if kv == fields["n_heads"] else kv
+    theirs["vocab_size"] = hf_cfg.get("vocab_size", ours["vocab_size"])
+    if fields["pos"] == "learned":
+      theirs["seq_len"] = hf_cfg.get("n_positions", ours["seq_len"])
+    # The MLP width as a ratio: this config's where it gives that width, else the one that does.
+    d, hidden, mlp = fields["d_model"], fields["mlp_hidden"], fields["mlp"]
+    for ratio in (ours["mlp_ratio"], hidden / d * (1.5 if mlp == "swiglu" else 1)):
+      if config.mlp_width(mlp, ratio, d) == hidden:
+        theirs["mlp_ratio"] = ratio
+        break
+  except (OSError, ValueError, KeyError, TypeError, AttributeError, ArithmeticError, UserError):
+    return None
+  # A value of another kind than the field's is left out (load_flat then names the mismatch);
+  # values out of range are refused by validation after resolve.
+  return {f: (float(v) if isinstance(ours[f], float) else v) if _same_kind(v, ours[f]) else ours[f]
+          for f, v in theirs.items()}
+
+
+def _same_kind(value, like) -> bool:
+  if isinstance(value, bool) or isinstance(like, bool):
+    return isinstance(value, bool) and isinstance(like, bool)
+  if isinstance(like, float):
+    return isinstance(value, int | float)
+  return isinstance(value, type(like))
 
 def mismatches(theirs: dict, ours: dict) -> list[str]:
   """The model fields that must match and differ, as 'model.X=theirs, this config ours'."""
@@ -146,7 +188,8 @@ def _from_run(source: Path, c: ModelConfig, grow: bool) -> tuple[dict[str, np.nd
   if bad:
     fix = " ".join(f"--config.{b.split(',')[0]}" for b in bad)
     raise UserError(f"init_from: {source} has {'; '.join(bad)}; pass {fix}")
-  return hf.flatten(jax.device_get(state.params)), f"step {int(state.step)} of {source}"
+  # A LoRA run gives its adapters folded into its kernels: the model it trained.
+  return hf.flatten(lora.merged(state.params, state.lora)), f"step {int(state.step)} of {source}"
 
 
 def _grown(flat: dict[str, np.ndarray], what: str, vocab_size: int) -> tuple[dict, str]:
@@ -166,10 +209,14 @@ def _grown(flat: dict[str, np.ndarray], what: str, vocab_size: int) -> tuple[dic
 
 
 def apply(path: str, state, programs, tokenizer, log) -> object:
-  """`state` (a fresh one) with its params replaced by those at `path`, placed as its own."""
+  """`state` (a fresh one) with its params replaced by those at `path`, placed as its own. LoRA
+  adapters, which the source has not, keep their fresh values."""
   flat, what = load_flat(path, programs.model_cfg, tokenizer)
-  params = hf.fill(programs.abstract.params, flat, path)  # shapes checked, tensor by tensor
+  params = hf.fill(lora.base(programs.abstract.params), flat, path)  # shapes checked, one by one
   placed = jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
-                        params, programs.shardings.params)
-  log(f"init_from: params from {what}; step 0, a fresh optimizer")
-  return state.replace(params=placed)
+                        params, lora.base(programs.shardings.params))
+  adapters = "" if state.lora is None else (
+      f"; LoRA rank {state.lora.rank} on {','.join(state.lora.targets)}: "
+      f"{lora.count(state.trainable()):,} of {lora.count(state.params):,} params train")
+  log(f"init_from: params from {what}; step 0, a fresh optimizer{adapters}")
+  return state.replace(params=lora.combine(state.params, placed))

@@ -30,6 +30,7 @@ GROUP_STATS = ("groups", "layers", "none")
 # train.eval_tasks' numbers, task/<file stem>/<metric>; accuracies are better higher, losses lower.
 TASK_METRICS = ("loss", "bpb", "exact_match", "mc_accuracy")
 HIGHER_IS_BETTER = ("exact_match", "mc_accuracy")
+LORA_TARGETS = ("qkv", "out", "up", "down")  # each block's attention and MLP linear layers
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -40,6 +41,7 @@ def default_config() -> ml_collections.ConfigDict:
   # A new run starts from these params (then step 0, a fresh optimizer): a jaxtrain run's workdir
   # (its newest intact checkpoint) or a Hugging Face Llama/GPT-2 directory; "": a random init.
   cfg.init_from = ""
+  cfg.finetune = _finetune()
   cfg.model = _model()
   cfg.train = _train()
   cfg.optim = _optim()
@@ -49,6 +51,16 @@ def default_config() -> ml_collections.ConfigDict:
   cfg.distributed = _distributed()
   cfg.log = _log()
   return cfg.lock()  # new fields: only here; a config file or override that names another fails
+
+
+def _finetune() -> ml_collections.ConfigDict:
+  finetune = ml_collections.ConfigDict()
+  # > 0: LoRA; only low-rank adapters (A [d_in, r], B [r, d_out]) beside each targeted layer
+  # train, and have optimizer state; the base params stay as init_from gave them. 0: off
+  finetune.lora_rank = 0
+  finetune.lora_alpha = 16.0  # an adapter adds (lora_alpha / lora_rank) * x A B to x W
+  finetune.lora_targets = "qkv,out"  # layers of each block that get adapters: qkv, out, up, down
+  return finetune
 
 
 def _model() -> ml_collections.ConfigDict:
@@ -264,8 +276,9 @@ STATE_FIELDS = (
     "model.tie_embeddings", "model.rope_theta", "data.tokenizer", "data.val_fraction",
     "train.grad_accum", "train.skip_nonfinite", "optim.loss_scaling", "model.n_kv_heads",
     "model.qk_norm", "model.logit_softcap", "optim.name", "data.vocab_size", "model.doc_mask",
-    "optim.clip_per_group",
+    "optim.clip_per_group", "finetune.lora_rank",
 )
+LORA_FIELDS = ("finetune.lora_alpha", "finetune.lora_targets")  # breaking where LoRA is on
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -288,7 +301,9 @@ def config_changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:
       change = f"{field}: {old[field]!r} -> {new[field]!r}"
       # Clipping on or off adds or removes an optimizer-state entry; its value alone does not.
       toggles_clip = field == "optim.clip_norm" and (old[field] == 0) != (new[field] == 0)
-      (breaking if field in STATE_FIELDS or toggles_clip else harmless).append(change)
+      # Adapters' scale and placement change the state's meaning and shapes, if there are any.
+      lora = field in LORA_FIELDS and (old["finetune.lora_rank"] or new["finetune.lora_rank"])
+      (breaking if field in STATE_FIELDS or toggles_clip or lora else harmless).append(change)
   return breaking, harmless
 
 

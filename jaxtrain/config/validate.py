@@ -51,7 +51,7 @@ LIMITS = {
     "optim.decay_steps": STEPS_MAX, "sample.num_samples": 1024, "sample.max_new_tokens": 2**16,
     "sample.top_k": 2**24, "mesh.data": 2**20, "mesh.fsdp": 2**20, "mesh.cpu_devices": 1024,
     "distributed.num_processes": 2**20, "distributed.process_id": 2**20,
-    "distributed.timeout_s": INT32_MAX,
+    "distributed.timeout_s": INT32_MAX, "finetune.lora_rank": 2**16,
 }
 MAX_PARAMS = 2**40  # ~1.1e12 parameters: 17.6 TB of float32 params, gradients and AdamW state
 MAX_BATCH_TOKENS = 2**31  # tokens of one micro-batch, batch_size x (seq_len + 1)
@@ -116,6 +116,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
          "pass --config.workdir=<directory for this run>")
   _positive_int(cfg, "seed", minimum=0)
   _validate_model(cfg)
+  _validate_finetune(cfg)
   _validate_train_optim(cfg)
   _validate_sizes(cfg)
   _validate_data_sample(cfg)
@@ -169,6 +170,34 @@ def _validate_model(cfg: ml_collections.ConfigDict) -> None:
   # At 0 or below (or a base float32 rounds to 0), RoPE's angles become inf * 0 or nan.
   _check(m.rope_theta >= 1e-30, "model.rope_theta", f"must be > 0 (at least 1e-30), got "
          f"{m.rope_theta}", "pass --config.model.rope_theta=10000.0")
+
+
+def lora_targets(spec: str) -> tuple[str, ...]:
+  """`finetune.lora_targets` ("qkv,out") as a tuple of layer names; raises ConfigError."""
+  names = tuple(name.strip() for name in spec.split(",")) if spec.strip() else ()
+  for i, name in enumerate(names):
+    _check(name in config.LORA_TARGETS, "finetune.lora_targets", f"{_show(name)} is not a linear "
+           f"layer of the model's blocks (those are {', '.join(config.LORA_TARGETS)})",
+           "pass some of them, comma-separated, e.g. --config.finetune.lora_targets=qkv,out")
+    _check(name not in names[:i], "finetune.lora_targets", f"names {name} twice",
+           "name each layer once")
+  return names
+
+
+def _validate_finetune(cfg: ml_collections.ConfigDict) -> None:
+  f = cfg.finetune
+  _positive_int(cfg, "finetune.lora_rank", minimum=0)
+  _check(f.lora_alpha >= 1e-30, "finetune.lora_alpha", f"must be > 0 (at least 1e-30), got "
+         f"{f.lora_alpha}", "pass e.g. --config.finetune.lora_alpha=16")
+  targets = lora_targets(f.lora_targets)
+  if f.lora_rank == 0:
+    return
+  _check(bool(targets), "finetune.lora_targets", "is empty, so LoRA (finetune.lora_rank="
+         f"{f.lora_rank}) would train nothing", "pass e.g. --config.finetune.lora_targets=qkv,out")
+  _check(cfg.init_from.strip() != "", "finetune.lora_rank", f"is {f.lora_rank} (LoRA) but "
+         "init_from is empty: LoRA adapts a trained model, whose params it leaves as they are",
+         "pass --config.init_from=<a run's workdir or a Hugging Face directory>, or "
+         "--config.finetune.lora_rank=0 to train every param")
 
 
 # Sizes of a typical large run: a product of fields that is too large names its largest factor.

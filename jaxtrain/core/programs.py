@@ -15,7 +15,7 @@ import ml_collections
 from jax.sharding import Mesh
 
 from jaxtrain.config import defaults as config
-from jaxtrain.core import attention, cpu, mesh, optim, steps
+from jaxtrain.core import attention, cpu, lora, mesh, optim, steps
 from jaxtrain.core import model as model_lib
 
 # Data-parallel CPU steps under this many FLOPs per device all-reduce their gradients at once
@@ -93,10 +93,12 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
                                    skip_nonfinite=cfg.train.skip_nonfinite,
                                    loss_scaling=loss_scaling)
 
+  adapters = lora.from_config(cfg.finetune)
+
   def fresh() -> steps.TrainState:
     # Params split over devices are drawn in their own shapes: each device draws its part.
     return steps.init_state(model_cfg, optimizer, seed=cfg.seed,
-                            exact_shapes=device_mesh.shape["fsdp"] != 1)
+                            exact_shapes=device_mesh.shape["fsdp"] != 1, lora=adapters)
 
   abstract = jax.eval_shape(fresh)
   shardings = mesh.state_shardings(abstract, device_mesh)

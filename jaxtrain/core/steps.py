@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
+from jaxtrain.core import lora as lora_lib
 from jaxtrain.core import loss as loss_lib
 from jaxtrain.core import model as model_lib
 from jaxtrain.core import optim
@@ -36,6 +37,7 @@ class TrainState:
   optimizer: optim.Optimizer = struct.field(pytree_node=False)
   model_cfg: model_lib.ModelConfig = struct.field(pytree_node=False)
   dynamic_loss_scale: bool = struct.field(pytree_node=False, default=False)
+  lora: lora_lib.Lora | None = struct.field(pytree_node=False, default=None)  # None: all train
 
   @property
   def tx(self) -> optax.GradientTransformation:
@@ -52,25 +54,34 @@ class TrainState:
   def with_arrays(self, arrays: dict) -> "TrainState":
     return self.replace(**arrays)
 
+  def trainable(self) -> Any:
+    """The params the optimizer trains (and holds state for): LoRA's adapters, else all."""
+    return lora_lib.trainable(self.params, self.lora)
+
 
 def init_state(model_cfg: model_lib.ModelConfig, optimizer: optim.Optimizer, *,
-               seed: int, exact_shapes: bool = False) -> TrainState:
+               seed: int, exact_shapes: bool = False,
+               lora: lora_lib.Lora | None = None) -> TrainState:
   """A fresh state from `seed`: the same seed gives the same params on every platform.
 
   `exact_shapes`: draw each param in its own shape (params split over devices, so that each
   device draws its own part). The optimizer's `loss_scaling` turns on dynamic loss scaling.
+  `lora`: adapters on the targeted layers, the only params that train (core/lora.py).
   """
   key = jax.random.PRNGKey(seed)
   param_key, dropout_key = jax.random.split(key)
   model = model_lib.init(model_cfg, param_key, exact_shapes=exact_shapes)
+  if lora is not None:
+    lora_lib.attach(model, lora, lora_lib.adapter_key(param_key))
   graphdef, params = nnx.split(model, nnx.Param)
   params = nnx.to_pure_dict(params)
   scale = INITIAL_LOSS_SCALE if optimizer.loss_scaling else 1.0
-  return TrainState(params=params, opt_state=optimizer.transformation().init(params),
+  return TrainState(params=params,
+                    opt_state=optimizer.transformation().init(lora_lib.trainable(params, lora)),
                     step=jnp.array(0, jnp.int32), rng=dropout_key,
                     loss_scale=jnp.array(scale, jnp.float32), graphdef=graphdef,
                     optimizer=optimizer, model_cfg=model_cfg,
-                    dynamic_loss_scale=optimizer.loss_scaling)
+                    dynamic_loss_scale=optimizer.loss_scaling, lora=lora)
 
 
 def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array,
@@ -103,23 +114,27 @@ def train_step(state: TrainState, batch: dict, stats: str = "none") -> tuple[Tra
 
 def gradients(state: TrainState, tokens_BT1: jax.Array, dropout_key: jax.Array | None,
               weights_BT: jax.Array | None = None) -> tuple[jax.Array, Any]:
-  """(loss, gradients of the params) for a micro-batch, through the loss scale and back."""
+  """(loss, gradients of the trained params) for a micro-batch, through the loss scale and back.
+  Under LoRA the base params are constants here: no gradient of theirs is ever computed."""
   scale = state.loss_scale
 
-  def scaled_loss(params):
+  def scaled_loss(trained):
+    params = lora_lib.combine(state.params, trained)
     return loss_fn(params, state.graphdef, tokens_BT1, dropout_key, weights_BT) * scale
 
-  scaled, grads = jax.value_and_grad(scaled_loss)(state.params)
+  scaled, grads = jax.value_and_grad(scaled_loss)(state.trainable())
   return scaled / scale, jax.tree.map(lambda g: g / scale, grads)
 
 
 def apply_gradients(state: TrainState, rng: jax.Array, loss: jax.Array,
                     grads: Any, stats: str = "none") -> tuple[TrainState, dict]:
-  """The optimizer's part of `train_step`; `rng` is the state's next dropout key."""
+  """The optimizer's part of `train_step`; `rng` is the state's next dropout key. Only the
+  trained params are updated; the others (LoRA's base) leave the step as they came."""
   scale = state.loss_scale
   grad_norm = optax.tree.norm(grads)
-  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
+  trained = state.trainable()
+  updates, opt_state = state.tx.update(grads, state.opt_state, trained)
+  new = optax.apply_updates(trained, updates)
   step = state.step + optim.is_update_step(opt_state).astype(jnp.int32)
   if state.dynamic_loss_scale:
     # Halve on overflow (the optimizer drops that step), else creep up, doubling over ~1000
@@ -127,9 +142,9 @@ def apply_gradients(state: TrainState, rng: jax.Array, loss: jax.Array,
     scale = jnp.clip(jnp.where(jnp.isfinite(grad_norm), scale * LOSS_SCALE_GROWTH, scale / 2),
                      1.0, 2.0**24)
   metrics = {"loss": loss, "grad_norm": grad_norm, "skipped": optim.skipped_steps(opt_state),
-             "loss_scale": scale, **stats_lib.group_stats(state.params, grads, params, stats)}
-  return state.replace(params=params, opt_state=opt_state, step=step, rng=rng,
-                       loss_scale=scale), metrics
+             "loss_scale": scale, **stats_lib.group_stats(trained, grads, new, stats)}
+  return state.replace(params=lora_lib.combine(state.params, new), opt_state=opt_state,
+                       step=step, rng=rng, loss_scale=scale), metrics
 
 
 def eval_step(state: TrainState, batch: dict) -> dict:

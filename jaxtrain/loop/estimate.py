@@ -1,14 +1,14 @@
 """What a run will cost before it starts: memory against what the machine has, and FLOP peaks.
 
-The memory estimate counts, in bytes: float32 params, gradients and AdamW's two moments (plus
-the accumulation buffer with grad_accum > 1), and what one micro-batch keeps for the backward
-pass: per layer and token 16*D + 4*F values (norms, q/k/v, attention output, residuals, MLP) plus
-3*H*T for dense attention (scores, probabilities and their gradient; none with cuDNN's flash
-attention), and 2*V float32 values for the logits and their gradient. With `model.remat` a layer
-keeps less (its matmul outputs, 6*D + 2*F, or only its input, D) and one layer at a time holds
-the full amount while it is recomputed; with `model.loss_chunk` only one chunk's logits exist.
-It errs on the safe side: the tests check it against the peak memory a process measurably takes
-for init and one step.
+The memory estimate counts, in bytes: float32 params; gradients and AdamW's two moments (plus the
+accumulation buffer with grad_accum > 1) of the trained params (all, or LoRA's adapters); and what
+one micro-batch keeps for the backward pass: per layer and token 16*D + 4*F values (norms, q/k/v,
+attention output, residuals, MLP) plus 3*H*T for dense attention (scores, probabilities and their
+gradient; none with cuDNN's flash attention), and 2*V float32 values for the logits and their
+gradient. With `model.remat` a layer keeps less (its matmul outputs, 6*D + 2*F, or only its input,
+D) and one layer at a time holds the full amount while it is recomputed; with `model.loss_chunk`
+only one chunk's logits exist. It errs on the safe side: the tests check it against the peak memory
+a process measurably takes for init and one step.
 """
 
 import dataclasses
@@ -70,9 +70,12 @@ class Memory:
 
 
 def memory_estimate(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int,
-                    n_devices: int = 1, fsdp: int = 1, n_params: int | None = None) -> Memory:
-  """Bytes per device for one train step (see the module docstring for what is counted)."""
+                    n_devices: int = 1, fsdp: int = 1, n_params: int | None = None,
+                    n_trained: int | None = None) -> Memory:
+  """Bytes per device for one train step (see the module docstring for what is counted).
+  `n_trained`: the params that have gradients and optimizer state (default: all)."""
   n = n_params or model_lib.param_count(mc)
+  trained = n if n_trained is None else n_trained
   act_bytes = jnp.dtype(mc.dtype).itemsize
   B = max(batch_size // n_devices, 1)  # rows on each device
   T, D, H, L, V, F = mc.seq_len, mc.d_model, mc.n_heads, mc.n_layers, mc.vocab_size, mc.mlp_hidden
@@ -83,8 +86,8 @@ def memory_estimate(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int,
   logit_rows = min(mc.loss_chunk, B * T) if mc.loss_chunk else B * T
   state = lambda count: count * 4 // fsdp  # float32, split over the fsdp axis
   return Memory(
-      params=state(n), grads=state(n), optimizer=state(2 * n),
-      accumulation=state(n) if grad_accum > 1 else 0,
+      params=state(n), grads=state(trained), optimizer=state(2 * trained),
+      accumulation=state(trained) if grad_accum > 1 else 0,
       activations=B * T * (L * kept + recomputed) * act_bytes,
       logits=logit_rows * 2 * V * 4,
   )
@@ -108,9 +111,10 @@ def available_memory(device: jax.Device) -> tuple[int | None, str]:
 
 
 def memory_report(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int, devices: list,
-                  fsdp: int, n_params: int | None = None) -> tuple[str, str | None]:
+                  fsdp: int, n_params: int | None = None,
+                  n_trained: int | None = None) -> tuple[str, str | None]:
   """(one line of the estimate, a warning naming the knobs if it will not fit, else None)."""
-  m = memory_estimate(mc, batch_size, grad_accum, len(devices), fsdp, n_params)
+  m = memory_estimate(mc, batch_size, grad_accum, len(devices), fsdp, n_params, n_trained)
   have, what = available_memory(devices[0])
   # CPU devices of one process all live in its host's RAM; an accelerator has its own memory
   sharing = sum(d.process_index == devices[0].process_index for d in devices) \

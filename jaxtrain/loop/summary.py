@@ -4,6 +4,7 @@ memory."""
 import jax
 import ml_collections
 
+from jaxtrain.core import lora
 from jaxtrain.core import model as model_lib
 from jaxtrain.core.programs import Programs
 from jaxtrain.data import corpus as data
@@ -30,8 +31,12 @@ def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: data.Corpus,
   for note in corpus.notes:
     out.print(f"data: {note}")
   k, B, T = cfg.train.grad_accum, cfg.train.batch_size, cfg.model.seq_len
-  n_params = sum(x.size for x in jax.tree.leaves(programs.abstract.params))
+  abstract = programs.abstract
+  n_params, n_trained = lora.count(abstract.params), lora.count(abstract.trainable())
+  adapters = abstract.lora
   out.print(f"model: {fmt.count(n_params)} params, "
+            + (f"{fmt.count(n_trained)} of them trained (LoRA rank {adapters.rank}, alpha "
+               f"{adapters.alpha:g} on {','.join(adapters.targets)}), " if adapters else "") +
             f"{fmt.count(model_lib.flops_per_token(mc))} train FLOPs/token, vocab "
             f"{mc.vocab_size}, {B * k * T} tokens/step ({B} x {T} x {k} micro-batches)")
   out.print(f"compute: {mc.dtype} (params and optimizer float32), attention {mc.attention} "
@@ -39,7 +44,7 @@ def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: data.Corpus,
             + (f"; XLA options {programs.compiler_options}" if programs.compiler_options else "")
             + ("; one gradient all-reduce" if programs.one_allreduce else ""))
   line, warning = estimate.memory_report(mc, B, k, list(programs.mesh.devices.flat),
-                                         programs.mesh.shape["fsdp"], n_params)
+                                         programs.mesh.shape["fsdp"], n_params, n_trained)
   out.print(line)
   if warning:
     out.print(f"WARNING: {warning}")

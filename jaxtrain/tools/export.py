@@ -2,17 +2,18 @@
 model as a Hugging Face transformers directory (config.json, model.safetensors, tokenizer.json),
 loadable with `transformers.AutoModelForCausalLM.from_pretrained(out)`. The mapping: hf.py.
 A run trained on chat records also gets its chat format as a chat template (tokenizer_config.json)
-and generation that stops at the end of the assistant's turn."""
+and generation that stops at the end of the assistant's turn. A LoRA run's adapters are merged into
+its kernels (W + alpha/r A B): the directory is an ordinary model."""
 
 import json
 import sys
 from pathlib import Path
 
-import jax
 import numpy as np
 
 from jaxtrain.checkpoints import hf
 from jaxtrain.checkpoints import load as trained
+from jaxtrain.core import lora
 from jaxtrain.data import chat
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system import paths
@@ -31,7 +32,8 @@ def export(workdir: str, out: str, step: str = "latest") -> Path:
   eos, bos = tok.eot_id, tokenizer_lib.bos_id(tok)
   config = hf.hf_config(c, eos, bos)  # before anything is written: no equivalent is refused
   target = _target(out)
-  tensors = hf.to_hf(hf.flatten(jax.device_get(state.params)), c)
+  # LoRA adapters folded into their kernels: an ordinary model of the same layout.
+  tensors = hf.to_hf(hf.flatten(lora.merged(state.params, state.lora)), c)
   from safetensors.numpy import save_file
 
   save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
