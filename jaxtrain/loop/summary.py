@@ -5,6 +5,7 @@ import jax
 import ml_collections
 
 from jaxtrain.core import model as model_lib
+from jaxtrain.core import optim
 from jaxtrain.core.programs import Programs
 from jaxtrain.data import corpus as data
 from jaxtrain.loop import estimate
@@ -27,9 +28,11 @@ def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: data.Corpus,
     out.print(f"data: {note}")
   k, B, T = cfg.train.grad_accum, cfg.train.batch_size, cfg.model.seq_len
   n_params = sum(x.size for x in jax.tree.leaves(programs.abstract.params))
+  opt_flops = optim.flops_per_step(programs.optimizer, programs.abstract.params)
   out.print(f"model: {fmt.count(n_params)} params, "
-            f"{fmt.count(model_lib.flops_per_token(mc))} train FLOPs/token, vocab "
-            f"{mc.vocab_size}, {B * k * T} tokens/step ({B} x {T} x {k} micro-batches)")
+            f"{fmt.count(model_lib.flops_per_token(mc))} train FLOPs/token"
+            + (f", {fmt.count(opt_flops)} optimizer FLOPs/step" if opt_flops else "")
+            + f", vocab {mc.vocab_size}, {B * k * T} tokens/step ({B} x {T} x {k} micro-batches)")
   out.print(f"compute: {mc.dtype} (params and optimizer float32), attention {mc.attention} "
             f"({programs.attention_why})"
             + (f"; XLA options {programs.compiler_options}" if programs.compiler_options else "")
