@@ -1,8 +1,8 @@
 """The model and what turns it into compiled programs: the Flax NNX model and its kernels (`model`,
-`ops`; `attention` picks the attention kernel, `loss` holds the cross-entropy), the optimizer
-(`optim`, with its matmul FLOPs per step), the pure train and eval steps (`steps`) and the per-group statistics they report
-(`stats`), the device mesh and shardings (`mesh`), the CPU policy (`cpu`), and `programs.build`,
-the one way a config becomes jitted init/train/eval programs.
+`ops`; `attention` picks the attention kernel, `loss` holds the cross-entropy), the optimizer and
+its matmul FLOPs per step (`optim`), the pure train and eval steps (`steps`) and the per-group
+statistics they report (`stats`), the device mesh and shardings (`mesh`), the CPU policy (`cpu`),
+and `programs.build`, the one way a config becomes jitted init/train/eval programs.
 
 May import: system, config.
 """
