@@ -1,17 +1,24 @@
-"""Validation loss against wall time: real `python -m jaxtrain` runs on one corpus, side by side.
+"""Validation loss against wall time and training FLOPs: real `python -m jaxtrain` runs on one
+corpus, side by side.
 
 Each run is a command line (a config file and overrides); it runs to its own `train.max_steps`,
 or, with `--budget_s`, to as many steps as fit that wall time (measured by a short probe run of
-the same command first: start-up, seconds per step and per eval). Wall time counts from the
-command's start to its exit, start-up included. The report
-has each run's final and best val loss, steps, tokens/s and wall time, medians over seeds, and a
-plot of val loss against time. Runs go one after another, never together, so each has the
-machine to itself; the background load is sampled and recorded.
+the same command first: start-up, seconds per step and per eval), or, with `--budget_flops`, to as
+many steps as fit that many training FLOPs (counted, so the same on every machine). Wall time
+counts from the command's start to its exit, start-up included. Training FLOPs are the model's
+matmul FLOPs per token (the trainer's `train FLOPs/token`: 6N plus attention) times the tokens
+trained, plus the optimizer's matmul FLOPs per step (Muon's Newton-Schulz iterations) times the
+steps; evaluation is not counted. The report has each run's final and best val loss, steps,
+TFLOPs, tokens/s and wall time, medians over seeds, and a plot of val loss against TFLOPs (with
+`--budget_flops`) or wall time. Runs go one after another, never together, so each has the machine
+to itself; the background load is sampled and recorded.
 
     python benchmarks/quality.py --data=../shared/data/tinyshakespeare.txt --seeds=1 \
         --run "nanogpt_layout=configs/shakespeare_char_nanogpt.py" \
         --run "recipe=configs/shakespeare_char.py" \
         --run "recipe_adamw=configs/shakespeare_char.py --config.optim.name=adamw"
+    python benchmarks/quality.py --data=../shared/data/tinyshakespeare.txt --seeds=3 \
+        --budget_flops=nanogpt --run "recipe=configs/shakespeare_char.py"
 """
 
 import argparse
@@ -35,11 +42,13 @@ import reports  # noqa: E402
 CHILDREN: list[int] = []  # the run going on, for the load sampler
 # nanoGPT's CPU recipe for shakespeare_char, as its README gives it (eval_iters 20 to match ours,
 # a log line per iteration for its speed, dropout 0 as in the README's line)
-NANOGPT_BATCH, NANOGPT_BLOCK = 12, 64
+NANOGPT = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "batch_size": 12,
+           "max_iters": 2000}
+NANOGPT_VOCAB = 65  # the characters of tinyshakespeare.txt (its data/shakespeare_char/meta.pkl)
+NANOGPT_BATCH, NANOGPT_BLOCK = NANOGPT["batch_size"], NANOGPT["block_size"]
 NANOGPT_ARGS = ["train.py", "config/train_shakespeare_char.py", "--device=cpu", "--compile=False",
-                "--eval_iters=20", "--log_interval=1", f"--block_size={NANOGPT_BLOCK}",
-                f"--batch_size={NANOGPT_BATCH}", "--n_layer=4", "--n_head=4", "--n_embd=128",
-                "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
+                "--eval_iters=20", "--log_interval=1", *(f"--{k}={v}" for k, v in NANOGPT.items()),
+                f"--lr_decay_iters={NANOGPT['max_iters']}", "--dropout=0.0"]
 NANOGPT_NAME = "nanoGPT itself"
 PROBE_STEPS = 100
 
@@ -99,14 +108,66 @@ def run_nanogpt(nanogpt_dir: Path, log: Path) -> dict:
                  startup_s=evals[0][0])
 
 
-def _field(args: list[str], field: str):
-  """A config field's value for a run's command line: its override, else the config file's."""
-  for arg in args:
-    if arg.startswith(f"--config.{field}="):
-      return int(arg.partition("=")[2])
+def _config(args: list[str], data: str | None = None):
+  """A run's config as `python -m jaxtrain` builds it from `args` (the file, then each
+  `--config.x=y` override, parsed by the type of the field it sets) and the corpus."""
   from jaxtrain.config import defaults as config
   from jaxtrain.config import validate as validation
-  return validation.get(config.load_config(args[0].partition("=")[2]), field)
+
+  cfg = config.load_config(args[0].partition("=")[2])
+  for arg in args[1:]:
+    field, _, text = arg.removeprefix("--config.").partition("=")
+    kind = type(validation.get(cfg, field))
+    value = text in ("True", "true", "1") if kind is bool else text if kind is str else kind(text)
+    config.override(cfg, **{field: value})
+  if data:
+    config.override(cfg, **{"data.path": data})
+  validation.validate(cfg)
+  return cfg
+
+
+def run_flops(args: list[str], data: str | None) -> dict:
+  """A run's training FLOPs per optimizer step, counted as the trainer's model line counts them:
+  the model's FLOPs per token times its tokens per step, plus the optimizer's FLOPs per step."""
+  import jax
+
+  from jaxtrain.core import model as model_lib
+  from jaxtrain.core import optim, programs
+  from jaxtrain.data import mixture
+  from jaxtrain.data import tokenizer as tokenizer_lib
+
+  cfg = _config(args, data)
+  corpus = mixture.prepare(cfg.data, show_progress=False, log=lambda *_: None)
+  vocab = tokenizer_lib.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
+  built = programs.build(cfg, vocab, jax.devices("cpu")[:1])  # nothing compiled: shapes only
+  per_token = model_lib.flops_per_token(built.model_cfg)
+  tokens = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.seq_len
+  optimizer = optim.flops_per_step(built.optimizer, built.abstract.params)
+  return {"model_flops_per_token": per_token, "tokens_per_step": tokens,
+          "optimizer_flops_per_step": optimizer, "flops_per_step": per_token * tokens + optimizer}
+
+
+def nanogpt_flops() -> dict:
+  """nanoGPT's CPU recipe counted the same way: its model (GPT-2 layout: LayerNorm, learned
+  positions, GELU MLP 4x wide, tied embeddings) at NANOGPT's shape; AdamW has no matmuls."""
+  from jaxtrain.core import model as model_lib
+
+  mc = model_lib.ModelConfig(vocab_size=NANOGPT_VOCAB, n_layers=NANOGPT["n_layer"],
+                             n_heads=NANOGPT["n_head"], d_model=NANOGPT["n_embd"],
+                             seq_len=NANOGPT_BLOCK, norm="layernorm", pos="learned", mlp="gelu",
+                             tie_embeddings=True)
+  per_token, tokens = model_lib.flops_per_token(mc), NANOGPT_BATCH * NANOGPT_BLOCK
+  return {"model_flops_per_token": per_token, "tokens_per_step": tokens,
+          "optimizer_flops_per_step": 0, "flops_per_step": per_token * tokens}
+
+
+def steps_for_flops(flops: dict, budget_flops: float, args: list[str]) -> int:
+  """The most steps whose training FLOPs fit `budget_flops`."""
+  steps = int(budget_flops // flops["flops_per_step"])
+  if steps < 1:
+    raise SystemExit(f"error: --budget_flops={budget_flops:g} is less than one step "
+                     f"({flops['flops_per_step']:.3g} FLOPs) of {' '.join(args)}")
+  return steps
 
 
 def steps_for_budget(args: list[str], data: str | None, budget_s: float, workdir: Path) -> tuple[int, dict]:
@@ -122,7 +183,7 @@ def steps_for_budget(args: list[str], data: str | None, budget_s: float, workdir
   trained, evaled = t1, probe["evals"][-1][0]
   eval_s = max(evaled - trained, 0.0)
   startup_s = probe["wall_s"] - evaled  # before the first step and after the last
-  every = _field(args, "train.eval_every")
+  every = _config(args).train.eval_every
   steps = int((budget_s - startup_s) / (step_s + eval_s / every))
   if steps < 1:
     raise SystemExit(f"error: --budget_s={budget_s} is shorter than one step plus start-up "
@@ -130,14 +191,32 @@ def steps_for_budget(args: list[str], data: str | None, budget_s: float, workdir
   return steps, {"startup_s": startup_s, "step_s": step_s, "eval_s": eval_s, "steps": steps}
 
 
-def plot(path: Path, results: dict) -> None:
-  def curve(r: dict) -> tuple[list[float], list[float]]:
+def plot(path: Path, results: dict, flops: dict | None) -> None:
+  """Val loss against training TFLOPs (given each run's `flops`), else against wall time."""
+  def curve(r: dict, name: str) -> tuple[list[float], list[float]]:
+    if flops:
+      return ([s * flops[name]["flops_per_step"] / 1e12 for _, s, _ in r["evals"]],
+              [v for _, _, v in r["evals"]])
     # elapsed_s counts from the first step; shift by start-up so the x axis is wall time
     startup = r.get("startup_s", r["wall_s"] - r["evals"][-1][0])
     return [t + startup for t, _, _ in r["evals"]], [v for _, _, v in r["evals"]]
 
-  reports.line_chart(path, {name: [curve(r) for r in runs] for name, runs in results.items()},
-                     xlabel="wall time from command start (s)", ylabel="val loss")
+  reports.line_chart(path, {name: [curve(r, name) for r in runs] for name, runs in results.items()},
+                     xlabel="training TFLOPs (model + optimizer)" if flops else
+                     "wall time from command start (s)", ylabel="val loss")
+
+
+def _tflops(run: dict, flops: dict) -> float:
+  return run["steps"] * flops["flops_per_step"] / 1e12
+
+
+def flops_table(report: dict) -> str:
+  rows = [[name, f"{f['model_flops_per_token'] / 1e6:.3f}", f["tokens_per_step"],
+           f"{f['model_flops_per_token'] * f['tokens_per_step'] / 1e9:.3f}",
+           f"{f['optimizer_flops_per_step'] / 1e9:.3f}", f"{f['flops_per_step'] / 1e9:.3f}"]
+          for name, f in report["flops"].items()]
+  return reports.markdown_table(["run", "model MFLOPs/token", "tokens/step", "model GFLOPs/step",
+                                 "optimizer GFLOPs/step", "GFLOPs/step"], rows)
 
 
 def markdown(report: dict) -> str:
@@ -148,16 +227,52 @@ def markdown(report: dict) -> str:
     bpb = [r["final_bpb"] for r in runs if r["final_bpb"] is not None]
     rows.append([name, f"{med('final_val'):.4f}", " ".join(f"{r['final_val']:.4f}" for r in runs),
                  f"{statistics.median(bpb):.4f}" if bpb else "-", runs[0]["steps"],
+                 f"{_tflops(runs[0], report['flops'][name]):.2f}",
                  f"{med('tokens_per_sec'):,.0f}", f"{med('wall_s'):.1f}", " ".join(run["command"])])
   table = reports.markdown_table(["run", "final val (median)", "each seed", "val bpb", "steps",
-                                 "tokens/s", "wall s (median)", "command"], rows)
-  budget = report["budget_s"]
-  steps = f"steps set to fit {budget:g} s each" if budget else "each config's own max_steps"
+                                 "train TFLOPs", "tokens/s", "wall s (median)", "command"], rows)
+  budget_s, budget_flops = report["budget_s"], report["budget_flops"]
+  steps = (f"steps set to fit {budget_s:g} s each" if budget_s else
+           f"steps set to fit {budget_flops / 1e12:.3f} TFLOPs each" if budget_flops else
+           "each config's own max_steps")
   corpus = report["data"] or "each config's own"
-  return (f"# Val loss against wall time ({reports.timestamp()})\n\n"
+  nanogpt_tflops = NANOGPT["max_iters"] * report["nanogpt_flops"]["flops_per_step"] / 1e12
+  return (f"# Val loss against wall time and training FLOPs ({reports.timestamp()})\n\n"
           f"{reports.cpu_line(report['machine'])}\n{reports.load_line(report['load'])}\n\n"
-          f"corpus: {corpus}; seeds: {report['seeds']};"
-          f" {steps}\n\n{table}\n")
+          f"corpus: {corpus}; seeds: {report['seeds']}; {steps}; nanoGPT's CPU recipe "
+          f"({NANOGPT['max_iters']} iterations) trains {nanogpt_tflops:.3f} TFLOPs\n\n{table}\n\n"
+          "Training FLOPs: model matmul FLOPs per token (6N + 12 x layers x T x d_model, as the "
+          "trainer's `train FLOPs/token`) x tokens, plus the optimizer's matmul FLOPs per step "
+          "(Muon's Newton-Schulz iterations) x steps; evaluation not counted.\n\n"
+          f"{flops_table(report)}\n")
+
+
+def _budget_flops(text: str | None) -> float | None:
+  """`--budget_flops`: a number, or "nanogpt" for nanoGPT's CPU recipe's training FLOPs."""
+  if text is None:
+    return None
+  if text == "nanogpt":
+    return NANOGPT["max_iters"] * nanogpt_flops()["flops_per_step"]
+  return float(text)
+
+
+def set_budgets(specs: dict, opts, data: str | None, flops: dict, tmp: Path) -> dict:
+  """Appends each jaxtrain run's `train.max_steps` for the budget; returns the probes' findings."""
+  probes, budget_flops = {}, _budget_flops(opts.budget_flops)
+  for name, args in specs.items():
+    if name == NANOGPT_NAME:
+      continue
+    if budget_flops:
+      steps = steps_for_flops(flops[name], budget_flops, args)
+      print(f"{name}: {steps} steps fit {budget_flops / 1e12:.3f} TFLOPs "
+            f"({flops[name]['flops_per_step'] / 1e9:.3f} GFLOPs/step)", flush=True)
+    elif opts.budget_s:
+      steps, probes[name] = steps_for_budget(args, data, opts.budget_s, tmp / f"{name}-probe")
+      print(f"{name}: {steps} steps fit {opts.budget_s:g} s ({probes[name]})", flush=True)
+    else:
+      continue
+    args.append(f"--config.train.max_steps={steps}")
+  return probes
 
 
 def main() -> None:
@@ -167,8 +282,12 @@ def main() -> None:
   ap.add_argument("--data", default=None,
                   help="the corpus every run trains on (default: each config's own)")
   ap.add_argument("--seeds", type=int, default=1)
-  ap.add_argument("--budget_s", type=float, default=None,
-                  help="each run's wall-time budget: its max_steps is set to fit (default: its own)")
+  budget = ap.add_mutually_exclusive_group()
+  budget.add_argument("--budget_s", type=float, default=None,
+                      help="each run's wall-time budget: its max_steps is set to fit (default: its own)")
+  budget.add_argument("--budget_flops", default=None, metavar="FLOPS",
+                      help="each run's training-FLOP budget (e.g. 8e12, or nanogpt: its CPU "
+                           "recipe's): its max_steps is set to fit")
   ap.add_argument("--nanogpt", default=None, metavar="DIR",
                   help="also run nanoGPT's own CPU recipe from this karpathy/nanoGPT checkout, "
                        "interleaved with the others, for each seed")
@@ -185,15 +304,12 @@ def main() -> None:
   if opts.nanogpt:
     specs = {NANOGPT_NAME: [f"(in {opts.nanogpt})", "python", *NANOGPT_ARGS], **specs}
   results: dict[str, list[dict]] = {name: [] for name in specs}
+  data = opts.data and os.path.abspath(opts.data)
+  flops = {name: nanogpt_flops() if name == NANOGPT_NAME else run_flops(args, data)
+           for name, args in specs.items()}
   loadavg_before = os.getloadavg()
-  probes, data = {}, opts.data and os.path.abspath(opts.data)
   with tempfile.TemporaryDirectory() as tmp, common.LoadSampler(lambda: list(CHILDREN)) as load:
-    for name, args in specs.items() if opts.budget_s else ():
-      if name == NANOGPT_NAME:
-        continue
-      steps, probes[name] = steps_for_budget(args, data, opts.budget_s, Path(tmp) / f"{name}-probe")
-      args.append(f"--config.train.max_steps={steps}")
-      print(f"{name}: {steps} steps fit {opts.budget_s:g} s ({probes[name]})", flush=True)
+    probes = set_budgets(specs, opts, data, flops, Path(tmp))
     for seed in range(opts.seeds):
       for name, args in specs.items():
         if name == NANOGPT_NAME:  # its seed is its own (1337); repeats measure its time
@@ -202,14 +318,18 @@ def main() -> None:
           r = run_once(args, data, seed, Path(tmp) / f"{name}-{seed}")
         results[name].append(r)
         print(f"{name} seed {seed}: val {r['final_val']:.4f} (best {r['best_val']:.4f}) after "
-              f"{r['steps']} steps in {r['wall_s']:.1f} s", flush=True)
+              f"{r['steps']} steps, {_tflops(r, flops[name]):.2f} TFLOPs, in {r['wall_s']:.1f} s",
+              flush=True)
   load_summary = reports.load_record(loadavg_before, load)
   report = {"machine": reports.machine_info(), "load": load_summary, "seeds": opts.seeds,
-            "data": opts.data, "budget_s": opts.budget_s, "probes": probes,
+            "data": opts.data, "budget_s": opts.budget_s,
+            "budget_flops": _budget_flops(opts.budget_flops), "probes": probes, "flops": flops,
+            "nanogpt_flops": nanogpt_flops(),
             "runs": {name: {"command": specs[name], "results": results[name]} for name in specs}}
   text = markdown(report)
   print(text)
-  reports.write(out, "quality", report, text, chart=lambda path: plot(path, results))
+  reports.write(out, "quality", report, text,
+                chart=lambda path: plot(path, results, flops if opts.budget_flops else None))
 
 
 if __name__ == "__main__":

@@ -125,6 +125,7 @@ def _optim() -> ml_collections.ConfigDict:
   optim.embedding_lr = 0.0  # muon: peak AdamW lr of the embeddings; 0: optim.lr
   optim.head_lr = 0.0  # muon: peak AdamW lr of an untied output head; 0: optim.lr
   optim.momentum = 0.95  # muon: momentum of the hidden matrices (Nesterov)
+  optim.muon_ns_steps = 5  # muon: Newton-Schulz iterations that orthogonalize each update
   optim.warmup_steps = 100
   optim.decay_steps = 0  # 0: decay over train.max_steps
   optim.weight_decay = 0.1  # on matrices only; never on norms or vectors

@@ -38,8 +38,9 @@ def _show(value) -> str:
 INT32_MAX = 2**31 - 1
 STEPS_MAX = 2**30  # step counts: the device's step counter and the schedule's step + 1 are int32
 # The largest value of each integer field: past these a run cannot work or cannot end (int32
-# counters, 64-bit seeds, layers unrolled when traced, CPU devices all created at start). Each is
-# far above a real run's, so a typo'd number stops here instead of hanging or crashing later.
+# counters, 64-bit seeds, layers and Newton-Schulz iterations unrolled when traced, CPU devices
+# all created at start). Each is far above a real run's, so a typo'd number stops here instead of
+# hanging or crashing later.
 LIMITS = {
     "seed": 2**63 - 1, "model.n_layers": 256, "model.n_heads": 2**16, "model.d_model": 2**16,
     "model.seq_len": 2**20, "model.vocab_size": 2**24, "data.vocab_size": 2**20, "train.batch_size": 2**24,
@@ -47,7 +48,7 @@ LIMITS = {
     "train.eval_every": STEPS_MAX, "train.eval_steps": 2**12, "train.checkpoint_every": STEPS_MAX,
     "train.keep_checkpoints": INT32_MAX, "train.early_stop_patience": STEPS_MAX,
     "train.profile_steps": STEPS_MAX, "model.loss_chunk": 2**24, "train.eval_tasks_limit": 2**24,
-    "optim.warmup_steps": STEPS_MAX, "model.n_kv_heads": 2**16,
+    "optim.warmup_steps": STEPS_MAX, "model.n_kv_heads": 2**16, "optim.muon_ns_steps": 100,
     "optim.decay_steps": STEPS_MAX, "sample.num_samples": 1024, "sample.max_new_tokens": 2**16,
     "sample.top_k": 2**24, "mesh.data": 2**20, "mesh.fsdp": 2**20, "mesh.cpu_devices": 1024,
     "distributed.num_processes": 2**20, "distributed.process_id": 2**20,
@@ -257,6 +258,7 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
          f"{o.momentum}", "pass --config.optim.momentum=0.95")
   _check(0.0 <= o.min_lr_ratio <= 1.0, "optim.min_lr_ratio",
          f"must be in [0, 1], got {o.min_lr_ratio}", "pass --config.optim.min_lr_ratio=0.1")
+  _positive_int(cfg, "optim.muon_ns_steps")
   _positive_int(cfg, "optim.warmup_steps", minimum=0)
   _positive_int(cfg, "optim.decay_steps", minimum=0)
   _check(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}",

@@ -1,7 +1,9 @@
 """AdamW, or Muon on the hidden matrices with AdamW on the rest; warmup then cosine, warmup-stable-
-decay or constant learning rates; gradient-norm clipping (global or per group) and accumulation."""
+decay or constant learning rates; gradient-norm clipping (global or per group) and accumulation;
+the matmul FLOPs of one optimizer step (Muon's orthogonalization)."""
 
 import dataclasses
+import math
 from typing import NamedTuple
 
 import jax
@@ -87,6 +89,7 @@ class Optimizer:
   embedding_lr: float = 0.0  # 0: lr
   head_lr: float = 0.0  # 0: lr
   momentum: float = 0.95
+  muon_ns_steps: int = 5  # Newton-Schulz iterations of Muon's orthogonalization
   embedding_weight_decay: float = 0.0
   head_weight_decay: float = -1.0  # -1: weight_decay
   clip_per_group: bool = False
@@ -122,8 +125,8 @@ class Optimizer:
     matrix = optax.chain(
         # Kernels are [d_in, d_out]: axis 0 is reduced, as Muon's default assumes. Given as a
         # function, since inside `partition` the other groups' leaves are placeholders.
-        optax.contrib.scale_by_muon(beta=self.momentum, nesterov=True,
-                                    weight_dimension_numbers=_matrix_dims),
+        optax.contrib.scale_by_muon(ns_steps=self.muon_ns_steps, beta=self.momentum,
+                                    nesterov=True, weight_dimension_numbers=_matrix_dims),
         optax.add_decayed_weights(self.weight_decay),
         optax.scale_by_learning_rate(lr_schedule(self, self.max_steps, self.matrix_lr)))
     return optax.partition({
@@ -145,8 +148,30 @@ def make_optimizer(optim: ml_collections.ConfigDict, *, max_steps: int, grad_acc
                    loss_scaling=loss_scaling, name=optim.name, schedule=optim.schedule,
                    decay_fraction=optim.decay_fraction, matrix_lr=optim.matrix_lr,
                    embedding_lr=optim.embedding_lr, head_lr=optim.head_lr,
-                   momentum=optim.momentum, embedding_weight_decay=optim.embedding_weight_decay,
+                   momentum=optim.momentum, muon_ns_steps=optim.muon_ns_steps,
+                   embedding_weight_decay=optim.embedding_weight_decay,
                    head_weight_decay=optim.head_weight_decay, clip_per_group=optim.clip_per_group)
+
+
+def newton_schulz_flops(shape: tuple[int, ...], ns_steps: int) -> int:
+  """Matmul FLOPs of optax's Newton-Schulz orthogonalization of one [a, b] kernel.
+
+  optax turns a tall matrix on its side, so X is [m, n] with m = min(a, b) rows; each iteration
+  forms A = X X^T (2 m^2 n), A A (2 m^3) and (c1 A + c2 A A) X (2 m^2 n). Leading axes are a batch.
+  """
+  m, n = sorted(shape[-2:])
+  return math.prod(shape[:-2]) * ns_steps * (4 * m * m * n + 2 * m**3)
+
+
+def flops_per_step(opt: Optimizer, params) -> int:
+  """Matmul FLOPs of one optimizer step over `params` (arrays or their shapes): Muon's
+  orthogonalization of each "matrix" param. AdamW's and the momentum's elementwise updates, a few
+  FLOPs per parameter, are not counted, as the model's count leaves out norms and activations."""
+  if opt.name != "muon":
+    return 0
+  groups = jax.tree.leaves(param_groups(params))
+  return sum(newton_schulz_flops(p.shape, opt.muon_ns_steps)
+             for p, g in zip(jax.tree.leaves(params), groups, strict=True) if g == "matrix")
 
 
 class SkipState(NamedTuple):

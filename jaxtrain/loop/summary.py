@@ -4,7 +4,7 @@ memory."""
 import jax
 import ml_collections
 
-from jaxtrain.core import lora
+from jaxtrain.core import lora, optim
 from jaxtrain.core import model as model_lib
 from jaxtrain.core.programs import Programs
 from jaxtrain.data import corpus as data
@@ -34,11 +34,13 @@ def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: data.Corpus,
   abstract = programs.abstract
   n_params, n_trained = lora.count(abstract.params), lora.count(abstract.trainable())
   adapters = abstract.lora
+  opt_flops = optim.flops_per_step(programs.optimizer, abstract.trainable())
   out.print(f"model: {fmt.count(n_params)} params, "
             + (f"{fmt.count(n_trained)} of them trained (LoRA rank {adapters.rank}, alpha "
                f"{adapters.alpha:g} on {','.join(adapters.targets)}), " if adapters else "") +
-            f"{fmt.count(model_lib.flops_per_token(mc))} train FLOPs/token, vocab "
-            f"{mc.vocab_size}, {B * k * T} tokens/step ({B} x {T} x {k} micro-batches)")
+            f"{fmt.count(model_lib.flops_per_token(mc))} train FLOPs/token"
+            + (f", {fmt.count(opt_flops)} optimizer FLOPs/step" if opt_flops else "")
+            + f", vocab {mc.vocab_size}, {B * k * T} tokens/step ({B} x {T} x {k} micro-batches)")
   out.print(f"compute: {mc.dtype} (params and optimizer float32), attention {mc.attention} "
             f"({programs.attention_why})"
             + (f"; XLA options {programs.compiler_options}" if programs.compiler_options else "")
