@@ -1,7 +1,8 @@
 """Every knob of a run with its default (`defaults`: `default_config`, `load_config`,
 `override`; locked, so a name it lacks fails where it is written), the field names as a schema
-(`schema`: unknown names, nearest real names, a config file's load error in one line) and the one
-up-front check of every field (`validate`).
+(`schema`: unknown names, nearest real names, a config file's load error in one line), the one
+up-front check of every field (`validate`) and the comma-separated list fields' parsers
+(`lists`: `mixture_sources`, `eval_task_files`, `lora_targets`).
 
 May import: system.
 """

@@ -5,19 +5,16 @@ Whatever needs devices or data (a mesh that fits, a corpus long enough) is check
 """
 
 import glob
-import math
 import os
 
 import ml_collections
 
 from jaxtrain.config import defaults as config
+from jaxtrain.config.lists import check as _check
+from jaxtrain.config.lists import eval_task_files, lora_targets, mixture_sources
+from jaxtrain.config.lists import show as _show
 from jaxtrain.system import fmt
 from jaxtrain.system.errors import ConfigError
-
-
-def _check(ok: bool, field: str, problem: str, fix: str) -> None:
-  if not ok:
-    raise ConfigError(field, problem, fix)
 
 
 def get(cfg: ml_collections.ConfigDict, field: str):
@@ -25,14 +22,6 @@ def get(cfg: ml_collections.ConfigDict, field: str):
   for part in field.split("."):
     cfg = cfg[part]
   return cfg
-
-
-def _show(value) -> str:
-  """A value as an error message shows it: one short line, whatever the value is."""
-  if isinstance(value, dict | ml_collections.ConfigDict):
-    return "a section (a dict of fields)"
-  text = " ".join(repr(value).split())
-  return text if len(text) <= 60 else text[:57] + "..."
 
 
 INT32_MAX = 2**31 - 1
@@ -171,18 +160,6 @@ def _validate_model(cfg: ml_collections.ConfigDict) -> None:
   # At 0 or below (or a base float32 rounds to 0), RoPE's angles become inf * 0 or nan.
   _check(m.rope_theta >= 1e-30, "model.rope_theta", f"must be > 0 (at least 1e-30), got "
          f"{m.rope_theta}", "pass --config.model.rope_theta=10000.0")
-
-
-def lora_targets(spec: str) -> tuple[str, ...]:
-  """`finetune.lora_targets` ("qkv,out") as a tuple of layer names; raises ConfigError."""
-  names = tuple(name.strip() for name in spec.split(",")) if spec.strip() else ()
-  for i, name in enumerate(names):
-    _check(name in config.LORA_TARGETS, "finetune.lora_targets", f"{_show(name)} is not a linear "
-           f"layer of the model's blocks (those are {', '.join(config.LORA_TARGETS)})",
-           "pass some of them, comma-separated, e.g. --config.finetune.lora_targets=qkv,out")
-    _check(name not in names[:i], "finetune.lora_targets", f"names {name} twice",
-           "name each layer once")
-  return names
 
 
 def _validate_finetune(cfg: ml_collections.ConfigDict) -> None:
@@ -353,23 +330,6 @@ def _validate_mesh_distributed(cfg: ml_collections.ConfigDict) -> None:
          "pass --config.mesh.fsdp=1 or give mesh.data an explicit size")
 
 
-def mixture_sources(spec: str) -> list[tuple[str, float]]:
-  """`data.mixture` ("books/*.txt:3,notes.jsonl:1") as [(source, weight)]; raises ConfigError."""
-  fix = "pass --config.data.mixture=SOURCE:WEIGHT,SOURCE:WEIGHT (e.g. books/*.txt:3,notes.jsonl:1)"
-  sources = []
-  for item in spec.split(","):
-    source, sep, weight = item.strip().rpartition(":")
-    try:
-      w = float(weight)
-    except ValueError:
-      w = math.nan
-    _check(bool(sep) and source != "", "data.mixture", f"{_show(item)} is not SOURCE:WEIGHT", fix)
-    _check(math.isfinite(w) and w > 0, "data.mixture", f"{_show(item)}: the weight "
-           f"{_show(weight)} is not a positive number", fix)
-    sources.append((source, w))
-  return sources
-
-
 def _validate_mixture(d: ml_collections.ConfigDict) -> None:
   if d.mixture == "":
     return
@@ -390,25 +350,6 @@ def _validate_mixture(d: ml_collections.ConfigDict) -> None:
     _check(os.path.exists(path) or any(os.path.isfile(f) for f in glob.iglob(path, recursive=True)),
            "data.mixture", f"the source {_show(source)} matches no file (not a file, a directory "
            "with files, or a glob)", "point each source of --config.data.mixture at your text")
-
-
-def eval_task_files(spec: str) -> list[tuple[str, str]]:
-  """`train.eval_tasks` ("held.jsonl,mc.jsonl") as [(name, path)], a name its file's stem (the
-  metrics are task/<name>/...); raises ConfigError. Their records are read at setup."""
-  if spec.strip() == "":
-    return []
-  fix = "pass --config.train.eval_tasks=FILE.jsonl[,FILE.jsonl...] (held-out records), or \"\""
-  tasks: list[tuple[str, str]] = []
-  for item in spec.split(","):
-    path = os.path.expanduser(item.strip())
-    _check(path != "", "train.eval_tasks", f"{_show(spec)} has an empty item", fix)
-    _check(os.path.isfile(path), "train.eval_tasks", f"{item.strip()!r} is " +
-           ("a directory, not a file" if os.path.isdir(path) else "not a file"), fix)
-    name = os.path.splitext(os.path.basename(path))[0]
-    _check(name not in {n for n, _ in tasks}, "train.eval_tasks", f"two files are named {name!r} "
-           f"(their metrics would both be task/{name}/...)", "rename one of them")
-    tasks.append((name, path))
-  return tasks
 
 
 def _validate_eval_tasks(t: ml_collections.ConfigDict) -> None:

@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from jaxtrain.config import validate
+from jaxtrain.config import lists
 from jaxtrain.core import model as model_lib
 from jaxtrain.core import ops
 
@@ -45,7 +45,7 @@ def from_config(finetune: ml_collections.ConfigDict) -> Lora | None:
   if not finetune.lora_rank:
     return None
   return Lora(finetune.lora_rank, float(finetune.lora_alpha),
-              validate.lora_targets(finetune.lora_targets))
+              lists.lora_targets(finetune.lora_targets))
 
 
 class LoraDense(model_lib.Dense):

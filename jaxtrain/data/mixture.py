@@ -20,7 +20,7 @@ import grain
 import ml_collections
 import numpy as np
 
-from jaxtrain.config.validate import mixture_sources
+from jaxtrain.config.lists import mixture_sources
 from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.data.documents import resolve_files
 from jaxtrain.system import fmt

@@ -16,7 +16,7 @@ import jax
 import ml_collections
 
 from jaxtrain.config import defaults as config
-from jaxtrain.config import validate as validation
+from jaxtrain.config import lists
 from jaxtrain.data import records
 from jaxtrain.generation import scoring
 from jaxtrain.system import runtime
@@ -47,7 +47,7 @@ def load(cfg: ml_collections.ConfigDict) -> list[Task]:
          f"{names['completion']!r} (the run's data.prompt_field and data.completion_field), or "
          f"{names['context']!r}, {names['endings']!r} and {names['label']!r} (multiple choice)")
   tasks = []
-  for name, path in validation.eval_task_files(cfg.train.eval_tasks):
+  for name, path in lists.eval_task_files(cfg.train.eval_tasks):
     try:
       found = records.read_jsonl(path)
       pairs, choices = scoring.split(path, names, fix, cfg.train.eval_tasks_limit, found)
