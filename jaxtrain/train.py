@@ -117,6 +117,9 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
                t_start, library_log, lock)
     if taken:
       r.out.print(f"init_from: from {cfg.init_from}, {', '.join(taken)}")
+    if cfg.train.time_budget and "train.max_steps" in explicit:
+      r.out.print(f"note: train.time_budget={cfg.train.time_budget} sets the steps; the given "
+                  "train.max_steps is not used (--config.train.time_budget=\"\" trains it)")
     if r.log is not None:
       r.log.start()
     try:

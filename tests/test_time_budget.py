@@ -103,6 +103,15 @@ def test_a_resume_from_before_a_moved_end_trains_as_the_run_did(tiny, tmp_path, 
   assert_trees_equal(jt.load_state(whole.workdir).params, jt.load_state(tiny.workdir).params)
 
 
+def test_a_given_max_steps_is_said_to_be_unused(tiny, monkeypatch, capsys):
+  monkeypatch.setattr(budget, "fit_steps", lambda *args: 2)
+  monkeypatch.setattr(budget, "new_end", lambda plan, step, now: None)
+  tiny.train.time_budget, tiny.sample.num_samples = "1h", 0
+  assert jt.run(tiny, explicit=("train.max_steps",)).step == 2
+  assert "note: train.time_budget=1h sets the steps; the given train.max_steps is not used" in \
+      capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_the_command_ends_near_its_budget(corpus_file, tmp_path):
   args = [a for a in kh.cli_args(tmp_path / "run", corpus_file, 1) if "max_steps" not in a]
@@ -114,6 +123,7 @@ def test_the_command_ends_near_its_budget(corpus_file, tmp_path):
   wall = time.time() - t0
   assert res.returncode == 0, res.stderr[-2000:]
   assert "time budget 45.0s: train.max_steps=" in res.stdout
+  assert "note: train.time_budget" not in res.stdout  # no train.max_steps was given
   steps = json.loads((tmp_path / "run" / "config.json").read_text())["train"]["max_steps"]
   assert f"done: step {steps} " in res.stdout and steps > 10
   assert 0.85 * 45 <= wall <= 1.15 * 45, (wall, res.stdout[-1500:])
