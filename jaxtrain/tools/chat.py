@@ -31,14 +31,7 @@ def define_flags() -> None:
                       "to read it from a file; '': none.")
   flags.DEFINE_integer("max_new_tokens", 256, "Tokens per reply at most (a reply ends at the "
                        "end of its turn).", lower_bound=1, upper_bound=2**16)
-  flags.DEFINE_float("temperature", 0.7, "0 is greedy (the likeliest token every time).",
-                     lower_bound=0.0)
-  flags.DEFINE_integer("top_k", 0, "Sample from the k likeliest tokens only; 0: all.",
-                       lower_bound=0)
-  flags.DEFINE_float("top_p", 1.0, "Sample from the likeliest tokens whose probability reaches "
-                     "p (nucleus sampling); 1: all.", lower_bound=0.0, upper_bound=1.0)
-  flags.DEFINE_integer("seed", 0, "Reply i uses seed + i.", lower_bound=0)
-  flags.DEFINE_string("step", "latest", "Checkpoint: latest, best (lowest val loss) or a step.")
+  cli.define_sampling_flags(__name__, 0.7, "Reply i uses seed + i.")
 
 
 def read_message(tty: bool) -> str | None:

@@ -8,8 +8,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from absl import flags
+
 from jaxtrain.system import exiting
 from jaxtrain.system.errors import UserError
+
+
+def define_sampling_flags(module: str, temperature: float, seed_help: str) -> None:
+  """The flags sample and chat share: how tokens are drawn, and from which checkpoint. They are
+  `module`'s own, so its --help lists them."""
+  own = {"module_name": module}
+  flags.DEFINE_float("temperature", temperature, "0 is greedy (the likeliest token every time).",
+                     lower_bound=0.0, **own)
+  flags.DEFINE_integer("top_k", 0, "Sample from the k likeliest tokens only; 0: all.",
+                       lower_bound=0, **own)
+  flags.DEFINE_float("top_p", 1.0, "Sample from the likeliest tokens whose probability reaches "
+                     "p (nucleus sampling); 1: all.", lower_bound=0.0, upper_bound=1.0, **own)
+  flags.DEFINE_integer("seed", 0, seed_help, lower_bound=0, **own)
+  flags.DEFINE_string("step", "latest", "Checkpoint: latest, best (lowest val loss) or a step.", **own)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -35,14 +35,7 @@ def define_flags() -> None:
   flags.DEFINE_integer("num_samples", 1, "Samples per prompt.", lower_bound=1, upper_bound=1024)
   flags.DEFINE_integer("max_new_tokens", 256, "Tokens to generate per sample.", lower_bound=1,
                        upper_bound=2**16)
-  flags.DEFINE_float("temperature", 0.8, "0 is greedy (the likeliest token every time).",
-                     lower_bound=0.0)
-  flags.DEFINE_integer("top_k", 0, "Sample from the k likeliest tokens only; 0: all.",
-                       lower_bound=0)
-  flags.DEFINE_float("top_p", 1.0, "Sample from the likeliest tokens whose probability reaches "
-                     "p (nucleus sampling); 1: all.", lower_bound=0.0, upper_bound=1.0)
-  flags.DEFINE_integer("seed", 0, "Sample i uses seed + i.", lower_bound=0)
-  flags.DEFINE_string("step", "latest", "Checkpoint: latest, best (lowest val loss) or a step.")
+  cli.define_sampling_flags(__name__, 0.8, "Sample i uses seed + i.")
   flags.DEFINE_string("prompts", "", "A .jsonl file of records: complete each one's prompt "
                       "(batched, each up to its end-of-text token).")
   flags.DEFINE_string("prompt_field", "", "The prompts' field in --prompts; '': the run's "
