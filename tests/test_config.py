@@ -22,6 +22,8 @@ BAD = [
     ({"model.mlp": "relu"}, "model.mlp", "not one of"),
     ({"model.dtype": "float64"}, "model.dtype", "not one of"),
     ({"model.dropout": 1.0}, "model.dropout", "[0, 1)"),
+    ({"model.canon": -1}, "model.canon", "integer >= 0"),
+    ({"model.canon": 65}, "model.canon", "at most 64"),
     ({"train.max_steps": 0}, "train.max_steps", "integer >= 1"),
     ({"train.batch_size": 0}, "train.batch_size", "integer >= 1"),
     ({"train.grad_accum": 0}, "train.grad_accum", "integer >= 1"),

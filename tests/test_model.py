@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxtrain.core import draws, programs
 from jaxtrain.core import model as model_lib
-from jaxtrain.core import programs
 from jaxtrain.testing import tiny_config
 
 
@@ -54,14 +54,14 @@ def test_init_gives_the_same_params_as_building_the_model_with_rngs(norm, pos, m
 def test_init_draw_groups_bound_the_padding():
   spec = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype)
   sizes = lambda *ns: [spec((n,)) for n in ns]
-  assert model_lib._draw_groups(sizes(5, 100, 4, 90)) == [[1, 3, 0], [2]]  # 300 values for 195
+  assert draws.draw_groups(sizes(5, 100, 4, 90)) == [[1, 3, 0], [2]]  # 300 values for 195
   # However big the draws, the values thrown away stay under the cap (here 1.5x it).
-  cap = model_lib.MAX_PADDING
-  assert model_lib._draw_groups(sizes(4 * cap, 5 * cap // 2)) == [[0], [1]]
-  assert model_lib._draw_groups(sizes(4 * cap, 3 * cap)) == [[0, 1]]
+  cap = draws.MAX_PADDING
+  assert draws.draw_groups(sizes(4 * cap, 5 * cap // 2)) == [[0], [1]]
+  assert draws.draw_groups(sizes(4 * cap, 3 * cap)) == [[0, 1]]
   # Without padding, equal sizes of another shape or dtype do not split a shape's group.
   mixed = [spec((4, 8)), spec((8, 4)), spec((4, 8), jnp.bfloat16), spec((4, 8)), spec((8, 4))]
-  assert sorted(map(sorted, model_lib._draw_groups(mixed, pad=False))) == [[0, 3], [1, 4], [2]]
+  assert sorted(map(sorted, draws.draw_groups(mixed, pad=False))) == [[0, 3], [1, 4], [2]]
 
 
 def _check_init_is_exact(c: model_lib.ModelConfig, exact_shapes: bool):
@@ -75,7 +75,7 @@ def _check_init_is_exact(c: model_lib.ModelConfig, exact_shapes: bool):
     assert jax.tree.structure(drawn) == jax.tree.structure(reference)
     for a, b in zip(jax.tree.leaves(drawn), jax.tree.leaves(reference)):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  assert model_lib._BATCHING.draws is None  # a model built afterwards draws at once again
+  assert draws.BATCHING.draws is None  # a model built afterwards draws at once again
 
 
 def test_param_count_matches_the_arrays_and_hand_count():
@@ -90,7 +90,9 @@ def test_param_count_matches_the_arrays_and_hand_count():
 
 @pytest.mark.parametrize("overrides", [{}, {"model.mlp": "gelu", "model.pos": "learned",
                                             "model.tie_embeddings": False},
-                                       {"model.d_model": 64, "model.seq_len": 64}])
+                                       {"model.d_model": 64, "model.seq_len": 64},
+                                       {"model.value_embeds": True, "model.x0_mix": True,
+                                        "model.canon": 4}])
 def test_flops_agree_with_xlas_cost_analysis(overrides):
   """Our matmul FLOPs against XLA's count of the compiled programs, which also counts the
   elementwise work (norms, softmax, AdamW): a few percent more, never less."""
@@ -240,3 +242,58 @@ def test_weighted_cross_entropy_is_the_mean_over_weighted_tokens():
   np.testing.assert_allclose(float(steps.cross_entropy(logits, targets, weights)),
                              float(per_token[weights == 1].mean()), rtol=1e-6)
   assert float(steps.cross_entropy(logits, targets, jnp.zeros_like(weights))) == 0.0
+
+
+def _perturbed(c: model_lib.ModelConfig, seed: int = 0) -> model_lib.GPT:
+  """A model whose zero-initialised switches (convolutions, value embeddings, x0 scales) are
+  non-zero, as after some training."""
+  model = model_lib.GPT(c, nnx.Rngs(seed))
+  graphdef, params = nnx.split(model, nnx.Param)
+  keys = iter(jax.random.split(jax.random.PRNGKey(seed + 1), len(jax.tree.leaves(params))))
+  params = jax.tree.map(lambda p: p + 0.3 * jax.random.normal(next(keys), p.shape), params)
+  return nnx.merge(graphdef, params)
+
+
+ARCH_SWITCHES = [{"value_embeds": True}, {"x0_mix": True}, {"canon": 4},
+                 {"value_embeds": True, "x0_mix": True, "canon": 3, "n_kv_heads": 2}]
+
+
+@pytest.mark.parametrize("switches", ARCH_SWITCHES, ids=lambda s: ",".join(s))
+def test_value_embeds_x0_and_convolutions_keep_the_model_causal(switches):
+  c = tiny_model_config(n_heads=4, n_layers=3, **switches)
+  base = _perturbed(tiny_model_config(n_heads=4, n_layers=3), 0)
+  model = _perturbed(c, 0)
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, c.seq_len), 0, c.vocab_size)
+  t = 7
+  changed = tokens.at[:, t].set((tokens[:, t] + 1) % c.vocab_size)
+  a, b = model(tokens), model(changed)
+  np.testing.assert_array_equal(np.asarray(a[:, :t]), np.asarray(b[:, :t]))
+  assert not np.allclose(np.asarray(a[:, t:]), np.asarray(b[:, t:]))
+  assert not np.allclose(np.asarray(a), np.asarray(base(tokens)), atol=1e-3)  # the switch acts
+
+
+def test_switches_start_as_the_plain_model():
+  """Zero convolutions, value embeddings and x0 scales: the same logits as without them."""
+  c = tiny_model_config(n_heads=4, n_layers=3)
+  with_all = dataclasses.replace(c, value_embeds=True, x0_mix=True, canon=4)
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, c.seq_len), 0, c.vocab_size)
+  plain = model_lib.init(c, jax.random.PRNGKey(0))
+  switched = model_lib.init(with_all, jax.random.PRNGKey(0))
+  np.testing.assert_allclose(np.asarray(switched(tokens)), np.asarray(plain(tokens)), atol=1e-6)
+  extra = model_lib.param_count(with_all) - model_lib.param_count(c)
+  assert extra == 3 * (c.vocab_size * c.d_model + 2 * 4 * c.d_model) + 3
+
+
+def test_convolutions_stop_at_a_documents_start():
+  x_BTD = jax.random.normal(jax.random.PRNGKey(0), (1, 6, 2))
+  w_KD = jnp.ones((3, 2))
+  tokens_BT = jnp.array([[5, 5, 9, 5, 5, 5]])  # 9 ends the first document
+  same = model_lib.same_document(tokens_BT, 9)
+  y = np.asarray(model_lib.causal_conv(x_BTD, w_KD, same))
+  x = np.asarray(x_BTD)
+  np.testing.assert_allclose(y[0, 2], 2 * x[0, 2] + x[0, 1] + x[0, 0], rtol=1e-6)
+  np.testing.assert_allclose(y[0, 3], 2 * x[0, 3], rtol=1e-6)  # the first token of document two
+  np.testing.assert_allclose(y[0, 4], 2 * x[0, 4] + x[0, 3], rtol=1e-6)
+  np.testing.assert_allclose(y[0, 5], 2 * x[0, 5] + x[0, 4] + x[0, 3], rtol=1e-6)
+  whole = np.asarray(model_lib.causal_conv(x_BTD, w_KD))
+  np.testing.assert_allclose(whole[0, 3], 2 * x[0, 3] + x[0, 2] + x[0, 1], rtol=1e-6)

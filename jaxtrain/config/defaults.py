@@ -87,6 +87,9 @@ def _model() -> ml_collections.ConfigDict:
   # Memory for compute: what each block keeps for the backward pass; none: everything, dots: its
   # matmul outputs (the rest is recomputed), full: its input only (the block runs twice)
   model.remat = "none"
+  model.value_embeds = False  # True: each layer adds its own embedding of the token to the values
+  model.x0_mix = False  # True: each layer after the first adds a learned multiple of the embeddings
+  model.canon = 0  # > 0: causal depthwise convolutions this wide before attention and the MLP
   model.loss_chunk = 0  # > 0: cross-entropy this many tokens at a time (no whole-batch logits)
   return model
 
@@ -277,7 +280,8 @@ STATE_FIELDS = (
     "model.tie_embeddings", "model.rope_theta", "data.tokenizer", "data.val_fraction",
     "train.grad_accum", "train.skip_nonfinite", "optim.loss_scaling", "model.n_kv_heads",
     "model.qk_norm", "model.logit_softcap", "optim.name", "data.vocab_size", "model.doc_mask",
-    "optim.clip_per_group", "finetune.lora_rank",
+    "optim.clip_per_group", "finetune.lora_rank", "model.value_embeds", "model.x0_mix",
+    "model.canon",
 )
 LORA_FIELDS = ("finetune.lora_alpha", "finetune.lora_targets")  # breaking where LoRA is on
 

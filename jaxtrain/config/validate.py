@@ -144,6 +144,9 @@ def _validate_model(cfg: ml_collections.ConfigDict) -> None:
   _positive_int(cfg, "model.n_kv_heads", minimum=0)
   _one_of(m.remat, config.REMATS, "model.remat")
   _positive_int(cfg, "model.loss_chunk", minimum=0)
+  _positive_int(cfg, "model.canon", minimum=0)
+  _check(m.canon <= 64, "model.canon", f"{m.canon} is wider than a short convolution (at most 64)",
+         "pass --config.model.canon=4 (or 0 for none)")
   _check(m.n_kv_heads == 0 or m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
          f"{m.n_kv_heads} does not divide model.n_heads={m.n_heads}",
          "pass a divisor of n_heads, or 0 for as many as n_heads")

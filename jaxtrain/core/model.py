@@ -8,9 +8,7 @@ Shape suffixes: B batch, T time, D d_model, H heads, G key/value heads, K head s
 """
 
 import dataclasses
-import functools
 import math
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +16,7 @@ import ml_collections
 from flax import nnx
 
 from jaxtrain.config import defaults as config
-from jaxtrain.core import ops
+from jaxtrain.core import draws, ops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +43,9 @@ class ModelConfig:
   eot_id: int = -1  # the tokenizer's end-of-text token
   remat: str = "none"  # none | dots | full: what each block keeps for the backward pass (REMAT)
   loss_chunk: int = 0  # tokens per chunk of the chunked cross-entropy (core/loss.py); 0: off
+  value_embeds: bool = False  # each layer adds an embedding of the token to its values
+  x0_mix: bool = False  # each layer after the first adds a learned multiple of the embeddings
+  canon: int = 0  # > 0: short causal convolutions of this width before attention and MLP
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "ModelConfig":
@@ -83,6 +84,7 @@ def flops_per_token(c: ModelConfig, training: bool = True) -> int:
   Training (forward + backward) is 3x the forward pass: 6N + 12*L*T*D.
   """
   forward = 2 * matmul_param_count(c) + 4 * c.n_layers * c.seq_len * c.d_model
+  forward += 2 * 2 * c.n_layers * c.canon * c.d_model  # two convolutions' multiply-adds per layer
   return 3 * forward if training else forward
 
 
@@ -100,33 +102,6 @@ class Dense(nnx.Module):
 
   def __call__(self, x: jax.Array) -> jax.Array:
     return ops.dense(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
-
-
-# Per thread, the draws that `init` collects to make in batches (none: initializers draw at once).
-_BATCHING = threading.local()
-
-
-def _init(std: float):
-  def init(key, shape: tuple[int, ...], dtype) -> jax.Array:
-    draws = getattr(_BATCHING, "draws", None)
-    if draws is None:
-      return jax.random.normal(key, shape, dtype) * jnp.array(std, dtype)
-    placeholder = jnp.zeros(shape, dtype)
-    draws.append((placeholder, key, std))  # key: the index `_NumberedKeys` gave out
-    return placeholder
-  return init
-
-
-class _NumberedKeys:
-  """Stands in for `nnx.Rngs` while `init` builds the model: the i-th params key it hands out
-  is the number i, where `nnx.Rngs(params=key)` would hand out `fold_in(key, i)`."""
-
-  def __init__(self):
-    self.count = 0
-
-  def params(self) -> int:
-    self.count += 1
-    return self.count - 1
 
 
 def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -162,15 +137,17 @@ class Attention(nnx.Module):
     self.c = c
     dtype = jnp.dtype(c.dtype)
     self.qkv = Dense(c.d_model, (c.n_heads + 2 * c.kv_heads) * c.head_dim, dtype=dtype,
-                     kernel_init=_init(0.02), rngs=rngs)
-    self.out = Dense(c.d_model, c.d_model, dtype=dtype, kernel_init=_init(_out_std(c)), rngs=rngs)
+                     kernel_init=draws.normal(0.02), rngs=rngs)
+    self.out = Dense(c.d_model, c.d_model, dtype=dtype, kernel_init=draws.normal(_out_std(c)), rngs=rngs)
 
   def __call__(self, x_BTD: jax.Array, rope: tuple[jax.Array, jax.Array] | None,
-               same_doc_BTS: jax.Array | None = None) -> jax.Array:
+               same_doc_BTS: jax.Array | None = None, ve_BTN: jax.Array | None = None) -> jax.Array:
     B, T, D = x_BTD.shape
     c = self.c
     H, G, K = c.n_heads, c.kv_heads, c.head_dim
     q_BTHK, k_BTGK, v_BTGK = qkv_heads(self.qkv(x_BTD), H, G, K)
+    if ve_BTN is not None:
+      v_BTGK = v_BTGK + ve_BTN.reshape(B, T, G, K).astype(v_BTGK.dtype)
     if c.qk_norm:
       q_BTHK, k_BTGK = rms_heads(q_BTHK), rms_heads(k_BTGK)
     if rope is not None:
@@ -220,8 +197,8 @@ class MLP(nnx.Module):
     F = c.mlp_hidden
     # SwiGLU's gate and up projections are one matrix: one matmul instead of two.
     self.up = Dense(c.d_model, 2 * F if self.kind == "swiglu" else F, dtype=dtype,
-                    kernel_init=_init(0.02), rngs=rngs)
-    self.down = Dense(F, c.d_model, dtype=dtype, kernel_init=_init(_out_std(c)), rngs=rngs)
+                    kernel_init=draws.normal(0.02), rngs=rngs)
+    self.down = Dense(F, c.d_model, dtype=dtype, kernel_init=draws.normal(_out_std(c)), rngs=rngs)
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
     h = self.up(x_BTD)
@@ -235,6 +212,20 @@ class MLP(nnx.Module):
     return self.down(h_BTF)
 
 
+def causal_conv(x_BTD: jax.Array, w_KD: jax.Array, same_doc_BTS: jax.Array | None = None):
+  """x plus a short causal depthwise convolution of it: position t adds w[i] * x[t - i] for
+  i < K (zeros before the window, and before its document's start where documents are given)."""
+  T = x_BTD.shape[1]
+  y_BTD = x_BTD
+  for i in range(w_KD.shape[0]):
+    shifted_BTD = jnp.pad(x_BTD, ((0, 0), (i, 0), (0, 0)))[:, :T]
+    if same_doc_BTS is not None and i > 0:  # t and t - i in one document
+      same_BT = jnp.pad(jnp.diagonal(same_doc_BTS, -i, 1, 2), ((0, 0), (i, 0)))
+      shifted_BTD = jnp.where(same_BT[..., None], shifted_BTD, 0)
+    y_BTD = y_BTD + shifted_BTD * w_KD[i].astype(x_BTD.dtype)
+  return y_BTD
+
+
 class Block(nnx.Module):
 
   def __init__(self, c: ModelConfig, rngs: nnx.Rngs):
@@ -243,11 +234,22 @@ class Block(nnx.Module):
     self.attn = Attention(c, rngs)
     self.norm2 = _norm(c, rngs)
     self.mlp = MLP(c, rngs)
+    self.canon = c.canon
+    if c.canon:  # zero: each convolution starts as the identity
+      self.conv_attn = nnx.Param(jnp.zeros((c.canon, c.d_model), jnp.float32))
+      self.conv_mlp = nnx.Param(jnp.zeros((c.canon, c.d_model), jnp.float32))
 
-  def __call__(self, x_BTD, rope, key: jax.Array | None, same_doc_BTS: jax.Array | None = None):
+  def __call__(self, x_BTD, rope, key: jax.Array | None, same_doc_BTS: jax.Array | None = None,
+               ve_BTN: jax.Array | None = None):
     k1, k2 = jax.random.split(key) if key is not None else (None, None)
-    x_BTD = x_BTD + _dropout(self.attn(self.norm1(x_BTD), rope, same_doc_BTS), self.dropout, k1)
-    return x_BTD + _dropout(self.mlp(self.norm2(x_BTD)), self.dropout, k2)
+    a_BTD = self.norm1(x_BTD)
+    if self.canon:
+      a_BTD = causal_conv(a_BTD, self.conv_attn[...], same_doc_BTS)
+    x_BTD = x_BTD + _dropout(self.attn(a_BTD, rope, same_doc_BTS, ve_BTN), self.dropout, k1)
+    m_BTD = self.norm2(x_BTD)
+    if self.canon:
+      m_BTD = causal_conv(m_BTD, self.conv_mlp[...], same_doc_BTS)
+    return x_BTD + _dropout(self.mlp(m_BTD), self.dropout, k2)
 
 
 class GPT(nnx.Module):
@@ -255,13 +257,19 @@ class GPT(nnx.Module):
   def __init__(self, c: ModelConfig, rngs: nnx.Rngs):
     self.c = c
     dtype = jnp.dtype(c.dtype)
-    self.wte = nnx.Embed(c.vocab_size, c.d_model, dtype=dtype, embedding_init=_init(0.02), rngs=rngs)
+    self.wte = nnx.Embed(c.vocab_size, c.d_model, dtype=dtype, embedding_init=draws.normal(0.02), rngs=rngs)
     if c.pos == "learned":
-      self.wpe = nnx.Param(_init(0.01)(rngs.params(), (c.seq_len, c.d_model), jnp.float32))
+      self.wpe = nnx.Param(draws.normal(0.01)(rngs.params(), (c.seq_len, c.d_model), jnp.float32))
     self.blocks = nnx.List([Block(c, rngs) for _ in range(c.n_layers)])
+    if c.value_embeds:  # zero: they start with no effect
+      self.vte = nnx.List([nnx.Embed(c.vocab_size, c.kv_heads * c.head_dim, dtype=dtype,
+                                     embedding_init=nnx.initializers.zeros, rngs=rngs)
+                           for _ in range(c.n_layers)])
+    if c.x0_mix:
+      self.x0_scale = nnx.Param(jnp.zeros((c.n_layers,), jnp.float32))
     self.norm_f = _norm(c, rngs)
     if not c.tie_embeddings:
-      self.lm_head = Dense(c.d_model, c.vocab_size, dtype=dtype, kernel_init=_init(0.02), rngs=rngs)
+      self.lm_head = Dense(c.d_model, c.vocab_size, dtype=dtype, kernel_init=draws.normal(0.02), rngs=rngs)
 
   def __call__(self, tokens_BT: jax.Array, *, dropout_key: jax.Array | None = None) -> jax.Array:
     """Returns float32 logits for the next token at every position."""
@@ -283,8 +291,12 @@ class GPT(nnx.Module):
     x_BTD = _dropout(x_BTD, c.dropout, keys[0])
     same_doc_BTS = same_document(tokens_BT, c.eot_id) if c.doc_mask else None
     call = _block_call(c.remat)
-    for block, key in zip(self.blocks, keys[1:]):
-      x_BTD = call(block, x_BTD, rope, key, same_doc_BTS)
+    x0_BTD = x_BTD
+    for i, (block, key) in enumerate(zip(self.blocks, keys[1:])):
+      if c.x0_mix and i > 0:
+        x_BTD = x_BTD + self.x0_scale[i].astype(x_BTD.dtype) * x0_BTD
+      ve = self.vte[i](tokens_BT) if c.value_embeds else None
+      x_BTD = call(block, x_BTD, rope, key, same_doc_BTS, ve)
     return self.norm_f(x_BTD)
 
   def head_weight(self) -> jax.Array:
@@ -327,71 +339,8 @@ def same_document(tokens_BT: jax.Array, eot_id: int) -> jax.Array:
 
 
 def init(c: ModelConfig, key: jax.Array, exact_shapes: bool = False) -> GPT:
-  """`GPT(c, nnx.Rngs(params=key))`, with the same values, but cheaper to compile.
-
-  Under jit every normal draw is a threefry loop that is slow to compile on CPU. Here the
-  draws are collected while the model is built, then made as one vmapped draw per group (a batch
-  of keys gives what each key gives alone). A group holds draws of similar sizes, each padded to
-  the group's largest and cut back: with partitionable threefry (jax's default) a key's first n
-  values do not depend on how many are drawn, so the params are bit for bit those of separate
-  draws, from a few loops instead of one per parameter. `exact_shapes` groups only
-  draws of one shape, drawn in that shape: params split over devices (FSDP) are then drawn by
-  each device for its own part, where a padded flat draw would be made whole on every device.
-  """
-  _BATCHING.draws = draws = []
-  try:
-    model = GPT(c, _NumberedKeys())
-  finally:
-    _BATCHING.draws = None
-  keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.array([i for _, i, _ in draws],
-                                                                 jnp.uint32))
-  pad = jax.config.jax_threefry_partitionable and not exact_shapes
-  values = {}
-  for group in _draw_groups([placeholder for placeholder, _, _ in draws], pad):
-    first = draws[group[0]][0]
-    shape = first.shape if not pad else (first.size,)
-    stds = jnp.array([draws[d][2] for d in group], first.dtype)
-    draw = functools.partial(_scaled_normal, shape=shape, dtype=first.dtype)
-    drawn = jax.vmap(draw)(keys[jnp.array(group)], stds)
-    for j, d in enumerate(group):
-      placeholder = draws[d][0]
-      values[id(placeholder)] = drawn[j] if not pad else \
-          drawn[j, :placeholder.size].reshape(placeholder.shape)
-  params = nnx.state(model, nnx.Param)
-  nnx.update(model, jax.tree.map(lambda x: values.pop(id(x), x), params))
-  if values:
-    raise RuntimeError(f"model.init: {len(values)} drawn parameter(s) not found in the model")
-  return model
-
-
-def _scaled_normal(key: jax.Array, std: jax.Array, *, shape: tuple[int, ...], dtype) -> jax.Array:
-  return jax.random.normal(key, shape, dtype) * std
-
-
-MAX_PADDING = 2**24  # values drawn only to be thrown away, per group (64 MiB of float32)
-
-
-def _draw_groups(placeholders: list[jax.Array], pad: bool = True) -> list[list[int]]:
-  """Indices of draws made together, largest first in each group. With `pad`, sizes join a group
-  while padding each draw to the group's largest at most doubles the group's values and wastes at
-  most MAX_PADDING; without it, a group is one shape and dtype."""
-  order = sorted(range(len(placeholders)), key=lambda d: (
-      -placeholders[d].size, placeholders[d].dtype.name, placeholders[d].shape))
-  groups: list[list[int]] = []
-  for d in order:
-    p = placeholders[d]
-    if groups:
-      group = groups[-1]
-      first = placeholders[group[0]]
-      total = sum(placeholders[g].size for g in group) + p.size
-      padded = first.size * (len(group) + 1)
-      fits = padded <= 2 * total and padded - total <= MAX_PADDING if pad else \
-          p.shape == first.shape
-      if p.dtype == first.dtype and fits:
-        group.append(d)
-        continue
-    groups.append([d])
-  return groups
+  """`GPT(c, nnx.Rngs(params=key))`, with the same values, but cheaper to compile (`draws`)."""
+  return draws.batched(lambda rngs: GPT(c, rngs), key, exact_shapes)
 
 
 def param_count(c: ModelConfig) -> int:

@@ -56,8 +56,10 @@ def param_groups(params) -> dict:
   untied output projection), "matrix" (the blocks' kernels) or "vector" (norm scales)."""
   def group(path, p) -> str:
     names = {getattr(k, "key", getattr(k, "name", None)) for k in path}
-    if names & {"wte", "wpe"}:
+    if names & {"wte", "wpe", "vte"}:
       return "embedding"
+    if names & {"conv_attn", "conv_mlp", "x0_scale"}:
+      return "vector"
     if "lm_head" in names:
       return "head"
     return "matrix" if p.ndim == 2 else "vector"

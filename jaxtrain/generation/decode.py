@@ -20,7 +20,7 @@ from flax import nnx
 
 from jaxtrain.core import model as model_lib
 
-Cache = list  # [(k_BSHK, v_BSHK)] per layer
+Cache = list  # per layer: (k_BSGK, v_BSGK), and with model.canon the two conv inputs (B, S, D)
 
 
 def keep_length(seq_len: int) -> int:
@@ -40,8 +40,23 @@ def window_start(n, seq_len: int, keep: int):
 
 
 def empty_cache(c: model_lib.ModelConfig, batch: int) -> Cache:
+  """Per layer: keys and values, and with `model.canon` the attention's and the MLP's inputs, which
+  the next positions' convolutions read."""
   shape = (batch, c.seq_len, c.kv_heads, c.head_dim)
-  return [(jnp.zeros(shape, c.dtype), jnp.zeros(shape, c.dtype)) for _ in range(c.n_layers)]
+  inputs = 2 if c.canon else 0
+  return [tuple(jnp.zeros(shape, c.dtype) for _ in range(2)) +
+          tuple(jnp.zeros((batch, c.seq_len, c.d_model), c.dtype) for _ in range(inputs))
+          for _ in range(c.n_layers)]
+
+
+def _conv_cached(x_BTD: jax.Array, cache_BSD: jax.Array, w_KD: jax.Array, pos) -> tuple:
+  """`model_lib.causal_conv` at positions pos.. of the window, reading the positions before them
+  from the cache; returns the output and the cache with `x_BTD` written in."""
+  T, k = x_BTD.shape[1], w_KD.shape[0]
+  cache_BSD = jax.lax.dynamic_update_slice_in_dim(cache_BSD, x_BTD.astype(cache_BSD.dtype), pos, 1)
+  padded_BSD = jnp.pad(cache_BSD, ((0, 0), (k - 1, 0), (0, 0)))  # before position 0: zeros
+  span_BTD = jax.lax.dynamic_slice_in_dim(padded_BSD, pos, T + k - 1, axis=1).astype(x_BTD.dtype)
+  return model_lib.causal_conv(span_BTD, w_KD)[:, k - 1:], cache_BSD
 
 
 def forward_cached(model: model_lib.GPT, tokens_BT: jax.Array, cache: Cache,
@@ -64,23 +79,34 @@ def forward_cached(model: model_lib.GPT, tokens_BT: jax.Array, cache: Cache,
   # Query t (at window position pos + t) sees cached positions s <= pos + t.
   visible_TS = jnp.arange(S)[None, :] <= pos + jnp.arange(T)[:, None]
   new_cache = []
-  for block, (k_cache_BSGK, v_cache_BSGK) in zip(model.blocks, cache):
+  x0_BTD = x_BTD
+  for i, (block, (k_cache_BSGK, v_cache_BSGK, *inputs)) in enumerate(zip(model.blocks, cache)):
     attn = block.attn
-    q_BTHK, k_BTGK, v_BTGK = model_lib.qkv_heads(attn.qkv(block.norm1(x_BTD)), H, G, K)
+    if c.x0_mix and i > 0:
+      x_BTD = x_BTD + model.x0_scale[i].astype(x_BTD.dtype) * x0_BTD
+    a_BTD = block.norm1(x_BTD)
+    if c.canon:
+      a_BTD, inputs[0] = _conv_cached(a_BTD, inputs[0], block.conv_attn[...], pos)
+    q_BTHK, k_BTGK, v_BTGK = model_lib.qkv_heads(attn.qkv(a_BTD), H, G, K)
+    if c.value_embeds:
+      v_BTGK = v_BTGK + model.vte[i](tokens_BT).reshape(B, T, G, K).astype(v_BTGK.dtype)
     if c.qk_norm:
       q_BTHK, k_BTGK = model_lib.rms_heads(q_BTHK), model_lib.rms_heads(k_BTGK)
     if rope is not None:
       q_BTHK, k_BTGK = model_lib.apply_rope(q_BTHK, *rope), model_lib.apply_rope(k_BTGK, *rope)
     k_cache_BSGK = jax.lax.dynamic_update_slice_in_dim(k_cache_BSGK, k_BTGK.astype(c.dtype), pos, 1)
     v_cache_BSGK = jax.lax.dynamic_update_slice_in_dim(v_cache_BSGK, v_BTGK.astype(c.dtype), pos, 1)
-    new_cache.append((k_cache_BSGK, v_cache_BSGK))
     # Query head h = g * R + r reads key/value head g, as the model's repeat of k and v does.
     q_BTGRK = (q_BTHK * K**-0.5).reshape(B, T, G, H // G, K)
     scores_BGRTS = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_cache_BSGK).astype(jnp.float32)
     probs_BGRTS = jax.nn.softmax(jnp.where(visible_TS, scores_BGRTS, -jnp.inf), axis=-1)
     y_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", probs_BGRTS.astype(q_BTHK.dtype), v_cache_BSGK)
     x_BTD = x_BTD + attn.out(y_BTGRK.reshape(B, T, H * K))
-    x_BTD = x_BTD + block.mlp(block.norm2(x_BTD))
+    m_BTD = block.norm2(x_BTD)
+    if c.canon:
+      m_BTD, inputs[1] = _conv_cached(m_BTD, inputs[1], block.conv_mlp[...], pos)
+    x_BTD = x_BTD + block.mlp(m_BTD)
+    new_cache.append((k_cache_BSGK, v_cache_BSGK, *inputs))
   return model.head(model.norm_f(x_BTD), model.head_weight()), new_cache
 
 
