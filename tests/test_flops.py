@@ -82,7 +82,8 @@ def test_muon_train_step_costs_the_model_plus_the_counted_orthogonalization():
 
 
 
-# configs/shakespeare_char.py (2 layers, ReLU^2 MLP 4x wide, untied head, Muon) made tiny.
+# configs/shakespeare_char.py (2 layers, ReLU^2 MLP 4x wide, untied head, width-4 convolutions,
+# Muon) made tiny.
 TINY = ["--config=configs/shakespeare_char.py", "--config.model.d_model=32",
         "--config.model.n_heads=2", "--config.model.seq_len=32", "--config.train.batch_size=4",
         "--config.train.eval_every=5", "--config.train.eval_steps=2",
@@ -100,7 +101,9 @@ def test_quality_counts_nanogpt_and_each_run_by_hand(corpus_file, monkeypatch):
   counted = quality.run_flops(TINY, str(corpus_file))
   vocab = len(set(corpus_file.read_text())) + 1  # the char tokenizer: the text's, and end-of-text
   D, T, L = 32, 32, 2
-  assert counted["model_flops_per_token"] == 6 * (L * 12 * D**2 + vocab * D) + 12 * L * T * D
+  # Two width-4 convolutions per layer: 2 x 4 x D multiply-adds a token, forward; 3x in training.
+  conv = 3 * 2 * 2 * 4 * D * L
+  assert counted["model_flops_per_token"] == 6 * (L * 12 * D**2 + vocab * D) + 12 * L * T * D + conv
   # Muon, 3 iterations of 4 m^2 n + 2 m^3 (m = 32) on qkv [32, 96], out [32, 32] and the MLP's
   # up [32, 128] and down [128, 32], in each layer.
   per_iteration = sum(4 * D * D * n + 2 * D**3 for n in (96, 32, 128, 128))

@@ -215,10 +215,11 @@ class MLP(nnx.Module):
 def causal_conv(x_BTD: jax.Array, w_KD: jax.Array, same_doc_BTS: jax.Array | None = None):
   """x plus a short causal depthwise convolution of it: position t adds w[i] * x[t - i] for
   i < K (zeros before the window, and before its document's start where documents are given)."""
-  T = x_BTD.shape[1]
+  K, T = w_KD.shape[0], x_BTD.shape[1]
+  padded_BTD = jnp.pad(x_BTD, ((0, 0), (K - 1, 0), (0, 0)))  # one pad, K slices: fastest on CPU
   y_BTD = x_BTD
-  for i in range(w_KD.shape[0]):
-    shifted_BTD = jnp.pad(x_BTD, ((0, 0), (i, 0), (0, 0)))[:, :T]
+  for i in range(K):
+    shifted_BTD = padded_BTD[:, K - 1 - i:K - 1 - i + T]
     if same_doc_BTS is not None and i > 0:  # t and t - i in one document
       same_BT = jnp.pad(jnp.diagonal(same_doc_BTS, -i, 1, 2), ((0, 0), (i, 0)))
       shifted_BTD = jnp.where(same_BT[..., None], shifted_BTD, 0)
