@@ -206,6 +206,21 @@ def plot(path: Path, results: dict, flops: dict | None) -> None:
                      "wall time from command start (s)", ylabel="val loss")
 
 
+def matmul_peak() -> float:
+  """float32 matmul FLOP/s of this machine's CPU (the trainer's MFU reference), measured now,
+  before any run, with the machine to itself."""
+  import jax
+
+  from jaxtrain.loop import estimate
+  jax.config.update("jax_platforms", "cpu")
+  return estimate.time_matmul("float32", 2048, 5)
+
+
+def _mfu(run: dict, flops: dict, peak: float) -> str:
+  """Training FLOP/s (optimizer included) over the matmul peak, at the run's median tokens/s."""
+  return f"{flops['flops_per_step'] / flops['tokens_per_step'] * run['tokens_per_sec'] / peak:.0%}"
+
+
 def _tflops(run: dict, flops: dict) -> float:
   return run["steps"] * flops["flops_per_step"] / 1e12
 
@@ -228,9 +243,13 @@ def markdown(report: dict) -> str:
     rows.append([name, f"{med('final_val'):.4f}", " ".join(f"{r['final_val']:.4f}" for r in runs),
                  f"{statistics.median(bpb):.4f}" if bpb else "-", runs[0]["steps"],
                  f"{_tflops(runs[0], report['flops'][name]):.2f}",
-                 f"{med('tokens_per_sec'):,.0f}", f"{med('wall_s'):.1f}", " ".join(run["command"])])
+                 f"{med('tokens_per_sec'):,.0f}",
+                 _mfu({"tokens_per_sec": med("tokens_per_sec")}, report["flops"][name],
+                      report["matmul_peak_flops"]),
+                 f"{med('wall_s'):.1f}", " ".join(run["command"])])
   table = reports.markdown_table(["run", "final val (median)", "each seed", "val bpb", "steps",
-                                 "train TFLOPs", "tokens/s", "wall s (median)", "command"], rows)
+                                 "train TFLOPs", "tokens/s", "MFU", "wall s (median)", "command"],
+                                 rows)
   budget_s, budget_flops = report["budget_s"], report["budget_flops"]
   steps = (f"steps set to fit {budget_s:g} s each" if budget_s else
            f"steps set to fit {budget_flops / 1e12:.3f} TFLOPs each" if budget_flops else
@@ -240,7 +259,9 @@ def markdown(report: dict) -> str:
   return (f"# Val loss against wall time and training FLOPs ({reports.timestamp()})\n\n"
           f"{reports.cpu_line(report['machine'])}\n{reports.load_line(report['load'])}\n\n"
           f"corpus: {corpus}; seeds: {report['seeds']}; {steps}; nanoGPT's CPU recipe "
-          f"({NANOGPT['max_iters']} iterations) trains {nanogpt_tflops:.3f} TFLOPs\n\n{table}\n\n"
+          f"({NANOGPT['max_iters']} iterations) trains {nanogpt_tflops:.3f} TFLOPs; MFU: training "
+          f"FLOP/s at the median tokens/s over the float32 matmul peak measured before the runs, "
+          f"{report['matmul_peak_flops'] / 1e9:.1f} GFLOP/s\n\n{table}\n\n"
           "Training FLOPs: model matmul FLOPs per token (6N + 12 x layers x T x d_model, as the "
           "trainer's `train FLOPs/token`) x tokens, plus the optimizer's matmul FLOPs per step "
           "(Muon's Newton-Schulz iterations) x steps; evaluation not counted.\n\n"
@@ -307,6 +328,7 @@ def main() -> None:
   data = opts.data and os.path.abspath(opts.data)
   flops = {name: nanogpt_flops() if name == NANOGPT_NAME else run_flops(args, data)
            for name, args in specs.items()}
+  peak = matmul_peak()
   loadavg_before = os.getloadavg()
   with tempfile.TemporaryDirectory() as tmp, common.LoadSampler(lambda: list(CHILDREN)) as load:
     probes = set_budgets(specs, opts, data, flops, Path(tmp))
@@ -324,7 +346,7 @@ def main() -> None:
   report = {"machine": reports.machine_info(), "load": load_summary, "seeds": opts.seeds,
             "data": opts.data, "budget_s": opts.budget_s,
             "budget_flops": _budget_flops(opts.budget_flops), "probes": probes, "flops": flops,
-            "nanogpt_flops": nanogpt_flops(),
+            "nanogpt_flops": nanogpt_flops(), "matmul_peak_flops": peak,
             "runs": {name: {"command": specs[name], "results": results[name]} for name in specs}}
   text = markdown(report)
   print(text)

@@ -126,4 +126,8 @@ def test_quality_trains_each_run_to_its_flop_budget(corpus_file, tmp_path, monke
   assert [s for _, s, _ in result["evals"]] == [5, 10, 12]
   md = (tmp_path / "quality.md").read_text()
   assert "train TFLOPs" in md and f"{12 * per_step / 1e12:.2f}" in md
+  peak, tokens_per_sec = report["matmul_peak_flops"], result["tokens_per_sec"]
+  assert 1e8 < peak < 1e14 and f"{peak / 1e9:.1f} GFLOP/s" in md
+  tokens_per_step = report["flops"]["tiny"]["tokens_per_step"]
+  assert f"| {per_step / tokens_per_step * tokens_per_sec / peak:.0%} |" in md  # the MFU column
   assert (tmp_path / "quality.png").stat().st_size > 0
