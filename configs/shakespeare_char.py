@@ -1,13 +1,16 @@
-"""shakespeare_char: the character-level recipe that learns most in ~75 s of a 2-core CPU.
+"""shakespeare_char: the character-level recipe that learns most per FLOP on a 2-core CPU.
 
 python -m jaxtrain --config=configs/shakespeare_char.py --config.data.path=path/to/input.txt
 
-The first 90% of the characters train, the last 10% validate. Against nanoGPT's CPU recipe
-(configs/shakespeare_char_nanogpt.py keeps its shape and layout) it trades depth and many small
-steps for fast ones on more data (2 layers, context 128, batch 24), and uses what small-model
-speedruns found: Muon on the hidden matrices (AdamW on embeddings, head and norms), a warmup then a
-linear decay to zero, QK-norm, ReLU^2 MLPs, an untied head and output projections that start at
-zero. The side-by-side runs and the search: benchmarks/results/ (the dated quality folders).
+The first 90% of the characters train, the last 10% validate. It trains as many FLOPs as nanoGPT's
+CPU recipe (configs/shakespeare_char_nanogpt.py keeps that shape) in another shape: 2 layers 96
+wide, context 128, batch 24, with a short causal convolution before attention and before the MLP
+(each position sees the 3 before it directly) and the token embeddings mixed into the second
+layer's input. From small-model speedruns: Muon on the hidden matrices (AdamW on embeddings, head,
+norms and convolutions), warmup then a linear decay to zero, QK-norm, ReLU^2 MLPs, an untied head
+and output projections that start at zero. To train for a time instead of a step count:
+--config.train.time_budget=90s. The ablations and the side-by-side runs: benchmarks/results/ (the
+dated quality and flops folders).
 """
 
 from jaxtrain.config import default_config
