@@ -216,9 +216,9 @@ def matmul_peak() -> float:
   return estimate.time_matmul("float32", 2048, 5)
 
 
-def _mfu(run: dict, flops: dict, peak: float) -> str:
-  """Training FLOP/s (optimizer included) over the matmul peak, at the run's median tokens/s."""
-  return f"{flops['flops_per_step'] / flops['tokens_per_step'] * run['tokens_per_sec'] / peak:.0%}"
+def _mfu(tokens_per_sec: float, flops: dict, peak: float) -> str:
+  """Training FLOP/s (optimizer included) at `tokens_per_sec`, over the matmul peak."""
+  return f"{flops['flops_per_step'] / flops['tokens_per_step'] * tokens_per_sec / peak:.0%}"
 
 
 def _tflops(run: dict, flops: dict) -> float:
@@ -244,8 +244,7 @@ def markdown(report: dict) -> str:
                  f"{statistics.median(bpb):.4f}" if bpb else "-", runs[0]["steps"],
                  f"{_tflops(runs[0], report['flops'][name]):.2f}",
                  f"{med('tokens_per_sec'):,.0f}",
-                 _mfu({"tokens_per_sec": med("tokens_per_sec")}, report["flops"][name],
-                      report["matmul_peak_flops"]),
+                 _mfu(med("tokens_per_sec"), report["flops"][name], report["matmul_peak_flops"]),
                  f"{med('wall_s'):.1f}", " ".join(run["command"])])
   table = reports.markdown_table(["run", "final val (median)", "each seed", "val bpb", "steps",
                                  "train TFLOPs", "tokens/s", "MFU", "wall s (median)", "command"],

@@ -24,17 +24,22 @@ SWITCHES = list(itertools.product(["rmsnorm", "layernorm"], ["rope", "learned"],
                                   [True, False]))
 
 
+def _assert_causal(model: model_lib.GPT, c: model_lib.ModelConfig, t: int = 7):
+  """Changing token t leaves the logits before t as they were and changes those from t on;
+  returns the tokens and their logits."""
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, c.seq_len), 0, c.vocab_size)
+  changed = tokens.at[:, t].set((tokens[:, t] + 1) % c.vocab_size)
+  a, b = model(tokens), model(changed)
+  np.testing.assert_array_equal(np.asarray(a[:, :t]), np.asarray(b[:, :t]))
+  assert not np.allclose(np.asarray(a[:, t:]), np.asarray(b[:, t:]))
+  return tokens, a
+
+
 @pytest.mark.parametrize("norm,pos,mlp,tie", SWITCHES)
 def test_changing_token_t_leaves_earlier_logits_unchanged(norm, pos, mlp, tie):
   c = tiny_model_config(norm=norm, pos=pos, mlp=mlp, tie_embeddings=tie)
-  model = model_lib.GPT(c, nnx.Rngs(0))
-  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, c.seq_len), 0, c.vocab_size)
-  t = 7
-  changed = tokens.at[:, t].set((tokens[:, t] + 1) % c.vocab_size)
-  a, b = model(tokens), model(changed)
+  _, a = _assert_causal(model_lib.GPT(c, nnx.Rngs(0)), c)
   assert a.shape == (2, c.seq_len, c.vocab_size) and a.dtype == jnp.float32
-  np.testing.assert_array_equal(np.asarray(a[:, :t]), np.asarray(b[:, :t]))
-  assert not np.allclose(np.asarray(a[:, t:]), np.asarray(b[:, t:]))
 
 
 @pytest.mark.parametrize("norm,pos,mlp,tie,partitionable,exact", [
@@ -133,13 +138,7 @@ NEW_SWITCHES = [{"n_kv_heads": 1}, {"qk_norm": True}, {"mlp": "relu2"}, {"logit_
 @pytest.mark.parametrize("switches", NEW_SWITCHES, ids=lambda s: ",".join(s))
 def test_new_switches_keep_the_model_causal(switches):
   c = tiny_model_config(n_heads=4, **switches)
-  model = model_lib.GPT(c, nnx.Rngs(0))
-  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, c.seq_len), 0, c.vocab_size)
-  t = 7
-  changed = tokens.at[:, t].set((tokens[:, t] + 1) % c.vocab_size)
-  a, b = model(tokens), model(changed)
-  np.testing.assert_array_equal(np.asarray(a[:, :t]), np.asarray(b[:, :t]))
-  assert not np.allclose(np.asarray(a[:, t:]), np.asarray(b[:, t:]))
+  _, a = _assert_causal(model_lib.GPT(c, nnx.Rngs(0)), c)
   if c.logit_softcap:
     assert float(jnp.max(jnp.abs(a))) < c.logit_softcap
 
@@ -262,13 +261,7 @@ ARCH_SWITCHES = [{"value_embeds": True}, {"x0_mix": True}, {"canon": 4},
 def test_value_embeds_x0_and_convolutions_keep_the_model_causal(switches):
   c = tiny_model_config(n_heads=4, n_layers=3, **switches)
   base = _perturbed(tiny_model_config(n_heads=4, n_layers=3), 0)
-  model = _perturbed(c, 0)
-  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, c.seq_len), 0, c.vocab_size)
-  t = 7
-  changed = tokens.at[:, t].set((tokens[:, t] + 1) % c.vocab_size)
-  a, b = model(tokens), model(changed)
-  np.testing.assert_array_equal(np.asarray(a[:, :t]), np.asarray(b[:, :t]))
-  assert not np.allclose(np.asarray(a[:, t:]), np.asarray(b[:, t:]))
+  tokens, a = _assert_causal(_perturbed(c, 0), c)
   assert not np.allclose(np.asarray(a), np.asarray(base(tokens)), atol=1e-3)  # the switch acts
 
 
