@@ -102,7 +102,7 @@ def _explicit(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-  signals.raise_on_sigterm()  # from here on, SIGTERM at any moment ends in one line
+  signals.raise_on_signals()  # from here on, SIGTERM or Ctrl-C at any moment ends in one line
   if len(argv) > 1:
     fail(f"unexpected arguments {argv[1:]}; flags look like --config.train.max_steps=100")
   cfg = _CONFIG.value

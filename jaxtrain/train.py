@@ -176,6 +176,7 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
     probe = lambda: mixture.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len,  # noqa: E731
                                            cfg.seed, jax.process_index(), jax.process_count())
     programs, plan = budget.fit(cfg, programs, devices, workdir, out.print, spent, probe)
+  signals.check()
   summary.describe(out, cfg, corpus, programs)
   tasks.describe(eval_tasks, cfg.train.eval_tasks_limit, out.print)
   train_iter = mixture.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed,
@@ -237,6 +238,7 @@ def _loop(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> 
   t = r.cfg.train
   if int(state.step) >= t.max_steps:
     return ending.already_done(r, int(state.step))
+  signals.check()
   p = progress.start(r, state, elapsed_before, best_val)
   for hook in r.hooks:
     hook.on_start(r, p.step)

@@ -279,3 +279,32 @@ def test_a_signal_during_a_routine_save_still_stops_the_run():
     time.sleep(0.05)
     assert stop.requested == "SIGINT"  # the first signal decides how the run ends
   assert signal.getsignal(signal.SIGINT) is not stop._handle  # handlers are put back
+
+
+def test_a_signal_python_drops_in_a_gc_callback_is_raised_again(capfd):
+  # Python drops an exception raised in a gc callback (JAX registers one) with a traceback on
+  # stderr: a Ctrl-C landing there would be lost and the run would go on.
+  import gc
+
+  from jaxtrain.system import signals
+
+  handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+  hook = sys.unraisablehook
+  callback = lambda phase, info: phase == "start" and os.kill(os.getpid(), signal.SIGINT)  # noqa: E731
+  try:
+    signals.raise_on_signals()
+    gc.callbacks.append(callback)
+    gc.collect()  # the KeyboardInterrupt is raised inside the callback, and dropped
+    gc.callbacks.remove(callback)
+    assert "KeyboardInterrupt" not in capfd.readouterr().err  # no traceback for a user's Ctrl-C
+    with pytest.raises(KeyboardInterrupt):
+      signals.check()
+    signals.handled()
+    signals.check()  # handled: quiet
+  finally:
+    if callback in gc.callbacks:
+      gc.callbacks.remove(callback)
+    signals.handled()
+    sys.unraisablehook = hook
+    for s, h in handlers.items():
+      signal.signal(s, h)

@@ -43,7 +43,7 @@ from jaxtrain.data.windows import (  # noqa: F401 (API)
   process_rows,
   train_iterator,
 )
-from jaxtrain.system import fmt
+from jaxtrain.system import fmt, signals
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.system.lock import FileLock, describe_holder, is_held
 from jaxtrain.system.paths import cache_dir as default_cache_dir
@@ -311,6 +311,7 @@ def _tokenize(files, data, cache: _Cache, show_progress: bool, log, fixed=None) 
       out.write(json.dumps(meta, ensure_ascii=False))
       out.flush()
       os.fsync(out.fileno())
+    signals.check()  # a Ctrl-C that Python dropped while tokenizing: no trusted entry
     os.replace(tmp_meta, cache.meta)  # last: from now on the entry is trusted
   except OSError as e:
     raise cache.write_error(e, docs.total * np.dtype(tok.dtype).itemsize) from None
@@ -342,6 +343,7 @@ class _Writer:
       self.flush()
 
   def flush(self) -> None:
+    signals.check()
     if not self.pending:
       return
     texts = [p[0] for p in self.pending if not isinstance(p[0], chat.Special)]

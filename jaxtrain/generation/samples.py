@@ -10,6 +10,7 @@ import numpy as np
 from jaxtrain.core import steps
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.generation import decode
+from jaxtrain.system import signals
 
 
 def prompts_from_text(tokens: np.ndarray, newline_id: int | None, n: int, length: int,
@@ -41,6 +42,7 @@ def write_samples(s: ml_collections.ConfigDict, seq_len: int, seed: int, state: 
   t0 = time.time()
   ids = decode.generate(state, prompts, s.max_new_tokens, temperature=s.temperature,
                  top_k=s.top_k, seed=seed)
+  signals.check()  # a Ctrl-C that Python dropped while generating: nothing is written
   texts = [tok.decode(row[:len(p)]) + "\u2502" + tok.decode(row[len(p):])
            for row, p in zip(ids, prompts)]
   step = int(state.step)

@@ -76,6 +76,7 @@ def interrupted(e: KeyboardInterrupt, r, workdir: Path, t_start: float) -> RunRe
   """SIGINT or SIGTERM outside the training loop (which stops at a step and saves): one line
   on what is on disk. `r` is None while the run is still being set up."""
   name = signals.name_of(e)
+  signals.handled()
   phase = "preparing the run" if r is None else r.phase
   saved = _complete_steps(workdir)
   step = saved[-1] if saved else 0

@@ -7,7 +7,10 @@ and orbax's write-then-rename leaves the previous checkpoint as the latest compl
 
 Outside the loop (reading data, compiling, sampling at the end) there is no step to finish: Ctrl-C
 raises KeyboardInterrupt as usual, and the command makes SIGTERM raise `Terminated`, a kind of
-KeyboardInterrupt, so both unwind through the same clean-up and end in one line.
+KeyboardInterrupt, so both unwind through the same clean-up and end in one line. Python drops an
+exception raised inside a finalizer or a gc callback (JAX registers one), so a signal that lands
+there would be lost: the command's handlers also remember it, and `check()`, called where work
+goes on in long stretches (tokenizing, before the loop, between samples), raises it again.
 """
 
 import contextlib
@@ -19,16 +22,45 @@ EXIT_CODES = {"SIGINT": 130, "SIGPIPE": 141}  # a stop with its state saved; SIG
 
 
 class Terminated(KeyboardInterrupt):
-  """SIGTERM outside the training loop (see `raise_on_sigterm`)."""
+  """SIGTERM outside the training loop (see `raise_on_signals`)."""
 
 
-def _terminate(signum, frame) -> None:
-  raise Terminated()
+_pending: str | None = None  # a signal raised by `_raise` and not yet handled
 
 
-def raise_on_sigterm() -> None:
-  """For a command: SIGTERM raises `Terminated` instead of ending the process without a word."""
-  signal.signal(signal.SIGTERM, _terminate)
+def _exception(name: str) -> KeyboardInterrupt:
+  return Terminated() if name == "SIGTERM" else KeyboardInterrupt()
+
+
+def _raise(signum, frame) -> None:
+  global _pending
+  _pending = _pending or signal.Signals(signum).name
+  raise _exception(_pending)
+
+
+def _unraisable(u) -> None:
+  if not isinstance(u.exc_value, KeyboardInterrupt):  # a lost signal: `check()` raises it again
+    sys.__unraisablehook__(u)
+
+
+def raise_on_signals() -> None:
+  """For a command: SIGINT raises KeyboardInterrupt and SIGTERM `Terminated` (instead of ending
+  the process without a word), and one that Python drops is raised again by `check()`."""
+  for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, _raise)
+  sys.unraisablehook = _unraisable
+
+
+def check() -> None:
+  """Raises the signal that `raise_on_signals`' handler raised where Python dropped it."""
+  if _pending is not None:
+    raise _exception(_pending)
+
+
+def handled() -> None:
+  """The interrupt was caught and acted on: `check()` is quiet again."""
+  global _pending
+  _pending = None
 
 
 def name_of(interrupt: KeyboardInterrupt) -> str:
