@@ -35,6 +35,7 @@ BAD = [
     ({"optim.warmup_steps": -1}, "optim.warmup_steps", "integer >= 0"),
     ({"optim.weight_decay": -0.1}, "optim.weight_decay", ">= 0"),
     ({"optim.clip_norm": -1.0}, "optim.clip_norm", ">= 0"),
+    ({"optim.z_loss": -1e-4}, "optim.z_loss", "in [0, 1]"),
     ({"optim.b2": 1.0}, "optim.b2", "[0, 1)"),
     ({"data.tokenizer": "wordpiece"}, "data.tokenizer", "is not byte, char, bpe or a tokenizer.json file"),
     ({"data.val_fraction": 0.0}, "data.val_fraction", "(0, 1)"),

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import jaxtrain as jt
 from jaxtrain.core import mesh, programs, steps
@@ -83,6 +84,30 @@ def test_eval_step_matches_loss_fn():
   state, batch = init(cfg), random_batch(cfg)
   expected = steps.loss_fn(state.params, state.graphdef, jnp.asarray(batch["tokens"]))
   np.testing.assert_allclose(float(eval_step(state, batch)["loss"]), float(expected), rtol=1e-6)
+
+
+def test_z_loss_trains_on_the_log_partition_and_reports_the_cross_entropy():
+  z = 1e-2
+  cfg = tiny_config(**{"optim.z_loss": z, "model.n_layers": 1})
+  state, batch = init(cfg), random_batch(cfg)
+  tokens = jnp.asarray(batch["tokens"])
+
+  def by_hand(params):
+    logits = nnx.merge(state.graphdef, params)(tokens[:, :-1])
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    return steps.cross_entropy(logits, tokens[:, 1:]) + z * jnp.mean(lse**2)
+
+  loss, grads = jax.jit(steps.gradients)(state, tokens, None)
+  plain = steps.loss_fn(state.params, state.graphdef, tokens)
+  np.testing.assert_allclose(float(loss), float(plain), rtol=1e-6)  # what the run reports
+  assert_trees_close(grads, jax.grad(by_hand)(state.params), atol=1e-6)
+  off = init(tiny_config(**{"model.n_layers": 1}))
+  without = jax.jit(steps.gradients)(off, tokens, None)[1]
+  assert not np.allclose(grads["wte"]["embedding"], without["wte"]["embedding"], atol=1e-6)
+  chunked = init(tiny_config(**{"optim.z_loss": z, "model.n_layers": 1, "model.loss_chunk": 24}))
+  np.testing.assert_allclose(
+      [float(x) for x in steps.losses(chunked.params, chunked.graphdef, tokens, z_loss=z)],
+      [float(x) for x in steps.losses(state.params, state.graphdef, tokens, z_loss=z)], rtol=1e-5)
 
 
 def _poison(state):

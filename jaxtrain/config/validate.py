@@ -249,6 +249,8 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
   _check(o.head_weight_decay >= 0 or o.head_weight_decay == -1, "optim.head_weight_decay",
          f"must be >= 0, or -1 for optim.weight_decay, got {o.head_weight_decay}",
          "pass --config.optim.head_weight_decay=-1")
+  _check(0.0 <= o.z_loss <= 1.0, "optim.z_loss", f"must be in [0, 1] (0 turns it off), got "
+         f"{o.z_loss}", "pass --config.optim.z_loss=1e-4")
   _check(o.clip_norm >= 0, "optim.clip_norm", f"must be >= 0 (0 turns clipping off), got {o.clip_norm}",
          "pass --config.optim.clip_norm=1.0")
   for b, usual in (("b1", 0.9), ("b2", 0.95)):  # AdamW divides by 1 - b**step, in float32

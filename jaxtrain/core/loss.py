@@ -22,6 +22,12 @@ def token_losses(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
   return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
 
 
+def z_terms(logits_BTV: jax.Array) -> jax.Array:
+  """float32[B, T]: log(Z)^2, Z the sum of exp(logits), at every position (the z-loss's term:
+  it pulls log Z toward 0, so the logits cannot all drift up or down together)."""
+  return jnp.square(jax.nn.logsumexp(logits_BTV.astype(jnp.float32), axis=-1))
+
+
 def mean_loss(losses_BT: jax.Array, weights_BT: jax.Array | None = None) -> jax.Array:
   """The mean loss per token, or the weighted mean (0 where every weight is 0)."""
   if weights_BT is None:
@@ -33,8 +39,9 @@ def mean_loss(losses_BT: jax.Array, weights_BT: jax.Array | None = None) -> jax.
 
 def chunked_token_losses(x_BTD: jax.Array, w_DV: jax.Array, targets_BT: jax.Array,
                          head: Callable[[jax.Array, jax.Array], jax.Array],
-                         chunk: int) -> jax.Array:
-  """`token_losses(head(x, w), targets)`, `chunk` tokens at a time: float32[B, T].
+                         chunk: int, with_z: bool = False) -> tuple[jax.Array, jax.Array | None]:
+  """(`token_losses(head(x, w), targets)`, with `with_z` also `z_terms(head(x, w))`, else None),
+  `chunk` tokens at a time: float32[B, T] each.
 
   `head(x_CD, w_DV)` gives a chunk's float32 logits. The last chunk is padded with zero rows,
   whose losses are dropped (so they get no gradient).
@@ -49,7 +56,10 @@ def chunked_token_losses(x_BTD: jax.Array, w_DV: jax.Array, targets_BT: jax.Arra
 
   @jax.checkpoint  # the backward pass recomputes each chunk's logits instead of keeping them
   def one_chunk(w, x_CD, t_C):
-    return token_losses(head(x_CD, w), t_C)
+    logits_CV = head(x_CD, w)
+    return token_losses(logits_CV, t_C), (z_terms(logits_CV) if with_z else None)
 
-  losses_NC = jax.lax.map(lambda xt: one_chunk(w_DV, *xt), (x_NCD, t_NC))
-  return losses_NC.reshape(-1)[:n_tokens].reshape(B, T)
+  per_chunk = jax.lax.map(lambda xt: one_chunk(w_DV, *xt), (x_NCD, t_NC))
+  ce_BT, z_BT = (None if a_NC is None else a_NC.reshape(-1)[:n_tokens].reshape(B, T)
+                 for a_NC in per_chunk)
+  return ce_BT, z_BT

@@ -95,6 +95,7 @@ class Optimizer:
   embedding_weight_decay: float = 0.0
   head_weight_decay: float = -1.0  # -1: weight_decay
   clip_per_group: bool = False
+  z_loss: float = 0.0  # the loss that trains adds z_loss x mean(log Z^2) (core/steps.py)
 
   def transformation(self) -> optax.GradientTransformation:
     """The optimizer with its schedule and clipping, accumulated over grad_accum micro-batches."""
@@ -152,7 +153,8 @@ def make_optimizer(optim: ml_collections.ConfigDict, *, max_steps: int, grad_acc
                    embedding_lr=optim.embedding_lr, head_lr=optim.head_lr,
                    momentum=optim.momentum, muon_ns_steps=optim.muon_ns_steps,
                    embedding_weight_decay=optim.embedding_weight_decay,
-                   head_weight_decay=optim.head_weight_decay, clip_per_group=optim.clip_per_group)
+                   head_weight_decay=optim.head_weight_decay, clip_per_group=optim.clip_per_group,
+                   z_loss=optim.z_loss)
 
 
 def newton_schulz_flops(shape: tuple[int, ...], ns_steps: int) -> int:

@@ -94,14 +94,27 @@ def loss_fn(params, graphdef: nnx.GraphDef, tokens_BT1: jax.Array,
             dropout_key: jax.Array | None = None, weights_BT: jax.Array | None = None) -> jax.Array:
   """The model's mean loss on `tokens_BT1` (weighted per target token by `weights_BT`, if given);
   with `model.loss_chunk`, without the whole batch's logits (core/loss.py)."""
+  return losses(params, graphdef, tokens_BT1, dropout_key, weights_BT)[1]
+
+
+def losses(params, graphdef: nnx.GraphDef, tokens_BT1: jax.Array,
+           dropout_key: jax.Array | None = None, weights_BT: jax.Array | None = None,
+           z_loss: float = 0.0) -> tuple[jax.Array, jax.Array]:
+  """(the loss that trains, `loss_fn`'s loss): with `z_loss`, the first adds z_loss x the
+  (weighted) mean of `loss.z_terms`; without, the two are one."""
   model = nnx.merge(graphdef, params)
   targets_BT = tokens_BT1[:, 1:]
   chunk = model.c.loss_chunk
-  if not chunk:
-    return cross_entropy(model(tokens_BT1[:, :-1], dropout_key=dropout_key), targets_BT, weights_BT)
-  x_BTD = model.hidden(tokens_BT1[:, :-1], dropout_key=dropout_key)
-  losses_BT = loss_lib.chunked_token_losses(x_BTD, model.head_weight(), targets_BT, model.head, chunk)
-  return loss_lib.mean_loss(losses_BT, weights_BT)
+  if chunk:
+    x_BTD = model.hidden(tokens_BT1[:, :-1], dropout_key=dropout_key)
+    ce_BT, z_BT = loss_lib.chunked_token_losses(x_BTD, model.head_weight(), targets_BT,
+                                                model.head, chunk, with_z=bool(z_loss))
+  else:
+    logits_BTV = model(tokens_BT1[:, :-1], dropout_key=dropout_key)
+    ce_BT = loss_lib.token_losses(logits_BTV, targets_BT)
+    z_BT = loss_lib.z_terms(logits_BTV) if z_loss else None
+  loss = loss_lib.mean_loss(ce_BT, weights_BT)
+  return (loss + z_loss * loss_lib.mean_loss(z_BT, weights_BT) if z_loss else loss), loss
 
 
 def train_step(state: TrainState, batch: dict, stats: str = "none") -> tuple[TrainState, dict]:
@@ -120,10 +133,12 @@ def gradients(state: TrainState, tokens_BT1: jax.Array, dropout_key: jax.Array |
 
   def scaled_loss(trained):
     params = lora_lib.combine(state.params, trained)
-    return loss_fn(params, state.graphdef, tokens_BT1, dropout_key, weights_BT) * scale
+    trains, loss = losses(params, state.graphdef, tokens_BT1, dropout_key, weights_BT,
+                          state.optimizer.z_loss)
+    return trains * scale, loss  # the cross-entropy alone is reported, as the val loss is
 
-  scaled, grads = jax.value_and_grad(scaled_loss)(state.trainable())
-  return scaled / scale, jax.tree.map(lambda g: g / scale, grads)
+  (_, loss), grads = jax.value_and_grad(scaled_loss, has_aux=True)(state.trainable())
+  return loss, jax.tree.map(lambda g: g / scale, grads)
 
 
 def apply_gradients(state: TrainState, rng: jax.Array, loss: jax.Array,
