@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import pytest
 
@@ -13,7 +14,7 @@ from jaxtrain.system.errors import NonFiniteLoss
 def test_throughput_times_only_training_and_gives_mfu_and_eta():
   peaks = []
   meter = monitor.Throughput(tokens_per_step=1000, flops_per_token=6.0, max_steps=100,
-                             peak=lambda: peaks.append(1) or 12000.0)
+                             peak=lambda achieved: peaks.append(achieved) or 12000.0)
   assert not meter.started and meter.read(1, 5.0) is None
   meter.start(step=1, now=10.0)
   speed = meter.read(step=11, now=15.0)  # 10 steps in 5 s
@@ -23,7 +24,7 @@ def test_throughput_times_only_training_and_gives_mfu_and_eta():
   speed = meter.read(step=21, now=116.0)
   assert speed.sec_per_step == 0.1 and speed.eta_s == pytest.approx(79 * 0.1)
   assert meter.read(step=21, now=200.0) is speed  # no new step: the last reading
-  assert peaks == [1]  # the peak is measured once
+  assert peaks == [12000.0]  # the peak is measured once, told what the steps ran at
 
 
 def test_throughput_without_a_peak_has_no_mfu():
@@ -148,3 +149,19 @@ def test_the_library_log_keeps_library_messages_out_of_the_terminal(tmp_path, ca
   captured = capsys.readouterr()
   assert "orbax says" not in captured.err and "ZeroDivisionError" not in captured.err
   logging.getLogger("after").warning("back to normal")  # the handlers are restored
+
+
+def test_a_cached_peak_below_what_a_run_reached_is_measured_again(tmp_path, monkeypatch):
+  # A peak measured while the machine was busy would make every run's MFU read over 100%.
+  import jax
+
+  from jaxtrain.loop import estimate
+
+  monkeypatch.setenv("JAXTRAIN_CACHE", str(tmp_path))
+  device = jax.devices()[0]
+  key = f"{device.platform}-{device.device_kind}-{os.cpu_count()}-float32-256".replace(" ", "_")
+  (tmp_path / "peaks.json").write_text(json.dumps({key: {"flops": 1e3, "time": 4e9}}))
+  assert estimate.measured_matmul_peak(n=256, repeats=1) == 1e3  # fresh: not measured again
+  peak = estimate.measured_matmul_peak(n=256, repeats=1, at_least=1e6)
+  assert peak > 1e6  # measured: any CPU multiplies faster than a MFLOP/s
+  assert json.loads((tmp_path / "peaks.json").read_text())[key]["flops"] == peak

@@ -157,11 +157,14 @@ def time_matmul(dtype: str = "float32", n: int = 2048, repeats: int = 5) -> floa
   return 2 * n**3 / statistics.median(times)
 
 
-def measured_matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5) -> float:
+def measured_matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5,
+                         at_least: float = 0.0) -> float:
   """This device's matmul FLOP/s (`time_matmul`), measured about once a week.
 
   The measurement (~1 s on a laptop CPU) is cached per machine; a re-measurement keeps the
-  higher value, so a reading taken while the machine was busy does not stick.
+  higher value, so a reading taken while the machine was busy does not stick. `at_least`: FLOP/s
+  this device was just seen to reach; a cached peak below it was taken on a busy machine and is
+  measured again.
   """
   device = jax.devices()[0]
   n = n or (2048 if device.platform == "cpu" else 8192)
@@ -173,7 +176,8 @@ def measured_matmul_peak(dtype: str = "float32", n: int | None = None, repeats: 
   except (OSError, ValueError):
     cached = {}
   entry = cached.get(key)
-  if isinstance(entry, dict) and time.time() - entry["time"] < _PEAK_MAX_AGE_S:
+  if isinstance(entry, dict) and time.time() - entry["time"] < _PEAK_MAX_AGE_S and \
+      entry["flops"] >= at_least:
     return entry["flops"]
   peak = time_matmul(dtype, n, repeats)
   if isinstance(entry, dict):
@@ -198,14 +202,15 @@ def _peak_units(devices: list) -> int:
   return len(devices)
 
 
-def peak_flops(devices: list, dtype: str) -> tuple[float, str]:
+def peak_flops(devices: list, dtype: str, achieved: float = 0.0) -> tuple[float, str]:
   """(FLOP/s of `devices` together, what that is) for MFU: the datasheet peak of a known GPU,
-  else a measured matmul peak, times the number of GPUs or hosts."""
+  else a measured matmul peak (measured again if below `achieved`, FLOP/s the devices together
+  just ran at), times the number of GPUs or hosts."""
   device, units = devices[0], _peak_units(devices)
-  peak, source = None, f"measured {dtype} matmul on this {device.platform}"
+  peak, source = None, f"measured {dtype} matmul on this {device.platform}"  # unless a GPU's
   if device.platform == "gpu":
     peak = published_peak(device.device_kind, dtype)
     source = f"{device.device_kind} datasheet {dtype}"
   if not peak:
-    peak, source = measured_matmul_peak(dtype), f"measured {dtype} matmul on this {device.platform}"
+    peak = measured_matmul_peak(dtype, at_least=achieved / units)
   return peak * units, f"{fmt.count(peak)}FLOP/s x {units}, {source}"

@@ -24,7 +24,7 @@ class Throughput:
   (evaluating, saving) is left out by `skip_time`."""
 
   def __init__(self, tokens_per_step: int, flops_per_token: float, max_steps: int,
-               peak: Callable[[], float | None] = lambda: None):
+               peak: Callable[[float], float | None] = lambda achieved: None):
     self.tokens_per_step, self.flops_per_token, self.max_steps = (tokens_per_step,
                                                                   flops_per_token, max_steps)
     self._peak, self._peak_value = peak, None
@@ -48,10 +48,10 @@ class Throughput:
       return self.last
     sec = (now - self._t) / (step - self._step)
     self._t, self._step = now, step
-    if self._peak_value is None:
-      self._peak_value = self._peak() or 0.0  # measured once, after the first steps
     tokens = self.tokens_per_step / sec
     flops = tokens * self.flops_per_token
+    if self._peak_value is None:  # measured once, after the first steps, knowing what they ran at
+      self._peak_value = self._peak(flops) or 0.0
     self.last = Speed(sec, tokens, flops, flops / self._peak_value if self._peak_value else None,
                       (self.max_steps - step) * sec)
     return self.last
