@@ -328,3 +328,8 @@ def test_growing_the_vocabulary_grows_value_embeddings_too():
   assert grown["wte/embedding"].shape == (6, 3) and grown["vte/0/embedding"].shape == (6, 2)
   np.testing.assert_array_equal(grown["vte/0/embedding"][4:], [[3.0, 4.0], [3.0, 4.0]])
   assert grown["blocks/0/attn/qkv/kernel"] is flat["blocks/0/attn/qkv/kernel"]
+
+
+def test_an_unreadable_system_file_names_the_system_flag(tmp_path):
+  proc = module("jaxtrain.chat", f"--workdir={tmp_path}", f"--system=@{tmp_path / 'none.txt'}")
+  one_line_error(proc, "cannot read the system file", "pass --system=@<a UTF-8 text file>")

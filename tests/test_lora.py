@@ -98,7 +98,7 @@ def test_memory_estimate_counts_gradients_and_optimizer_for_the_adapters_only():
   everything = estimate.memory_estimate(full.model_cfg, 8, 1)
   assert m.optimizer < everything.optimizer / 10
   line, _ = estimate.memory_report(adapted.model_cfg, 8, 1, jax.devices()[:1], 1, n, n_trained)
-  assert f"grads {jt_nbytes(4 * n_trained)} + AdamW {jt_nbytes(8 * n_trained)}" in line
+  assert f"grads {jt_nbytes(4 * n_trained)} + optimizer {jt_nbytes(8 * n_trained)}" in line
   # Fresh adapters change nothing: B is zero.
   batch = jt.random_batch(cfg)["tokens"][:, :-1]
   state, base_state = adapted.init(), full.init()

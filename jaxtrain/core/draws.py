@@ -77,7 +77,7 @@ def batched(build: Callable[[Any], nnx.Module], key: jax.Array,
   params = nnx.state(model, nnx.Param)
   nnx.update(model, jax.tree.map(lambda x: values.pop(id(x), x), params))
   if values:
-    raise RuntimeError(f"model.init: {len(values)} drawn parameter(s) not found in the model")
+    raise RuntimeError(f"draws.batched: {len(values)} drawn parameter(s) not found in the model")
   return model
 
 

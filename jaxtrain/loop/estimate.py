@@ -1,13 +1,14 @@
 """What a run will cost before it starts: memory against what the machine has, and FLOP peaks.
 
-The memory estimate counts, in bytes: float32 params; gradients and AdamW's two moments (plus the
-accumulation buffer with grad_accum > 1) of the trained params (all, or LoRA's adapters); and what
-one micro-batch keeps for the backward pass: per layer and token 16*D + 4*F values (norms, q/k/v,
-attention output, residuals, MLP) plus 3*H*T for dense attention (scores, probabilities and their
-gradient; none with cuDNN's flash attention), and 2*V float32 values for the logits and their
-gradient. With `model.remat` a layer keeps less (its matmul outputs, 6*D + 2*F, or only its input,
-D) and one layer at a time holds the full amount while it is recomputed; with `model.loss_chunk`
-only one chunk's logits exist. It errs on the safe side: the tests check it against the peak memory
+The memory estimate counts, in bytes: float32 params; gradients and AdamW's two moments (Muon keeps
+one for the matrices it trains, so there it errs high), plus the accumulation buffer with
+grad_accum > 1, of the trained params (all, or LoRA's adapters); and what one micro-batch keeps
+for the backward pass: per layer and token 16*D + 4*F values (norms, q/k/v, attention output,
+residuals, MLP) plus 3*H*T for dense attention (scores, probabilities and their gradient; none
+with cuDNN's flash attention), and 2*V float32 values for the logits and their gradient. With
+`model.remat` a layer keeps less (its matmul outputs, 6*D + 2*F, or only its input, D) and one
+layer at a time holds the full amount while it is recomputed; with `model.loss_chunk` only one
+chunk's logits exist. It errs on the safe side: the tests check it against the peak memory
 a process measurably takes for init and one step.
 """
 
@@ -121,7 +122,7 @@ def memory_report(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int, d
       if devices[0].platform == "cpu" else 1
   need = m.total * sharing
   line = (f"memory per device: ~{fmt.nbytes(m.total)} = params {fmt.nbytes(m.params)} + grads "
-          f"{fmt.nbytes(m.grads)} + AdamW {fmt.nbytes(m.optimizer)}"
+          f"{fmt.nbytes(m.grads)} + optimizer {fmt.nbytes(m.optimizer)}"
           + (f" + accumulation {fmt.nbytes(m.accumulation)}" if m.accumulation else "")
           + f" + activations {fmt.nbytes(m.activations)} + logits {fmt.nbytes(m.logits)}"
           + (f"; x {sharing} CPU devices = ~{fmt.nbytes(need)}" if sharing > 1 else "")

@@ -48,7 +48,7 @@ def read_message(tty: bool) -> str | None:
 
 def converse(state, tok, f, tty: bool, out=sys.stdout) -> int:
   """Reads messages and writes replies until the input ends; returns the number of replies."""
-  messages = [{"role": "system", "content": read_prompt(f.system)}] if f.system else []
+  messages = [{"role": "system", "content": read_prompt(f.system, "system")}] if f.system else []
   if messages:
     chat.encode(tok, messages)  # a character the vocabulary lacks: said before the first turn
   replies = 0
@@ -79,7 +79,7 @@ def run() -> None:
   f = flags.FLAGS
   if not f.workdir:
     raise UserError("no run given; pass --workdir=<the workdir of a run trained on chat records>")
-  read_prompt(f.system)  # an unreadable file fails before the checkpoint is read
+  read_prompt(f.system, "system")  # an unreadable file fails before the checkpoint is read
   state, tok = trained.load(f.workdir, f.step)
   if chat.special_ids(tok) is None:
     raise UserError(f"{f.workdir} was not trained on chat records (its tokenizer has no chat "

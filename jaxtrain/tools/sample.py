@@ -46,15 +46,16 @@ def define_flags() -> None:
                        "Ctrl-D ends it).")
 
 
-def read_prompt(value: str) -> str:
+def read_prompt(value: str, flag: str = "prompt") -> str:
+  """`--{flag}`'s text: the value, or with @PATH the file's."""
   if not value.startswith("@"):
     return value
   path = Path(value[1:]).expanduser()
   try:
     return path.read_text(encoding="utf-8")
   except (OSError, UnicodeDecodeError) as e:
-    raise UserError(f"cannot read the prompt file {path} ({getattr(e, 'strerror', None) or e}); "
-                    "pass --prompt=@<a UTF-8 text file> or the text itself") from None
+    raise UserError(f"cannot read the {flag} file {path} ({getattr(e, 'strerror', None) or e}); "
+                    f"pass --{flag}=@<a UTF-8 text file> or the text itself") from None
 
 
 def encode(tok, text: str) -> np.ndarray:
