@@ -61,7 +61,7 @@ def test_train_evaluate_checkpoint_sample_then_resume(corpus_file, tmp_path):
 
 
 @pytest.mark.parametrize("flag,message", [
-    ("--config.model.d_model=30", "config.model.d_model: 30 is not divisible by model.n_heads=4"),
+    ("--config.model.d_model=100", "config.model.d_model: 100 is not divisible by model.n_heads=3"),
     ("--config.optim.lr=0", "config.optim.lr: must be > 0"),
     ("--config.model.nlayers=3", "--config.model.nlayers is not a config field; did you mean "
      "--config.model.n_layers"),
