@@ -1,4 +1,4 @@
-"""nano: a ~0.3M-parameter byte-level model of the Python standard library's source, CPU-sized.
+"""nano: a ~0.27M-parameter byte-level model of the Python standard library's source, CPU-sized.
 
 python -m jaxtrain --config=configs/nano.py --jax_platforms=cpu
 

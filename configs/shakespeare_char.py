@@ -38,7 +38,7 @@ def get_config():
 
   cfg.optim.name = "muon"
   cfg.optim.matrix_lr = 0.04  # Muon, the blocks' matrices
-  cfg.optim.lr = 1.5e-2  # AdamW: embeddings, head, norms, convolutions
+  cfg.optim.lr = 1e-2  # AdamW: embeddings, head, norms, convolutions
   cfg.optim.schedule = "wsd"
   cfg.optim.decay_fraction = 1.0  # after warmup, a straight line down...
   cfg.optim.min_lr_ratio = 0.0  # ...to zero
