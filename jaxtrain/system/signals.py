@@ -10,7 +10,8 @@ raises KeyboardInterrupt as usual, and the command makes SIGTERM raise `Terminat
 KeyboardInterrupt, so both unwind through the same clean-up and end in one line. Python drops an
 exception raised inside a finalizer or a gc callback (JAX registers one), so a signal that lands
 there would be lost: the command's handlers also remember it, and `check()`, called where work
-goes on in long stretches (tokenizing, before the loop, between samples), raises it again.
+goes on in long stretches (tokenizing, before the loop, after generating samples), raises it
+again.
 """
 
 import contextlib
