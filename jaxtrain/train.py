@@ -1,11 +1,13 @@
 """The training loop: setup, restore or init, steps, finish. Side effects live here and in the
 modules it calls (files, console, checkpoints, signals); the steps themselves are pure.
 
-Per optimizer step: `grad_accum` micro-batches through the compiled train step. A step's metrics
-are read once the next step is queued, so the host never stalls the device. Hooks (`Hook`)
+Per optimizer step: `grad_accum` micro-batches through the compiled train step, each on a batch
+already placed on the devices (`loop/feed.py`). Metrics stay on the device except on the steps
+that log, and a logged step's are read once the next step is queued, so the device never waits. Hooks (`Hook`)
 see every logged and evaluated record and can end a run, without changes to the loop.
 """
 
+import collections
 import concurrent.futures
 import dataclasses
 import math
@@ -24,7 +26,6 @@ from jaxtrain.checkpoints import store as checkpoint
 from jaxtrain.config import validate as validation
 from jaxtrain.core import cpu, mesh
 from jaxtrain.core import programs as programs_lib
-from jaxtrain.core import stats as stats_lib
 from jaxtrain.core.steps import TrainState
 from jaxtrain.data import corpus as data
 from jaxtrain.data import mixture
@@ -33,6 +34,7 @@ from jaxtrain.loop import (
   budget,
   early_stop,
   ending,
+  feed,
   metrics,
   profile,
   progress,
@@ -63,6 +65,13 @@ def _throttle(results: list) -> None:
     jax.block_until_ready(results[-MAX_IN_FLIGHT - 1])
 
 
+def _keep_up(in_flight: collections.deque) -> None:
+  """Waits (without copying anything back) until at most MAX_IN_FLIGHT train-step dispatches
+  are queued ahead of the device."""
+  while len(in_flight) > MAX_IN_FLIGHT:
+    jax.block_until_ready(in_flight.popleft())
+
+
 @dataclasses.dataclass
 class Run:
   """What setup prepares for the loop; each part gets its own config section from here."""
@@ -73,7 +82,7 @@ class Run:
   corpus: data.Corpus
   programs: programs_lib.Programs
   ckpts: checkpoint.Checkpoints
-  train_iter: object  # grain iterator of this process's rows of each micro-batch
+  train_iter: feed.DeviceFeed  # this process's rows of each micro-batch, placed ahead
   metrics_file: metrics.MetricsFile
   run_meta: dict  # saved with every checkpoint; checked on resume
   hooks: list[Hook]
@@ -179,8 +188,9 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
   signals.check()
   summary.describe(out, cfg, corpus, programs)
   tasks.describe(eval_tasks, cfg.train.eval_tasks_limit, out.print)
-  train_iter = mixture.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed,
-                                   jax.process_index(), jax.process_count())
+  train_iter = feed.DeviceFeed(
+      mixture.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed,
+                             jax.process_index(), jax.process_count()), programs.place)
   run_meta = {"jaxtrain_version": __version__, "data_fingerprint": corpus.fingerprint,
               "tokenizer": corpus.tokenizer.to_json(), "config": cfg.to_dict()}
   if is_main and not (workdir / paths.RUN_FILE).exists():  # a new run: mark the directory first
@@ -254,20 +264,24 @@ def _loop(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> 
       state = _step(r, p, state)
       for hook in r.hooks:
         hook.on_step(p.step, state)
+      if p.log_due is not None:  # the step before this one, now that this one is queued
+        _log(r, p, p.log_due)
       evaluate_now = p.step % t.eval_every == 0 or p.step == t.max_steps
       save_now = p.step % t.checkpoint_every == 0 or p.step == t.max_steps
       # Every process stops at one step: on a signal the loop caught, or one jax's preemption
       # notifier caught before the loop began (multi-process runs).
       if runtime.any_process(stop.requested is not None) or runtime.preempted(p.step):
         signal_stop, save_now = stop.requested or "SIGTERM", True
-      if p.step % t.log_every == 0 or evaluate_now or save_now:
-        _log(r, p)
+      if evaluate_now or save_now:
+        _log(r, p, p.step)
+      elif p.step % t.log_every == 0:  # logged once the next step is queued: the device never waits
+        p.log_due = p.step
       if evaluate_now and p.best.update(_evaluate(r, p, state)):
         save_now = True  # the best model so far is always on disk
       hook_stop = _hook_stop(r.hooks) if r.hooks and not signal_stop else None
       if hook_stop:
-        if p.pending is not None:  # the run's last step gets its line too
-          _log(r, p)
+        if p.pending:  # the run's last step gets its line too
+          _log(r, p, p.step)
         save_now = True
       if save_now:
         with stop.saving_now():
@@ -279,7 +293,7 @@ def _loop(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> 
         break
       if evaluate_now or save_now:
         p.meter.skip_time(time.perf_counter())  # eval and save time is not training time
-    _read(r, p)
+    progress.read(p, r.out.print)
     r.out.close()
     with stop.saving_now():
       saving_lib.finish(r.ckpts, p.step)
@@ -295,63 +309,49 @@ def _loop(r: Run, state: TrainState, elapsed_before: float, best_val: float) -> 
 
 
 def _step(r: Run, p: progress.Progress, state: TrainState) -> TrainState:
-  """One optimizer step: grad_accum micro-batches. The previous step's metrics are read now
-  that this one is queued; this one's stay on the device."""
+  """One optimizer step: grad_accum micro-batches queued on the device, each on a batch placed
+  ahead of it (the next ones are placed while it runs). Its metrics stay on the device until a
+  log line reads them."""
   micro = []
   for _ in range(r.cfg.train.grad_accum):
-    state, m = r.programs.train_step(state, r.programs.place(next(r.train_iter)))
+    state, m = r.programs.train_step(state, next(r.train_iter))
     micro.append(m)
-    _throttle(micro)
+    p.in_flight.append(m)
+    r.train_iter.fill()
+    _keep_up(p.in_flight)
   p.step += 1
   if not p.meter.started:
     jax.block_until_ready(micro)
     r.out.print(f"compiled and ran the first step in {time.time() - r.t_compile:.1f}s")
     p.meter.start(p.step, time.perf_counter())
-  _read(r, p)
-  p.pending = (p.step, micro)
+  p.pending.append((p.step, micro))
   return state
 
 
-def _read(r: Run, p: progress.Progress, stats: dict | None = None) -> float | None:
-  """Reads the pending step's metrics (waiting for it); returns its gradient norm. Its per-group
-  statistics are copied from the device only when asked (into `stats`)."""
-  if p.pending is None:
-    return None
-  micro = p.pending[1]
-  host = jax.device_get([{k: v for k, v in m.items() if stats is not None or not stats_lib.is_stat(k)}
-                         for m in micro])
-  loss, grad_norm, note = p.guard.check(p.pending[0], host)
-  if stats is not None:
-    stats.update(stats_lib.combine(host))
-  p.pending = None
-  if note:
-    r.out.print(note)
-  p.last_loss = loss
-  return grad_norm
-
-
-def _log(r: Run, p: progress.Progress) -> None:
+def _log(r: Run, p: progress.Progress, step: int) -> None:
+  """The line and records of step `step` (this step, or the one before it)."""
   stats = {}
-  grad_norm = _read(r, p, stats)
-  speed = p.meter.read(p.step, time.perf_counter())
+  grad_norm = progress.read(p, r.out.print, step, stats)
+  p.log_due = None
+  speed = p.meter.read(step, time.perf_counter())
   if speed is not None and not p.speed_said:
     p.speed_said = True
     r.out.print(summary.speed_line(speed, r.programs.model_cfg.dtype,
-                                   r.cfg.train.max_steps - p.step))
-  lr, elapsed = float(p.schedule(p.step - 1)), p.elapsed()
+                                   r.cfg.train.max_steps - step))
+  lr, elapsed = p.last_lr, p.elapsed()
   mem, mem_text, mem_warning = p.mem_watch.read()
-  r.out.progress(p.step, r.cfg.train.max_steps, p.last_loss, lr,
+  r.out.progress(step, r.cfg.train.max_steps, p.last_loss, lr,
                  speed.tokens_per_sec if speed else 0.0, elapsed, speed.eta_s if speed else 0.0,
                  mem_text)
   if mem_warning:
     r.out.print(mem_warning)
-  saving_lib.check(r.ckpts, p.step)  # a background write that failed is reported now
-  record = {"step": p.step, "loss": p.last_loss, "lr": lr, "grad_norm": grad_norm,
+  saving_lib.check(r.ckpts, step)  # a background write that failed is reported now
+  record = {"step": step, "loss": p.last_loss, "lr": lr, "grad_norm": grad_norm,
             "tokens_per_sec": speed.tokens_per_sec if speed else None,
             "mfu": speed.mfu if speed else None, "elapsed_s": round(elapsed, 3), **mem, **stats}
   r.metrics_file.write(**record)
   for hook in r.hooks:
-    hook.on_log(p.step, record)
+    hook.on_log(step, record)
 
 
 def _evaluate(r: Run, p: progress.Progress, state: TrainState) -> float:

@@ -50,6 +50,14 @@ def tiny(corpus_file, tmp_path):
                         "headless": True})
 
 
+def with_root_on_path(env: dict | None = None) -> dict:
+  """`env` (default: this process's) with the repository root first on PYTHONPATH and the
+  caller's entries kept after it (a package brought in through PYTHONPATH stays importable)."""
+  env = dict(os.environ if env is None else env)
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+  return env
+
+
 def run_cli(*args: str, timeout: float = 300, env: dict | None = None):
   """`python -m jaxtrain ARGS` in a subprocess, bounded in time; returns CompletedProcess."""
   import subprocess

@@ -4,13 +4,13 @@ one, a file that fails to load says where in one line, and a fine-tune takes its
 run it starts from."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import ml_collections
 import pytest
+from conftest import with_root_on_path
 
 import jaxtrain as jt
 from jaxtrain.config import defaults as config
@@ -124,7 +124,7 @@ def test_the_nearest_field_is_suggested(name, expected):
 
 
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  env = with_root_on_path()
   return subprocess.run([sys.executable, "-m", "jaxtrain", *args], cwd=cwd, env=env,
                         capture_output=True, text=True, timeout=120)
 

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import with_root_on_path
 from flax import nnx
 
 from jaxtrain.core import model as model_lib
@@ -52,8 +53,8 @@ print(json.dumps({"max_diff": diff, "losses": losses, "loss_scale": float(a["los
 
 
 def _resume(corpus_file, tmp_path, dtype: str, xla_flags: str = "") -> dict:
-  env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {xla_flags}".strip(),
-             PYTHONPATH=str(ROOT))
+  env = with_root_on_path(dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
+                                                    f"{xla_flags}".strip()))
   over = {"data.path": str(corpus_file), "model.dtype": dtype}
   out = subprocess.run([sys.executable, "-c", _RESUME, json.dumps(over), str(tmp_path)], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=600)
@@ -102,7 +103,7 @@ print(json.dumps({"measured": measured, "estimate": est}))
 def _peak(**overrides) -> dict:
   base = {"model.n_layers": 8, "model.n_heads": 8, "model.d_model": 512, "model.seq_len": 1024,
           "model.vocab_size": 50304, "model.dtype": "bfloat16", "train.batch_size": 8}
-  env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=str(ROOT))
+  env = with_root_on_path(dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false"))
   out = subprocess.run([sys.executable, "-c", _PEAK, json.dumps({**base, **overrides})], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]

@@ -20,7 +20,7 @@ from jaxtrain.core import model as model_lib
 from jaxtrain.core import optim
 from jaxtrain.core import stats as stats_lib
 
-TRAIN_METRICS = ("loss", "grad_norm", "skipped", "loss_scale")  # what train_step reports
+TRAIN_METRICS = ("loss", "grad_norm", "skipped", "loss_scale", "lr")  # what train_step reports
 EVAL_METRICS = ("loss",)
 INITIAL_LOSS_SCALE = 2.0**15
 LOSS_SCALE_GROWTH = 2.0 ** (1 / 1000)
@@ -156,8 +156,10 @@ def apply_gradients(state: TrainState, rng: jax.Array, loss: jax.Array,
     # good steps, so that small float16 gradients do not flush to zero.
     scale = jnp.clip(jnp.where(jnp.isfinite(grad_norm), scale * LOSS_SCALE_GROWTH, scale / 2),
                      1.0, 2.0**24)
+  # The learning rate this step used, read with the loss: the log needs no device work of its own.
+  lr = optim.lr_schedule(state.optimizer, state.optimizer.max_steps)(state.step)
   metrics = {"loss": loss, "grad_norm": grad_norm, "skipped": optim.skipped_steps(opt_state),
-             "loss_scale": scale, **stats_lib.group_stats(trained, grads, new, stats)}
+             "loss_scale": scale, "lr": lr, **stats_lib.group_stats(trained, grads, new, stats)}
   return state.replace(params=lora_lib.combine(state.params, new), opt_state=opt_state,
                        step=step, rng=rng, loss_scale=scale), metrics
 

@@ -25,7 +25,6 @@ import jax
 import ml_collections
 
 from jaxtrain.checkpoints.store import Checkpoints
-from jaxtrain.core import optim
 from jaxtrain.core import programs as programs_lib
 from jaxtrain.system import fmt, paths, runtime
 
@@ -201,6 +200,5 @@ def follow(r, p, state):
   plan.compile_s = time.perf_counter() - t0
   if plan.t_first is not None:  # a one-off: the pace is the steps'
     plan.t_first += plan.compile_s
-  p.schedule = jax.jit(optim.lr_schedule(cfg.optim, cfg.train.max_steps))
   p.meter.max_steps = r.cfg.train.max_steps
   return state
