@@ -129,3 +129,23 @@ def test_attention_choice():
 
   with pytest.raises(ConfigError, match="model.attention: cudnn needs an NVIDIA GPU"):
     attention.resolve_attention("cudnn", "bfloat16", 64, 4, 32, "cpu")
+
+
+def test_a_deterministic_run_takes_xlas_attention(tiny, monkeypatch):
+  from jaxtrain.core import programs
+  from jaxtrain.system.errors import ConfigError
+
+  # On a GPU, "auto" would try cuDNN: a deterministic run decides before any compile.
+  assert attention.resolve_attention("auto", "bfloat16", 64, 4, 32, "gpu", True) == \
+      ("xla", "deterministic (cuDNN's fused attention backward is not)")
+  with pytest.raises(ConfigError, match="cudnn's fused attention is not deterministic"):
+    attention.resolve_attention("cudnn", "bfloat16", 64, 4, 32, "gpu", True)
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1 "
+                                  "--xla_gpu_deterministic_ops=true")
+  assert programs.wants_deterministic_gpu_ops()
+  monkeypatch.setenv("XLA_FLAGS", "")
+  assert not programs.wants_deterministic_gpu_ops()
+  # The GPU option is for GPU steps only; a CPU step keeps its CPU options.
+  tiny.train.deterministic = True
+  built = programs.build(tiny, 256, jax.devices()[:1])
+  assert "xla_gpu_deterministic_ops" not in built.compiler_options

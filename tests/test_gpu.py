@@ -52,10 +52,10 @@ print(json.dumps({"max_diff": diff, "losses": losses, "loss_scale": float(a["los
 """
 
 
-def _resume(corpus_file, tmp_path, dtype: str, xla_flags: str = "") -> dict:
+def _resume(corpus_file, tmp_path, dtype: str, xla_flags: str = "", over: dict | None = None) -> dict:
   env = with_root_on_path(dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
                                                     f"{xla_flags}".strip()))
-  over = {"data.path": str(corpus_file), "model.dtype": dtype}
+  over = {"data.path": str(corpus_file), "model.dtype": dtype, **(over or {})}
   out = subprocess.run([sys.executable, "-c", _RESUME, json.dumps(over), str(tmp_path)], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -75,7 +75,12 @@ def test_16_bit_steps_train_and_resume(corpus_file, tmp_path, dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_deterministic_gpu_ops_give_a_bit_exact_resume(corpus_file, tmp_path, dtype):
-  r = _resume(corpus_file, tmp_path, dtype, "--xla_gpu_deterministic_ops=true")
+  r = _resume(corpus_file, tmp_path, dtype, over={"train.deterministic": True})
+  assert r["max_diff"] == 0.0
+
+
+def test_deterministic_xla_flag_gives_a_bit_exact_resume(corpus_file, tmp_path):
+  r = _resume(corpus_file, tmp_path, "bfloat16", "--xla_gpu_deterministic_ops=true")
   assert r["max_diff"] == 0.0
 
 

@@ -106,6 +106,9 @@ def _train() -> ml_collections.ConfigDict:
   train.checkpoint_every = 200
   train.keep_checkpoints = 2  # the latest ones; the best by val loss is kept on top
   train.skip_nonfinite = False  # True: drop updates whose loss or gradients are inf/nan
+  # True: the same numbers on every rerun and resume on GPUs too (XLA's deterministic ops and
+  # attention; slower). CPU steps are deterministic either way.
+  train.deterministic = False
   train.early_stop_patience = 0  # stop after this many evaluations without a new best; 0: off
   # What early stopping watches: val_loss, val_bpb or a task metric (task/<stem>/exact_match, ...)
   train.early_stop_metric = "val_loss"

@@ -66,6 +66,11 @@ class Programs:
     return self.train_step.lower(self.abstract, self.batch_spec()).compile()
 
 
+def wants_deterministic_gpu_ops() -> bool:
+  """Whether XLA_FLAGS ask for XLA's deterministic GPU ops (as `train.deterministic` does)."""
+  return "--xla_gpu_deterministic_ops=true" in os.environ.get("XLA_FLAGS", "").lower()
+
+
 def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None = None,
           compiler_options: dict | None = None, eot_id: int = -1) -> Programs:
   """The programs for `cfg` on `devices` (default: all). Nothing is compiled until first use.
@@ -77,8 +82,10 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   m = cfg.model
   mesh.check_devices(cfg.mesh, cfg.train.batch_size, devices, m.dtype)
   device_mesh = mesh.make_mesh(cfg.mesh, devices)
+  deterministic = bool(cfg.train.get("deterministic")) or wants_deterministic_gpu_ops()
   impl, why = attention.resolve_attention(m.attention, m.dtype, m.seq_len, m.n_heads,
-                                          m.d_model // m.n_heads, devices[0].platform)
+                                          m.d_model // m.n_heads, devices[0].platform,
+                                          deterministic)
   # Prompt/completion and chat records are documents that must not see each other in a window.
   weighted = bool(cfg.data.get("prompt_field") and cfg.data.get("completion_field")) or \
       bool(cfg.data.get("messages_field"))
@@ -107,6 +114,8 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   if compiler_options is None:
     compiler_options = cpu.cpu_step_options(step_flops, os.environ.get("XLA_FLAGS", "")) \
         if on_cpu else {}
+    if deterministic and devices[0].platform == "gpu":
+      compiler_options = {**compiler_options, "xla_gpu_deterministic_ops": True}
   # (a weighted loss is a mean over the whole batch's weights, not the mean of devices' means)
   one_allreduce = (on_cpu and not weighted and device_mesh.shape["data"] > 1
                    and device_mesh.shape["fsdp"] == 1 and model_cfg.dropout == 0
