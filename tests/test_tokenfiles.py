@@ -128,6 +128,9 @@ def test_the_windows_are_the_ids_in_the_files(tmp_path):
   assert seen == {0, 2, 3}  # the 20-id file holds no window of 33
   for batch in data.eval_batches(corpus, 8, window - 1, seed=3, n_batches=3):
     assert np.all(np.diff(batch["tokens"], axis=1) == 1) and batch["tokens"].min() >= stream[n_train]
+  with pytest.raises(UserError, match=r"^the validation split of the token files holds no window "
+                     r"of seq_len\+1=1001 ids \(its longest stretch in one file has 705\)"):
+    data.check_lengths(corpus, 1000, 0.25)
 
 
 @pytest.mark.parametrize("name,is_val", [
