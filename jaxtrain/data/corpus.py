@@ -69,11 +69,11 @@ class Corpus:
   about: str = ""  # token files: what they are, for the summary ("": text)
 
   @property
-  def train(self) -> np.ndarray:
+  def train(self) -> np.ndarray | Shards:
     return self.tokens[:self.n_train]
 
   @property
-  def val(self) -> np.ndarray:
+  def val(self) -> np.ndarray | Shards:
     return self.tokens[self.n_train:]
 
   def split_mask(self, train: bool) -> np.ndarray | None:
