@@ -28,7 +28,7 @@ from jaxtrain.core import cpu, mesh
 from jaxtrain.core import programs as programs_lib
 from jaxtrain.core.steps import TrainState
 from jaxtrain.data import corpus as data
-from jaxtrain.data import mixture
+from jaxtrain.data import mixture, tokenfiles
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.loop import (
   budget,
@@ -175,8 +175,10 @@ def _setup(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
   out.print(f"jaxtrain {__version__} | workdir {workdir} | {platform} x{len(devices)} "
             f"(mesh data={data_axis} fsdp={fsdp_axis}) | jax {jax.__version__}"
             + (f" | {allocator.in_use()} allocator" if platform == "cpu" else ""))
-  corpus = mixture.prepare(cfg.data, show_progress=out.use_bar, log=out.print)
+  corpus = mixture.prepare(cfg.data, show_progress=out.use_bar, log=out.print,
+                           vocab_size=cfg.model.vocab_size)
   mixture.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
+  tokenfiles.check_run(cfg, corpus.tokenizer)
   vocab = tokenizer_lib.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
   programs = programs_lib.build(cfg, vocab, devices, eot_id=corpus.tokenizer.eot_id)
   plan = None
@@ -364,9 +366,10 @@ def _evaluate(r: Run, p: progress.Progress, state: TrainState) -> float:
   ppl = math.exp(min(val, 50))
   scope = data.loss_scope(r.cfg.data)
   on = f" on {scope}" if scope and p.eval_weights is not None else ""
-  r.out.print(f"eval step {p.step}: val loss{on} {val:.4f} | perplexity {ppl:.2f} | "
-              f"{val * p.bpb:.4f} bits/byte")
-  record = {"step": p.step, "val_loss": val, "val_ppl": ppl, "val_bpb": val * p.bpb,
+  bpb = {} if math.isnan(p.bpb) else {"val_bpb": val * p.bpb}  # nan: no bytes known (token ids)
+  r.out.print(f"eval step {p.step}: val loss{on} {val:.4f} | perplexity {ppl:.2f}"
+              + (f" | {bpb['val_bpb']:.4f} bits/byte" if bpb else ""))
+  record = {"step": p.step, "val_loss": val, "val_ppl": ppl, **bpb,
             "elapsed_s": round(p.elapsed(), 3)}
   if p.source_sets:
     record.update(sources.evaluate(r.programs, state, p.source_sets, _throttle))

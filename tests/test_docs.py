@@ -132,6 +132,7 @@ def _fixtures(sandbox: Path, text: str) -> None:
   (sandbox / "data").mkdir()
   for i in range(2):
     pq.write_table(pa.table({"text": docs[i::2]}), sandbox / "data" / f"part-{i}.parquet")
+  _token_files(sandbox, text)
   (sandbox / "books").mkdir()
   for i in range(2):
     (sandbox / "books" / f"{i}.txt").write_text("\n".join(lines[i::2]) + "\n")
@@ -143,6 +144,29 @@ def _fixtures(sandbox: Path, text: str) -> None:
   chats = [{"messages": [{"role": "user", "content": r["prompt"]},
                          {"role": "assistant", "content": r["completion"]}]} for r in records]
   (sandbox / "chats.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
+
+
+def _token_files(sandbox: Path, text: str) -> None:
+  """Token files as nanoGPT (character ids, data/shakespeare_char) and llm.c (GPT-2 shards,
+  dev/data/fineweb10B) write them."""
+  import numpy as np
+
+  chars = sorted(set(text))
+  ids = np.array([chars.index(c) for c in text], np.uint16)
+  nano = sandbox / "data" / "shakespeare_char"
+  nano.mkdir(parents=True)
+  ids[:len(ids) * 9 // 10].tofile(nano / "train.bin")
+  ids[len(ids) * 9 // 10:].tofile(nano / "val.bin")
+  (nano / "input.txt").write_text(text)
+  (nano / "prepare.py").write_text("# writes train.bin, val.bin and meta.pkl\n")
+  shards = sandbox / "dev" / "data" / "fineweb10B"
+  shards.mkdir(parents=True)
+  gpt2 = (ids.astype(np.int64) * 997 % 50257).astype(np.uint16)
+  for i, part in enumerate(np.array_split(gpt2, 3)):
+    header = np.zeros(256, np.int32)
+    header[:3] = 20240520, 1, len(part)
+    name = f"fineweb_{'val' if i == 0 else 'train'}_{i:06d}.bin"
+    (shards / name).write_bytes(header.tobytes() + part.tobytes())
 
 
 @pytest.mark.slow

@@ -79,7 +79,7 @@ def architecture(c: ModelConfig) -> str:
   return arch
 
 
-def hf_config(c: ModelConfig, eos_id: int, bos_id: int | None = None) -> dict:
+def hf_config(c: ModelConfig, eos_id: int | None, bos_id: int | None = None) -> dict:
   """config.json for `c` (float32 weights) with the tokenizer's end-of-text token as eos (and
   its beginning-of-sequence token, where it has one)."""
   common = {"vocab_size": c.vocab_size, "tie_word_embeddings": c.tie_embeddings,

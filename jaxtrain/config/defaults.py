@@ -23,6 +23,7 @@ SCHEDULES = ("cosine", "wsd", "constant")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION = ("auto", "xla", "cudnn")
 TOKENIZERS = ("byte", "char", "bpe")  # or the path of a tokenizer.json
+DATA_FORMATS = ("auto", "text", "uint16", "llmc")
 LOSS_SCALING = ("auto", "dynamic", "off")
 REMATS = ("none", "dots", "full")
 WANDB_MODES = ("online", "offline")
@@ -150,6 +151,10 @@ def _optim() -> ml_collections.ConfigDict:
 def _data() -> ml_collections.ConfigDict:
   data = ml_collections.ConfigDict()
   data.path = ""  # text, .jsonl or .parquet files: a file, directory or glob; "": Python's stdlib
+  # What data.path's files are: auto (token ids where all are .bin files, or nanoGPT's train.bin
+  # and val.bin are: llm.c's shards where they have its header, else flat uint16; else text) |
+  # text | uint16 (flat uint16 ids, nanoGPT's .bin) | llmc (llm.c's shards)
+  data.format = "auto"
   data.mixture = ""  # "books/*.txt:3,notes.jsonl:1": sources (as data.path) drawn by weight; "": off
   data.text_field = "text"  # the .jsonl field or .parquet column that holds each document
   # Both set: prompt/completion records (.jsonl/.parquet), each one document (prompt, completion,

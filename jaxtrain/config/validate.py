@@ -274,6 +274,7 @@ def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
          "data.tokenizer", f"{_show(d.tokenizer)} is not byte, char, bpe or a tokenizer.json file",
          "pass --config.data.tokenizer=bpe (or byte, char, or the path of a tokenizer.json)")
   _check(d.text_field != "", "data.text_field", "is empty", "pass --config.data.text_field=text")
+  _validate_format(d)
   _check(not (d.messages_field and (d.prompt_field or d.completion_field)), "data.messages_field",
          f"is set ({_show(d.messages_field)}) and so are the prompt/completion fields; a record is "
          "a chat or a prompt and its completion, not both", "pass either "
@@ -300,6 +301,19 @@ def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
   _check(s.temperature == 0 or s.temperature >= 1e-30, "sample.temperature", f"must be >= 0 (0 "
          f"is greedy; else at least 1e-30), got {s.temperature}", "pass --config.sample.temperature=0.8")
   _positive_int(cfg, "sample.top_k", minimum=0)
+
+
+def _validate_format(d: ml_collections.ConfigDict) -> None:
+  """Token files (data.format uint16 or llmc) are ids already: no records, nothing to learn."""
+  _one_of(d.format, config.DATA_FORMATS, "data.format")
+  if d.format not in ("uint16", "llmc"):
+    return  # auto: data/tokenfiles.py says the same once it knows which files are token ids
+  for f in ("prompt_field", "messages_field", "mixture"):
+    _check(not d[f], f"data.{f}", f"is set, and data.format={d.format} reads token ids, not text",
+           f"pass --config.data.{f}= (empty), or --config.data.format=auto for text")
+  _check(d.tokenizer not in ("char", "bpe"), "data.tokenizer", f"{d.tokenizer} is learned from "
+         f"text, and data.format={d.format} reads token ids", "pass the tokenizer.json the ids "
+         "come from, or leave data.tokenizer=byte (the default: ids without a tokenizer)")
 
 
 def _validate_mesh_distributed(cfg: ml_collections.ConfigDict) -> None:

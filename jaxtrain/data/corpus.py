@@ -11,6 +11,7 @@ Prompt/completion records also get a mask beside the tokens (KEY.mask, a uint8 p
 the token counts in the loss, i.e. completions and their end-of-text), and their batches a
 `"weights"` entry, float32[B, T], one per target; so do chat records (data/chat.py: 1 on the
 assistant turns' tokens and their end-of-turn tokens), whose tokenizer gets the chat tokens.
+Token files (data/tokenfiles.py: ids already, nanoGPT's and llm.c's .bin) are read in place.
 """
 
 import contextlib
@@ -27,13 +28,14 @@ import grain  # noqa: F401 (API: data.grain)
 import ml_collections
 import numpy as np
 
-from jaxtrain.data import chat
+from jaxtrain.data import chat, tokenfiles
 from jaxtrain.data import documents as corpus_lib
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.data.documents import Documents, describe, resolve_files, stdlib_dir  # noqa: F401 (API)
 from jaxtrain.data.windows import (  # noqa: F401 (API)
   _EVAL_STREAM,
   _TRAIN_STREAM,
+  Shards,
   WindowBatches,
   batches_bpb,
   bits_per_byte,
@@ -54,7 +56,7 @@ _BATCH_CHARS = 4 << 20  # text encoded per call: BPE spreads a batch over all co
 
 @dataclasses.dataclass
 class Corpus:
-  tokens: np.ndarray  # the whole token stream, a read-only memmap
+  tokens: np.ndarray | Shards  # the whole token stream: a read-only memmap (token files: theirs)
   tokenizer: object
   n_train: int
   fingerprint: str  # sha256 of the token stream: same text and tokenizer, same fingerprint
@@ -64,13 +66,14 @@ class Corpus:
   n_docs: int = 0
   mask: np.ndarray | None = None  # uint8 per token, 1: a target in the loss; None: all are
   sources: list = dataclasses.field(default_factory=list)  # data.mixture's (mixture.Source)
+  about: str = ""  # token files: what they are, for the summary ("": text)
 
   @property
-  def train(self) -> np.ndarray:
+  def train(self) -> np.ndarray | Shards:
     return self.tokens[:self.n_train]
 
   @property
-  def val(self) -> np.ndarray:
+  def val(self) -> np.ndarray | Shards:
     return self.tokens[self.n_train:]
 
   def split_mask(self, train: bool) -> np.ndarray | None:
@@ -127,14 +130,21 @@ def loss_scope(data: ml_collections.ConfigDict) -> str:
 
 
 def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=print,
-            files: list[Path] | None = None, tokenizer=None) -> Corpus:
+            files: list[Path] | None = None, tokenizer=None, vocab_size: int = 0) -> Corpus:
   """Tokenizes `data.path` (or `files`) once (cached by file names, sizes, mtimes and the
-  tokenizer's settings) and maps it. `tokenizer`: this one instead of `data.tokenizer`'s."""
-  files = _ordered(resolve_files(data.path) if files is None else files)
+  tokenizer's settings) and maps it. `tokenizer`: this one instead of `data.tokenizer`'s.
+  Token files are mapped as they are; `vocab_size` (model.vocab_size) counts flat files' ids."""
+  files = resolve_files(data.path) if files is None else files
   if not files:
     raise ConfigError("data.path", f"{describe(data.path)!r} matches no file (not a file, a "
                       "directory with files, or a glob)", "point --config.data.path at your text "
                       "(file, directory or glob), or leave it empty for the Python standard library")
+  if (chosen := tokenfiles.select(data, files)) is not None:
+    t = tokenfiles.prepare(data, *chosen, vocab_size, show_progress, log)
+    return Corpus(tokens=t.tokens, tokenizer=t.tokenizer, n_train=t.n_train,
+                  fingerprint=t.fingerprint, n_files=t.n_files, n_bytes=0, notes=t.notes,
+                  about=t.about)
+  files = _ordered(files)
   cache = _Cache(Path(data.cache_dir or default_cache_dir()) / "tokens",
                  _cache_key(files, data, tokenizer))
   meta, damage = cache.load()

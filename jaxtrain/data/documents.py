@@ -251,7 +251,10 @@ class Documents:
   def notes(self) -> list[str]:
     notes = []
     if self.binary:
-      notes.append(f"skipped {len(self.binary)} binary file(s), e.g. {self.binary[0]}")
+      ids = next((f for f in self.binary if f.suffix.lower() == ".bin"), None)
+      notes.append(f"skipped {len(self.binary)} binary file(s), e.g. {ids or self.binary[0]}"
+                   + (" (token ids? point --config.data.path at the .bin files alone, or pass "
+                      "--config.data.format=uint16 or llmc)" if ids else ""))
     if self.counter.count:
       notes.append(f"replaced {self.counter.count} byte(s) that are not UTF-8 with U+FFFD")
     return notes

@@ -22,6 +22,7 @@ import numpy as np
 
 from jaxtrain.config.lists import mixture_sources
 from jaxtrain.data import corpus as corpus_lib
+from jaxtrain.data import tokenfiles
 from jaxtrain.data.documents import resolve_files
 from jaxtrain.system import fmt
 from jaxtrain.system.errors import ConfigError, UserError
@@ -103,11 +104,13 @@ class MixedBatches:
     return {"tokens": np.stack(rows).astype(np.int32)}
 
 
-def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=print) -> corpus_lib.Corpus:
+def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=print,
+            vocab_size: int = 0) -> corpus_lib.Corpus:
   """`corpus.prepare(data)`; with `data.mixture`, the union of the sources (whose tokenizer every
-  source is tokenized with: bpe and char learn theirs from all of them) with `sources` filled."""
+  source is tokenized with: bpe and char learn theirs from all of them) with `sources` filled.
+  `vocab_size`: model.vocab_size, for token files."""
   if not data.mixture:
-    return corpus_lib.prepare(data, show_progress, log)
+    return corpus_lib.prepare(data, show_progress, log, vocab_size=vocab_size)
   specs = mixture_sources(data.mixture)
   files = []
   for spec, _ in specs:
@@ -116,6 +119,10 @@ def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=pri
       raise ConfigError("data.mixture", f"the source {spec!r} matches no file (not a file, a "
                         "directory with files, or a glob)", "point each source of "
                         "--config.data.mixture at your text")
+    if tokenfiles.select(data, found) is not None:
+      raise ConfigError("data.mixture", f"the source {spec!r} holds token files (.bin: token "
+                        "ids), and a mixture mixes text sources", "train on token files with "
+                        "--config.data.path, or pass --config.data.format=text if they are text")
     files.append(found)
   union = corpus_lib.prepare(data, show_progress, log, files=list(dict.fromkeys(
       f.absolute() for found in files for f in found)))

@@ -1,4 +1,5 @@
-"""Tokenizers: bytes, characters, byte-level BPE (trained on the corpus) or a tokenizer.json.
+"""Tokenizers: bytes, characters, byte-level BPE (trained on the corpus), a tokenizer.json, or
+token ids as they are (`IdsTokenizer`: token files read without a tokenizer.json).
 
 Every tokenizer has an end-of-text token (`eot_id`) that the token stream puts after each
 document, and writes itself as a Hugging Face `tokenizer.json` (`hf_json`) that
@@ -133,6 +134,74 @@ def _hf_json(vocab: dict[str, int], kind: str) -> str:
   return tok.to_str()
 
 
+class IdsTokenizer:
+  """Token ids with no text behind them (token files read without a tokenizer.json). Their text
+  is the ids in decimal, each after a space, the end-of-text id (if known) as "<|endoftext|>";
+  no id stands for any bytes of text, so bits per byte are unknown."""
+
+  name = "ids"
+
+  def __init__(self, vocab_size: int, eot_id: int = -1):
+    self.vocab_size, self.eot_id = vocab_size, eot_id  # eot_id -1: the ids have none
+    self.dtype = np.uint16 if vocab_size <= 2**16 else np.uint32
+
+  def encode(self, text: str) -> np.ndarray:
+    ids = []
+    for word in text.split():
+      i = self.eot_id if word == EOT else int(word) if word.isascii() and word.isdigit() else -1
+      if not 0 <= i < self.vocab_size:
+        raise UserError(f"{word[:20]!r} is not a token id of this run (0 .. {self.vocab_size - 1}): "
+                        "it has no tokenizer, so its text is token ids separated by spaces, e.g. "
+                        "'464 2068'")
+      ids.append(i)
+    return np.array(ids, self.dtype)
+
+  def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+    return [self.encode(t) for t in texts]
+
+  def decode(self, ids) -> str:
+    # A space before every id: pieces decoded apart (a stream, a prompt and its sample) join up.
+    return "".join(f" {EOT}" if i == self.eot_id else f" {i}" for i in np.asarray(ids).tolist())
+
+  def token_bytes(self) -> np.ndarray:
+    return np.zeros(self.vocab_size, np.int64)
+
+  def to_json(self) -> dict:
+    return {"name": self.name, "vocab_size": self.vocab_size, "eot_id": self.eot_id}
+
+  def hf_json(self) -> str:
+    """A word-level tokenizer.json with the same text: "464 2068" <-> [464, 2068]."""
+    t = _hf()
+    vocab = {EOT if i == self.eot_id else str(i): i for i in range(self.vocab_size)}
+    tok = t.Tokenizer(t.models.WordLevel(vocab=vocab, unk_token=None))
+    tok.pre_tokenizer = t.pre_tokenizers.WhitespaceSplit()
+    if self.eot_id >= 0:
+      tok.add_special_tokens([t.AddedToken(EOT, special=True)])
+    return tok.to_str()
+
+
+def _ids_tokenizer(d: dict) -> IdsTokenizer | None:
+  """The IdsTokenizer whose `hf_json()` is `d`, or None if `d` is another tokenizer.json."""
+  model = d.get("model") or {}
+  vocab = model.get("vocab")
+  if model.get("type") != "WordLevel" or d.get("pre_tokenizer") != {"type": "WhitespaceSplit"} \
+      or not isinstance(vocab, dict):
+    return None
+  eot = vocab.get(EOT, -1)
+  if any(vocab.get(str(i)) != i for i in range(len(vocab)) if i != eot):
+    return None
+  return IdsTokenizer(len(vocab), eot)
+
+
+def from_text(text: str):
+  """The tokenizer of a tokenizer.json's text (an IdsTokenizer's own file: that again)."""
+  try:
+    ids = _ids_tokenizer(json.loads(text))
+  except (ValueError, AttributeError):
+    ids = None  # not JSON (HFTokenizer says so) or not a JSON object
+  return ids or HFTokenizer(text)
+
+
 class HFTokenizer:
   """A `tokenizers.Tokenizer`: one trained here (`bpe`) or read from a tokenizer.json."""
 
@@ -251,7 +320,7 @@ def read_file(path: str) -> HFTokenizer:
   """The tokenizer.json at `path`; a one-line UserError if it does not load."""
   try:
     with open(path, encoding="utf-8") as f:
-      return HFTokenizer(f.read())
+      return from_text(f.read())
   except (OSError, UnicodeDecodeError, ValueError) as e:
     why = getattr(e, "strerror", None) or str(e)
     raise ConfigError("data.tokenizer", f"{path} is not a tokenizer.json that loads ({why})",
@@ -311,4 +380,4 @@ def load(path: str):
   with open(path, encoding="utf-8") as f:
     text = f.read()
   d = json.loads(text)
-  return HFTokenizer(text) if "model" in d else from_json(d)  # else the older {"name": ...} file
+  return from_text(text) if "model" in d else from_json(d)  # else the older {"name": ...} file

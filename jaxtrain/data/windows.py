@@ -1,5 +1,6 @@
 """Batches of windows from a tokenized corpus (`corpus.Corpus`): the training iterator, the fixed
-evaluation batches, and what turns their loss into bits per byte.
+evaluation batches, and what turns their loss into bits per byte; `Shards`, the token files'
+memmaps read as one corpus without joining them.
 
 Micro-batch i holds `batch_size` windows of `seq_len + 1` tokens at offsets drawn from a
 generator seeded by (seed, i): any batch can be rebuilt from the seed and its index. A corpus with
@@ -13,6 +14,48 @@ import grain
 import numpy as np
 
 from jaxtrain.system.errors import UserError
+
+
+class Shards:
+  """Token arrays (one memmap per file) read as one sequence without joining them: a window
+  comes from one array, so no array is copied whole. `np.asarray` joins them: short slices only."""
+
+  def __init__(self, parts: list[np.ndarray]):
+    self.parts = [p for p in parts if len(p)]
+    self.ends = np.cumsum([len(p) for p in self.parts], dtype=np.int64)
+    self.dtype = self.parts[0].dtype if self.parts else np.dtype(np.uint16)
+
+  def __len__(self) -> int:
+    return int(self.ends[-1]) if len(self.ends) else 0
+
+  def __getitem__(self, key: slice) -> "Shards":
+    start, stop, step = key.indices(len(self))
+    if step != 1:
+      raise TypeError("Shards take contiguous slices only")
+    parts, begin = [], 0
+    for p, end in zip(self.parts, self.ends.tolist()):
+      lo, hi = max(start - begin, 0), min(stop - begin, len(p))
+      if lo < hi:
+        parts.append(p[lo:hi])
+      begin = end
+    return Shards(parts)
+
+  def __array__(self, dtype=None, copy=None) -> np.ndarray:
+    joined = np.concatenate(self.parts) if self.parts else np.zeros(0, self.dtype)
+    return joined if dtype is None else joined.astype(dtype)
+
+  def starts(self, window: int) -> np.ndarray:
+    """Where a window of `window` ids can start in each part: int64[P]."""
+    return np.maximum(np.array([len(p) for p in self.parts], np.int64) - window + 1, 0)
+
+  def windows(self, starts_B: np.ndarray, window: int) -> np.ndarray:
+    """The windows at `starts_B`, indices into all the parts' starts in order: ids_BW."""
+    counts_P = self.starts(window)
+    before_P = np.cumsum(counts_P) - counts_P
+    part_B = np.searchsorted(before_P + counts_P, starts_B, side="right")
+    rows = [self.parts[k][s - before_P[k]:s - before_P[k] + window]
+            for k, s in zip(part_B.tolist(), np.asarray(starts_B).tolist())]
+    return np.stack(rows) if rows else np.zeros((0, window), self.dtype)
 
 
 class Corpus(Protocol):
@@ -40,7 +83,7 @@ class WindowBatches:
                rows: slice = slice(None), mask: np.ndarray | None = None):
     self.tokens, self.mask, self.batch_size, self.window = tokens, mask, batch_size, seq_len + 1
     self.seed, self.stream, self.rows = seed, stream, rows
-    self.n_starts = len(tokens) - self.window + 1
+    self.n_starts = n_windows(tokens, self.window)
 
   def __len__(self) -> int:
     return 2**62  # endless: the loop decides when to stop
@@ -48,11 +91,20 @@ class WindowBatches:
   def __getitem__(self, index: int) -> dict:
     rng = np.random.default_rng([self.seed, self.stream, index])
     starts_B = rng.integers(0, self.n_starts, size=self.batch_size)[self.rows]
+    if isinstance(self.tokens, Shards):  # token files: each window from one file
+      return {"tokens": self.tokens.windows(starts_B, self.window).astype(np.int32)}
     at_BW = starts_B[:, None] + np.arange(self.window)
     batch = {"tokens": self.tokens[at_BW].astype(np.int32)}
     if self.mask is not None:  # one weight per target: tokens 1..T of the window
       batch["weights"] = self.mask[at_BW[:, 1:]].astype(np.float32)
     return batch
+
+
+def n_windows(tokens: np.ndarray | Shards, window: int) -> int:
+  """Where a window of `window` tokens can start (token files: within one file)."""
+  if isinstance(tokens, Shards):
+    return int(tokens.starts(window).sum())
+  return max(len(tokens) - window + 1, 0)
 
 
 def process_rows(batch_size: int, process_index: int, process_count: int) -> slice:
@@ -82,6 +134,15 @@ def eval_batches(corpus: Corpus, batch_size: int, seq_len: int, seed: int, n_bat
 
 def check_lengths(corpus: Corpus, seq_len: int, val_fraction: float) -> None:
   window = seq_len + 1
+  if isinstance(corpus.tokens, Shards):
+    for name, split in (("validation", corpus.val), ("training", corpus.train)):
+      if n_windows(split, window) < 1:
+        longest = max((len(p) for p in split.parts), default=0)
+        raise UserError(f"the {name} split of the token files holds no window of seq_len+1="
+                        f"{window} ids (its longest stretch in one file has {longest}); pass a "
+                        "smaller --config.model.seq_len (or, where validation is the files' "
+                        "tail, another --config.data.val_fraction)")
+    return
   if len(corpus.val) < window:
     need = int(window / val_fraction) + window
     raise UserError(f"the corpus has {len(corpus.tokens)} tokens: its validation split "

@@ -16,10 +16,13 @@ from jaxtrain.system import fmt
 def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: data.Corpus,
              programs: Programs) -> None:
   tok, mc = corpus.tokenizer, programs.model_cfg
-  out.print(f"data: {data.describe(cfg.data.mixture or cfg.data.path)}: {corpus.n_files} file(s), "
-            f"{fmt.count(corpus.n_docs)} documents, {fmt.count(corpus.n_bytes)}B -> "
-            f"{fmt.count(len(corpus.tokens))} {tok.name} tokens "
-            f"(train {fmt.count(len(corpus.train))}, val {fmt.count(len(corpus.val))})")
+  where = data.describe(cfg.data.mixture or cfg.data.path)
+  if corpus.about:  # token files
+    out.print(f"data: {where}: {corpus.about}")
+  else:
+    out.print(f"data: {where}: {corpus.n_files} file(s), {fmt.count(corpus.n_docs)} documents, "
+              f"{fmt.count(corpus.n_bytes)}B -> {fmt.count(len(corpus.tokens))} {tok.name} tokens "
+              f"(train {fmt.count(len(corpus.train))}, val {fmt.count(len(corpus.val))})")
   if corpus.mask is not None and data.is_chat(cfg.data):
     out.print(f"data: chat records ({cfg.data.messages_field!r}): "
               f"{fmt.count(int(corpus.mask.sum()))} of the tokens (assistant turns and their "

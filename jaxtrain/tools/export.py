@@ -29,7 +29,8 @@ def export(workdir: str, out: str, step: str = "latest") -> Path:
   """Writes the model of `workdir`'s checkpoint `step` into directory `out`; returns it."""
   state, tok = trained.load(workdir, step)
   c = state.model_cfg
-  eos, bos = tok.eot_id, tokenizer_lib.bos_id(tok)
+  # Token ids from flat files without a tokenizer may have no end-of-text id (-1): none, then.
+  eos, bos = (tok.eot_id if tok.eot_id >= 0 else None), tokenizer_lib.bos_id(tok)
   config = hf.hf_config(c, eos, bos)  # before anything is written: no equivalent is refused
   target = _target(out)
   # LoRA adapters folded into their kernels: an ordinary model of the same layout.

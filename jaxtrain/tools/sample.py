@@ -62,8 +62,12 @@ def encode(tok, text: str) -> np.ndarray:
   """The prompt's tokens; an empty prompt starts from a newline where the vocabulary has one."""
   if text == "":
     nl = tokenizer_lib.newline_id(tok)
+    if isinstance(tok, tokenizer_lib.IdsTokenizer) and tok.eot_id >= 0:
+      nl = tok.eot_id  # token ids without text: a new document's start
     if nl is None:
-      raise UserError("this run's char vocabulary has no newline to start from; pass --prompt=...")
+      which = "token ids (without a tokenizer) have" if isinstance(tok, tokenizer_lib.IdsTokenizer) \
+          else "char vocabulary has"
+      raise UserError(f"this run's {which} no newline to start from; pass --prompt=...")
     return np.array([nl], np.int32)
   return np.asarray(tok.encode(text), np.int32)  # a char outside the vocabulary: UserError
 
