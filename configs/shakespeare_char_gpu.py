@@ -33,7 +33,7 @@ def get_config():
   cfg.model.dtype = "bfloat16"
 
   cfg.train.batch_size = 64
-  cfg.train.max_steps = 1000  # the decay ends where the 2500-step schedule began to overfit
+  # train.max_steps stays the default 1000: the decay ends where 2500 steps began to overfit
   cfg.train.log_every = 50
   cfg.train.eval_every = 100
   cfg.train.checkpoint_every = 1000
