@@ -1,9 +1,11 @@
-"""The docs stay true: CI runs the README's test command, README.md and docs/ name every config
-field, their links resolve, and every command in their ```bash blocks runs as a new user types it."""
+"""The docs stay true: CI runs the README's test command, no tracked file holds merge-conflict
+markers, README.md and docs/ name every config field, their links resolve, and every command in
+their ```bash blocks runs as a new user types it."""
 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -57,6 +59,32 @@ def test_ci_runs_the_readme_test_command():
   command = ci_lines[-1]
   assert "pytest" in command and command.startswith("python3 -m venv .venv")
   assert f"```bash\n{command}\n```" in readme
+
+
+# What git writes around a conflict it leaves for a person to resolve, built from parts so
+# that this file holds no such line itself.
+CONFLICT_MARKERS = re.compile("^(" + "<" * 7 + " |" + "=" * 7 + "$|" + ">" * 7 + " )", re.M)
+
+
+def _tracked_files() -> list[Path]:
+  if shutil.which("git") is None or not (ROOT / ".git").exists():
+    pytest.skip("not a git checkout: no list of tracked files")
+  out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+  return [ROOT / name for name in out.stdout.decode().split("\0") if name]
+
+
+def test_no_file_holds_merge_conflict_markers():
+  found = []
+  for path in _tracked_files():
+    if path.is_symlink() or not path.is_file():
+      continue
+    data = path.read_bytes()
+    if b"\0" in data[:8192]:
+      continue  # binary
+    text = data.decode("utf-8", errors="replace")
+    found += [f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
+              for m in CONFLICT_MARKERS.finditer(text)]
+  assert not found, f"unresolved merge conflicts: {found}"
 
 
 def test_docs_name_every_config_field():
