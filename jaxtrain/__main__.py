@@ -45,7 +45,8 @@ def _help() -> str:
   sections = [k for k, v in config.default_config().items() if hasattr(v, "keys")]
   recipes = (f"Recipes, in {shipped}: {', '.join(cli.recipe_names())}" if shipped else
              "Recipes: none here; the configs/ folder of the jaxtrain repository holds them")
-  return HELP.format(recipes=textwrap.fill(recipes, 100, break_long_words=False, break_on_hyphens=False), sections=", ".join(sections))
+  recipes = textwrap.fill(recipes, 100, break_long_words=False, break_on_hyphens=False)  # paths whole
+  return HELP.format(recipes=recipes, sections=", ".join(sections))
 
 
 def _config_value(argv: list[str]) -> tuple[int, str | None]:
