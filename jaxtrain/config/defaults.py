@@ -31,6 +31,10 @@ GROUP_STATS = ("groups", "layers", "none")
 TASK_METRICS = ("loss", "bpb", "exact_match", "mc_accuracy")
 HIGHER_IS_BETTER = ("exact_match", "mc_accuracy")
 LORA_TARGETS = ("qkv", "out", "up", "down")  # each block's attention and MLP linear layers
+# data.path of a recipe that trains on the user's own file: a run not given one stops before any
+# work, saying what the file holds and where to get one (validate.py).
+REQUIRED = "<required>"
+TINY_SHAKESPEARE = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -146,7 +150,9 @@ def _optim() -> ml_collections.ConfigDict:
 
 def _data() -> ml_collections.ConfigDict:
   data = ml_collections.ConfigDict()
-  data.path = ""  # text, .jsonl or .parquet files: a file, directory or glob; "": Python's stdlib
+  # text, .jsonl or .parquet files: a file, directory or glob; "": Python's stdlib; "<required>":
+  # the user's to give (a recipe's data)
+  data.path = ""
   data.mixture = ""  # "books/*.txt:3,notes.jsonl:1": sources (as data.path) drawn by weight; "": off
   data.text_field = "text"  # the .jsonl field or .parquet column that holds each document
   # Both set: prompt/completion records (.jsonl/.parquet), each one document (prompt, completion,
