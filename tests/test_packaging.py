@@ -20,12 +20,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _files() -> list[str]:
-  """The checkout's files, tracked or new (not ignored), as a fresh clone plus your changes."""
+  """The checkout's tracked files, and new ones (not ignored) of the package and the recipes: a
+  fresh clone with your changes."""
   if shutil.which("git") is None or not (ROOT / ".git").exists():
     pytest.skip("not a git checkout: no list of the repository's files")
-  out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                       cwd=ROOT, capture_output=True, check=True)
-  return sorted({n for n in out.stdout.decode().split("\0") if n and (ROOT / n).is_file()})
+
+  def listed(*args: str) -> set[str]:
+    out = subprocess.run(["git", "ls-files", "-z", *args], cwd=ROOT, capture_output=True, check=True)
+    return {n for n in out.stdout.decode().split("\0") if n and (ROOT / n).is_file()}
+
+  return sorted(listed() | listed("--others", "--exclude-standard", "--", "jaxtrain", "configs"))
 
 
 @pytest.fixture(scope="module")
