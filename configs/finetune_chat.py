@@ -20,7 +20,7 @@ from jaxtrain.config import default_config
 def get_config():
   cfg = default_config()
   cfg.workdir = "runs/chat"
-  cfg.data.path = "data/chats.jsonl"  # the user's records: --config.data.path=...
+  cfg.data.path = "<required>"  # the user's records: --config.data.path=...
   cfg.data.messages_field = "messages"
   cfg.model.seq_len = 256
   cfg.train.max_steps = 500

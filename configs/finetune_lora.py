@@ -21,7 +21,7 @@ def get_config():
   cfg.workdir = "runs/lora"
   cfg.init_from = "hf/nano"  # a Hugging Face Llama/GPT-2 directory, or a run's workdir
   cfg.finetune.lora_rank = 8
-  cfg.data.path = "data/task.jsonl"  # the user's records: --config.data.path=...
+  cfg.data.path = "<required>"  # the user's records: --config.data.path=...
   cfg.data.prompt_field = "prompt"
   cfg.data.completion_field = "completion"
   cfg.train.max_steps = 500

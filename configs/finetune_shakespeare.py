@@ -31,7 +31,7 @@ def get_config():
 
   cfg.optim.warmup_steps = 20  # short: the params are trained already
 
-  cfg.data.path = "data/tinyshakespeare.txt"  # any UTF-8 text: --config.data.path=...
+  cfg.data.path = "<required>"  # any UTF-8 text, e.g. Tiny Shakespeare: --config.data.path=...
 
   cfg.sample.num_samples = 2
   cfg.sample.max_new_tokens = 200

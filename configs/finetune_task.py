@@ -21,7 +21,7 @@ from jaxtrain.config import default_config
 def get_config():
   cfg = default_config()
   cfg.workdir = "runs/task"
-  cfg.data.path = "data/task.jsonl"  # the user's records: --config.data.path=...
+  cfg.data.path = "<required>"  # the user's records: --config.data.path=...
   cfg.data.prompt_field = "prompt"
   cfg.data.completion_field = "completion"
   cfg.train.max_steps = 500

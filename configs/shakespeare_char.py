@@ -46,7 +46,7 @@ def get_config():
   cfg.optim.b2 = 0.99  # small batches: a shorter second-moment memory
   cfg.optim.z_loss = 1e-4  # val 0.004-0.008 lower on each seed it was paired on
 
-  cfg.data.path = "data/tinyshakespeare.txt"  # any UTF-8 text file: --config.data.path=...
+  cfg.data.path = "<required>"  # any UTF-8 text file, e.g. Tiny Shakespeare: --config.data.path=...
   cfg.data.tokenizer = "char"  # the characters of the text, plus end-of-text
 
   cfg.sample.num_samples = 2

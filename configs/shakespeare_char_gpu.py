@@ -46,6 +46,6 @@ def get_config():
   cfg.optim.min_lr_ratio = 0.0  # ...to zero
   cfg.optim.b2 = 0.99
 
-  cfg.data.path = "data/tinyshakespeare.txt"  # any UTF-8 text file: --config.data.path=...
+  cfg.data.path = "<required>"  # any UTF-8 text file, e.g. Tiny Shakespeare: --config.data.path=...
   cfg.data.tokenizer = "char"
   return cfg

@@ -28,7 +28,7 @@ def get_config():
 
   cfg.optim.b2 = 0.99  # small batches: a shorter second-moment memory
 
-  cfg.data.path = "data/tinyshakespeare.txt"  # any UTF-8 text file: --config.data.path=...
+  cfg.data.path = "<required>"  # any UTF-8 text file, e.g. Tiny Shakespeare: --config.data.path=...
   cfg.data.tokenizer = "char"  # the characters of the text (65 for Tiny Shakespeare)
 
   cfg.sample.num_samples = 2

@@ -1,7 +1,7 @@
 """`python -m jaxtrain --config=configs/nano.py [--config.a.b=v ...] [--jax_platforms=cpu]`."""
 
-import os
 import sys
+import textwrap
 
 from jaxtrain.system import allocator, exiting
 
@@ -31,29 +31,33 @@ HELP = """usage: python -m jaxtrain --config=FILE [--config.SECTION.FIELD=VALUE 
 Trains the model FILE describes in its workdir, resuming from the workdir's newest checkpoint.
 
 flags:
-  --config=FILE                 the config file: configs/nano.py, or another in {configs}
+  --config=FILE                 a config file (configs/nano.py), or a recipe's name (nano)
   --config.SECTION.FIELD=VALUE  sets one field of that config, e.g. --config.train.max_steps=100
   --jax_platforms=cpu|cuda|tpu  where to run (default: a GPU or TPU when there is one, else cpu)
   --help                        this list; --helpfull: every flag of absl and JAX as well
 
-SECTION: {sections}. Every field with its default: jaxtrain/config/defaults.py"""
+SECTION: {sections}. Every field with its default: jaxtrain/config/defaults.py
+{recipes}"""
 
 
 def _help() -> str:
   shipped = cli.shipped_configs()
   sections = [k for k, v in config.default_config().items() if hasattr(v, "keys")]
-  return HELP.format(configs=shipped or "the configs/ folder of the jaxtrain repository",
-                     sections=", ".join(sections))
+  recipes = (f"Recipes, in {shipped}: {', '.join(cli.recipe_names())}" if shipped else
+             "Recipes: none here; the configs/ folder of the jaxtrain repository holds them")
+  recipes = textwrap.fill(recipes, 100, break_long_words=False, break_on_hyphens=False)  # paths whole
+  return HELP.format(recipes=recipes, sections=", ".join(sections))
 
 
-def _config_value(argv: list[str]) -> str | None:
-  """The value of `--config=FILE[:argument]` or `--config FILE[:argument]`."""
+def _config_value(argv: list[str]) -> tuple[int, str | None]:
+  """Where in argv the value of `--config=FILE[:argument]` or `--config FILE[:argument]` is, and
+  the value; (-1, None) without one."""
   for i, arg in enumerate(argv):
     if arg.startswith("--config="):
-      return arg.split("=", 1)[1]
+      return i, arg.split("=", 1)[1]
     if arg == "--config" and i + 1 < len(argv):
-      return argv[i + 1]
-  return None
+      return i + 1, argv[i + 1]
+  return -1, None
 
 
 def _unknown_field(argv: list[str]) -> str | None:
@@ -73,14 +77,19 @@ def _parse_flags(argv: list[str]) -> list[str]:
   if any(arg in ("--help", "-h", "-help", "--helpshort") for arg in argv[1:]):
     print(_help())
     exiting.exit_now(0)
-  value = _config_value(argv[1:])
+  at, value = _config_value(argv)
   if value is None and any(arg.startswith("--config.") for arg in argv[1:]):
     fail("--config=FILE is missing: --config.* flags set fields of a config file's config; pass "
-         "e.g. --config=configs/nano.py before them (see --help)")
+         "e.g. --config=nano (a recipe) or --config=configs/nano.py before them (see --help)")
   if value is not None:
     path, has_argument = value.split(":")[0], ":" in value
-    if not os.path.isfile(os.path.expanduser(path)):
+    found = cli.find_config(path)
+    if found is None:
       fail(cli.missing_config(path))
+    if found != path:  # a recipe's name: absl's flag loads the recipe's file
+      flag = argv[at][:len(argv[at]) - len(value)]  # "--config=", or "" after "--config"
+      argv = [*argv[:at], flag + found + value[len(path):], *argv[at + 1:]]
+      path = found
     try:
       if not has_argument:  # get_config(argument): ml_collections loads it, validate checks it
         config.load_config(path)
@@ -107,7 +116,7 @@ def main(argv: list[str]) -> None:
     fail(f"unexpected arguments {argv[1:]}; flags look like --config.train.max_steps=100")
   cfg = _CONFIG.value
   if cfg is None:
-    fail("no config given; pass --config=configs/nano.py (or another file in configs/)")
+    fail("no config given; pass --config=nano (or another recipe, or a config file: see --help)")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax and grain log every save at INFO
   try:

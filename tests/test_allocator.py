@@ -57,7 +57,9 @@ def test_only_the_cli_restarts_itself(monkeypatch):
   for argv, cli in ((["python", "-m", "jaxtrain", "--config=c.py"], True),
                     (["python", "-X", "importtime", "-mjaxtrain"], True),
                     (["python", "-m", "ipykernel_launcher", "-f", "k.json"], False),
-                    (["python", "my_script.py"], False), (["python", "-c", "import x"], False)):
+                    (["python", "my_script.py"], False), (["python", "-c", "import x"], False),
+                    (["/venv/bin/python3", "/venv/bin/jaxtrain", "--config=nano"], True),
+                    (["python", "/venv/bin/jaxtrain-sample", "--workdir=w"], False)):
     monkeypatch.setattr(sys, "orig_argv", argv)
     assert allocator._started_as_cli() == cli, argv
 

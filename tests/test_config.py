@@ -6,6 +6,7 @@ from pathlib import Path
 import jax
 import pytest
 
+from jaxtrain.config import defaults as config
 from jaxtrain.config import validate as validation
 from jaxtrain.core import mesh
 from jaxtrain.data import tokenizer
@@ -13,6 +14,14 @@ from jaxtrain.system.errors import ConfigError
 from jaxtrain.testing import tiny_config
 
 BAD = [
+    # A recipe whose data is the user's: what the file holds, and where the text recipes' comes from.
+    ({"data.path": "<required>"}, "data.path", "trains on text of yours); pass "
+     "--config.data.path=input.txt, any UTF-8 text (Tiny Shakespeare: curl -o input.txt https://"
+     "raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt)"),
+    ({"data.path": "<required>", "data.prompt_field": "q", "data.completion_field": "a"},
+     "data.path", "pass --config.data.path=train.jsonl, .jsonl or .parquet records with 'q' and 'a'"),
+    ({"data.path": "<required>", "data.messages_field": "turns"}, "data.path",
+     "trains on chat records of yours); pass --config.data.path=chats.jsonl"),
     ({"model.d_model": 30, "model.n_heads": 4}, "model.d_model", "not divisible"),
     ({"model.d_model": 36, "model.n_heads": 12}, "model.d_model", "even head size"),
     ({"model.n_layers": 0}, "model.n_layers", "integer >= 1"),
@@ -65,15 +74,24 @@ def test_bad_field_is_named_with_a_fix(overrides, field, words):
   assert "pass" in message or "make" in message or "point" in message or "change" in message
 
 
-def test_the_shipped_configs_are_valid():
+def test_the_shipped_configs_are_valid(corpus_file):
+  """Each recipe trains on Python's standard library (data.path "") or on a file the user gives
+  ("<required>": stopped before any work until then), never on a path a checkout lacks."""
   for path in sorted(Path(__file__).parents[1].glob("configs/*.py")):
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     cfg = module.get_config()
-    if path.stem.startswith("shakespeare_char"):
-      cfg.data.path = ""  # its default file is the user's to provide
+    assert cfg.data.path in ("", config.REQUIRED), f"{path.name}: data.path={cfg.data.path!r}"
+    if cfg.data.path == config.REQUIRED:
+      with pytest.raises(ConfigError, match="^config.data.path: is not given"):
+        validation.validate(cfg)
+      cfg.data.path = str(corpus_file)
     validation.validate(cfg)
+
+
+def test_a_mixture_stands_for_the_required_data_path(corpus_file):
+  validation.validate(tiny_config(**{"data.path": "<required>", "data.mixture": f"{corpus_file}:1"}))
 
 
 def test_batch_must_split_over_devices_and_processes():

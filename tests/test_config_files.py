@@ -145,7 +145,19 @@ def test_the_command_line_names_bad_config_input_in_one_line(tmp_path):
       "model.tie_embeddings?")
   assert "--config=FILE is missing" in one_line(cli(f"--config.workdir={tmp_path / 'run'}"))
   line = one_line(cli("--config=configs/nano.py", cwd=tmp_path))
-  assert f"pass --config={ROOT / 'configs' / 'nano.py'}" in line
+  assert f"pass --config=nano (the recipe {ROOT / 'configs' / 'nano.py'})" in line
+  assert one_line(cli("--config=nan", cwd=tmp_path)).startswith(
+      f"error: config file nan not found (from {tmp_path}); pass --config=nano (the recipe ")
+  # A recipe that trains on the user's file, run without one: where to get it, before any work.
+  line = one_line(cli("--config=shakespeare_char", f"--config.workdir={tmp_path / 'run'}",
+                      cwd=tmp_path))
+  assert line.startswith("error: config.data.path: is not given (this recipe trains on text of "
+                         "yours); pass --config.data.path=input.txt") and config.TINY_SHAKESPEARE in line
+  assert not (tmp_path / "run").exists()
+  # A recipe's name works from any directory: nano's 3 heads refuse a width of 100.
+  assert "divisible by model.n_heads=3" in one_line(
+      cli("--config=nano", "--config.model.d_model=100", f"--config.workdir={tmp_path / 'run'}",
+          cwd=tmp_path))
   assert "did you mean --config.optim.lr?" in one_line(
       cli("--config=configs/nano.py", "--config.optim.learning_rate=1e-3"))
   assert not (tmp_path / "run").exists()

@@ -1,9 +1,11 @@
-"""The docs stay true: CI runs the README's test command, README.md and docs/ name every config
-field, their links resolve, and every command in their ```bash blocks runs as a new user types it."""
+"""The docs stay true: CI runs the README's test command, no tracked file holds merge-conflict
+markers, README.md and docs/ name every config field, their links resolve, and every command in
+their ```bash blocks runs as a new user types it."""
 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -26,6 +28,7 @@ NOT_HERE = [
      "installed as root (tests/test_slurm.py starts a one-node Slurm and submits the script)"),
     (r"JAXTRAIN_TEST_GPU=1", "needs a GPU (the tests skip themselves, saying so, without one)"),
     (r"^git clone|gpu_side_by_side", "fetches nanoGPT from the network, and measures on a GPU"),
+    (r"^curl ", "downloads a file; the test writes its own input.txt"),
     (r"^wandb (login|sync)", "talks to the W&B service over the network (tests/test_wandb.py "
                              "checks offline runs)"),
     (r"--config\.distributed\.num_processes=[2-9]",
@@ -51,12 +54,49 @@ def _dotted(d, prefix=""):
     yield from _dotted(v, f"{prefix}{k}.") if isinstance(v, dict) else [prefix + k]
 
 
+def _section(markdown: str, title: str) -> str:
+  return markdown.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
 def test_ci_runs_the_readme_test_command():
+  """.ci/run ends with the command of the README's Tests section, as written there."""
   readme = (ROOT / "README.md").read_text()
   ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
-  command = ci_lines[-1]
-  assert "pytest" in command and command.startswith("python3 -m venv .venv")
-  assert f"```bash\n{command}\n```" in readme
+  assert bash_commands(_section(readme, "Tests")) == [ci_lines[-1]]
+  assert ci_lines[-1].startswith("python3 -m venv .venv && ") and "pip install -e '.[test]'" in \
+      ci_lines[-1] and ci_lines[-1].endswith(" && python -m pytest")
+
+
+def test_the_quick_start_installs_what_training_needs_and_trains():
+  """Two commands, and neither the test extra (torch, transformers, ...) nor the tests."""
+  install, train = bash_commands(_section((ROOT / "README.md").read_text(), "Quick start"))
+  assert install.endswith("pip install -e .") and train.startswith("python -m jaxtrain --config=")
+
+
+# What git writes around a conflict it leaves for a person to resolve, built from parts so
+# that this file holds no such line itself.
+CONFLICT_MARKERS = re.compile("^(" + "<" * 7 + " |" + "=" * 7 + "$|" + ">" * 7 + " )", re.M)
+
+
+def _tracked_files() -> list[Path]:
+  if shutil.which("git") is None or not (ROOT / ".git").exists():
+    pytest.skip("not a git checkout: no list of tracked files")
+  out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+  return [ROOT / name for name in out.stdout.decode().split("\0") if name]
+
+
+def test_no_file_holds_merge_conflict_markers():
+  found = []
+  for path in _tracked_files():
+    if path.is_symlink() or not path.is_file():
+      continue
+    data = path.read_bytes()
+    if b"\0" in data[:8192]:
+      continue  # binary
+    text = data.decode("utf-8", errors="replace")
+    found += [f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
+              for m in CONFLICT_MARKERS.finditer(text)]
+  assert not found, f"unresolved merge conflicts: {found}"
 
 
 def test_docs_name_every_config_field():
@@ -93,12 +133,13 @@ def _match(table, command):
 
 def tiny(command: str) -> str:
   """The command as written, with size and step overrides appended."""
-  if re.match(r"python -m jaxtrain(\.sweep)? ", command):
+  if re.match(r"(python -m jaxtrain(\.sweep)?|jaxtrain(-sweep)?) ", command):
     extra = {f"config.{k}": v for k, v in TINY.items() if f"--config.{k}=" not in command}
     extra["config.train.max_steps"] = 6 if "--config.train.max_steps=" in command else 3
     if "--config.train.time_budget=" in command:
       extra["config.train.time_budget"] = "15s"
-  elif command.startswith(("python -m jaxtrain.sample ", "python -m jaxtrain.chat ")):
+  elif command.startswith(("python -m jaxtrain.sample ", "python -m jaxtrain.chat ",
+                            "jaxtrain-sample ", "jaxtrain-chat ")):
     extra = TINY_SAMPLE
   else:
     extra = {}
@@ -121,6 +162,10 @@ def _fixtures(sandbox: Path, text: str) -> None:
   bin_dir.mkdir()
   (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
   (bin_dir / "python").chmod(0o755)
+  for script, module in (("jaxtrain", "jaxtrain"), *((f"jaxtrain-{c}", f"jaxtrain.{c}") for c in (
+      "sample", "export", "chat", "eval", "compare", "sweep"))):  # the console scripts, as -m runs
+    (bin_dir / script).write_text(f'#!/bin/sh\nexec "{sys.executable}" -m {module} "$@"\n')
+    (bin_dir / script).chmod(0o755)
   lines = text.splitlines()
   (sandbox / "input.txt").write_text(text)
   (sandbox / "prompt.txt").write_text("The quick ")

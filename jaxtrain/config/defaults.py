@@ -32,6 +32,10 @@ GROUP_STATS = ("groups", "layers", "none")
 TASK_METRICS = ("loss", "bpb", "exact_match", "mc_accuracy")
 HIGHER_IS_BETTER = ("exact_match", "mc_accuracy")
 LORA_TARGETS = ("qkv", "out", "up", "down")  # each block's attention and MLP linear layers
+# data.path of a recipe that trains on the user's own file: a run not given one stops before any
+# work, saying what the file holds and where to get one (validate.py).
+REQUIRED = "<required>"
+TINY_SHAKESPEARE = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -150,7 +154,9 @@ def _optim() -> ml_collections.ConfigDict:
 
 def _data() -> ml_collections.ConfigDict:
   data = ml_collections.ConfigDict()
-  data.path = ""  # text, .jsonl or .parquet files: a file, directory or glob; "": Python's stdlib
+  # text, .jsonl or .parquet files: a file, directory or glob; "": Python's stdlib; "<required>":
+  # the user's to give (a recipe's data)
+  data.path = ""
   # What data.path's files are: auto (token ids where all are .bin files, or nanoGPT's train.bin
   # and val.bin are: llm.c's shards where they have its header, else flat uint16; else text) |
   # text | uint16 (flat uint16 ids, nanoGPT's .bin) | llmc (llm.c's shards)

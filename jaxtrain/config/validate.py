@@ -293,6 +293,7 @@ def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
   _check(1e-30 <= d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1) (at least "
          f"1e-30), got {d.val_fraction}", "pass --config.data.val_fraction=0.1")
 
+  _validate_data_path(d)
   _validate_mixture(d)
 
   _positive_int(cfg, "sample.num_samples", minimum=0)
@@ -349,10 +350,29 @@ def _validate_mesh_distributed(cfg: ml_collections.ConfigDict) -> None:
          "pass --config.mesh.fsdp=1 or give mesh.data an explicit size")
 
 
+def _validate_data_path(d: ml_collections.ConfigDict) -> None:
+  """A recipe's `data.path = "<required>"` is the user's to give: what such a file holds, and where
+  Tiny Shakespeare comes from for the text recipes."""
+  if d.path != config.REQUIRED or d.mixture:
+    return
+  if d.messages_field:
+    what, fix = "chat records", (f"chats.jsonl, .jsonl or .parquet records whose {d.messages_field!r} "
+                                 "field is a list of {role, content} messages (docs/finetune.md)")
+  elif d.prompt_field:
+    what, fix = "prompt/completion records", (
+        f"train.jsonl, .jsonl or .parquet records with {d.prompt_field!r} and "
+        f"{d.completion_field!r} fields (docs/finetune.md)")
+  else:
+    what, fix = "text", ("input.txt, any UTF-8 text (Tiny Shakespeare: curl -o input.txt "
+                         f"{config.TINY_SHAKESPEARE})")
+  raise ConfigError("data.path", f"is not given (this recipe trains on {what} of yours)",
+                    f"pass --config.data.path={fix}")
+
+
 def _validate_mixture(d: ml_collections.ConfigDict) -> None:
   if d.mixture == "":
     return
-  _check(d.path == "", "data.mixture", f"is set and so is data.path ({_show(d.path)})",
+  _check(d.path in ("", config.REQUIRED), "data.mixture", f"is set and so is data.path ({_show(d.path)})",
          "pass either --config.data.path or --config.data.mixture (its sources are the data)")
   _check(not (d.prompt_field and d.completion_field), "data.mixture",
          "mixes text sources; prompt/completion records (data.prompt_field) are one source",

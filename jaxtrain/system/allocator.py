@@ -111,8 +111,9 @@ def environment(base: dict | None = None, argv: list[str] | None = None) -> dict
 
 
 def _started_as_cli() -> bool:
-  """Whether this process is `python [options] -m jaxtrain ...`, not a notebook or a script
-  running the module (a restart would restart them)."""
+  """Whether this process is `python [options] -m jaxtrain ...` or the `jaxtrain` console script
+  (a Python script of that name), not a notebook or another script running the module (a restart
+  would restart them)."""
   argv = getattr(sys, "orig_argv", [])
   i = 1
   while i < len(argv):
@@ -123,8 +124,10 @@ def _started_as_cli() -> bool:
       return arg == "-mjaxtrain"
     if arg in ("-X", "-W"):
       i += 1
-    elif not arg.startswith("-") or arg == "-c":
+    elif arg == "-c":
       return False
+    elif not arg.startswith("-"):  # the script
+      return os.path.basename(arg) == "jaxtrain"
     i += 1
   return False
 

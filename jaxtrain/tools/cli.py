@@ -83,24 +83,44 @@ def parse_flags(argv: list[str], hint: str = "see --help for the flags") -> list
 
 
 def shipped_configs() -> Path | None:
-  """The configs/ folder beside the package (a clone or an editable install), if there is one."""
-  folder = Path(__file__).resolve().parents[2] / "configs"
-  return folder if any(folder.glob("*.py")) else None
+  """The run recipes: jaxtrain/recipes/ in an installed wheel, else configs/ beside the package
+  (a clone, or an editable install of one); None when neither is there."""
+  package = Path(__file__).resolve().parents[1]
+  for folder in (package / "recipes", package.parent / "configs"):
+    if any(folder.glob("*.py")):
+      return folder
+  return None
+
+
+def recipe_names() -> list[str]:
+  """The names `--config=NAME` takes: nano, small, ..."""
+  shipped = shipped_configs()
+  return sorted(p.stem for p in shipped.glob("*.py")) if shipped else []
+
+
+def find_config(path: str) -> str | None:
+  """The config file `--config=path` means: the file itself, or for a bare name (`nano`) that
+  is not a file here, that recipe; None if neither exists."""
+  if os.path.isfile(os.path.expanduser(path)):
+    return path
+  shipped = shipped_configs()
+  if shipped and path in recipe_names():
+    return str(shipped / f"{path}.py")
+  return None
 
 
 def missing_config(path: str) -> str:
-  """Where the config file that was not found is, or where the configs are."""
+  """The recipe that the config file not found is likely to be, and the others' names."""
   shipped = shipped_configs()
   if shipped is None:
     return (f"config file {path} not found (from {os.getcwd()}); pass the path of a config file "
             "(examples: the configs/ folder of the jaxtrain repository)")
-  names = sorted(p.name for p in shipped.glob("*.py"))
-  close = difflib.get_close_matches(Path(path).name, names, n=1, cutoff=0.6)
-  target = shipped / (close[0] if close else "nano.py")
-  shown = os.path.relpath(target)
-  shown = shown if not shown.startswith("..") else str(target)
-  rest = "" if close else f" (or another of {', '.join(names)} in {shipped})"
-  return f"config file {path} not found (from {os.getcwd()}); pass --config={shown}{rest}"
+  names = recipe_names()
+  close = difflib.get_close_matches(Path(path).stem, names, n=1, cutoff=0.6)
+  name = close[0] if close else "nano"
+  rest = "" if close else f", or another recipe: {', '.join(names)}"
+  return (f"config file {path} not found (from {os.getcwd()}); pass --config={name} (the recipe "
+          f"{shipped / name}.py){rest}")
 
 
 def main(run: Callable[[], None], usage: str, module: str) -> None:

@@ -31,7 +31,7 @@ from jaxtrain.tools import cli, compare, runs
 
 USAGE = ("usage: python -m jaxtrain.sweep --config=F --sweep=field=v1,v2 [--sweep=...] --root=DIR "
          "[--parallel=N] [--config.x=y ...] (see --help)")
-HELP = [("--config=FILE", "The config every run starts from (e.g. configs/nano.py)."),
+HELP = [("--config=FILE", "The config every run starts from (a file, or a recipe: nano)."),
         ("--sweep=FIELD=V1,V2", "A config field and its values; repeat for a grid of every combination."),
         ("--root=DIR", "Where the runs go: DIR/<swept values>, logs in DIR/logs, the comparison in DIR."),
         ("--parallel=1", "Runs at once, each on its own share of the CPU cores."),
@@ -96,7 +96,8 @@ def parse(argv: list[str]) -> Args:
   for need in ("config", "root"):
     if not found.get(need):
       raise UserError(f"--{need} is missing; {USAGE}")
-  if not os.path.isfile(found["config"]):
+  config_file = cli.find_config(found["config"])  # a file, or a recipe's name
+  if config_file is None:
     raise UserError(cli.missing_config(found["config"]))
   if not found["sweeps"]:
     raise UserError(f"nothing to sweep; {USAGE}")
@@ -110,7 +111,7 @@ def parse(argv: list[str]) -> Args:
     every_s = 0.0
   if not every_s > 0:
     raise UserError(f"--progress_every_s={every}: must be a number of seconds > 0")
-  return Args(found["config"], found["sweeps"], Path(found["root"]).expanduser(), int(parallel),
+  return Args(config_file, found["sweeps"], Path(found["root"]).expanduser(), int(parallel),
               found["overrides"], found["passthrough"], every_s)
 
 

@@ -1,0 +1,159 @@
+"""What an install gets: the wheel built from the repository holds every file of jaxtrain/ and the
+recipes of configs/, a console script for every `python -m jaxtrain[.X]` command, and a fresh
+virtual environment outside the checkout that installs the wheel, as a user does, trains with it."""
+
+import ast
+import configparser
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from jaxtrain import commands
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _files() -> list[str]:
+  """The checkout's tracked files, and new ones (not ignored) of the package and the recipes: a
+  fresh clone with your changes."""
+  if shutil.which("git") is None or not (ROOT / ".git").exists():
+    pytest.skip("not a git checkout: no list of the repository's files")
+
+  def listed(*args: str) -> set[str]:
+    out = subprocess.run(["git", "ls-files", "-z", *args], cwd=ROOT, capture_output=True, check=True)
+    return {n for n in out.stdout.decode().split("\0") if n and (ROOT / n).is_file()}
+
+  return sorted(listed() | listed("--others", "--exclude-standard", "--", "jaxtrain", "configs"))
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+  """The wheel, built (a few seconds) from a copy of the checkout's files, so nothing left in its
+  build/ folder can slip in."""
+  src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
+  for name in _files():
+    (src / name).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(ROOT / name, src / name)
+  proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                         "-q", "-w", str(out), str(src)], capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  (path,) = out.glob("jaxtrain-*.whl")
+  return path
+
+
+def _commands() -> dict[str, str]:
+  """Each `python -m` command (a module of the package's top level that runs as __main__) and the
+  console script that should run it: jaxtrain for jaxtrain/__main__.py, jaxtrain-X for X.py."""
+  found = {}
+  for path in sorted((ROOT / "jaxtrain").glob("*.py")):
+    if 'if __name__ == "__main__":' in path.read_text():
+      module = "jaxtrain" if path.stem == "__main__" else f"jaxtrain.{path.stem}"
+      found[module.replace(".", "-")] = module
+  return found
+
+
+def test_the_wheel_holds_every_file_of_the_package_and_the_recipes(wheel):
+  names = zipfile.ZipFile(wheel).namelist()
+  tree = {n for n in _files() if n.startswith("jaxtrain/")}
+  recipes = {f"jaxtrain/recipes/{Path(n).name}" for n in _files()
+             if n.startswith("configs/") and n.endswith(".py")}
+  packaged = {n for n in names if n.startswith("jaxtrain/")}
+  assert len(recipes) >= 5 and {"jaxtrain/__main__.py", "jaxtrain/core/model.py"} <= tree
+  assert sorted((tree | recipes) - packaged) == [], "missing from the wheel"
+  assert sorted(packaged - tree - recipes) == [], "in the wheel, but not in the tree"
+  assert {n.split("/")[0] for n in names} == {"jaxtrain", wheel.name.split("-py3")[0] + ".dist-info"}
+
+
+def test_every_command_has_its_console_script(wheel, monkeypatch):
+  (entry_points,) = [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith("entry_points.txt")]
+  parser = configparser.ConfigParser()
+  parser.read_string(zipfile.ZipFile(wheel).read(entry_points).decode())
+  scripts = dict(parser["console_scripts"])
+  expected = _commands()
+  assert sorted(scripts) == sorted(expected) and len(expected) >= 7, scripts
+  for script, target in scripts.items():
+    module_name, function = target.split(":")
+    assert module_name == "jaxtrain.commands", target
+    ran = []
+    monkeypatch.setattr(commands, "_run", ran.append)
+    getattr(commands, function)()
+    assert ran == [expected[script]], f"{script} runs {ran}, not {expected[script]}"
+
+
+def test_no_module_imports_a_test_only_package_at_import_time():
+  """The training install leaves out the [test] extra: torch, transformers, pytest and the like
+  may only be imported inside functions of tests, never by a jaxtrain module when it loads."""
+  test_only = {"torch", "transformers", "pytest", "hypothesis", "nbclient", "nbformat",
+               "ipykernel", "tensorboard", "wandb", "ruff", "setuptools"}
+  found = []
+  for path in sorted((ROOT / "jaxtrain").rglob("*.py")):
+    for node in ast.parse(path.read_text()).body:  # module level only
+      names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+          [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+      found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
+                if n.split(".")[0] in test_only]
+  assert not found, found
+
+
+def _user_env(venv: Path) -> dict:
+  """The environment of a user whose only jaxtrain is the venv's: no PYTHONPATH, no other venv;
+  the test caches (tokens, compiled programs) are kept."""
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")}
+  bins = [p for p in env.get("PATH", "").split(os.pathsep) if p and not p.startswith(str(ROOT))]
+  return dict(env, PATH=os.pathsep.join([str(venv / "bin"), *bins]), VIRTUAL_ENV=str(venv),
+              PYTHONUNBUFFERED="1")
+
+
+@pytest.mark.slow
+def test_a_fresh_install_of_the_wheel_trains_outside_the_checkout(wheel, tmp_path, corpus_file):
+  """`pip install jaxtrain-*.whl` into a new virtual environment (its dependencies from pip's
+  cache or the index, as a user gets them), then the commands from another directory."""
+  venv, home = tmp_path / "venv", tmp_path / "elsewhere"
+  home.mkdir()
+  took = {}
+  start = time.perf_counter()
+  subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+  env = _user_env(venv)
+  python = str(venv / "bin" / "python")
+  install = subprocess.run([python, "-m", "pip", "install", "-q", str(wheel)], env=env, cwd=home,
+                           capture_output=True, text=True, timeout=900)
+  assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+  took["venv and install"] = time.perf_counter() - start
+
+  def run(*args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(list(args), env=env, cwd=home, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, f"{args}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+    return proc
+
+  where = run(python, "-c", "import jaxtrain, sys; print(jaxtrain.__file__); print(*sys.path)")
+  module_file, path = where.stdout.splitlines()
+  assert module_file.startswith(str(venv)), module_file
+  assert str(ROOT) not in path and sys.prefix not in path, path  # not the checkout, nor its venv
+  recipes = Path(module_file).parent / "recipes"
+  for help_command in ([python, "-m", "jaxtrain", "--help"], ["jaxtrain", "--help"]):
+    assert f"Recipes, in {recipes}: " in " ".join(run(*help_command).stdout.split())
+  start = time.perf_counter()
+  for script in sorted(_commands()):
+    assert "usage:" in run(script, "--help").stdout, script
+  took["each command's --help"] = time.perf_counter() - start
+
+  start = time.perf_counter()
+  tiny = ["--config.model.n_layers=1", "--config.model.d_model=32", "--config.model.n_heads=2",
+          "--config.model.seq_len=32", "--config.train.batch_size=4", "--config.train.max_steps=5",
+          "--config.train.eval_every=5", "--config.train.eval_steps=1", "--config.headless=True",
+          "--config.train.checkpoint_every=5", "--config.sample.num_samples=1",
+          "--config.sample.max_new_tokens=8", f"--config.data.path={corpus_file}"]
+  trained = run("jaxtrain", "--config=nano", *tiny)
+  assert "done: step 5" in trained.stdout and (home / "runs" / "nano" / "checkpoints" / "5").is_dir()
+  sampled = run("jaxtrain-sample", "--workdir=runs/nano", "--prompt=The ", "--max_new_tokens=8")
+  assert sampled.stdout.startswith("The ")
+  took["train 5 steps and sample"] = time.perf_counter() - start
+  print(", ".join(f"{k}: {v:.1f}s" for k, v in took.items()))
