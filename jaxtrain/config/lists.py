@@ -1,8 +1,10 @@
 """The config fields that hold comma-separated lists (`data.mixture`, `train.eval_tasks`,
-`finetune.lora_targets`): each parsed in one place, for validation and for the code that uses it,
-and the two primitives every field check shares (`check`, `show`).
+`finetune.lora_targets`): each parsed in one place, for validation and for the code that uses it
+(`validate_mixture` checks the mixture against the other data fields), and the two primitives
+every field check shares (`check`, `show`).
 """
 
+import glob
 import math
 import os
 
@@ -71,3 +73,26 @@ def eval_task_files(spec: str) -> list[tuple[str, str]]:
            f"(their metrics would both be task/{name}/...)", "rename one of them")
     tasks.append((name, path))
   return tasks
+
+
+def validate_mixture(d: ml_collections.ConfigDict) -> None:
+  """`data.mixture` beside the other data fields: one source given once, each matching files."""
+  if d.mixture == "":
+    return
+  check(d.path in ("", config.REQUIRED), "data.mixture", f"is set and so is data.path ({show(d.path)})",
+         "pass either --config.data.path or --config.data.mixture (its sources are the data)")
+  check(not (d.prompt_field and d.completion_field), "data.mixture",
+         "mixes text sources; prompt/completion records (data.prompt_field) are one source",
+         "pass either --config.data.mixture or the prompt and completion fields")
+  check(not d.messages_field, "data.mixture",
+         "mixes text sources; chat records (data.messages_field) are one source",
+         "pass either --config.data.mixture or --config.data.messages_field")
+  seen = set()
+  for source, _ in mixture_sources(d.mixture):
+    check(source not in seen, "data.mixture", f"names {show(source)} twice",
+           "name each source once (add up its weights)")
+    seen.add(source)
+    path = os.path.expanduser(source)
+    check(os.path.exists(path) or any(os.path.isfile(f) for f in glob.iglob(path, recursive=True)),
+           "data.mixture", f"the source {show(source)} matches no file (not a file, a directory "
+           "with files, or a glob)", "point each source of --config.data.mixture at your text")

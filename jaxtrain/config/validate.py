@@ -4,14 +4,13 @@
 Whatever needs devices or data (a mesh that fits, a corpus long enough) is checked where they are.
 """
 
-import glob
 import os
 
 import ml_collections
 
 from jaxtrain.config import defaults as config
 from jaxtrain.config.lists import check as _check
-from jaxtrain.config.lists import eval_task_files, lora_targets, mixture_sources
+from jaxtrain.config.lists import eval_task_files, lora_targets, validate_mixture
 from jaxtrain.config.lists import show as _show
 from jaxtrain.system import fmt
 from jaxtrain.system.errors import ConfigError
@@ -294,7 +293,7 @@ def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
          f"1e-30), got {d.val_fraction}", "pass --config.data.val_fraction=0.1")
 
   _validate_data_path(d)
-  _validate_mixture(d)
+  validate_mixture(d)
 
   _positive_int(cfg, "sample.num_samples", minimum=0)
   _positive_int(cfg, "sample.max_new_tokens", minimum=0)
@@ -367,28 +366,6 @@ def _validate_data_path(d: ml_collections.ConfigDict) -> None:
                          f"{config.TINY_SHAKESPEARE})")
   raise ConfigError("data.path", f"is not given (this recipe trains on {what} of yours)",
                     f"pass --config.data.path={fix}")
-
-
-def _validate_mixture(d: ml_collections.ConfigDict) -> None:
-  if d.mixture == "":
-    return
-  _check(d.path in ("", config.REQUIRED), "data.mixture", f"is set and so is data.path ({_show(d.path)})",
-         "pass either --config.data.path or --config.data.mixture (its sources are the data)")
-  _check(not (d.prompt_field and d.completion_field), "data.mixture",
-         "mixes text sources; prompt/completion records (data.prompt_field) are one source",
-         "pass either --config.data.mixture or the prompt and completion fields")
-  _check(not d.messages_field, "data.mixture",
-         "mixes text sources; chat records (data.messages_field) are one source",
-         "pass either --config.data.mixture or --config.data.messages_field")
-  seen = set()
-  for source, _ in mixture_sources(d.mixture):
-    _check(source not in seen, "data.mixture", f"names {_show(source)} twice",
-           "name each source once (add up its weights)")
-    seen.add(source)
-    path = os.path.expanduser(source)
-    _check(os.path.exists(path) or any(os.path.isfile(f) for f in glob.iglob(path, recursive=True)),
-           "data.mixture", f"the source {_show(source)} matches no file (not a file, a directory "
-           "with files, or a glob)", "point each source of --config.data.mixture at your text")
 
 
 def _validate_eval_tasks(t: ml_collections.ConfigDict) -> None:
