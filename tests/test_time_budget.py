@@ -37,10 +37,12 @@ def test_the_steps_that_fit_count_evaluations_and_what_is_spent(tiny):
 
 
 class _StopAt(Hook):
+  """Stops the run at `step` (a log line comes a step late; the step itself is queued at once)."""
+
   def __init__(self, step: int):
     self.step, self.now = step, 0
 
-  def on_log(self, step, record):
+  def on_step(self, step, state):
     self.now = step
 
   def stop_reason(self):
