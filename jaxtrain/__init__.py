@@ -49,7 +49,7 @@ _EXPORTS = {
     "load_state": "jaxtrain.checkpoints.load", "load_tokenizer": "jaxtrain.checkpoints.load",
     "Checkpoints": "jaxtrain.checkpoints.store",
     "generate": "jaxtrain.generation.decode", "complete": "jaxtrain.generation.complete",
-    "chat_reply": "jaxtrain.generation.chat",
+    "chat_reply": "jaxtrain.generation.reply",
     "evaluate": "jaxtrain.generation.scoring",
     "memory_estimate": "jaxtrain.loop.estimate",
 }

@@ -9,7 +9,7 @@ one), so every tokenizer sees the same validation text. The micro-batch with ind
 (seed, i), packed across documents: any batch can be rebuilt from the seed and its index.
 Prompt/completion records also get a mask beside the tokens (KEY.mask, a uint8 per token: 1 where
 the token counts in the loss, i.e. completions and their end-of-text), and their batches a
-`"weights"` entry, float32[B, T], one per target; so do chat records (data/chat.py: 1 on the
+`"weights"` entry, float32[B, T], one per target; so do chat records (data/chat_format.py: 1 on the
 assistant turns' tokens and their end-of-turn tokens), whose tokenizer gets the chat tokens.
 """
 
@@ -27,7 +27,7 @@ import grain  # noqa: F401 (API: data.grain)
 import ml_collections
 import numpy as np
 
-from jaxtrain.data import chat
+from jaxtrain.data import chat_format as chat
 from jaxtrain.data import documents as corpus_lib
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.data.documents import Documents, describe, resolve_files, stdlib_dir  # noqa: F401 (API)

@@ -3,7 +3,7 @@
 with the log-likelihood of given continuations (`complete`: `complete`, `score`), the task
 scores built on them (`scoring`: loss, bpb, exact match, multiple-choice accuracy of held-out
 records, for `python -m jaxtrain.eval` and `train.eval_tasks`), and the assistant's turn of a
-conversation with a chat model (`chat`: `chat_reply`, `stream_reply`).
+conversation with a chat model (`reply`: `chat_reply`, `stream_reply`).
 
 May import: system, config, core, data.
 """
