@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jaxtrain.core import model as model_lib  # noqa: E402  (after the path above)
-from jaxtrain.loop.estimate import published_peak  # noqa: E402
+from jaxtrain.measure.estimate import published_peak  # noqa: E402
 
 WARMUP = 10  # iterations or log lines past compiles, dropped from the throughput
 GPT2 = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024}

@@ -211,7 +211,7 @@ def matmul_peak() -> float:
   before any run, with the machine to itself."""
   import jax
 
-  from jaxtrain.loop import estimate
+  from jaxtrain.measure import estimate
   jax.config.update("jax_platforms", "cpu")
   return estimate.time_matmul("float32", 2048, 5)
 

@@ -62,7 +62,7 @@ class StepWorker:
   def device_info(self, dtypes: list[str]) -> dict:
     import jax
 
-    from jaxtrain.loop import estimate
+    from jaxtrain.measure import estimate
 
     d = self.devices[0]
     try:
@@ -89,7 +89,7 @@ class StepWorker:
     from jaxtrain.config import validate as validation
     from jaxtrain.core import model as model_lib
     from jaxtrain.core import programs
-    from jaxtrain.loop import estimate
+    from jaxtrain.measure import estimate
 
     self.state = self.batches = self.step_fn = None  # a previous setup's buffers go first
     cfg = load(config_path, overrides)  # its data is never read: the steps see random tokens
@@ -112,7 +112,7 @@ class StepWorker:
             "available_what": what}
     _, too_big = estimate.memory_report(mc, B, 1, devices, fsdp)
     if too_big:
-      return dict(info, skipped=f"jaxtrain.loop.estimate: {too_big}")
+      return dict(info, skipped=f"jaxtrain.measure.estimate: {too_big}")
     self.programs = p
     self.rss_before = _rss_bytes()
     state = p.init()
