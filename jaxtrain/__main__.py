@@ -15,8 +15,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from jaxtrain import train  # noqa: E402
-from jaxtrain.config import defaults as config  # noqa: E402
-from jaxtrain.config import schema  # noqa: E402
+from jaxtrain.config import defaults, schema  # noqa: E402
 from jaxtrain.system import signals  # noqa: E402
 from jaxtrain.system.errors import UserError  # noqa: E402
 from jaxtrain.tools import cli  # noqa: E402
@@ -41,7 +40,7 @@ SECTION: {sections}. Every field with its default: jaxtrain/config/defaults.py""
 
 def _help() -> str:
   shipped = cli.shipped_configs()
-  sections = [k for k, v in config.default_config().items() if hasattr(v, "keys")]
+  sections = [k for k, v in defaults.default_config().items() if hasattr(v, "keys")]
   return HELP.format(configs=shipped or "the configs/ folder of the jaxtrain repository",
                      sections=", ".join(sections))
 
@@ -58,7 +57,7 @@ def _config_value(argv: list[str]) -> str | None:
 
 def _unknown_field(argv: list[str]) -> str | None:
   """The first `--config.a.b=v` override that names no field, with the closest real names."""
-  known = config.field_names()
+  known = defaults.field_names()
   for arg in argv:
     if arg.startswith("--config."):
       name = arg[len("--config."):].split("=")[0]
@@ -83,7 +82,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
       fail(cli.missing_config(path))
     try:
       if not has_argument:  # get_config(argument): ml_collections loads it, validate checks it
-        config.load_config(path)
+        defaults.load_config(path)
     except UserError as e:
       fail(str(e))
     unknown = _unknown_field(argv[1:])

@@ -6,7 +6,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from jaxtrain.config import validate as validation
+from jaxtrain.config import validate
 from jaxtrain.core import mesh
 from jaxtrain.data import tokenizer
 from jaxtrain.system.errors import ConfigError
@@ -58,7 +58,7 @@ BAD = [
 def test_bad_field_is_named_with_a_fix(overrides, field, words):
   cfg = tiny_config(**overrides)
   with pytest.raises(ConfigError) as e:
-    validation.validate(cfg)
+    validate.validate(cfg)
   message = str(e.value)
   assert e.value.field == field and message.startswith(f"config.{field}: ")
   assert words in message and "\n" not in message
@@ -73,7 +73,7 @@ def test_the_shipped_configs_are_valid():
     cfg = module.get_config()
     if path.stem.startswith("shakespeare_char"):
       cfg.data.path = ""  # its default file is the user's to provide
-    validation.validate(cfg)
+    validate.validate(cfg)
 
 
 def test_batch_must_split_over_devices_and_processes():
@@ -98,4 +98,4 @@ def test_vocab_smaller_than_the_tokenizer_is_rejected():
     {"train.eval_steps": 4096, "train.batch_size": 4096, "model.seq_len": 1024},
 ], ids=str)
 def test_edges_that_work_are_accepted(overrides):
-  validation.validate(tiny_config(**overrides))
+  validate.validate(tiny_config(**overrides))
