@@ -1,6 +1,6 @@
 """Documents in, batches out: tokenize once into a cached memmap, feed random windows.
 
-The token stream is the documents (jaxtrain/corpus.py) in order, each followed by the
+The token stream is the documents (jaxtrain/data/documents.py) in order, each followed by the
 tokenizer's end-of-text token; several files come in a fixed pseudo-random order, so the held-out
 tail samples the whole corpus. Validation is the smallest tail of whole documents holding
 `val_fraction` of the text's bytes (documents too large for that: the stream is cut inside
