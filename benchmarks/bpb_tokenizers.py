@@ -51,17 +51,17 @@ def final_eval(cfg, workdir: str) -> dict:
   import jax
   import numpy as np
 
-  from jaxtrain.checkpoints import load as checkpoint
+  from jaxtrain.checkpoints import load
   from jaxtrain.core import steps
-  from jaxtrain.data import corpus as data
+  from jaxtrain.data import corpus as corpus_lib
 
-  corpus = data.prepare(cfg.data, show_progress=False, log=lambda _: None)
-  state = checkpoint.load_state(workdir)
+  corpus = corpus_lib.prepare(cfg.data, show_progress=False, log=lambda _: None)
+  state = load.load_state(workdir)
   t = cfg.train
-  batches = data.eval_batches(corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps)
+  batches = corpus_lib.eval_batches(corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps)
   step = jax.jit(steps.eval_step)
   loss = float(np.mean([float(step(state, {"tokens": b["tokens"]})["loss"]) for b in batches]))
-  factor = data.bits_per_byte(corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps)
+  factor = corpus_lib.bits_per_byte(corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps)
   return {"step": int(state.step), "val_loss": loss, "val_bpb": loss * factor,
           "bytes_per_token": corpus.n_bytes / len(corpus.tokens),
           "vocab_size": corpus.tokenizer.vocab_size}
@@ -69,10 +69,10 @@ def final_eval(cfg, workdir: str) -> dict:
 
 def one_run(spec: str, args, scratch: Path) -> dict:
   from jaxtrain import train
-  from jaxtrain.config import defaults as config
+  from jaxtrain.config import defaults
 
   kind, _, vocab = spec.partition(":")
-  cfg = config.load_config(str(ROOT / "configs" / "nano.py"), **{
+  cfg = defaults.load_config(str(ROOT / "configs" / "nano.py"), **{
       "workdir": str(scratch / spec.replace(":", "-")), "data.path": args.path,
       "data.tokenizer": kind, "data.vocab_size": int(vocab or 4096), "train.max_steps": 10**6,
       "train.eval_every": 10**6, "train.checkpoint_every": 10**6, "sample.num_samples": 0,

@@ -218,8 +218,8 @@ class LoadSampler:
 # ---- matmul peak ---------------------------------------------------------------------------
 
 def measure_matmul_peak(dtype: str = "float32", n: int = 2048, repeats: int = 10) -> dict:
-  """jaxtrain's own matmul timing (`jaxtrain.loop.estimate.time_matmul`, behind its MFU), uncached."""
-  from jaxtrain.loop import estimate
+  """jaxtrain's own matmul timing (`jaxtrain.measure.estimate.time_matmul`, behind its MFU), uncached."""
+  from jaxtrain.measure import estimate
 
   return _peak_row("jax", dtype, n, repeats, estimate.time_matmul(dtype, n, repeats))
 

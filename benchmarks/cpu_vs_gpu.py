@@ -11,8 +11,8 @@ lower + compile of the train step (the persistent compile cache off unless --com
 warm-up steps, then the median of the timed steps. Batches are random int32 tokens [B, T+1]:
 no corpus is read. grad_accum is forced to 1, so one step is one micro-batch of the config's
 batch_size x seq_len (--batch-size overrides B). Each platform's f32 and bf16 matmul peaks are
-measured in the same run (`jaxtrain.loop.estimate.time_matmul`); MFU is against the measured peak of
-the config's dtype and, for a GPU that jaxtrain.loop.estimate knows, against its datasheet peak.
+measured in the same run (`jaxtrain.measure.estimate.time_matmul`); MFU is against the measured peak of
+the config's dtype and, for a GPU that jaxtrain.measure.estimate knows, against its datasheet peak.
 Writes cpu_vs_gpu.{json,md,png} to --out (default: benchmarks/results/<date>-cpu_vs_gpu/).
 
 Default steps: 1 warm-up + 5 timed on a CPU, 3 + 20 on a GPU. The default run on a 2-core CPU
@@ -215,7 +215,7 @@ def markdown(report: dict) -> str:
             speed_table(report["results"]), "",
             "tokens/s: B x T over the median step. MFU: flops_per_token (6N + 12*L*T*D) x "
             "tokens/s over the matmul peak of the row's dtype, measured in this run on that "
-            "platform, or the vendor's dense datasheet peak (GPUs jaxtrain.loop.estimate knows). "
+            "platform, or the vendor's dense datasheet peak (GPUs jaxtrain.measure.estimate knows). "
             "others' CPU: share of the whole machine other processes used during that row's timed "
             "steps (with 2 cores, 50 = one core busy elsewhere): a high value means a noisy "
             "measurement.", ""]
@@ -228,7 +228,7 @@ def markdown(report: dict) -> str:
             "for small models); added by the row: the end peak minus the RSS just before the "
             "state was built (state, batches, compiler, step buffers). device "
             "peak: memory_stats()['peak_bytes_in_use'] on a GPU; null on CPU, where device memory "
-            "is host RAM. jaxtrain estimate: jaxtrain.loop.estimate.memory_estimate; XLA buffer plan: "
+            "is host RAM. jaxtrain estimate: jaxtrain.measure.estimate.memory_estimate; XLA buffer plan: "
             "arguments + temporaries of the compiled step.", ""]
   if report["speedups"]:
     lines += ["## GPU over CPU", "", speedup_table(report["speedups"]), ""]

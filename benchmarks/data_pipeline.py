@@ -43,7 +43,7 @@ SHAPES = ("nano", "small", "gpt2_124m")
 
 def tokenizing(path: str, repeats: int, scratch: Path, sampler) -> list[dict]:
   """Rows of MB/s per tokenizer; each run's token cache stays in scratch/<label>-<repeat>."""
-  from jaxtrain.data import corpus as data
+  from jaxtrain.data import corpus as corpus_lib
   from jaxtrain.data import tokenizer
   from jaxtrain.testing import tiny_config
 
@@ -59,7 +59,7 @@ def tokenizing(path: str, repeats: int, scratch: Path, sampler) -> list[dict]:
                            "data.tokenizer": saved.get(vocab, "") if kind.startswith("json")
                            else kind, "data.vocab_size": max(vocab, 257)})
       t0 = time.perf_counter()
-      corpus = data.prepare(cfg.data, show_progress=False, log=lambda _: None)
+      corpus = corpus_lib.prepare(cfg.data, show_progress=False, log=lambda _: None)
       times.append(time.perf_counter() - t0)
     if kind == "bpe":
       saved[vocab] = str(scratch / f"bpe{vocab}.json")
@@ -74,13 +74,13 @@ def tokenizing(path: str, repeats: int, scratch: Path, sampler) -> list[dict]:
 
 
 def pipeline_rate(cfg, path: str, cache: Path, batches: int, repeats: int) -> tuple[float, list]:
-  from jaxtrain.data import corpus as data
+  from jaxtrain.data import corpus as corpus_lib
 
   cfg.data.path, cfg.data.cache_dir = path, str(cache)
-  corpus = data.prepare(cfg.data, show_progress=False, log=lambda _: None)
+  corpus = corpus_lib.prepare(cfg.data, show_progress=False, log=lambda _: None)
   rates = []
   for r in range(repeats):
-    it = data.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, seed=r)
+    it = corpus_lib.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, seed=r)
     for _ in range(20):  # the reader thread started and its buffer full
       next(it)
     t0 = time.perf_counter()
@@ -121,13 +121,13 @@ def h100_rates() -> dict:
 
 
 def pipeline(args, scratch: Path, sampler) -> list[dict]:
-  from jaxtrain.config import defaults as config
-  from jaxtrain.data import corpus as data
+  from jaxtrain.config import defaults
+  from jaxtrain.data import corpus as corpus_lib
 
   h100, rows = h100_rates(), []
   for shape in SHAPES:
     sampler.label = f"pipeline {shape}"
-    cfg = config.load_config(str(ROOT / "configs" / f"{shape}.py"))
+    cfg = defaults.load_config(str(ROOT / "configs" / f"{shape}.py"))
     # The token cache the tokenizing runs above wrote for this tokenizer (same corpus and split).
     cache = scratch / ("byte-0" if cfg.data.tokenizer == "byte" else f"bpe {cfg.data.vocab_size}-0")
     rate, rates = pipeline_rate(cfg, args.path, cache, args.batches, args.repeats)
@@ -137,7 +137,7 @@ def pipeline(args, scratch: Path, sampler) -> list[dict]:
            "h100_step_per_s": h100.get(shape)}
     if shape != "gpt2_124m" or args.cpu_gpt2:
       sampler.label = f"train step {shape}"
-      corpus = data.prepare(cfg.data, show_progress=False, log=lambda _: None)
+      corpus = corpus_lib.prepare(cfg.data, show_progress=False, log=lambda _: None)
       vocab = cfg.model.vocab_size or corpus.tokenizer.vocab_size
       cfg.model.dtype = "float32"  # bfloat16 matmuls are emulated on most CPUs
       row["cpu_step_per_s"] = cpu_step_rate(cfg, vocab, corpus.tokenizer.eot_id)

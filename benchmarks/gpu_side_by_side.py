@@ -39,7 +39,7 @@ import traces  # noqa: E402
 from gpu_runs import Setup, timed  # noqa: E402
 
 from jaxtrain.core import model as model_lib  # noqa: E402
-from jaxtrain.loop.estimate import published_peak  # noqa: E402
+from jaxtrain.measure.estimate import published_peak  # noqa: E402
 
 PARTS = ("tests", "throughput", "profile", "shakespeare")
 NANOGPT_SHAKESPEARE_ITERS = 2000  # its best val is at 1750 of 5000; the lr schedule keeps 5000

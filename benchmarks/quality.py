@@ -111,18 +111,17 @@ def run_nanogpt(nanogpt_dir: Path, log: Path) -> dict:
 def _config(args: list[str], data: str | None = None):
   """A run's config as `python -m jaxtrain` builds it from `args` (the file, then each
   `--config.x=y` override, parsed by the type of the field it sets) and the corpus."""
-  from jaxtrain.config import defaults as config
-  from jaxtrain.config import validate as validation
+  from jaxtrain.config import defaults, validate
 
-  cfg = config.load_config(args[0].partition("=")[2])
+  cfg = defaults.load_config(args[0].partition("=")[2])
   for arg in args[1:]:
     field, _, text = arg.removeprefix("--config.").partition("=")
-    kind = type(validation.get(cfg, field))
+    kind = type(validate.get(cfg, field))
     value = text in ("True", "true", "1") if kind is bool else text if kind is str else kind(text)
-    config.override(cfg, **{field: value})
+    defaults.override(cfg, **{field: value})
   if data:
-    config.override(cfg, **{"data.path": data})
-  validation.validate(cfg)
+    defaults.override(cfg, **{"data.path": data})
+  validate.validate(cfg)
   return cfg
 
 
@@ -211,7 +210,7 @@ def matmul_peak() -> float:
   before any run, with the machine to itself."""
   import jax
 
-  from jaxtrain.loop import estimate
+  from jaxtrain.measure import estimate
   jax.config.update("jax_platforms", "cpu")
   return estimate.time_matmul("float32", 2048, 5)
 

@@ -136,7 +136,7 @@ def markdown(report: dict) -> str:
             "speedup vs 1: tokens/s over the 1-device row of the same platform and config; "
             "efficiency: speedup / devices. The 1-device row is the baseline of both modes. "
             "Every row trains on the same batches from the same init: the losses agree up to the "
-            "order of floating-point sums. est. memory/device: jaxtrain.loop.estimate.memory_estimate "
+            "order of floating-point sums. est. memory/device: jaxtrain.measure.estimate.memory_estimate "
             "(FSDP splits params, gradients and optimizer state). others' CPU: share of the whole "
             "machine other processes used during the row's timed steps.", ""]
   lines += [f"- {r['config']} {r['mode']} x{r['devices']}: {sw.programs_line(r)}"

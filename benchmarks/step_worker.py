@@ -28,9 +28,9 @@ def _rss_bytes() -> int:
 
 def load(config_path: str, overrides: dict):
   """The row's config: one micro-batch per step (grad_accum 1), `overrides` on top."""
-  from jaxtrain.config import defaults as config
+  from jaxtrain.config import defaults
 
-  return config.load_config(config_path, **{"train.grad_accum": 1, **overrides})
+  return defaults.load_config(config_path, **{"train.grad_accum": 1, **overrides})
 
 
 class StepWorker:
@@ -62,7 +62,7 @@ class StepWorker:
   def device_info(self, dtypes: list[str]) -> dict:
     import jax
 
-    from jaxtrain.loop import estimate
+    from jaxtrain.measure import estimate
 
     d = self.devices[0]
     try:
@@ -85,15 +85,14 @@ class StepWorker:
     batches, and the train step compiled."""
     import numpy as np
 
-    from jaxtrain.config import defaults as config
-    from jaxtrain.config import validate as validation
+    from jaxtrain.config import defaults, validate
     from jaxtrain.core import model as model_lib
     from jaxtrain.core import programs
-    from jaxtrain.loop import estimate
+    from jaxtrain.measure import estimate
 
     self.state = self.batches = self.step_fn = None  # a previous setup's buffers go first
     cfg = load(config_path, overrides)  # its data is never read: the steps see random tokens
-    validation.validate(cfg)
+    validate.validate(cfg)
     on_cpu = self.devices[0].platform == "cpu"
     devices = self.devices[:n_devices or (len(self.devices) if on_cpu else 1)]
     p = programs.build(cfg, cfg.model.vocab_size or 256, devices)
@@ -107,12 +106,12 @@ class StepWorker:
             "mesh": {"data": p.mesh.shape["data"], "fsdp": fsdp},
             "compiler_options": p.compiler_options, "one_allreduce": p.one_allreduce,
             "xla_flags": os.environ.get("XLA_FLAGS", ""),
-            "config_grad_accum": config.load_config(config_path).train.grad_accum,
+            "config_grad_accum": defaults.load_config(config_path).train.grad_accum,
             "estimate_bytes": mem.total, "estimate": vars(mem), "available_bytes": have,
             "available_what": what}
     _, too_big = estimate.memory_report(mc, B, 1, devices, fsdp)
     if too_big:
-      return dict(info, skipped=f"jaxtrain.loop.estimate: {too_big}")
+      return dict(info, skipped=f"jaxtrain.measure.estimate: {too_big}")
     self.programs = p
     self.rss_before = _rss_bytes()
     state = p.init()

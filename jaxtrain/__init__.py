@@ -11,14 +11,17 @@ The public surface, for notebooks and for unit tests of your own model and step 
 Attributes load on first use, so `import jaxtrain` stays fast. Where things live (each folder's
 `__init__` says what it holds and may import; a folder imports only folders listed before it):
 
-    system/       processes, files, locks, signals, errors: no other jaxtrain folder
+    system/       processes, files, locks, signals, errors, the console: no other jaxtrain folder
     config/       every knob with its default, and its validation
     core/         the model, optimizer, pure steps, mesh, and `build` (the compiled programs)
-    data/         documents, tokenizers, the token cache, batches
+    data/         documents, tokenizers, the chat format, the token cache, batches
     checkpoints/  orbax storage, choosing an intact checkpoint, save/resume, loading, HF weights
-    generation/   decoding with a KV cache, and the samples at the end of a run
-    loop/         the training loop's hooks and reporting (console, metrics, TensorBoard, ...)
-    tools/        the commands beside training: sample, export, compare, sweep, evaluate
+    generation/   decoding with a KV cache, completions, chat replies, the samples of a run
+    measure/      what a run costs (memory, FLOPs) and how fast it goes
+    evals/        the val loss, per-source losses, task scores: in a run and in `jaxtrain.eval`
+    trackers/     hooks (`Hook`) and the ones every run has: metrics.jsonl, TensorBoard, W&B, ...
+    loop/         the run's state and phases: setup, the feed, a time budget, the ending
+    tools/        the commands beside training: sample, export, compare, sweep, eval, chat
     train.py      the loop itself (`jt.run`); __main__.py the `python -m jaxtrain` command
 """
 
@@ -45,13 +48,13 @@ _EXPORTS = {
     "split_batch": "jaxtrain.testing", "assert_trees_equal": "jaxtrain.testing",
     "assert_trees_close": "jaxtrain.testing",
     # runs
-    "run": "jaxtrain.train", "RunResult": "jaxtrain.train", "Hook": "jaxtrain.loop.hooks",
+    "run": "jaxtrain.train", "RunResult": "jaxtrain.trackers.hooks", "Hook": "jaxtrain.trackers.hooks",
     "load_state": "jaxtrain.checkpoints.load", "load_tokenizer": "jaxtrain.checkpoints.load",
     "Checkpoints": "jaxtrain.checkpoints.store",
     "generate": "jaxtrain.generation.decode", "complete": "jaxtrain.generation.complete",
-    "chat_reply": "jaxtrain.generation.chat",
-    "evaluate": "jaxtrain.generation.scoring",
-    "memory_estimate": "jaxtrain.loop.estimate",
+    "chat_reply": "jaxtrain.generation.reply",
+    "evaluate": "jaxtrain.evals.scoring",
+    "memory_estimate": "jaxtrain.measure.estimate",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -15,8 +15,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from jaxtrain import train  # noqa: E402
-from jaxtrain.config import defaults as config  # noqa: E402
-from jaxtrain.config import schema  # noqa: E402
+from jaxtrain.config import defaults, schema  # noqa: E402
 from jaxtrain.system import signals  # noqa: E402
 from jaxtrain.system.errors import UserError  # noqa: E402
 from jaxtrain.tools import cli  # noqa: E402
@@ -42,7 +41,7 @@ SECTION: {sections}. Every field with its default: jaxtrain/config/defaults.py
 
 def _help() -> str:
   shipped = cli.shipped_configs()
-  sections = [k for k, v in config.default_config().items() if hasattr(v, "keys")]
+  sections = [k for k, v in defaults.default_config().items() if hasattr(v, "keys")]
   recipes = (f"Recipes, in {shipped}: {', '.join(cli.recipe_names())}" if shipped else
              "Recipes: none here; the configs/ folder of the jaxtrain repository holds them")
   recipes = textwrap.fill(recipes, 100, break_long_words=False, break_on_hyphens=False)  # paths whole
@@ -62,7 +61,7 @@ def _config_value(argv: list[str]) -> tuple[int, str | None]:
 
 def _unknown_field(argv: list[str]) -> str | None:
   """The first `--config.a.b=v` override that names no field, with the closest real names."""
-  known = config.field_names()
+  known = defaults.field_names()
   for arg in argv:
     if arg.startswith("--config."):
       name = arg[len("--config."):].split("=")[0]
@@ -92,7 +91,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
       path = found
     try:
       if not has_argument:  # get_config(argument): ml_collections loads it, validate checks it
-        config.load_config(path)
+        defaults.load_config(path)
     except UserError as e:
       fail(str(e))
     unknown = _unknown_field(argv[1:])

@@ -2,11 +2,9 @@
 
 The command lives in jaxtrain/tools/compare.py."""
 
-import sys
-
 from jaxtrain.system import exiting
 from jaxtrain.tools.compare import main
 
 if __name__ == "__main__":
   exiting.quiet_broken_pipe()
-  sys.exit(main(sys.argv[1:]))
+  main()

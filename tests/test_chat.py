@@ -21,11 +21,10 @@ from test_export import make_run
 from test_sample_cli import module, one_line_error
 
 import jaxtrain as jt
-from jaxtrain.checkpoints import hf, init_from
-from jaxtrain.checkpoints import load as trained
-from jaxtrain.config import validate as validation
-from jaxtrain.data import chat
-from jaxtrain.data import corpus as data
+from jaxtrain.checkpoints import hf, init_from, load
+from jaxtrain.config import validate
+from jaxtrain.data import chat_format
+from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
@@ -61,9 +60,9 @@ def write_jsonl(path: Path, rows: list) -> Path:
   return path
 
 
-def prepare(path: Path, tmp_path: Path, **kw) -> data.Corpus:
+def prepare(path: Path, tmp_path: Path, **kw) -> corpus_lib.Corpus:
   cfg = tiny_config(**{"data.path": str(path), "workdir": str(tmp_path / "w"), **CHAT, **kw})
-  return data.prepare(cfg.data, show_progress=False)
+  return corpus_lib.prepare(cfg.data, show_progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +88,7 @@ def test_only_assistant_turns_and_their_end_tokens_are_in_the_loss(tmp_path):
   corpus = prepare(write_jsonl(tmp_path / "c.jsonl", rows), tmp_path)
   tok = corpus.tokenizer
   assert tok.vocab_size == 260 and tok.eot_id == 255
-  ids = chat.special_ids(tok)
+  ids = chat_format.special_ids(tok)
   assert list(ids.values()) == [256, 257, 258, 259]  # after the 256 byte tokens
   tokens, mask = [], []
   for r in rows:  # built by hand: role token, content bytes, <|end|>; the record's end-of-text
@@ -102,11 +101,11 @@ def test_only_assistant_turns_and_their_end_tokens_are_in_the_loss(tmp_path):
   assert np.array_equal(corpus.tokens, tokens) and np.array_equal(corpus.mask, mask)
   assert corpus.n_docs == 40
   # The chat format's own encoding is a record's tokens, less the end-of-text.
-  first = len(chat.encode(tok, rows[0]["messages"]))
-  assert np.array_equal(chat.encode(tok, rows[0]["messages"]), corpus.tokens[:first])
+  first = len(chat_format.encode(tok, rows[0]["messages"]))
+  assert np.array_equal(chat_format.encode(tok, rows[0]["messages"]), corpus.tokens[:first])
   assert corpus.tokens[first] == tok.eot_id
   # Batches weigh each target by its token's mask: 0 on system and user turns and role tokens.
-  batch = data.WindowBatches(corpus.train, 4, 16, 0, 0, mask=corpus.split_mask(True))[2]
+  batch = corpus_lib.WindowBatches(corpus.train, 4, 16, 0, 0, mask=corpus.split_mask(True))[2]
   starts = np.random.default_rng([0, 0, 2]).integers(0, len(corpus.train) - 16, size=4)
   at = starts[:, None] + np.arange(1, 17)
   assert np.array_equal(batch["weights"], np.asarray(mask, np.float32)[at])
@@ -119,10 +118,10 @@ def test_every_tokenizer_gets_the_chat_tokens_after_its_own(kind, tmp_path):
   corpus = prepare(write_jsonl(tmp_path / "c.jsonl", rows), tmp_path,
                    **{"data.tokenizer": kind, "data.vocab_size": 300})
   tok = corpus.tokenizer
-  ids = chat.special_ids(tok)
+  ids = chat_format.special_ids(tok)
   assert sorted(ids.values()) == list(range(tok.vocab_size - 4, tok.vocab_size))
   assert tok.eot_id < tok.vocab_size - 4
-  text = tok.decode(corpus.tokens[:len(chat.encode(tok, rows[0]["messages"])) + 1])
+  text = tok.decode(corpus.tokens[:len(chat_format.encode(tok, rows[0]["messages"])) + 1])
   turns = "".join(f"<|{m['role']}|>{m['content']}<|end|>" for m in rows[0]["messages"])
   assert text == turns + tokenizer_lib.EOT
   # The mask holds the assistant turns' tokens and their <|end|>s, nothing else.
@@ -180,10 +179,10 @@ def test_chat_config_is_checked_up_front(tmp_path):
   both = {**CHAT, "data.prompt_field": "q", "data.completion_field": "a"}
   with pytest.raises(ConfigError, match="data.messages_field.*so are the prompt/completion "
                                         "fields") as e:
-    validation.validate(tiny_config(**both))
+    validate.validate(tiny_config(**both))
   assert e.value.field == "data.messages_field"
   with pytest.raises(ConfigError, match="data.mixture.*chat records"):
-    validation.validate(tiny_config(**CHAT, **{"data.mixture": f"{tmp_path}:1"}))
+    validate.validate(tiny_config(**CHAT, **{"data.mixture": f"{tmp_path}:1"}))
   text = tmp_path / "plain.txt"
   text.write_text("some text\n" * 100)
   with pytest.raises(UserError, match="plain.txt is a text file; chat records"):
@@ -194,7 +193,7 @@ def test_a_chat_run_starts_from_a_text_run_with_the_chat_tokens_added(tmp_path, 
   untied = {"model.tie_embeddings": False}
   source = tmp_path / "text"
   before = hf.flatten(jax.device_get(make_run(source, tiny_config(**untied)).params))  # byte
-  tok = chat.with_chat(tokenizer_lib.ByteTokenizer())
+  tok = chat_format.with_chat(tokenizer_lib.ByteTokenizer())
   c = jt.ModelConfig.from_config(tiny_config(**untied).model, tok.vocab_size)
   flat, what = init_from.load_flat(str(source), c, tok)
   wte, head = before["wte/embedding"], before["lm_head/kernel"]
@@ -206,7 +205,7 @@ def test_a_chat_run_starts_from_a_text_run_with_the_chat_tokens_added(tmp_path, 
                              rtol=1e-6)
   assert "4 new token embeddings (the chat tokens)" in what
   with pytest.raises(UserError, match="another tokenizer"):  # any other tokenizer: as before
-    init_from.load_flat(str(source), c, chat.with_chat(tokenizer_lib.CharTokenizer("abc")))
+    init_from.load_flat(str(source), c, chat_format.with_chat(tokenizer_lib.CharTokenizer("abc")))
   # And a chat run starts from it.
   cfg = tiny_config(**untied, **CHAT, **{"workdir": str(tmp_path / "chat"), "init_from": str(source),
                                          "data.path": str(write_jsonl(tmp_path / "c.jsonl",
@@ -221,7 +220,7 @@ def test_a_tiny_model_learns_the_chat_task_and_keeps_the_conversation(chat_run):
   out = chat_run["stdout"]
   assert "data: chat records ('messages')" in out and "count in the loss" in out
   assert "eval step 60: val loss on assistant turns" in out
-  state, tok = trained.load(str(chat_run["workdir"]))
+  state, tok = load.load(str(chat_run["workdir"]))
   assert state.model_cfg.doc_mask and tok.vocab_size == 260
   first = again = 0
   held = chats(24, seed=1)
@@ -279,14 +278,14 @@ def test_transformers_chat_template_gives_jaxtrains_tokens(tmp_path):
   for base in (tokenizer_lib.ByteTokenizer(),
                tokenizer_lib.CharTokenizer("".join(m["content"] for m in messages + TRICKY)),
                tokenizer_lib.train_bpe([json.dumps(m) for m in messages] * 20, 300)):
-    tok = chat.with_chat(base)
+    tok = chat_format.with_chat(base)
     (tmp_path / base.name).mkdir()
     export.write_tokenizer(tok, tmp_path / base.name)
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / base.name))
     for prompt in (False, True):
       ids = hf_tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=prompt,
                                        return_dict=False)
-      assert ids == chat.encode(tok, messages, prompt).tolist(), (base.name, prompt)
+      assert ids == chat_format.encode(tok, messages, prompt).tolist(), (base.name, prompt)
     with pytest.raises(Exception, match="roles are system, user and assistant, not bot"):
       hf_tok.apply_chat_template([msg("bot", "hi")], tokenize=False)
     # Message text that spells a special token is text to jaxtrain; to transformers too when
@@ -294,7 +293,7 @@ def test_transformers_chat_template_gives_jaxtrains_tokens(tmp_path):
     if base.name != "bpe":
       ids = hf_tok.apply_chat_template(TRICKY, tokenize=True, return_dict=False,
                                        sanitize_control_tokens=True)
-      assert ids == chat.encode(tok, TRICKY).tolist(), base.name
+      assert ids == chat_format.encode(tok, TRICKY).tolist(), base.name
   # A tokenizer without the chat tokens exports no template.
   (tmp_path / "plain").mkdir()
   export.write_tokenizer(tokenizer_lib.ByteTokenizer(), tmp_path / "plain")
@@ -305,15 +304,15 @@ def test_an_exported_chat_model_replies_in_transformers_as_in_jaxtrain(chat_run,
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
   out = export.export(str(chat_run["workdir"]), str(tmp_path / "hf"))
-  state, tok = trained.load(str(chat_run["workdir"]))
+  state, tok = load.load(str(chat_run["workdir"]))
   hf_tok = transformers.AutoTokenizer.from_pretrained(str(out))
   model = transformers.AutoModelForCausalLM.from_pretrained(str(out))
-  end = chat.special_ids(tok)[chat.END]
+  end = chat_format.special_ids(tok)[chat_format.END]
   for r in chats(4, seed=2):
     turn = r["messages"][:[m["role"] for m in r["messages"]].index("assistant")]
     ids = hf_tok.apply_chat_template(turn, tokenize=True, add_generation_prompt=True,
                                      return_dict=False)
-    assert ids == chat.encode(tok, turn, add_generation_prompt=True).tolist()
+    assert ids == chat_format.encode(tok, turn, add_generation_prompt=True).tolist()
     with torch.no_grad():
       made = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids):]
     assert made.tolist()[-1] == end  # stopped at the end of the assistant's turn

@@ -24,7 +24,7 @@ def test_train_evaluate_checkpoint_sample_then_resume(corpus_file, tmp_path):
   out = first.stdout
   assert "starting a new run at step 0" in out and "eval step 20: val loss" in out
   assert "samples at step 20" in out and "Traceback" not in first.stderr
-  # It restarted itself once under mimalloc (jaxtrain/allocator.py), and says so.
+  # It restarted itself once under mimalloc (jaxtrain/system/allocator.py), and says so.
   if sys.platform == "linux" and allocator.mimalloc_library():
     assert "| mimalloc allocator" in out.splitlines()[0], out.splitlines()[0]
 

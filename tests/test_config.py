@@ -6,8 +6,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from jaxtrain.config import defaults as config
-from jaxtrain.config import validate as validation
+from jaxtrain.config import defaults, validate
 from jaxtrain.core import mesh
 from jaxtrain.data import tokenizer
 from jaxtrain.system.errors import ConfigError
@@ -67,7 +66,7 @@ BAD = [
 def test_bad_field_is_named_with_a_fix(overrides, field, words):
   cfg = tiny_config(**overrides)
   with pytest.raises(ConfigError) as e:
-    validation.validate(cfg)
+    validate.validate(cfg)
   message = str(e.value)
   assert e.value.field == field and message.startswith(f"config.{field}: ")
   assert words in message and "\n" not in message
@@ -82,16 +81,16 @@ def test_the_shipped_configs_are_valid(corpus_file):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     cfg = module.get_config()
-    assert cfg.data.path in ("", config.REQUIRED), f"{path.name}: data.path={cfg.data.path!r}"
-    if cfg.data.path == config.REQUIRED:
+    assert cfg.data.path in ("", defaults.REQUIRED), f"{path.name}: data.path={cfg.data.path!r}"
+    if cfg.data.path == defaults.REQUIRED:
       with pytest.raises(ConfigError, match="^config.data.path: is not given"):
-        validation.validate(cfg)
+        validate.validate(cfg)
       cfg.data.path = str(corpus_file)
-    validation.validate(cfg)
+    validate.validate(cfg)
 
 
 def test_a_mixture_stands_for_the_required_data_path(corpus_file):
-  validation.validate(tiny_config(**{"data.path": "<required>", "data.mixture": f"{corpus_file}:1"}))
+  validate.validate(tiny_config(**{"data.path": "<required>", "data.mixture": f"{corpus_file}:1"}))
 
 
 def test_batch_must_split_over_devices_and_processes():
@@ -116,4 +115,4 @@ def test_vocab_smaller_than_the_tokenizer_is_rejected():
     {"train.eval_steps": 4096, "train.batch_size": 4096, "model.seq_len": 1024},
 ], ids=str)
 def test_edges_that_work_are_accepted(overrides):
-  validation.validate(tiny_config(**overrides))
+  validate.validate(tiny_config(**overrides))

@@ -13,9 +13,7 @@ import pytest
 from conftest import with_root_on_path
 
 import jaxtrain as jt
-from jaxtrain.config import defaults as config
-from jaxtrain.config import schema
-from jaxtrain.config import validate as validation
+from jaxtrain.config import defaults, schema, validate
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
 from jaxtrain.tools import runs
@@ -37,7 +35,7 @@ def restated(path: Path, monkeypatch) -> list[str]:
 
   with monkeypatch.context() as m:
     m.setattr(ml_collections.ConfigDict, "__setitem__", recording)
-    config.load_config(str(path))
+    defaults.load_config(str(path))
   return found
 
 
@@ -77,12 +75,12 @@ def test_an_unknown_field_in_a_file_names_the_file_line_and_nearest_field(tmp_pa
 
 
 def test_unknown_names_are_refused_however_the_config_was_built(tmp_path):
-  flat = config.flatten(tiny_config().to_dict())
+  flat = defaults.flatten(tiny_config().to_dict())
   scratch = ml_collections.ConfigDict(json.loads(json.dumps(tiny_config().to_dict())))
   scratch.train.max_step = 30  # unlocked: ml_collections itself takes it
   with pytest.raises(ConfigError, match=r"^config\.train\.max_step: is not a config field; "
                      r"did you mean train\.max_steps\?$"):
-    validation.validate(scratch)
+    validate.validate(scratch)
   path = tmp_path / "scratch.py"
   path.write_text("import ml_collections\n\n\ndef get_config():\n  return ml_collections.ConfigDict("
                   f"{json.dumps(scratch.to_dict())}".replace("false", "False").replace("true", "True")
@@ -93,8 +91,8 @@ def test_unknown_names_are_refused_however_the_config_was_built(tmp_path):
   with pytest.raises(ConfigError, match=r"config\.optim\.learning_rate: .* did you mean optim\.lr\?"):
     jt.load_config(str(CONFIGS[0]), **{"optim.learning_rate": 1e-3})
   with pytest.raises(ConfigError, match="config.model.n_layers.deep: is not a config field"):
-    config.override(tiny_config(), **{"model.n_layers.deep": 1})
-  assert config.flatten(validation.validate(tiny_config()) or tiny_config().to_dict()) == flat
+    defaults.override(tiny_config(), **{"model.n_layers.deep": 1})
+  assert defaults.flatten(validate.validate(tiny_config()) or tiny_config().to_dict()) == flat
 
 
 @pytest.mark.parametrize("body,kind,message", [
@@ -119,8 +117,8 @@ def test_a_file_that_fails_to_load_says_where_in_one_readable_line(tmp_path, bod
     ("model.layers", ["model.n_layers"]), ("data.tokeniser", ["data.tokenizer"]),
 ])
 def test_the_nearest_field_is_suggested(name, expected):
-  assert schema.nearest(name, config.field_names())[:len(expected)] == expected
-  assert schema.nearest("zzzzqqq", config.field_names()) == []
+  assert schema.nearest(name, defaults.field_names())[:len(expected)] == expected
+  assert schema.nearest("zzzzqqq", defaults.field_names()) == []
 
 
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -152,7 +150,7 @@ def test_the_command_line_names_bad_config_input_in_one_line(tmp_path):
   line = one_line(cli("--config=shakespeare_char", f"--config.workdir={tmp_path / 'run'}",
                       cwd=tmp_path))
   assert line.startswith("error: config.data.path: is not given (this recipe trains on text of "
-                         "yours); pass --config.data.path=input.txt") and config.TINY_SHAKESPEARE in line
+                         "yours); pass --config.data.path=input.txt") and defaults.TINY_SHAKESPEARE in line
   assert not (tmp_path / "run").exists()
   # A recipe's name works from any directory: nano's 3 heads refuse a width of 100.
   assert "divisible by model.n_heads=3" in one_line(
@@ -181,8 +179,8 @@ def source(corpus_file, tmp_path_factory) -> Path:
 
 def finetune(source: Path, corpus_file: Path, workdir: Path, **model) -> ml_collections.ConfigDict:
   """A fine-tune config as configs/finetune_shakespeare.py writes one: no model field."""
-  cfg = config.load_config(str(ROOT / "configs" / "finetune_shakespeare.py"), **model)
-  return config.override(cfg, **{
+  cfg = defaults.load_config(str(ROOT / "configs" / "finetune_shakespeare.py"), **model)
+  return defaults.override(cfg, **{
       "workdir": str(workdir), "init_from": str(source), "data.path": str(corpus_file),
       "headless": True, "train.max_steps": 1, "train.eval_every": 1, "train.eval_steps": 1,
       "train.batch_size": 8, "sample.num_samples": 0})
@@ -197,7 +195,7 @@ def test_a_finetune_takes_its_model_from_the_run_it_starts_from(source, corpus_f
   assert ours == {**theirs, "dropout": 0.1}  # what the run trained with, dropout as set
   # Resumed, it derives from its own config.json: the source may be gone by then.
   again = finetune(tmp_path / "gone", corpus_file, tmp_path / "tuned", **{"model.dropout": 0.1})
-  assert jt.run(config.override(again, **{"train.max_steps": 2}), show_progress=False).step == 2
+  assert jt.run(defaults.override(again, **{"train.max_steps": 2}), show_progress=False).step == 2
   assert json.loads((tmp_path / "tuned" / "config.json").read_text())["model"] == ours
 
 

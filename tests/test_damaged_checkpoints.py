@@ -16,11 +16,9 @@ import pytest
 from conftest import run_cli
 
 from jaxtrain import testing, train
-from jaxtrain.checkpoints import load
-from jaxtrain.checkpoints import recover as restore
-from jaxtrain.checkpoints import store as checkpoint
+from jaxtrain.checkpoints import load, recover, store
 from jaxtrain.core import programs
-from jaxtrain.data import corpus as data
+from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.system import lock
 from jaxtrain.system.errors import UserError
 from jaxtrain.testing import assert_trees_equal
@@ -56,10 +54,10 @@ def _config(tiny, workdir: Path, max_steps: int):
 
 
 def _final(cfg) -> tuple[dict, dict]:
-  corpus = data.prepare(cfg.data, show_progress=False)
+  corpus = corpus_lib.prepare(cfg.data, show_progress=False)
   p = programs.build(cfg, corpus.tokenizer.vocab_size)
-  ckpts = checkpoint.Checkpoints(cfg.workdir, cfg.train.keep_checkpoints)
-  it = data.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed)
+  ckpts = store.Checkpoints(cfg.workdir, cfg.train.keep_checkpoints)
+  it = corpus_lib.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed)
   state = testing.restore(ckpts, ckpts.latest_step(), p.abstract, p.shardings, it)
   ckpts.close()
   return jax.device_get(state.arrays()), it.get_state()
@@ -230,14 +228,14 @@ def test_two_processes_agree_on_the_checkpoint_when_only_one_cannot_read_it(corp
 def test_a_step_removed_while_being_read_is_skipped_not_moved(runs, tmp_path, capsys,
                                                                monkeypatch):
   cfg, ckpt_dir = _copy(runs, tmp_path)
-  read_meta = checkpoint.Checkpoints.read_meta
+  read_meta = store.Checkpoints.read_meta
 
   def removed_first(self, step):
     if step == FIRST:  # listed, then removed (a live run's retention) before it is read
       shutil.rmtree(self.directory / str(step))
     return read_meta(self, step)
 
-  monkeypatch.setattr(checkpoint.Checkpoints, "read_meta", removed_first)
+  monkeypatch.setattr(store.Checkpoints, "read_meta", removed_first)
   capsys.readouterr()
   assert int(load.load_state(cfg.workdir).step) == 2
   assert capsys.readouterr().err == ""
@@ -256,14 +254,14 @@ TRANSIENT = {
 def test_an_error_that_is_not_damage_stops_with_one_line_and_moves_nothing(
     runs, tmp_path, monkeypatch, error):
   cfg, ckpt_dir = _copy(runs, tmp_path)
-  read_meta = checkpoint.Checkpoints.read_meta
+  read_meta = store.Checkpoints.read_meta
 
   def failing(self, step):
     if step == FIRST:
       raise TRANSIENT[error]
     return read_meta(self, step)
 
-  monkeypatch.setattr(checkpoint.Checkpoints, "read_meta", failing)
+  monkeypatch.setattr(store.Checkpoints, "read_meta", failing)
   with pytest.raises(UserError) as e:
     load.load_state(cfg.workdir)
   message = str(e.value)
@@ -300,13 +298,13 @@ def test_load_state_moves_nothing_while_a_run_holds_the_workdir(runs, tmp_path, 
 def test_only_positive_evidence_is_damage(tmp_path):
   step_dir = tmp_path / "4"
   step_dir.mkdir()
-  damaged = [restore.Damaged("x"), Exception("DATA_LOSS: Error reading ..."),
+  damaged = [recover.Damaged("x"), Exception("DATA_LOSS: Error reading ..."),
              Exception("ZSTD_decompressStream() failed: Data corruption detected"),
              ValueError("Truncated read"), FileNotFoundError(2, "gone", str(step_dir / "meta")),
              Exception(f'NOT_FOUND: Error reading "{step_dir}/state/d/abc"')]
   fatal = [OSError(errno.EIO, "Input/output error"), OSError(errno.ESTALE, "Stale file handle"),
            PermissionError(13, "denied"), MemoryError(), UserError("config"),
            Exception("UNAVAILABLE: connection reset"), RuntimeError("RESOURCE_EXHAUSTED")]
-  assert [restore.classify(e, step_dir) for e in damaged] == [restore.DAMAGED] * len(damaged)
-  assert [restore.classify(e, step_dir) for e in fatal] == [restore.FATAL] * len(fatal)
-  assert restore.classify(FileNotFoundError(2, "gone"), tmp_path / "6") == restore.GONE
+  assert [recover.classify(e, step_dir) for e in damaged] == [recover.DAMAGED] * len(damaged)
+  assert [recover.classify(e, step_dir) for e in fatal] == [recover.FATAL] * len(fatal)
+  assert recover.classify(FileNotFoundError(2, "gone"), tmp_path / "6") == recover.GONE

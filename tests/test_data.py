@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from jaxtrain.data import corpus as data
+from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.data import tokenizer
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
@@ -25,14 +25,14 @@ def test_tokenizers_round_trip():
 
 def test_prepare_caches_and_splits_off_the_tail(tiny, tmp_path):
   tiny.data.cache_dir = str(tmp_path / "cache")
-  corpus = data.prepare(tiny.data, show_progress=False)
+  corpus = corpus_lib.prepare(tiny.data, show_progress=False)
   text = open(tiny.data.path, encoding="utf-8").read()
   assert len(corpus.tokens) == len(text.encode()) + 1  # one document: its end-of-text token
   assert corpus.tokenizer.decode(corpus.val) == text.encode()[corpus.n_train:].decode() + "<|endoftext|>"
   # One document: the split cuts it where the last val_fraction of its bytes begins.
   assert corpus.n_train == int(len(text.encode()) * (1 - tiny.data.val_fraction))
   cached = list((tmp_path / "cache" / "tokens").iterdir())
-  again = data.prepare(tiny.data, show_progress=False)
+  again = corpus_lib.prepare(tiny.data, show_progress=False)
   assert sorted((tmp_path / "cache" / "tokens").iterdir()) == sorted(cached)
   assert again.fingerprint == corpus.fingerprint
 
@@ -40,7 +40,7 @@ def test_prepare_caches_and_splits_off_the_tail(tiny, tmp_path):
 def test_char_corpus_vocab_is_the_text_characters(tiny, tmp_path):
   tiny.data.tokenizer = "char"
   tiny.data.cache_dir = str(tmp_path / "cache")
-  corpus = data.prepare(tiny.data, show_progress=False)
+  corpus = corpus_lib.prepare(tiny.data, show_progress=False)
   text = open(tiny.data.path, encoding="utf-8").read()
   assert corpus.tokenizer.vocab_size == len(set(text)) + 1
   assert corpus.tokenizer.decode(corpus.tokens[:200]) == text[:200]
@@ -54,7 +54,7 @@ def test_directory_corpus_skips_binaries_and_replaces_bad_utf8(tmp_path):
   (root / "c.bin").write_bytes(b"\x00\x01\x02" * 100)
   (root / ".hidden").write_text("never read")
   cfg = tiny_config(**{"data.path": str(root), "data.cache_dir": str(tmp_path / "cache")})
-  corpus = data.prepare(cfg.data, show_progress=False)
+  corpus = corpus_lib.prepare(cfg.data, show_progress=False)
   assert corpus.n_files == 2
   assert any("binary" in n for n in corpus.notes) and any("UTF-8" in n for n in corpus.notes)
   text = corpus.tokenizer.decode(corpus.tokens)
@@ -63,15 +63,15 @@ def test_directory_corpus_skips_binaries_and_replaces_bad_utf8(tmp_path):
 
 def test_batches_depend_only_on_seed_and_index(tiny, tmp_path):
   tiny.data.cache_dir = str(tmp_path / "cache")
-  corpus = data.prepare(tiny.data, show_progress=False)
+  corpus = corpus_lib.prepare(tiny.data, show_progress=False)
   args = (tiny.train.batch_size, tiny.model.seq_len)
-  a = data.train_iterator(corpus, *args, tiny.seed)
+  a = corpus_lib.train_iterator(corpus, *args, tiny.seed)
   first = [next(a)["tokens"] for _ in range(5)]
-  b = data.train_iterator(corpus, *args, tiny.seed)
+  b = corpus_lib.train_iterator(corpus, *args, tiny.seed)
   b.set_state({"next_index": 3})
   np.testing.assert_array_equal(next(b)["tokens"], first[3])
   assert a.get_state() == {"next_index": 5}
-  c = data.train_iterator(corpus, *args, seed=1)
+  c = corpus_lib.train_iterator(corpus, *args, seed=1)
   assert not np.array_equal(next(c)["tokens"], first[0])
   # Every row is a real window of the training split: targets are inputs shifted by one.
   train = np.asarray(corpus.train)
@@ -83,18 +83,18 @@ def test_batches_depend_only_on_seed_and_index(tiny, tmp_path):
 
 def test_process_rows_split_the_global_batch(tiny, tmp_path):
   tiny.data.cache_dir = str(tmp_path / "cache")
-  corpus = data.prepare(tiny.data, show_progress=False)
+  corpus = corpus_lib.prepare(tiny.data, show_progress=False)
   args = (tiny.train.batch_size, tiny.model.seq_len, tiny.seed)
-  whole = next(data.train_iterator(corpus, *args))["tokens"]
-  parts = [next(data.train_iterator(corpus, *args, p, 2))["tokens"] for p in range(2)]
+  whole = next(corpus_lib.train_iterator(corpus, *args))["tokens"]
+  parts = [next(corpus_lib.train_iterator(corpus, *args, p, 2))["tokens"] for p in range(2)]
   np.testing.assert_array_equal(np.concatenate(parts), whole)
 
 
 def test_eval_batches_are_fixed_and_from_validation(tiny, tmp_path):
   tiny.data.cache_dir = str(tmp_path / "cache")
-  corpus = data.prepare(tiny.data, show_progress=False)
+  corpus = corpus_lib.prepare(tiny.data, show_progress=False)
   args = (tiny.train.batch_size, tiny.model.seq_len, tiny.seed, tiny.train.eval_steps)
-  a, b = data.eval_batches(corpus, *args), data.eval_batches(corpus, *args)
+  a, b = corpus_lib.eval_batches(corpus, *args), corpus_lib.eval_batches(corpus, *args)
   assert len(a) == tiny.train.eval_steps
   for x, y in zip(a, b):
     np.testing.assert_array_equal(x["tokens"], y["tokens"])
@@ -103,7 +103,7 @@ def test_eval_batches_are_fixed_and_from_validation(tiny, tmp_path):
 
 
 def test_default_corpus_is_the_standard_library():
-  files = data.resolve_files("")
+  files = corpus_lib.resolve_files("")
   assert len(files) > 100 and all(f.suffix == ".py" for f in files)
   assert any(f.name == "os.py" for f in files)
 
@@ -112,7 +112,7 @@ def test_a_path_that_matches_nothing_names_the_field(tmp_path):
   cfg = tiny_config(**{"data.path": str(tmp_path / "no" / "such.txt"),
                        "data.cache_dir": str(tmp_path / "cache")})
   with pytest.raises(ConfigError, match="^config.data.path: .* matches no file") as e:
-    data.prepare(cfg.data, show_progress=False)
+    corpus_lib.prepare(cfg.data, show_progress=False)
   assert "\n" not in str(e.value) and not (tmp_path / "cache").exists()
 
 
@@ -120,7 +120,7 @@ def test_a_path_that_matches_nothing_names_the_field(tmp_path):
 def test_an_incomplete_token_cache_is_not_trusted(damage, tiny, tmp_path):
   # What a crash or a deletion can leave: each is tokenized again, never read as it is.
   tiny.data.cache_dir = str(tmp_path / "cache")
-  corpus = data.prepare(tiny.data, show_progress=False)
+  corpus = corpus_lib.prepare(tiny.data, show_progress=False)
   n, fingerprint = len(corpus.tokens), corpus.fingerprint
   del corpus
   (bin_path,) = (tmp_path / "cache" / "tokens").glob("*.bin")
@@ -134,7 +134,7 @@ def test_an_incomplete_token_cache_is_not_trusted(damage, tiny, tmp_path):
   else:
     meta_path.write_text('{"n_tokens": ')
   lines = []
-  again = data.prepare(tiny.data, show_progress=False, log=lines.append)
+  again = corpus_lib.prepare(tiny.data, show_progress=False, log=lines.append)
   assert len(again.tokens) == n and again.fingerprint == fingerprint
   assert any(line.startswith("data: tokenizing") for line in lines)
   if damage != "bin without json":
@@ -152,7 +152,7 @@ def test_a_cache_that_cannot_be_written_is_one_line_naming_the_fix(tiny, tmp_pat
       pytest.skip("running as root: permissions are not enforced")
     with pytest.raises(UserError, match=r"writing the token cache in .* failed \(Permission "
                        r"denied\); pass --config.data.cache_dir=<a writable directory>"):
-      data.prepare(tiny.data, show_progress=False)
+      corpus_lib.prepare(tiny.data, show_progress=False)
   finally:
     (cache / "tokens").chmod(0o700)
   assert list((cache / "tokens").iterdir()) == []
@@ -171,7 +171,7 @@ def test_tokenizing_removes_what_dead_writers_left_and_keeps_live_ones(tiny, tmp
   assert writer.acquire()
   try:
     tiny.data.cache_dir = str(tmp_path / "cache")
-    data.prepare(tiny.data, show_progress=False)
+    corpus_lib.prepare(tiny.data, show_progress=False)
     assert live.exists() and not dead.exists()
   finally:
     writer.release()

@@ -1,6 +1,7 @@
 """The docs stay true: CI runs the README's test command, no tracked file holds merge-conflict
-markers, README.md and docs/ name every config field, their links resolve, and every command in
-their ```bash blocks runs as a new user types it."""
+markers, README.md and docs/ name every config field, their links resolve, the package's paths
+and dotted names they give exist, and every command in their ```bash blocks runs as a new user
+types it."""
 
 import json
 import os
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_layout import missing_names
 
 from jaxtrain.config.defaults import default_config
 
@@ -113,6 +115,20 @@ def test_relative_links_resolve():
       if path and "://" not in path and not (doc.parent / path).exists():
         broken.append(f"{doc.relative_to(ROOT)}: {target}")
   assert not broken, f"links to nothing: {broken}"
+
+
+def test_paths_and_names_the_docs_give_exist():
+  """jaxtrain/loop/feed.py, jaxtrain.system.runtime.MAX_IN_FLIGHT and the like, in the docs, the
+  benchmarks' and notebooks' READMEs and the notebooks' text: a module that moved is named where
+  it is now."""
+  pages = {p: p.read_text() for p in [*DOCS, ROOT / "benchmarks" / "README.md",
+                                      ROOT / "notebooks" / "README.md"]}
+  for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+    cells = json.loads(notebook.read_text())["cells"]
+    pages[notebook] = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+  wrong = [f"{page.relative_to(ROOT)}: {name}" for page, text in pages.items()
+           for name in sorted(set(missing_names(text)))]
+  assert not wrong, wrong
 
 
 def bash_commands(markdown: str) -> list[str]:

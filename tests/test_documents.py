@@ -15,10 +15,10 @@ import tokenizers
 from conftest import run_cli
 from flax import nnx
 
-from jaxtrain.config import validate as validation
+from jaxtrain.config import validate
 from jaxtrain.core import model as model_lib
 from jaxtrain.core import ops
-from jaxtrain.data import corpus as data
+from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.data import tokenizer
 from jaxtrain.data.tokenizer import EOT
 from jaxtrain.system.errors import ConfigError, UserError
@@ -52,7 +52,7 @@ def cfg_for(path, tmp_path, **kw):
   return tiny_config(**{"data.path": str(path), "data.cache_dir": str(tmp_path / "cache"), **kw})
 
 
-def documents(corpus: data.Corpus) -> list[str]:
+def documents(corpus: corpus_lib.Corpus) -> list[str]:
   text = corpus.tokenizer.decode(corpus.tokens)
   assert text.endswith(EOT)
   # Decoding renders the end-of-text token as the marker; a document's own "<|endoftext|>"
@@ -74,7 +74,7 @@ def test_each_format_round_trips_its_documents(source, tmp_path):
     write(root / "b.parquet", docs[150:399], field="body")
     write(root / "c.txt", docs[399:])
     path = root if source == "mixed directory" else root / "*.*"
-  corpus = data.prepare(cfg_for(path, tmp_path, **{"data.text_field": "body"}).data,
+  corpus = corpus_lib.prepare(cfg_for(path, tmp_path, **{"data.text_field": "body"}).data,
                         show_progress=False)
   got = documents(corpus)
   assert sorted(got) == sorted(docs) and corpus.n_docs == len(docs)
@@ -96,7 +96,7 @@ def test_each_tokenizer_round_trips_and_writes_a_tokenizer_json_that_loads(kind,
         show_progress=False))
     name = str(tmp_path / "given.json")
     hf.save(name)
-  corpus = data.prepare(cfg_for(path, tmp_path, **{"data.tokenizer": name,
+  corpus = corpus_lib.prepare(cfg_for(path, tmp_path, **{"data.tokenizer": name,
                                                    "data.vocab_size": 300}).data,
                         show_progress=False)
   tok = corpus.tokenizer
@@ -119,12 +119,12 @@ def test_bpe_is_trained_once_per_corpus_and_vocab_size(tmp_path):
   path = write(tmp_path / "docs.jsonl", make_docs())
   lines = []
   cfg = cfg_for(path, tmp_path, **{"data.tokenizer": "bpe", "data.vocab_size": 300})
-  a = data.prepare(cfg.data, show_progress=False, log=lines.append)
-  b = data.prepare(cfg.data, show_progress=False, log=lines.append)
+  a = corpus_lib.prepare(cfg.data, show_progress=False, log=lines.append)
+  b = corpus_lib.prepare(cfg.data, show_progress=False, log=lines.append)
   assert sum("training a 300-token BPE" in line for line in lines) == 1
   assert a.fingerprint == b.fingerprint and a.tokenizer.to_json() == b.tokenizer.to_json()
   cfg.data.vocab_size = 280
-  c = data.prepare(cfg.data, show_progress=False, log=lines.append)
+  c = corpus_lib.prepare(cfg.data, show_progress=False, log=lines.append)
   assert c.tokenizer.vocab_size == 280 and a.tokenizer.vocab_size == 300
 
 
@@ -133,7 +133,7 @@ def test_validation_is_whole_documents_and_the_same_text_for_every_tokenizer(tmp
   path = write(tmp_path / "docs.parquet", docs)
   vals = []
   for kind in ("byte", "char", "bpe"):
-    corpus = data.prepare(cfg_for(path, tmp_path, **{"data.tokenizer": kind,
+    corpus = corpus_lib.prepare(cfg_for(path, tmp_path, **{"data.tokenizer": kind,
                                                      "data.vocab_size": 300}).data,
                           show_progress=False)
     assert corpus.tokens[corpus.n_train - 1] == corpus.tokenizer.eot_id  # ends a document
@@ -146,8 +146,8 @@ def test_validation_is_whole_documents_and_the_same_text_for_every_tokenizer(tmp
 
 def test_windows_are_packed_across_documents(tmp_path):
   path = write(tmp_path / "docs.jsonl", make_docs())
-  corpus = data.prepare(cfg_for(path, tmp_path).data, show_progress=False)
-  batch = next(data.train_iterator(corpus, 16, 64, seed=0))["tokens"]
+  corpus = corpus_lib.prepare(cfg_for(path, tmp_path).data, show_progress=False)
+  batch = next(corpus_lib.train_iterator(corpus, 16, 64, seed=0))["tokens"]
   per_row = (batch == corpus.tokenizer.eot_id).sum(axis=1)
   assert per_row.max() >= 2  # windows of 65 bytes hold several of these short documents
 
@@ -194,10 +194,10 @@ def test_document_attention_gradients_match_autodiff_of_the_masked_softmax():
 def test_val_bpb_by_hand(tmp_path):
   docs = ["héllo", "ab", "→x"]  # 6, 2 and 4 UTF-8 bytes
   path = write(tmp_path / "d.jsonl", docs * 4)
-  corpus = data.prepare(cfg_for(path, tmp_path, **{"data.tokenizer": "char"}).data,
+  corpus = corpus_lib.prepare(cfg_for(path, tmp_path, **{"data.tokenizer": "char"}).data,
                         show_progress=False)
-  factor = data.bits_per_byte(corpus, batch_size=2, seq_len=3, seed=0, n_batches=2)
-  targets = np.concatenate([b["tokens"][:, 1:].ravel() for b in data.eval_batches(
+  factor = corpus_lib.bits_per_byte(corpus, batch_size=2, seq_len=3, seed=0, n_batches=2)
+  targets = np.concatenate([b["tokens"][:, 1:].ravel() for b in corpus_lib.eval_batches(
       corpus, 2, 3, 0, 2)])
   by_hand = sum(len(corpus.tokenizer.decode([t]).replace(EOT, "").encode()) for t in targets)
   assert factor == pytest.approx(len(targets) / (math.log(2) * by_hand))
@@ -234,9 +234,9 @@ def test_bad_input_is_one_line_and_writes_nothing_to_the_cache(name, content, ov
   (tmp_path / "tok.json").write_text('{"model": {"type": "BPE", "vocab": 3}}')
   overrides = {k: v.format(tok=tmp_path / "tok.json") for k, v in overrides.items()}
   cfg = cfg_for(path, tmp_path, **overrides)
-  validation.validate(cfg)
+  validate.validate(cfg)
   with pytest.raises(UserError, match=message) as e:
-    data.prepare(cfg.data, show_progress=False)
+    corpus_lib.prepare(cfg.data, show_progress=False)
   assert "\n" not in str(e.value)
   assert not list((tmp_path / "cache").rglob("*.*"))  # no .bin, .json or temporary file
 
@@ -245,21 +245,21 @@ def test_a_vocab_size_below_the_byte_alphabet_is_refused_up_front(tmp_path):
   cfg = tiny_config(**{"data.tokenizer": "bpe", "data.vocab_size": 200})
   with pytest.raises(ConfigError, match=r"^config.data.vocab_size: 200 is too small for "
                      r"byte-level BPE \(256 byte tokens \+ end-of-text\); pass"):
-    validation.validate(cfg)
+    validate.validate(cfg)
   cfg.data.vocab_size, cfg.data.tokenizer = 4096, "bpee"
   with pytest.raises(ConfigError, match="^config.data.tokenizer: 'bpee' is not byte, char, bpe or a "
                      "tokenizer.json file"):
-    validation.validate(cfg)
+    validate.validate(cfg)
 
 
 def test_a_missing_tokenizer_file_is_said_not_to_exist(tmp_path):
   missing = tmp_path / "missing" / "tokenizer.json"
   with pytest.raises(ConfigError) as e:
-    validation.validate(tiny_config(**{"data.tokenizer": str(missing)}))
+    validate.validate(tiny_config(**{"data.tokenizer": str(missing)}))
   assert str(e.value) == (f"config.data.tokenizer: the file {missing} does not exist; pass the path "
                           "of an existing tokenizer.json (or --config.data.tokenizer=bpe, byte, char)")
   with pytest.raises(ConfigError, match="is a directory, not a file"):
-    validation.validate(tiny_config(**{"data.tokenizer": str(tmp_path) + "/"}))
+    validate.validate(tiny_config(**{"data.tokenizer": str(tmp_path) + "/"}))
 
 
 def test_a_directory_of_binary_files_says_they_were_skipped_as_binary(tmp_path):
@@ -269,7 +269,7 @@ def test_a_directory_of_binary_files_says_they_were_skipped_as_binary(tmp_path):
     (folder / name).write_bytes(b"\x00\x01\x02" * 100)
   cfg = cfg_for(folder, tmp_path)
   with pytest.raises(UserError) as e:
-    data.prepare(cfg.data, show_progress=False)
+    corpus_lib.prepare(cfg.data, show_progress=False)
   assert str(e.value) == (
       f"{folder} holds no text: all 2 files were skipped as binary (they have NUL bytes, e.g. "
       f"{folder / 'a.bin.txt'}); point --config.data.path at non-empty text, .jsonl or .parquet "
@@ -277,13 +277,13 @@ def test_a_directory_of_binary_files_says_they_were_skipped_as_binary(tmp_path):
   (folder / "c.txt").write_text("")
   with pytest.raises(UserError, match=r"holds no text: 2 of the 3 files were skipped as binary "
                      r"\(they have NUL bytes, e\.g\. .*a\.bin\.txt\) and the rest are empty; point"):
-    data.prepare(cfg.data, show_progress=False)
+    corpus_lib.prepare(cfg.data, show_progress=False)
 
 
 def test_json_errors_ending_in_at_read_once(tmp_path):
   path = bad(tmp_path, "u.jsonl", '{"text": "ok"}\n{"text": "cut')
   with pytest.raises(UserError) as e:
-    data.prepare(cfg_for(path, tmp_path).data, show_progress=False)
+    corpus_lib.prepare(cfg_for(path, tmp_path).data, show_progress=False)
   assert str(e.value) == (f"{path} line 2 is not JSON (Unterminated string starting at column 10); "
                           "fix that line or leave the file out of --config.data.path")
 
@@ -303,7 +303,7 @@ def test_the_command_line_names_the_bad_jsonl_line_and_exits_2(tmp_path):
 
 def test_bpe_encodes_through_tiktoken_with_the_ids_tokenizers_gives(tmp_path):
   path = write(tmp_path / "docs.jsonl", make_docs())
-  tok = data.prepare(cfg_for(path, tmp_path, **{"data.tokenizer": "bpe",
+  tok = corpus_lib.prepare(cfg_for(path, tmp_path, **{"data.tokenizer": "bpe",
                                                 "data.vocab_size": 400}).data,
                      show_progress=False).tokenizer
   rng = np.random.default_rng(0)
@@ -317,9 +317,9 @@ def test_bpe_encodes_through_tiktoken_with_the_ids_tokenizers_gives(tmp_path):
 
 
 def test_a_jsonl_record_longer_than_a_parse_block_still_reads(tmp_path, monkeypatch):
-  from jaxtrain.data import documents as corpus
+  from jaxtrain.data import documents as documents_lib
 
-  monkeypatch.setattr(corpus, "_BLOCK_BYTES", 1 << 10)
+  monkeypatch.setattr(documents_lib, "_BLOCK_BYTES", 1 << 10)
   docs = ["short", "x" * 5000 + " long", "after"] * 3
   path = write(tmp_path / "big.jsonl", docs)
-  assert documents(data.prepare(cfg_for(path, tmp_path).data, show_progress=False)) == docs
+  assert documents(corpus_lib.prepare(cfg_for(path, tmp_path).data, show_progress=False)) == docs

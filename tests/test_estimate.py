@@ -11,7 +11,7 @@ import pytest
 from jaxtrain.config.defaults import override
 from jaxtrain.core import attention
 from jaxtrain.core import model as model_lib
-from jaxtrain.loop import estimate
+from jaxtrain.measure import estimate
 from jaxtrain.testing import model_config, tiny_config
 
 
@@ -48,7 +48,7 @@ def test_remat_and_chunked_loss_shrink_the_estimate():
 _PEAK = """
 import json, sys
 import jax
-from jaxtrain.loop import estimate
+from jaxtrain.measure import estimate
 from jaxtrain.core import programs
 from jaxtrain.testing import random_batch, tiny_config
 

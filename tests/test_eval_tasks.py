@@ -15,10 +15,11 @@ from test_compare import _make_run
 from test_finetune import FIELDS, KEYS, keyed, pattern, task_config, write_jsonl
 
 import jaxtrain as jt
-from jaxtrain.config import validate as validation
-from jaxtrain.loop import early_stop, tasks, tblog
+from jaxtrain.config import validate
+from jaxtrain.evals import tasks
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.tools import compare
+from jaxtrain.trackers import early_stop, tensorboard_log
 
 METRIC = "task/held/exact_match"
 
@@ -101,7 +102,7 @@ def test_tensorboard_and_wandb_get_the_task_scores(scored):
   for tag in (METRIC, "task/held/loss", "task/mc/mc_accuracy", "val/loss"):
     assert [e.step for e in acc.Scalars(tag)] == steps, tag
   assert [e.value for e in acc.Scalars(METRIC)] == pytest.approx([r[METRIC] for r in scored["evals"]])
-  assert tblog.scalars("val", scored["evals"][-1])[METRIC] == scored["evals"][-1][METRIC]  # W&B's
+  assert tensorboard_log.scalars("val", scored["evals"][-1])[METRIC] == scored["evals"][-1][METRIC]  # W&B's
 
 
 def test_compare_shows_task_accuracies_and_ranks_by_one(scored, tmp_path):
@@ -143,7 +144,7 @@ def test_task_files_are_checked_before_anything_runs(tmp_path):
             "train.early_stop_metric", "names: held")]
   for overrides, field, message in cases:
     with pytest.raises(ConfigError, match=message) as e:
-      validation.validate(task_config(held, tmp_path / "w", **FIELDS, **overrides))
+      validate.validate(task_config(held, tmp_path / "w", **FIELDS, **overrides))
     assert e.value.field == field
   bad = write_jsonl(tmp_path / "bad.jsonl", [*keyed(2, seed=1), {"prompt": "stuv:"}])
   workdir = tmp_path / "run"

@@ -12,8 +12,7 @@ import pytest
 import tokenizers
 
 import jaxtrain as jt
-from jaxtrain.checkpoints import hf, init_from
-from jaxtrain.checkpoints import store as checkpoint
+from jaxtrain.checkpoints import hf, init_from, store
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system import paths
 from jaxtrain.system.errors import UserError
@@ -41,7 +40,7 @@ def make_run(directory: Path, cfg, tok=None, noise: float = 0.3) -> jt.TrainStat
       lambda x: np.asarray(x) + rng.normal(0, noise, x.shape).astype(np.float32),
       jax.device_get(state.params)))
   directory.mkdir(parents=True)
-  ckpts = checkpoint.Checkpoints(str(directory))
+  ckpts = store.Checkpoints(str(directory))
   ckpts.save(state, meta={"config": cfg.to_dict()}, val_loss=1.0)
   ckpts.close()
   paths.write_json(directory / paths.RUN_FILE, {})

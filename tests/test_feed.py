@@ -6,14 +6,14 @@ import numpy as np
 
 from jaxtrain import train
 from jaxtrain.core import programs
-from jaxtrain.data import corpus as data
+from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.loop.feed import DeviceFeed
-from jaxtrain.loop.hooks import Hook
+from jaxtrain.trackers.hooks import Hook
 
 
 def _iterator(tiny):
-  corpus = data.prepare(tiny.data)
-  return data.train_iterator(corpus, tiny.train.batch_size, tiny.model.seq_len, tiny.seed)
+  corpus = corpus_lib.prepare(tiny.data)
+  return corpus_lib.train_iterator(corpus, tiny.train.batch_size, tiny.model.seq_len, tiny.seed)
 
 
 def test_the_feed_gives_the_iterators_batches_placed_and_counts_what_was_taken(tiny):

@@ -14,14 +14,14 @@ import pytest
 from test_sample_cli import module
 
 import jaxtrain as jt
-from jaxtrain.checkpoints import load as trained
-from jaxtrain.config import validate as validation
+from jaxtrain.checkpoints import load
+from jaxtrain.config import validate
 from jaxtrain.core import steps
-from jaxtrain.data import corpus as data
+from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.data import records
+from jaxtrain.evals import scoring
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
-from jaxtrain.tools import evaluate
 
 KEYS, NOISE = "abcdefgh", "stuvwxyz"
 STEPS = 60
@@ -68,7 +68,7 @@ def task(tmp_path_factory):
 def test_only_completions_and_their_end_of_text_are_in_the_loss(tmp_path):
   rows = keyed(40, seed=0)
   path = write_jsonl(tmp_path / "r.jsonl", rows)
-  corpus = data.prepare(task_config(path, tmp_path / "w", **FIELDS).data, show_progress=False)
+  corpus = corpus_lib.prepare(task_config(path, tmp_path / "w", **FIELDS).data, show_progress=False)
   eot = corpus.tokenizer.eot_id
   expected_tokens, expected_mask = [], []
   for r in rows:  # byte tokens: prompt, completion, end-of-text
@@ -77,7 +77,7 @@ def test_only_completions_and_their_end_of_text_are_in_the_loss(tmp_path):
   assert len(expected_tokens) == 40 * 9
   assert np.array_equal(corpus.tokens, expected_tokens)
   assert np.array_equal(corpus.mask, expected_mask) and corpus.n_docs == 40
-  batch = data.WindowBatches(corpus.train, 4, 8, 0, 0, mask=corpus.split_mask(True))[3]
+  batch = corpus_lib.WindowBatches(corpus.train, 4, 8, 0, 0, mask=corpus.split_mask(True))[3]
   assert batch["weights"].shape == (4, 8) and batch["weights"].dtype == np.float32
   # Each target's weight is its token's mask (the windows' starts drawn as WindowBatches does).
   starts = np.random.default_rng([0, 0, 3]).integers(0, len(corpus.train) - 8, size=4)
@@ -86,8 +86,8 @@ def test_only_completions_and_their_end_of_text_are_in_the_loss(tmp_path):
   assert np.array_equal(batch["weights"], np.asarray(expected_mask, np.float32)[at])
   # Plain text corpora have no mask and no weights: their batches are as before.
   text = write_jsonl(tmp_path / "t.jsonl", [{"text": r["prompt"] + r["completion"]} for r in rows])
-  plain = data.prepare(task_config(text, tmp_path / "w").data, show_progress=False)
-  assert plain.mask is None and set(data.eval_batches(plain, 2, 8, 0, 1)[0]) == {"tokens"}
+  plain = corpus_lib.prepare(task_config(text, tmp_path / "w").data, show_progress=False)
+  assert plain.mask is None and set(corpus_lib.eval_batches(plain, 2, 8, 0, 1)[0]) == {"tokens"}
 
 
 def test_the_weighted_loss_is_the_mean_over_weighted_targets():
@@ -114,26 +114,26 @@ def test_the_weighted_loss_is_the_mean_over_weighted_targets():
 def test_bad_records_are_one_line_naming_the_file_and_line(rows, overrides, message, tmp_path):
   path = write_jsonl(tmp_path / "r.jsonl", rows)
   with pytest.raises(UserError, match=message):
-    data.prepare(task_config(path, tmp_path / "w", **overrides).data, show_progress=False)
+    corpus_lib.prepare(task_config(path, tmp_path / "w", **overrides).data, show_progress=False)
 
 
 def test_prompt_completion_config_is_checked_up_front(tmp_path):
   with pytest.raises(ConfigError, match="data.completion_field.*is empty but data.prompt_field"):
-    validation.validate(tiny_config(**{"data.prompt_field": "q"}))
+    validate.validate(tiny_config(**{"data.prompt_field": "q"}))
   with pytest.raises(ConfigError, match="same field"):
-    validation.validate(tiny_config(**{"data.prompt_field": "q", "data.completion_field": "q"}))
+    validate.validate(tiny_config(**{"data.prompt_field": "q", "data.completion_field": "q"}))
   text = tmp_path / "plain.txt"
   text.write_text("some text\n" * 100)
   with pytest.raises(UserError, match="plain.txt is a text file; prompt/completion records"):
-    data.prepare(task_config(text, tmp_path / "w", **FIELDS).data, show_progress=False)
+    corpus_lib.prepare(task_config(text, tmp_path / "w", **FIELDS).data, show_progress=False)
 
 
 def test_a_fine_tuned_model_completes_held_out_prompts(task):
-  state, tok = trained.load(str(task["cfg"].workdir))
+  state, tok = load.load(str(task["cfg"].workdir))
   assert state.model_cfg.doc_mask  # records packed into one window do not see each other
   fields = {"prompt": "prompt", "completion": "completion", "context": "context",
             "endings": "endings", "label": "label"}
-  result = evaluate.evaluate(state, tok, str(task["held"]), fields)
+  result = scoring.evaluate(state, tok, str(task["held"]), fields)
   assert result["exact_match"] >= 0.8, result
   # 3 bytes and 4 tokens (with the end of text) per completion, in bits and nats
   assert result["loss"] < 0.3 and math.isclose(result["bpb"] * math.log(2) * 3 * 48,

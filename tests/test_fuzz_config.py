@@ -2,7 +2,7 @@
 
 Three layers. Every field in turn, in process: a value of each wrong type, and one past its
 limit, is refused naming it. In process, many draws: random values of random types for a few
-fields at a time on top of the tiny config, through `validation.validate` and everything that reads
+fields at a time on top of the tiny config, through `validate.validate` and everything that reads
 the config before any compile. In subprocesses, a few draws: `python -m jaxtrain` for one step
 with one field's value on the command line or from a config file; never a traceback, never a hang.
 
@@ -24,12 +24,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from jaxtrain.config import defaults as config
-from jaxtrain.config import validate as validation
+from jaxtrain.config import defaults, validate
 from jaxtrain.core import cpu, mesh, optim, programs
 from jaxtrain.core import model as model_lib
 from jaxtrain.data import tokenizer
-from jaxtrain.loop import estimate
+from jaxtrain.measure import estimate
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
 
@@ -37,15 +36,15 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = int(os.environ.get("JAXTRAIN_FUZZ_EXAMPLES", "300"))
 RUNS = max(6, EXAMPLES // 50)
 RUN_TIMEOUT_S = 180
-DEFAULTS = config.flatten(config.default_config().to_dict())
+DEFAULTS = defaults.flatten(defaults.default_config().to_dict())
 HUGE = [2**31, 2**63, 10**12, 10**30, 10**400, -(10**12), -(2**63)]
 ODD_FLOATS = [math.nan, math.inf, -math.inf, -0.0, 5e-324, 1e-300, 1e300, -1e-3, 0.99999999, 1.0]
-CHOICES = {"model.norm": config.NORMS, "model.pos": config.POSITIONS, "model.mlp": config.MLPS,
-           "model.dtype": config.DTYPES, "model.attention": config.ATTENTION,
-           "optim.name": config.OPTIMIZERS, "optim.schedule": config.SCHEDULES,
-           "data.tokenizer": config.TOKENIZERS, "optim.loss_scaling": config.LOSS_SCALING,
-           "model.remat": config.REMATS, "log.group_stats": config.GROUP_STATS,
-           "log.wandb_mode": config.WANDB_MODES,
+CHOICES = {"model.norm": defaults.NORMS, "model.pos": defaults.POSITIONS, "model.mlp": defaults.MLPS,
+           "model.dtype": defaults.DTYPES, "model.attention": defaults.ATTENTION,
+           "optim.name": defaults.OPTIMIZERS, "optim.schedule": defaults.SCHEDULES,
+           "data.tokenizer": defaults.TOKENIZERS, "optim.loss_scaling": defaults.LOSS_SCALING,
+           "model.remat": defaults.REMATS, "log.group_stats": defaults.GROUP_STATS,
+           "log.wandb_mode": defaults.WANDB_MODES,
            "finetune.lora_targets": ("qkv", "qkv,out", "up, down", "qkv,out,up,down", "q,v")}
 ODD_STRINGS = ["", " ", "nan", "-1", "1e9", "True", "auto ", "RMSNORM", "a:b", "host:", ":1",
                "localhost:1234", "10.0.0.1:99999999999", "é", "a\nb", "\x00"]
@@ -63,7 +62,7 @@ def of_its_type(field: str) -> st.SearchStrategy:
   if isinstance(default, bool):
     return st.booleans()
   if isinstance(default, int):
-    edges = [validation.LIMITS[field], validation.LIMITS[field] + 1] if field in validation.LIMITS else []
+    edges = [validate.LIMITS[field], validate.LIMITS[field] + 1] if field in validate.LIMITS else []
     return st.one_of(st.integers(-2, 64), st.sampled_from([default, 2 * default, *edges, *HUGE]))
   if isinstance(default, float):
     return st.one_of(st.floats(-1.0, 2.0), st.sampled_from([default, 10 * default, *ODD_FLOATS]))
@@ -96,7 +95,7 @@ def related(fields) -> set[str]:
 def with_values(values: dict) -> ml_collections.ConfigDict:
   """The tiny config with `values` set by dotted name, whatever their types: a config file can
   build its ConfigDict from scratch, and a run's config.json comes back with JSON's types."""
-  flat = config.flatten(tiny_config().to_dict())
+  flat = defaults.flatten(tiny_config().to_dict())
   flat.update(values)
   return ml_collections.ConfigDict(nest(flat))
 
@@ -120,10 +119,10 @@ WRONG = [True, 3, 2**31, 0.5, math.nan, "1", None, [1], {"a": 1}]
 def test_every_field_refuses_wrong_types_and_values_past_its_limit(field):
   kind = type(DEFAULTS[field])
   wrong = [v for v in WRONG if type(v) is not kind and not (kind is float and v == 3)]
-  wrong += [validation.LIMITS[field] + 1] if field in validation.LIMITS else []
+  wrong += [validate.LIMITS[field] + 1] if field in validate.LIMITS else []
   for value in wrong:
     with pytest.raises(ConfigError) as e:
-      validation.validate(with_values({field: value}))
+      validate.validate(with_values({field: value}))
     assert e.value.field == field and "\n" not in str(e.value), (value, str(e.value))
 
 
@@ -159,12 +158,12 @@ def test_any_value_of_any_field_is_valid_or_named(data):
   signal.alarm(20)
   try:
     try:
-      validation.validate(cfg)
+      validate.validate(cfg)
     except ConfigError as e:
       message = str(e)
       assert e.field in related(values), (values, message)
       assert message.startswith(f"config.{e.field}: ") and "\n" not in message, message
-      event("refused by validation.validate")
+      event("refused by validate.validate")
       return
     try:
       reads_before_compile(cfg)
@@ -201,7 +200,7 @@ def run_value(field: str) -> st.SearchStrategy:
   if field in PATHS:
     typed = st.sampled_from(PATHS[field])
   elif isinstance(default, int) and not isinstance(default, bool):
-    typed = st.one_of(st.integers(-2, 4), st.sampled_from([*HUGE, validation.LIMITS.get(field, 0) + 1]))
+    typed = st.one_of(st.integers(-2, 4), st.sampled_from([*HUGE, validate.LIMITS.get(field, 0) + 1]))
   elif isinstance(default, float):
     typed = st.one_of(st.floats(-1.0, 2.0), st.sampled_from([default, *ODD_FLOATS]))
   else:
@@ -213,11 +212,11 @@ CONFIG_FILE = """import json
 
 import ml_collections
 
-from jaxtrain.config import defaults as config
+from jaxtrain.config import defaults
 
 
 def get_config():
-  flat = config.flatten(config.load_config({nano!r}).to_dict())
+  flat = defaults.flatten(defaults.load_config({nano!r}).to_dict())
   flat.update(json.loads(open({values!r}).read()))
   nested = {{}}
   for key, value in flat.items():

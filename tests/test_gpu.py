@@ -90,7 +90,7 @@ _PEAK = """
 import json, sys
 import jax
 from jaxtrain.core import programs
-from jaxtrain.loop import estimate
+from jaxtrain.measure import estimate
 from jaxtrain.testing import random_batch, tiny_config
 
 cfg = tiny_config(**json.loads(sys.argv[1]))

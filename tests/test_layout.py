@@ -1,11 +1,16 @@
 """The package's shape: folders import one way, modules import without cycles, stay small enough
 to read, use public JAX APIs only, and pass the linter; `benchmarks/` is held to the same size
-rules."""
+rules. docs/layout.md names every module, and every path (jaxtrain/loop/feed.py) or dotted name
+(jaxtrain.loop.feed.DeviceFeed) of the package in the code's docstrings and comments exists
+(test_docs.py holds the docs to the same rule)."""
 
 import ast
+import io
+import re
 import shutil
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -15,7 +20,8 @@ PACKAGE = ROOT / "jaxtrain"
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 80
 # Lowest first: a folder imports only folders before it (and itself). The package's top-level
 # modules (the loop, the commands, the public surface) may import every folder.
-FOLDERS = ["system", "config", "core", "data", "checkpoints", "generation", "loop", "tools"]
+FOLDERS = ["system", "config", "core", "data", "checkpoints", "generation", "measure", "evals",
+           "trackers", "loop", "tools"]
 
 
 def _name(path: Path) -> str:
@@ -140,3 +146,101 @@ def test_ruff_check_is_clean():
   assert ruff, "ruff is not installed: pip install -e '.[test]' installs it"
   out = subprocess.run([ruff, "check", "."], cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def _layout_rows() -> dict[str, set[str]]:
+  """docs/layout.md's tables: {"loop": the names in backticks of its row, ...; "": the files at the
+  package's top}."""
+  rows: dict[str, set[str]] = {"": set()}
+  for line in (ROOT / "docs" / "layout.md").read_text(encoding="utf-8").splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if len(cells) == 3 and re.fullmatch(r"`\w+/`", cells[0]):
+      rows[cells[0].strip("`/")] = set(re.findall(r"`(\w+)`", cells[2]))
+    elif len(cells) == 2 and cells[0].startswith("`"):
+      rows[""] |= set(re.findall(r"`([\w.]+\.py)`", cells[0]))
+  return rows
+
+
+def test_layout_md_names_every_module():
+  rows = _layout_rows()
+  missing = []
+  for path in sorted(PACKAGE.rglob("*.py")):
+    rel = path.relative_to(PACKAGE)
+    if len(rel.parts) == 1:
+      if rel.name not in rows[""]:
+        missing.append(f"{rel} (the table of the package's top)")
+    elif rel.name != "__init__.py" and rel.stem not in rows.get(rel.parts[0], set()):
+      missing.append(f"{rel} (the row of {rel.parts[0]}/)")
+  assert sorted(rows) == sorted(["", *FOLDERS]), f"docs/layout.md's folders: {sorted(rows)}"
+  assert not missing, f"docs/layout.md does not name: {missing}"
+
+
+# A path of the package, a folder too (a URL's or a cache directory's ".../jaxtrain/..." aside).
+SLASH_PATH = re.compile(r"(?<![\w/.~-])jaxtrain/[\w/.]*\w/?")
+# A module, or a name one defines: jaxtrain.train, jaxtrain.system.runtime.MAX_IN_FLIGHT, jaxtrain.Hook
+DOTTED_NAME = re.compile(r"(?<![\w/.-])jaxtrain(?:\.[A-Za-z_]\w*)+")
+# The repository's name where it is hosted (a placeholder), and a file of nanoGPT's.
+NOT_PATHS = {"jaxtrain/jaxtrain", "config/train_shakespeare_char.py"}
+# A module named from its folder: loop/feed.py, checkpoints/store.py.
+FOLDER_PATH = re.compile(rf"(?<![\w/.~-])(?:{'|'.join(FOLDERS)})/\w+\.py\b")
+
+
+def _top_level_names(path: Path) -> set[str]:
+  """What a module defines or imports at its top (for the package's __init__, its lazy exports)."""
+  tree = ast.parse(path.read_text(encoding="utf-8"))
+  names = set()
+  for node in tree.body:
+    if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+      names.add(node.name)
+    elif isinstance(node, (ast.Import, ast.ImportFrom)):
+      names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+      for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+        names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+      if isinstance(node.value, ast.Dict) and path == PACKAGE / "__init__.py":
+        names |= {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+  return names
+
+
+def _exists(dotted: str) -> bool:
+  """Whether a dotted name is a module of the package, or a name one defines at its top."""
+  folder = PACKAGE
+  parts = dotted.split(".")[1:]
+  for i, part in enumerate(parts):
+    if (folder / part / "__init__.py").exists():
+      folder = folder / part
+    elif (folder / f"{part}.py").exists():
+      rest = parts[i + 1:]
+      return not rest or rest[0] in _top_level_names(folder / f"{part}.py")
+    else:
+      return part.startswith("__") or part in _top_level_names(folder / "__init__.py")
+  return True
+
+
+def missing_names(text: str) -> list[str]:
+  """The paths (from the repository or from the package) and dotted names of the package in
+  `text` that name nothing that exists."""
+  slash = [m for m in SLASH_PATH.findall(text)
+           if m not in NOT_PATHS and not (ROOT / m.rstrip("/.")).exists()]
+  in_folder = [m for m in FOLDER_PATH.findall(text) if m not in NOT_PATHS and not (PACKAGE / m).exists()]
+  return slash + in_folder + [m for m in DOTTED_NAME.findall(text) if not _exists(m)]
+
+
+def _prose(path: Path) -> str:
+  """A module's docstrings and comments."""
+  text = path.read_text(encoding="utf-8")
+  docs = [ast.get_docstring(n) or "" for n in ast.walk(ast.parse(text))
+          if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+  comments = [t.string for t in tokenize.generate_tokens(io.StringIO(text).readline)
+              if t.type == tokenize.COMMENT]
+  return "\n".join(docs + comments)
+
+
+def test_paths_and_names_in_docstrings_and_comments_exist():
+  """A module that moved leaves no stale path behind in the code that names it."""
+  wrong = []
+  for where in ("jaxtrain", "benchmarks", "tests", "configs"):
+    for path in sorted((ROOT / where).glob("**/*.py")):
+      if "results" not in path.parts:
+        wrong += [f"{path.relative_to(ROOT)}: {m}" for m in sorted(set(missing_names(_prose(path))))]
+  assert not wrong, wrong

@@ -21,14 +21,14 @@ from test_finetune import FIELDS, keyed, pattern, task_config, write_jsonl
 from test_sample_cli import module
 
 import jaxtrain as jt
-from jaxtrain.checkpoints import hf, init_from
-from jaxtrain.checkpoints import load as trained
-from jaxtrain.config import validate as validation
+from jaxtrain.checkpoints import hf, init_from, load
+from jaxtrain.config import validate
 from jaxtrain.core import lora
-from jaxtrain.loop import estimate
+from jaxtrain.evals import scoring
+from jaxtrain.measure import estimate
 from jaxtrain.system.errors import ConfigError
 from jaxtrain.testing import tiny_config
-from jaxtrain.tools import evaluate, export
+from jaxtrain.tools import export
 
 EVAL_FIELDS = {"prompt": "prompt", "completion": "completion", "context": "context",
                "endings": "endings", "label": "label"}
@@ -61,8 +61,8 @@ def runs(tmp_path_factory):
 
 
 def test_only_the_adapters_train_and_the_base_stays_bit_for_bit(runs):
-  source = jax.device_get(trained.load_state(str(runs["source"])).params)
-  state, tok = trained.load(str(runs["lora"]))
+  source = jax.device_get(load.load_state(str(runs["source"])).params)
+  state, tok = load.load(str(runs["lora"]))
   params = jax.device_get(state.params)
   jt.assert_trees_equal(lora.base(params), source)  # through export and init_from, untouched
   assert state.lora == lora.Lora(8, 16.0, ("qkv", "out"))
@@ -78,10 +78,10 @@ def test_only_the_adapters_train_and_the_base_stays_bit_for_bit(runs):
 
 
 def test_the_lora_run_learns_the_task(runs):
-  state, tok = trained.load(str(runs["lora"]))
-  before = evaluate.evaluate(trained.load_state(str(runs["source"])), tok, str(runs["held"]),
+  state, tok = load.load(str(runs["lora"]))
+  before = scoring.evaluate(load.load_state(str(runs["source"])), tok, str(runs["held"]),
                              EVAL_FIELDS)
-  after = evaluate.evaluate(state, tok, str(runs["held"]), EVAL_FIELDS)
+  after = scoring.evaluate(state, tok, str(runs["held"]), EVAL_FIELDS)
   assert before["exact_match"] == 0.0 and after["exact_match"] >= 0.8, (before, after)
   assert after["loss"] < 0.1 * before["loss"], (before, after)
 
@@ -122,7 +122,7 @@ def jt_nbytes(n: int) -> str:
 ])
 def test_bad_lora_settings_are_refused_up_front(overrides, message):
   with pytest.raises(ConfigError, match=message):
-    validation.validate(tiny_config(**{**LORA, "init_from": "runs/x", **overrides}))
+    validate.validate(tiny_config(**{**LORA, "init_from": "runs/x", **overrides}))
 
 
 def test_a_bad_target_is_one_line_from_the_command_line(tmp_path):
@@ -137,7 +137,7 @@ def test_a_bad_target_is_one_line_from_the_command_line(tmp_path):
 def test_export_merges_the_adapters_into_an_ordinary_model(runs, tmp_path):
   torch = pytest.importorskip("torch", reason="the test extra installs torch (CPU)")
   transformers = pytest.importorskip("transformers")
-  state, tok = trained.load(str(runs["lora"]))
+  state, tok = load.load(str(runs["lora"]))
   out = export.export(str(runs["lora"]), str(tmp_path / "hf"))
   names = set(hf.read_dir(out)[1])
   assert not any("lora" in name for name in names)
@@ -148,7 +148,7 @@ def test_export_merges_the_adapters_into_an_ordinary_model(runs, tmp_path):
     theirs = model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
   ours = np.asarray(state.model()(tokens))
   np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
-  source = np.asarray(trained.load_state(str(runs["source"])).model()(tokens))
+  source = np.asarray(load.load_state(str(runs["source"])).model()(tokens))
   assert np.abs(ours - source).max() > 0.1  # the adapters are in what the export computes
   # init_from reads the export (or the run itself) as the merged params.
   merged = lora.merged(state.params, state.lora)
@@ -194,13 +194,13 @@ def test_sigkill_then_resume_is_bit_for_bit(runs, tmp_path, corpus_file):
   jt.assert_trees_equal(a, b)
   assert a_pos == b_pos
   assert kh.losses(tmp_path / "whole") == kh.losses(tmp_path / "killed")
-  source = jax.device_get(trained.load_state(str(runs["source"])).params)
+  source = jax.device_get(load.load_state(str(runs["source"])).params)
   jt.assert_trees_equal(lora.base(b["params"]), source)
 
 
 def final_state(workdir: Path) -> tuple[dict, dict]:
   """The arrays of a run's newest checkpoint, and its data position."""
-  arrays = jax.device_get(trained.load_state(str(workdir)).arrays())
+  arrays = jax.device_get(load.load_state(str(workdir)).arrays())
   last = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
   data = next((workdir / "checkpoints" / str(last) / "data").glob("*.json"))
   return arrays, json.loads(data.read_text())

@@ -7,13 +7,15 @@ import os
 import pytest
 
 import jaxtrain as jt
-from jaxtrain.loop import monitor
+from jaxtrain.checkpoints.lifecycle import BestVal
+from jaxtrain.loop.step_metrics import NonFiniteGuard
+from jaxtrain.measure.speed import Throughput
 from jaxtrain.system.errors import NonFiniteLoss
 
 
 def test_throughput_times_only_training_and_gives_mfu_and_eta():
   peaks = []
-  meter = monitor.Throughput(tokens_per_step=1000, flops_per_token=6.0, max_steps=100,
+  meter = Throughput(tokens_per_step=1000, flops_per_token=6.0, max_steps=100,
                              peak=lambda achieved: peaks.append(achieved) or 12000.0)
   assert not meter.started and meter.read(1, 5.0) is None
   meter.start(step=1, now=10.0)
@@ -28,7 +30,7 @@ def test_throughput_times_only_training_and_gives_mfu_and_eta():
 
 
 def test_throughput_without_a_peak_has_no_mfu():
-  meter = monitor.Throughput(100, 6.0, 10)
+  meter = Throughput(100, 6.0, 10)
   meter.start(0, 0.0)
   assert meter.read(2, 1.0).mfu is None
 
@@ -38,13 +40,13 @@ def _micro(loss: float, grad_norm: float, skipped: int = 0, scale: float = 1.0) 
 
 
 def test_nonfinite_guard_stops_drops_or_counts():
-  guard = monitor.NonFiniteGuard(skip_nonfinite=False, loss_scaling=False)
+  guard = NonFiniteGuard(skip_nonfinite=False, loss_scaling=False)
   assert guard.check(1, _micro(2.0, 1.0) + _micro(4.0, 3.0)) == (3.0, 2.0, None)
   with pytest.raises(NonFiniteLoss, match="loss nan at step 2: stopped") as e:
     guard.check(2, _micro(math.nan, 1.0))
   assert e.value.exit_code == 3
 
-  skipping = monitor.NonFiniteGuard(skip_nonfinite=True, loss_scaling=False, max_in_a_row=3)
+  skipping = NonFiniteGuard(skip_nonfinite=True, loss_scaling=False, max_in_a_row=3)
   _, _, note = skipping.check(5, _micro(1.0, math.inf, skipped=1))
   assert note == "step 5: gradient norm inf, update dropped (1 dropped so far)"
   skipping.check(6, _micro(1.0, 1.0))  # a good step resets the count
@@ -55,7 +57,7 @@ def test_nonfinite_guard_stops_drops_or_counts():
 
 
 def test_loss_scaling_overflow_is_dropped_but_a_nan_loss_is_not():
-  guard = monitor.NonFiniteGuard(skip_nonfinite=False, loss_scaling=True)
+  guard = NonFiniteGuard(skip_nonfinite=False, loss_scaling=True)
   _, _, note = guard.check(3, _micro(2.0, math.inf, scale=16384.0))
   assert note == "step 3: gradients overflowed; step dropped, loss scale now 16384"
   with pytest.raises(NonFiniteLoss):
@@ -63,12 +65,12 @@ def test_loss_scaling_overflow_is_dropped_but_a_nan_loss_is_not():
 
 
 def test_best_val_tracks_the_lowest_and_evaluations_since():
-  best = monitor.BestVal()
+  best = BestVal()
   assert best.value is None
   assert best.update(3.0) and not best.update(3.5) and not best.update(3.0)
   assert best.value == 3.0 and best.since == 2
   assert best.update(2.0) and best.since == 0
-  assert monitor.BestVal(1.5).value == 1.5
+  assert BestVal(1.5).value == 1.5
 
 
 class _StopAfterEvals(jt.Hook):
@@ -132,7 +134,7 @@ def test_the_library_log_keeps_library_messages_out_of_the_terminal(tmp_path, ca
 
   from absl import logging as absl_logging
 
-  from jaxtrain.loop.console import LibraryLog
+  from jaxtrain.system.console import LibraryLog
 
   hooks = (sys.unraisablehook, threading.excepthook)
   with LibraryLog(tmp_path / "logs" / "process_0.log") as log:
@@ -155,7 +157,7 @@ def test_a_cached_peak_below_what_a_run_reached_is_measured_again(tmp_path, monk
   # A peak measured while the machine was busy would make every run's MFU read over 100%.
   import jax
 
-  from jaxtrain.loop import estimate
+  from jaxtrain.measure import estimate
 
   monkeypatch.setenv("JAXTRAIN_CACHE", str(tmp_path))
   device = jax.devices()[0]

@@ -77,13 +77,13 @@ def test_muon_accumulation_equals_one_big_batch():
 
 
 def test_muon_state_goes_through_a_checkpoint(tmp_path):
-  from jaxtrain.checkpoints import store as checkpoint
+  from jaxtrain.checkpoints import store
   cfg = tiny_config(**{"optim.name": "muon", "optim.schedule": "wsd"})
   p = programs.build(cfg, 256, jax.devices()[:1])
   state = p.init()
   for seed in range(3):
     state, _ = p.train_step(state, random_batch(cfg, seed=seed))
-  ckpts = checkpoint.Checkpoints(str(tmp_path))
+  ckpts = store.Checkpoints(str(tmp_path))
   ckpts.save(state)
   restored = testing.restore(ckpts, 3, p.abstract, p.shardings)
   ckpts.close()
@@ -130,7 +130,7 @@ def test_muon_weight_decay_is_set_per_group():
 
 
 def test_per_group_clipping_trains_and_resumes_only_with_the_same_setting():
-  from jaxtrain.config import defaults as config
+  from jaxtrain.config import defaults
   cfg = tiny_config(**{"optim.name": "muon", "optim.clip_per_group": True})
   p = programs.build(cfg, 256, jax.devices()[:1])
   state, batch = p.init(), random_batch(cfg, seed=1)
@@ -139,6 +139,6 @@ def test_per_group_clipping_trains_and_resumes_only_with_the_same_setting():
     state, metrics = p.train_step(state, batch)
     first = first or float(metrics["loss"])
   assert float(metrics["loss"]) < first
-  breaking, _ = config.config_changes(cfg.to_dict(), {**cfg.to_dict(), "optim": {
+  breaking, _ = defaults.config_changes(cfg.to_dict(), {**cfg.to_dict(), "optim": {
       **cfg.optim.to_dict(), "clip_per_group": False}})
   assert breaking == ["optim.clip_per_group: True -> False"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from jaxtrain import train
 from jaxtrain.config.defaults import override
-from jaxtrain.loop import hooks
+from jaxtrain.trackers import hooks
 
 
 def test_profile_steps_writes_a_trace_of_steps_after_the_first(tiny, capsys):

@@ -7,18 +7,18 @@ import pytest
 import tokenizers
 
 from jaxtrain import testing, train
-from jaxtrain.checkpoints import store as checkpoint
+from jaxtrain.checkpoints import store
 from jaxtrain.core import programs
-from jaxtrain.data import corpus as data
+from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.system.errors import UserError
 from jaxtrain.testing import assert_trees_equal
 
 
 def _final_arrays(cfg):
-  corpus = data.prepare(cfg.data, show_progress=False)
+  corpus = corpus_lib.prepare(cfg.data, show_progress=False)
   p = programs.build(cfg, corpus.tokenizer.vocab_size, eot_id=corpus.tokenizer.eot_id)
-  ckpts = checkpoint.Checkpoints(cfg.workdir, cfg.train.keep_checkpoints)
-  it = data.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed)
+  ckpts = store.Checkpoints(cfg.workdir, cfg.train.keep_checkpoints)
+  it = corpus_lib.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len, cfg.seed)
   state = testing.restore(ckpts, ckpts.latest_step(), p.abstract, p.shardings, it)
   ckpts.close()
   return jax.device_get(state.arrays()), it.get_state()

@@ -12,8 +12,7 @@ from conftest import ROOT, run_cli
 from test_cli import TINY
 from test_export import make_run
 
-from jaxtrain.checkpoints import load as trained
-from jaxtrain.checkpoints import store as checkpoint
+from jaxtrain.checkpoints import load, store
 from jaxtrain.system.errors import UserError
 from jaxtrain.testing import tiny_config
 
@@ -50,7 +49,7 @@ def test_early_stop_then_sample_export_and_fine_tune(corpus_file, tmp_path):
   proc = module("jaxtrain.sample", f"--workdir={run}", "--prompt=The", "--max_new_tokens=20",
                 "--num_samples=2", "--temperature=0", "--step=best")
   assert proc.returncode == 0, proc.stderr
-  best = trained.best_step(run)  # the val losses tie (lr 1e-30): the earliest step kept
+  best = load.best_step(run)  # the val losses tie (lr 1e-30): the earliest step kept
   assert f"step {best} of" in proc.stderr
   samples = proc.stdout.split("--- sample ")[1:]
   assert len(samples) == 2 and all(s.split("\n", 1)[1].startswith("The") for s in samples)
@@ -85,16 +84,16 @@ def test_bad_workdirs_are_one_line_and_exit_2(tmp_path):
 def test_step_best_is_the_kept_checkpoint_with_the_lowest_val_loss(tmp_path):
   tmp_path = tmp_path / "run"
   state = make_run(tmp_path, tiny_config())  # saves step 0
-  ckpts = checkpoint.Checkpoints(str(tmp_path), keep=5)
+  ckpts = store.Checkpoints(str(tmp_path), keep=5)
   for step in (2, 4, 6):
     ckpts.save(state.replace(step=state.step + step), meta={"config": tiny_config().to_dict()})
   ckpts.close()
   records = [{"step": 2, "val_loss": 1.5}, {"step": 4, "loss": 0.1}, {"step": 4, "val_loss": 1.2},
              {"step": 6, "val_loss": 1.3}, {"step": 8, "val_loss": 0.5}]  # 8: no checkpoint
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"st')
-  assert trained.best_step(tmp_path) == 4
-  assert trained.resolve_step(tmp_path, "best") == 4 and trained.resolve_step(tmp_path, "6") == 6
-  assert trained.resolve_step(tmp_path, "latest") is None
+  assert load.best_step(tmp_path) == 4
+  assert load.resolve_step(tmp_path, "best") == 4 and load.resolve_step(tmp_path, "6") == 6
+  assert load.resolve_step(tmp_path, "latest") is None
   (tmp_path / "metrics.jsonl").unlink()
   with pytest.raises(UserError, match="no checkpoint .* has a validation loss"):
-    trained.best_step(tmp_path)
+    load.best_step(tmp_path)

@@ -8,8 +8,9 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 from jaxtrain import train
-from jaxtrain.loop import memory, tblog
+from jaxtrain.measure import memory
 from jaxtrain.system import paths
+from jaxtrain.trackers import tensorboard_log
 
 
 def _accumulator(workdir, purge: bool = True) -> event_accumulator.EventAccumulator:
@@ -38,7 +39,7 @@ def test_event_files_hold_the_run_and_a_resume_continues_them(tiny, tmp_path):
 
   second = train.run(tiny, show_progress=False)
   assert second.step == 10
-  assert len(list(workdir.glob(tblog.EVENT_FILES))) == 1  # the first leg's file was folded in
+  assert len(list(workdir.glob(tensorboard_log.EVENT_FILES))) == 1  # the first leg's file was folded in
 
   metrics = _metrics(workdir)
   # Without tensorboard's purging of orphaned steps: each step is in the file once.
@@ -66,10 +67,10 @@ def test_event_files_hold_the_run_and_a_resume_continues_them(tiny, tmp_path):
 
 
 def test_tags_name_their_section():
-  assert tblog.tag("train", "loss") == "train/loss"
-  assert tblog.tag("val", "val_bpb") == "val/bpb"
-  assert tblog.tag("train", "mfu") == "perf/mfu"
-  assert tblog.tag("train", "peak_rss_bytes") == "memory/peak_rss_mib"
+  assert tensorboard_log.tag("train", "loss") == "train/loss"
+  assert tensorboard_log.tag("val", "val_bpb") == "val/bpb"
+  assert tensorboard_log.tag("train", "mfu") == "perf/mfu"
+  assert tensorboard_log.tag("train", "peak_rss_bytes") == "memory/peak_rss_mib"
 
 
 def test_a_record_cut_short_by_a_kill_is_left_out(tmp_path):
@@ -78,10 +79,10 @@ def test_a_record_cut_short_by_a_kill_is_left_out(tmp_path):
   with SummaryWriter(str(tmp_path)) as w:
     for step in range(3):
       w.add_scalar("x", step, step)
-  path = next(tmp_path.glob(tblog.EVENT_FILES))
-  whole = tblog.read_records(path)
+  path = next(tmp_path.glob(tensorboard_log.EVENT_FILES))
+  whole = tensorboard_log.read_records(path)
   path.write_bytes(path.read_bytes()[:-5])
-  assert tblog.read_records(path) == whole[:-1]
+  assert tensorboard_log.read_records(path) == whole[:-1]
 
 
 def test_memory_warns_once_when_the_host_runs_low():

@@ -11,12 +11,12 @@ import pytest
 from conftest import ROOT
 
 import jaxtrain as jt
-from jaxtrain.config import validate as validation
+from jaxtrain.config import validate
 from jaxtrain.loop import budget
-from jaxtrain.loop.hooks import Hook
 from jaxtrain.system import fmt
 from jaxtrain.system.errors import ConfigError
 from jaxtrain.testing import assert_trees_equal
+from jaxtrain.trackers.hooks import Hook
 
 
 def test_durations_parse_and_bad_ones_are_named(tiny):
@@ -27,7 +27,7 @@ def test_durations_parse_and_bad_ones_are_named(tiny):
   for bad in ("10 minutes", "0s", "31d"):
     tiny.train.time_budget = bad
     with pytest.raises(ConfigError, match="train.time_budget"):
-      validation.validate(tiny)
+      validate.validate(tiny)
 
 
 def test_the_steps_that_fit_count_evaluations_and_what_is_spent(tiny):
@@ -37,10 +37,12 @@ def test_the_steps_that_fit_count_evaluations_and_what_is_spent(tiny):
 
 
 class _StopAt(Hook):
+  """Stops the run at `step` (a log line comes a step late; the step itself is queued at once)."""
+
   def __init__(self, step: int):
     self.step, self.now = step, 0
 
-  def on_log(self, step, record):
+  def on_step(self, step, state):
     self.now = step
 
   def stop_reason(self):

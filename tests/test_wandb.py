@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jaxtrain import train
-from jaxtrain.loop import wandb_log
+from jaxtrain.trackers import wandb_log
 
 wandb = pytest.importorskip("wandb", reason="wandb is not installed (pip install -e '.[wandb]')")
 from wandb.proto import wandb_internal_pb2  # noqa: E402

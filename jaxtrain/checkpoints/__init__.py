@@ -1,7 +1,8 @@
 """A run's saved state: orbax storage with checksums (`store`), choosing the newest intact checkpoint
-and setting damaged ones aside (`recover`), saving and resuming in the loop (`lifecycle`), reading
-a trained run outside the loop (`load`: `load_state`, `load_tokenizer`, `--step=latest|best|N`),
-starting from another run or a Hugging Face model (`init_from`, `hf`).
+and setting damaged ones aside (`recover`), saving and resuming in the loop (`lifecycle`: `Saving`,
+which also says when a checkpoint is due), reading a trained run outside the loop (`load`:
+`load_state`, `load_tokenizer`, `--step=latest|best|N`, its saved config's fields), starting from
+another run or a Hugging Face model (`init_from`, `hf`).
 
 May import: system, config, core, data.
 """

@@ -7,7 +7,7 @@ value (a run's config.json, or what a Hugging Face config.json fixes), so a fine
 not restate the model.
 
 A chat run (data.messages_field) may start from a source whose tokenizer is its own less the chat
-tokens (data/chat.py): the embedding (and an untied head) grows by their rows, each the mean of the
+tokens (data/chat_format.py): the embedding (and an untied head) grows by their rows, each the mean of the
 source's rows, a start that keeps the source's predictions for what follows them."""
 
 import json
@@ -20,10 +20,10 @@ import numpy as np
 
 from jaxtrain.checkpoints import hf
 from jaxtrain.checkpoints.load import load_state
-from jaxtrain.config import defaults as config
+from jaxtrain.config import defaults
 from jaxtrain.core import lora
 from jaxtrain.core.model import ModelConfig
-from jaxtrain.data import chat
+from jaxtrain.data import chat_format
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system import paths
 from jaxtrain.system.errors import UserError
@@ -58,7 +58,7 @@ def _source_model(cfg: ml_collections.ConfigDict) -> tuple[dict, str] | None:
   except (OSError, ValueError) as e:
     raise UserError(f"init_from: {source / 'config.json'} does not read ({e}); pass "
                     "--config.init_from=<a run's workdir or an exported model directory>") from None
-  return config.from_saved(saved).model.to_dict(), str(source)
+  return defaults.from_saved(saved).model.to_dict(), str(source)
 
 
 def _hf_model(source: Path, ours: dict) -> dict | None:
@@ -79,7 +79,7 @@ def _hf_model(source: Path, ours: dict) -> dict | None:
     # The MLP width as a ratio: this config's where it gives that width, else the one that does.
     d, hidden, mlp = fields["d_model"], fields["mlp_hidden"], fields["mlp"]
     for ratio in (ours["mlp_ratio"], hidden / d * (1.5 if mlp == "swiglu" else 1)):
-      if config.mlp_width(mlp, ratio, d) == hidden:
+      if defaults.mlp_width(mlp, ratio, d) == hidden:
         theirs["mlp_ratio"] = ratio
         break
   except (OSError, ValueError, KeyError, TypeError, AttributeError, ArithmeticError, UserError):
@@ -116,7 +116,7 @@ def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()
   if found is None:
     return cfg, []
   theirs, source = found
-  default = config.default_config().model.to_dict()
+  default = defaults.default_config().model.to_dict()
   ours = cfg.model.to_dict()
   given = {f for f in ours if f"model.{f}" in explicit or ours[f] != default[f]}
   resolved = {f: (ours[f] if f in given else theirs[f]) for f in ours}
@@ -127,7 +127,7 @@ def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()
                     f"left unset takes the source's value) or pass {fix}")
   taken = [f"model.{f}={theirs[f]}" for f in ours if f not in given and ours[f] != theirs[f]]
   out = cfg.copy_and_resolve_references()
-  config.override(out, **{f"model.{f}": v for f, v in resolved.items()})
+  defaults.override(out, **{f"model.{f}": v for f, v in resolved.items()})
   return out, taken
 
 
@@ -173,7 +173,7 @@ def _check_tokenizer(source: Path, theirs, tokenizer) -> bool:
   mine = json.loads(tokenizer.hf_json())
   if json.loads(theirs.hf_json()) == mine:
     return False
-  if chat.special_ids(tokenizer) and json.loads(chat.with_chat(theirs).hf_json()) == mine:
+  if chat_format.special_ids(tokenizer) and json.loads(chat_format.with_chat(theirs).hf_json()) == mine:
     return True
   raise UserError(f"init_from: {source} was trained with another tokenizer ({theirs.name}, "
                   f"{theirs.vocab_size} tokens) than this run's ({tokenizer.name}, "

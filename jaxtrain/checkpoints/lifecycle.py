@@ -1,13 +1,18 @@
 """Saving a run so that nothing good is lost, and resuming it only where that is sound.
 
-A failed write becomes one line that says what to do, and the last complete checkpoint stays the
-latest: orbax writes each step into a temporary directory and renames it when complete. A state
-whose params are not finite, or a disk without room for it, is never written.
+When the loop saves is `Saving.should_save`'s to say: every `train.checkpoint_every` steps, at the
+run's last step, at a new best val loss (the best model so far is always on disk), and when the
+run stops early. A failed write becomes one line that says what to do, and the last complete
+checkpoint stays the latest: orbax writes each step into a temporary directory and renames it
+when complete. A state whose params are not finite, or a disk without room for it, is never
+written.
 """
 
+import math
 import os
 import re
 import shutil
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -15,10 +20,64 @@ import ml_collections
 
 from jaxtrain.checkpoints.recover import Damaged, newest_intact
 from jaxtrain.checkpoints.store import Checkpoints
-from jaxtrain.config import defaults as config
+from jaxtrain.config import defaults
 from jaxtrain.core.steps import TrainState
 from jaxtrain.system import fmt, peers, runtime
 from jaxtrain.system.errors import NonFiniteLoss, UserError
+
+
+class BestVal:
+  """The lowest validation loss so far, and how many evaluations ago it was reached."""
+
+  def __init__(self, best: float = math.inf):
+    self.best = best
+    self.since = 0
+
+  def update(self, val: float) -> bool:
+    """True when `val` is a new best."""
+    if val < self.best:
+      self.best, self.since = val, 0
+      return True
+    self.since += 1
+    return False
+
+  @property
+  def value(self) -> float | None:
+    return self.best if self.best < math.inf else None
+
+
+class Saving:
+  """A run's checkpoints as its loop writes them, and when (`should_save`). `meta` is saved with
+  every checkpoint (the run's config, tokenizer and data fingerprint) and checked on resume."""
+
+  def __init__(self, ckpts: Checkpoints, meta: dict, every: int):
+    self.ckpts, self.meta, self.every = ckpts, meta, every
+    self.best = BestVal()
+
+  def should_save(self, step: int, end: int, *, new_best: bool = False,
+                  stopping: bool = False) -> bool:
+    """Every `every` steps, at the run's last step (`end`), at a new best val loss, and when the
+    run stops before its end (a signal, a hook)."""
+    return step % self.every == 0 or step == end or new_best or stopping
+
+  def save(self, state: TrainState, iterator, val: float | None, elapsed: float) -> None:
+    save(self.ckpts, state, iterator, self.meta, val, self.best.value, elapsed)
+
+  def check(self, step: int) -> None:
+    check(self.ckpts, step)
+
+  def finish(self, step: int) -> None:
+    finish(self.ckpts, step)
+
+  def close(self) -> None:
+    close(self.ckpts)
+
+  def peers_watched(self, step: Callable[[], int]):
+    return peers_watched(self.ckpts, step)
+
+  def set_config(self, cfg: ml_collections.ConfigDict) -> None:
+    """The run's config from here on (a time budget's new end), in the checkpoints saved next."""
+    self.meta["config"] = cfg.to_dict()
 
 
 def save(ckpts: Checkpoints, state: TrainState, iterator, run_meta: dict, val: float | None,
@@ -101,7 +160,7 @@ def resume(ckpts: Checkpoints, programs, iterator, run_meta: dict,
   def read(step: int):
     meta = ckpts.read_meta(step)
     notes[:] = check_resumable(meta, run_meta, cfg.workdir, cfg.data.allow_changed)
-    notes.append(config.config_changes(meta.get("config", {}), run_meta["config"])[1])
+    notes.append(defaults.config_changes(meta.get("config", {}), run_meta["config"])[1])
     state, saved = ckpts.read(step, programs.abstract, programs.shardings, iterator)
     position, k = iterator.get_state()["next_index"], cfg.train.grad_accum
     if position != step * k:
@@ -121,7 +180,7 @@ def check_resumable(meta: dict, run_meta: dict, workdir: str,
                     allow_changed_data: bool) -> list[str]:
   """Refuses a resume whose config or data changed what the checkpoint's numbers mean; returns
   the lines that say what changed harmlessly."""
-  breaking, harmless = config.config_changes(meta.get("config", {}), run_meta["config"])
+  breaking, harmless = defaults.config_changes(meta.get("config", {}), run_meta["config"])
   if meta.get("tokenizer") != run_meta["tokenizer"]:
     breaking.append("the tokenizer's vocabulary differs from the checkpoint's")
   if breaking:

@@ -1,6 +1,6 @@
-"""Reading a trained run's workdir outside the training loop (sample, export, init_from, notebooks):
-the state of a checkpoint on one device, its tokenizer, and which checkpoint `--step=latest|best|N`
-names. No data is needed."""
+"""Reading a trained run's workdir outside the training loop (sample, export, eval, init_from,
+notebooks): the state of a checkpoint on one device, its tokenizer, which checkpoint
+`--step=latest|best|N` names, and a field of its saved config. No data is needed."""
 
 import logging
 import sys
@@ -10,7 +10,7 @@ import jax
 
 from jaxtrain.checkpoints import recover
 from jaxtrain.checkpoints.store import Checkpoints
-from jaxtrain.config import defaults as config
+from jaxtrain.config import defaults
 from jaxtrain.core import programs as programs_lib
 from jaxtrain.core import steps
 from jaxtrain.data import tokenizer as tokenizer_lib
@@ -47,6 +47,17 @@ def check_run(workdir: str) -> Path:
     raise UserError(f"{path} is not a jaxtrain run (no {paths.RUN_FILE}); pass --workdir=<the "
                     "workdir of a run>, e.g. runs/nano")
   return path
+
+
+def data_field(workdir: str, name: str, given: str, fallback: str) -> str:
+  """`given` (a command's flag), else the run's data.<name> (its config.json), else `fallback`."""
+  if given:
+    return given
+  try:
+    saved = paths.read_json(Path(workdir) / "config.json")
+  except (OSError, ValueError):
+    saved = {}
+  return (saved.get("data") or {}).get(name) or fallback
 
 
 def val_losses(workdir: Path) -> dict[int, float]:
@@ -135,7 +146,7 @@ def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
 
 
 def _programs(workdir: str, meta: dict) -> programs_lib.Programs:
-  cfg = config.from_saved(meta["config"])
+  cfg = defaults.from_saved(meta["config"])
   cfg.mesh.data, cfg.mesh.fsdp = 1, 1  # one device, whatever the run trained on
   if jax.devices()[0].platform == "cpu" and cfg.model.dtype == "float16":
     cfg.model.dtype = "float32"  # compute dtype only (params are float32): CPUs lack float16

@@ -17,7 +17,7 @@ import grain
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
-from orbax.checkpoint import checkpoint_managers as policies
+from orbax.checkpoint import checkpoint_managers
 
 from jaxtrain.core import steps
 
@@ -43,11 +43,11 @@ class Checkpoints:
 
   def __init__(self, workdir: str, keep: int = 1, read_only: bool = False):
     self.directory = Path(workdir).absolute() / "checkpoints"
-    policy = policies.AnyPreservationPolicy([
-        policies.LatestN(n=keep),
+    policy = checkpoint_managers.AnyPreservationPolicy([
+        checkpoint_managers.LatestN(n=keep),
         # reverse=True sorts by descending loss, and BestN keeps the tail: the lowest loss.
-        policies.BestN(get_metric_fn=_val_loss, reverse=True, n=1,
-                       keep_checkpoints_without_metrics=False),
+        checkpoint_managers.BestN(get_metric_fn=_val_loss, reverse=True, n=1,
+                                  keep_checkpoints_without_metrics=False),
     ])
     # cleanup_tmp_directories: a save cut short by a kill leaves a temporary directory; it is
     # never mistaken for a checkpoint, and the next start removes it.

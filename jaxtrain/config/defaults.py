@@ -168,7 +168,7 @@ def _data() -> ml_collections.ConfigDict:
   data.prompt_field = ""
   data.completion_field = ""
   # Set: chat records (.jsonl/.parquet), this field a list of {"role", "content"} messages, in the
-  # chat format of jaxtrain/data/chat.py; only assistant turns count in the loss. "": off.
+  # chat format of jaxtrain/data/chat_format.py; only assistant turns count in the loss. "": off.
   data.messages_field = ""
   data.tokenizer = "byte"  # byte | char | bpe (trained on the corpus) | a tokenizer.json path
   data.vocab_size = 4096  # tokens of the bpe vocabulary, end-of-text included (>= 257)

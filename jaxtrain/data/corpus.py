@@ -1,6 +1,6 @@
 """Documents in, batches out: tokenize once into a cached memmap, feed random windows.
 
-The token stream is the documents (jaxtrain/corpus.py) in order, each followed by the
+The token stream is the documents (jaxtrain/data/documents.py) in order, each followed by the
 tokenizer's end-of-text token; several files come in a fixed pseudo-random order, so the held-out
 tail samples the whole corpus. Validation is the smallest tail of whole documents holding
 `val_fraction` of the text's bytes (documents too large for that: the stream is cut inside
@@ -9,7 +9,7 @@ one), so every tokenizer sees the same validation text. The micro-batch with ind
 (seed, i), packed across documents: any batch can be rebuilt from the seed and its index.
 Prompt/completion records also get a mask beside the tokens (KEY.mask, a uint8 per token: 1 where
 the token counts in the loss, i.e. completions and their end-of-text), and their batches a
-`"weights"` entry, float32[B, T], one per target; so do chat records (data/chat.py: 1 on the
+`"weights"` entry, float32[B, T], one per target; so do chat records (data/chat_format.py: 1 on the
 assistant turns' tokens and their end-of-turn tokens), whose tokenizer gets the chat tokens.
 Token files (data/tokenfiles.py: ids already, nanoGPT's and llm.c's .bin) are read in place.
 """
@@ -28,8 +28,9 @@ import grain  # noqa: F401 (API: data.grain)
 import ml_collections
 import numpy as np
 
-from jaxtrain.data import chat, tokenfiles
+from jaxtrain.data import chat_format as chat
 from jaxtrain.data import documents as corpus_lib
+from jaxtrain.data import tokenfiles
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.data.documents import Documents, describe, resolve_files, stdlib_dir  # noqa: F401 (API)
 from jaxtrain.data.windows import (  # noqa: F401 (API)

@@ -3,7 +3,7 @@
 A text file is one document; a .jsonl line or a .parquet row is one, its text in the field or
 column `data.text_field`, or, for prompt/completion records, the prompt then the completion
 (`data.prompt_field`, `data.completion_field`), or, for chat records, the messages in the chat
-format (`data.messages_field`, data/chat.py). `Documents` streams them as pieces (text or a chat
+format (`data.messages_field`, data/chat_format.py). `Documents` streams them as pieces (text or a chat
 special token, whether a document ends there, whether its tokens count in the loss: a prompt's do
 not) without ever holding a whole file, with a progress bar in MB/s of the files read. pyarrow
 parses .jsonl and .parquet in blocks on all cores. Bad input is one line naming the file (and
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxtrain.data import chat
+from jaxtrain.data import chat_format as chat
 from jaxtrain.data.tokenizer import codepoints
 from jaxtrain.system.errors import UserError
 

@@ -1,11 +1,10 @@
-"""What the training loop (jaxtrain/train.py) calls around its steps: hooks (`hooks`: the Hook
-protocol; `early_stop`, `profile`, `status`, `tblog`, `wandb_log`), what a run prints (`console`,
-`summary`), measures (`monitor`, `memory`, `estimate`: FLOPs, peaks and memory; `budget`: the
-steps a time budget holds; `progress`: what the loop carries from step to step), feeds (`feed`:
-batches placed on the devices ahead of the steps), evaluates
-(`sources`: each source's val loss in a data mixture; `tasks`: `train.eval_tasks`' task scores)
-and writes (`metrics`), and how it ends (`ending`: the result, the run's files, the samples, an
-interrupt's one line).
+"""The run's state and its phases, around the loop in jaxtrain/train.py: the state (`state`: what
+setup prepares, `Run`, and what the loop carries from step to step, `Progress`), the way to the
+first step (`setup`: the workdir, data, programs and hooks; init or restore beside the compile),
+the batches placed on the devices ahead of the steps (`feed`), the steps' metrics left on the
+device until a log line reads them (`step_metrics`: and the non-finite guard), the end a time
+budget gives (`budget`), and how a run ends (`ending`: the result, the run's files, the samples,
+a signal's one line).
 
-May import: system, config, core, data, checkpoints, generation.
+May import: system, config, core, data, checkpoints, generation, measure, evals, trackers.
 """

@@ -1,16 +1,17 @@
 """`train.time_budget`: train for a given wall time rather than a step count.
 
 A new run measures itself first: it compiles its train step and times a few steps on random
-tokens (the speed does not depend on their values), then fixes `train.max_steps` so that the
-steps, their evaluations and the end of the run (a second compile, samples) fit the budget,
-counted from the start of the process. The schedule (warmup, decay) then spans exactly those
-steps, and the chosen number is the run's `train.max_steps` in config.json.
+tokens (the speed does not depend on their values), then fixes its end (`fit`: the `Plan`) so
+that the steps, their evaluations and the end of the run (a second compile, samples) fit the
+budget, counted from the start of the process. The schedule (warmup, decay) then spans exactly
+those steps, and the chosen number is the run's `train.max_steps` (`with_end`) in config.json.
 
 A probe of a few seconds misjudges a loop that runs for minutes (evaluations, saves, logging, a
 machine whose speed changes), so the run's first leg measures its own pace again at REFIT_AT of
-its steps and, when that moves the end by more than TOLERANCE, rebuilds its train step for the
-new end. Each end and the step it took over at are recorded in budget.json (the `Plan`); a
-resumed leg follows them, so it trains exactly as the uninterrupted run did.
+its steps; when that moves the end by more than TOLERANCE, the loop takes the new end
+(`moved_end`) and its train step is rebuilt for it (`rebuilt`). Each end and the step it took
+over at are recorded in budget.json; a resumed leg follows them, so it trains exactly as the
+uninterrupted run did.
 """
 
 import dataclasses
@@ -26,6 +27,7 @@ import ml_collections
 
 from jaxtrain.checkpoints.store import Checkpoints
 from jaxtrain.core import programs as programs_lib
+from jaxtrain.core.steps import TrainState
 from jaxtrain.system import fmt, paths, runtime
 
 PLAN_FILE = "budget.json"
@@ -127,11 +129,18 @@ class Plan:
       paths.write_json(workdir / PLAN_FILE, {"budget_s": self.budget_s, "ends": self.ends})
 
 
+def with_end(cfg: ml_collections.ConfigDict, max_steps: int) -> ml_collections.ConfigDict:
+  """A copy of `cfg` that ends at `max_steps`."""
+  cfg = cfg.copy_and_resolve_references()
+  cfg.train.max_steps = max_steps
+  return cfg
+
+
 def fit(cfg: ml_collections.ConfigDict, programs: programs_lib.Programs, devices: list,
         workdir: Path, log: Callable[[str], None], spent: Callable[[], float],
         batches: Callable[[], Iterator[dict]]) -> tuple[programs_lib.Programs, Plan]:
-  """`train.time_budget`: sets `cfg.train.max_steps` to the steps that fit (measured by a new
-  run; a resumed run keeps the ends its first leg chose) and builds the programs for them."""
+  """`train.time_budget`: the plan of the steps that fit (measured by a new run; a resumed run
+  keeps the ends its first leg chose), and the programs built for its end."""
   budget_s = fmt.parse_duration(cfg.train.time_budget)
   if paths.is_run(workdir):
     saved = paths.read_json(workdir / PLAN_FILE) if (workdir / PLAN_FILE).exists() else None
@@ -148,9 +157,9 @@ def fit(cfg: ml_collections.ConfigDict, programs: programs_lib.Programs, devices
     log(f"time budget {fmt.duration(budget_s)}: train.max_steps={steps} fit "
         f"({step_s * 1e3:.1f} ms/step, {save_s * 1e3:.0f} ms/save and a {compile_s:.1f}s compile "
         f"measured; {fmt.duration(spent_s)} spent so far)")
-  cfg.train.max_steps = plan.final
   m = programs.model_cfg
-  return programs_lib.build(cfg, m.vocab_size, devices, eot_id=m.eot_id), plan
+  return programs_lib.build(with_end(cfg, plan.final), m.vocab_size, devices,
+                            eot_id=m.eot_id), plan
 
 
 def new_end(plan: Plan, step: int, now: float) -> int | None:
@@ -171,34 +180,33 @@ def new_end(plan: Plan, step: int, now: float) -> int | None:
   return end if abs(end - plan.final) > TOLERANCE * plan.final else None
 
 
-def follow(r, p, state):
-  """The loop's part of the plan, after each step: at a recorded switch (or a new end the pace
-  gives), the train step is rebuilt for the end from this step on. `r`: the loop's train.Run,
-  `p` its Progress; returns the state with the new optimizer settings."""
-  plan, step = r.plan, p.step
+def moved_end(plan: Plan, step: int, workdir: Path) -> int | None:
+  """After each step of the leg that may move the end: the new end its pace gives (`new_end`),
+  recorded in the plan and budget.json; None where the end stays."""
   end = new_end(plan, step, time.perf_counter())
   if end is not None:
     plan.ends.append([step, end])
-    plan.save(r.workdir)
-    r.cfg.train.max_steps = end
-    r.run_meta["config"] = r.cfg.to_dict()
-    if jax.process_index() == 0:
-      paths.write_json(r.workdir / "config.json", r.cfg.to_dict())
-    r.out.print(f"time budget: train.max_steps={end} from step {step} (the loop's pace, "
-                f"{plan.pace_s * 1e3:.1f} ms/step, moved the end)")
-  built = r.programs.optimizer.max_steps
-  if plan.end_at(step) == built:
-    return state
-  cfg = r.cfg.copy_and_resolve_references()
-  cfg.train.max_steps = plan.end_at(step)
-  m, t0 = r.programs.model_cfg, time.perf_counter()
-  programs = programs_lib.build(cfg, m.vocab_size, jax.devices(), eot_id=m.eot_id)
-  r.programs = dataclasses.replace(programs, train_step=programs.compile_train())
-  state = programs.abstract.with_arrays(state.arrays())
-  if p.eval_set:  # its compile, now rather than in the steps whose pace is measured
-    jax.block_until_ready(programs.eval_step(state, p.eval_set[0]))
+    plan.save(workdir)
+  return end
+
+
+def rebuilt(plan: Plan, step: int, cfg: ml_collections.ConfigDict,
+            programs: programs_lib.Programs, state: TrainState,
+            eval_batch: dict | None) -> tuple[programs_lib.Programs, TrainState] | None:
+  """(programs with the train step compiled for the end the schedule follows from `step` on,
+  `state` in their layout) where that end is not the one `programs` were built for (a recorded
+  switch, or a new end); None otherwise. `eval_batch`: the eval step compiles now too, rather
+  than in the steps whose pace is measured."""
+  end = plan.end_at(step)
+  if end == programs.optimizer.max_steps:
+    return None
+  m, t0 = programs.model_cfg, time.perf_counter()
+  built = programs_lib.build(with_end(cfg, end), m.vocab_size, jax.devices(), eot_id=m.eot_id)
+  built = dataclasses.replace(built, train_step=built.compile_train())
+  state = built.abstract.with_arrays(state.arrays())
+  if eval_batch is not None:
+    jax.block_until_ready(built.eval_step(state, eval_batch))
   plan.compile_s = time.perf_counter() - t0
   if plan.t_first is not None:  # a one-off: the pace is the steps'
     plan.t_first += plan.compile_s
-  p.meter.max_steps = r.cfg.train.max_steps
-  return state
+  return built, state

@@ -1,8 +1,7 @@
-"""How a run ends, and what it leaves in its workdir: the result, the files that describe the run
-(config.json, run.json, tokenizer.json, legs.jsonl), the samples and loss plot of a finished run,
-and the one line for a run stopped by a signal outside the training loop."""
+"""How a run ends, and what it leaves in its workdir: the result (`RunResult`), the files that
+describe the run (config.json, run.json, tokenizer.json, legs.jsonl), the samples and loss plot
+of a finished run, and the one line for a run stopped by a signal, in the loop or outside it."""
 
-import dataclasses
 import json
 import sys
 import time
@@ -12,25 +11,16 @@ import jax
 import ml_collections
 
 from jaxtrain.checkpoints.store import Checkpoints
+from jaxtrain.core.steps import TrainState
 from jaxtrain.data import tokenizer as tokenizer_lib
-from jaxtrain.generation import samples as sampling
-from jaxtrain.loop import metrics
+from jaxtrain.generation import samples
+from jaxtrain.loop import budget
+from jaxtrain.loop.state import Progress, Run
 from jaxtrain.system import fmt, paths, runtime, signals
+from jaxtrain.trackers import metrics_jsonl
+from jaxtrain.trackers.hooks import RunResult
 
 LEGS_FILE = "legs.jsonl"  # one line per leg of the run: where it started, what changed
-
-
-@dataclasses.dataclass
-class RunResult:
-  workdir: str
-  step: int
-  train_loss: float | None
-  val_loss: float | None
-  tokens_per_sec: float | None
-  wall_s: float
-  samples: list[str]
-  stopped_by: str | None = None  # "SIGTERM", "SIGINT" or "SIGPIPE" when a signal ended it early
-  exit_code: int = 0
 
 
 def write_run_files(workdir: Path, cfg: ml_collections.ConfigDict, run_meta: dict, tok,
@@ -45,36 +35,59 @@ def write_run_files(workdir: Path, cfg: ml_collections.ConfigDict, run_meta: dic
                         "changes": list(changes), "time": round(time.time(), 3)}) + "\n")
 
 
-def finish(r, state, p, speed: float | None) -> RunResult:
-  """Samples and the loss plot (process 0), then the closing line. `r`: the loop's train.Run,
-  `p` its Progress."""
-  params = runtime.host_copy(state.params)  # every process takes part; process 0 samples
-  is_main = jax.process_index() == 0
-  r.phase = "sampling"
-  samples = sampling.write_samples(
-      r.cfg.sample, r.cfg.model.seq_len, r.cfg.seed, state.replace(params=params), r.corpus.val,
-      r.corpus.tokenizer, r.workdir, r.out) if is_main else []
-  if is_main:
-    png = metrics.plot_losses(r.workdir / "metrics.jsonl", r.workdir / "loss.png")
-    if png:
-      r.out.print(f"loss curves: {png}")
+def record_end(r: Run, end: int) -> None:
+  """A time budget's new end: the run's train.max_steps from here on, in config.json and in the
+  checkpoints saved next."""
+  cfg = budget.with_end(r.cfg, end)
+  r.saving.set_config(cfg)
+  if jax.process_index() == 0:
+    paths.write_json(r.workdir / "config.json", cfg.to_dict())
+
+
+def finish(r: Run, p: Progress, state: TrainState, speed: float | None) -> RunResult:
+  """Samples and the loss plot (process 0), then the closing line."""
+  try:
+    params = runtime.host_copy(state.params)  # every process takes part; process 0 samples
+    is_main = jax.process_index() == 0
+    r.phase = "sampling"
+    texts = samples.write_samples(
+        r.cfg.sample, r.cfg.model.seq_len, r.cfg.seed, state.replace(params=params),
+        r.corpus.val, r.corpus.tokenizer, r.workdir, r.out) if is_main else []
+    if is_main:
+      png = metrics_jsonl.plot_losses(r.workdir / metrics_jsonl.FILE, r.workdir / "loss.png")
+      if png:
+        r.out.print(f"loss curves: {png}")
+  except KeyboardInterrupt as e:  # training is done and saved: the samples are what is lost
+    return interrupted(e, r, r.workdir, r.t_start, p.end)
   wall = time.time() - r.t_start
-  r.out.print(f"done: step {p.step} | train loss {_fmt(p.last_loss)} | val loss "
+  r.out.print(f"done: step {p.step} | train loss {_fmt(p.pending.last_loss)} | val loss "
               f"{_fmt(p.last_val)} | wall {fmt.duration(wall)} | workdir {r.workdir}")
-  return RunResult(str(r.workdir), p.step, p.last_loss, p.last_val, speed, wall, samples)
+  return RunResult(str(r.workdir), p.step, p.pending.last_loss, p.last_val, speed, wall, texts,
+                   max_steps=p.end)
 
 
-def already_done(r, step: int) -> RunResult:
+def stopped(r: Run, p: Progress, by: str, exit_code: int, speed: float | None) -> RunResult:
+  """A run the loop stopped on a signal, saved at the step it stopped at."""
+  r.out.print(f"{by}: stopped at step {p.step}; checkpoint saved in "
+              f"{r.saving.ckpts.directory / str(p.step)}. Run the same command again to resume.")
+  return RunResult(str(r.workdir), p.step, p.pending.last_loss, p.last_val, speed,
+                   time.time() - r.t_start, [], by, exit_code, p.end)
+
+
+def already_done(r: Run, step: int) -> RunResult:
   """A run restarted at or past its last step: nothing is trained, sampled or written."""
   r.out.print(f"this run already reached step {step} (train.max_steps={r.cfg.train.max_steps}): "
               f"nothing to train, and nothing in {r.workdir} was changed; raise "
               "--config.train.max_steps to train further")
-  return RunResult(str(r.workdir), step, None, None, None, time.time() - r.t_start, [])
+  return RunResult(str(r.workdir), step, None, None, None, time.time() - r.t_start, [],
+                   max_steps=r.cfg.train.max_steps)
 
 
-def interrupted(e: KeyboardInterrupt, r, workdir: Path, t_start: float) -> RunResult:
+def interrupted(e: KeyboardInterrupt, r: Run | None, workdir: Path, t_start: float,
+                max_steps: int | None = None) -> RunResult:
   """SIGINT or SIGTERM outside the training loop (which stops at a step and saves): one line
-  on what is on disk. `r` is None while the run is still being set up."""
+  on what is on disk. `r` is None while the run is still being set up; `max_steps`: the loop's
+  end, where the loop has run."""
   name = signals.name_of(e)
   signals.handled()
   phase = "preparing the run" if r is None else r.phase
@@ -89,10 +102,11 @@ def interrupted(e: KeyboardInterrupt, r, workdir: Path, t_start: float) -> RunRe
             "resumes from it" if saved else "nothing was saved; a restart begins afresh")
     code = signals.EXIT_CODES.get(name, 143)  # stopped before training: no state saved with it
   print(f"{name} while {phase}: stopped; {what}", file=sys.stderr, flush=True)
-  return RunResult(str(workdir), step, None, None, None, time.time() - t_start, [], name, code)
+  return RunResult(str(workdir), step, None, None, None, time.time() - t_start, [], name, code,
+                   max_steps)
 
 
-def remove_stub(workdir: Path, existed: bool, fresh: bool, r) -> None:
+def remove_stub(workdir: Path, existed: bool, fresh: bool, r: Run | None) -> None:
   """A new run refused or stopped before its first step (a bad init_from, data that does not
   fit, Ctrl-C while compiling) leaves nothing that looks like a run behind; the libraries' log
   stays if a note points to it."""

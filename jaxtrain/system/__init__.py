@@ -1,6 +1,8 @@
 """Process and file plumbing that every other folder uses: errors, number formats, the exit
 path, paths and JSON files (the one metrics.jsonl reader), locks, the memory allocator, lost
-peers, JAX process setup and collectives, and signal handling.
+peers, JAX process setup, collectives and how many dispatches may run ahead (`runtime`), signal
+handling, and what a person sees (`console`: the progress bar or lines; the libraries' logs kept
+in a file).
 
 May import: nothing else of jaxtrain.
 """

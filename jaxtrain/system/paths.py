@@ -9,7 +9,7 @@ from jaxtrain.system import lock
 from jaxtrain.system.errors import UserError
 
 RUN_FILE = "run.json"  # its presence marks a directory as a jaxtrain run
-STATUS_FILE = "status.json"  # running, finished, stopped or failed: loop/status.py keeps it
+STATUS_FILE = "status.json"  # running, finished, stopped or failed: trackers/status.py keeps it
 
 
 def cache_dir() -> str:

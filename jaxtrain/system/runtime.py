@@ -1,6 +1,7 @@
 """Process-level JAX setup, done once before any other JAX work: compile cache, platform,
-processes; and the collectives between processes."""
+processes; the collectives between processes; and how far dispatches may run ahead of the device."""
 
+import collections
 import importlib.util
 import os
 
@@ -12,6 +13,24 @@ from jax.experimental import multihost_utils
 from jaxtrain.system import allocator, peers
 from jaxtrain.system.errors import UserError
 from jaxtrain.system.paths import cache_dir
+
+# Dispatches queued ahead of the device within one step (micro-batches, eval batches). XLA:CPU
+# deadlocked in a cross-device all-reduce with 50-100 two-device steps queued; a few ahead
+# already keep the device busy.
+MAX_IN_FLIGHT = 4
+
+
+def throttle(results: list) -> None:
+  """Waits for the dispatch MAX_IN_FLIGHT back, so no more than that many are queued."""
+  if len(results) > MAX_IN_FLIGHT:
+    jax.block_until_ready(results[-MAX_IN_FLIGHT - 1])
+
+
+def keep_up(in_flight: collections.deque) -> None:
+  """Waits (without copying anything back) until at most MAX_IN_FLIGHT dispatches of
+  `in_flight`, oldest first, are queued ahead of the device."""
+  while len(in_flight) > MAX_IN_FLIGHT:
+    jax.block_until_ready(in_flight.popleft())
 
 
 def enable_compile_cache() -> None:

@@ -13,9 +13,9 @@ import sys
 
 from absl import flags
 
-from jaxtrain.checkpoints import load as trained
-from jaxtrain.data import chat
-from jaxtrain.generation import chat as chat_gen
+from jaxtrain.checkpoints import load
+from jaxtrain.data import chat_format
+from jaxtrain.generation import reply
 from jaxtrain.system.errors import UserError
 from jaxtrain.tools import cli
 from jaxtrain.tools.sample import read_prompt
@@ -50,27 +50,27 @@ def converse(state, tok, f, tty: bool, out=sys.stdout) -> int:
   """Reads messages and writes replies until the input ends; returns the number of replies."""
   messages = [{"role": "system", "content": read_prompt(f.system, "system")}] if f.system else []
   if messages:
-    chat.encode(tok, messages)  # a character the vocabulary lacks: said before the first turn
+    chat_format.encode(tok, messages)  # a character the vocabulary lacks: said before any turn
   replies = 0
   while (text := read_message(tty)) is not None:
     if not text.strip():
       continue
     turn = [*messages, {"role": "user", "content": text.replace("\\n", "\n")}]
     try:
-      chat.encode(tok, turn)
+      chat_format.encode(tok, turn)
     except UserError as e:  # a character outside the vocabulary: say so, ask again
       print(f"error: {e}", file=sys.stderr)
       continue
-    reply = []
-    for piece in chat_gen.stream_reply(state, tok, turn, f.max_new_tokens,
-                                       temperature=f.temperature, top_k=f.top_k, top_p=f.top_p,
-                                       seed=f.seed + replies):
+    pieces = []
+    for piece in reply.stream_reply(state, tok, turn, f.max_new_tokens,
+                                    temperature=f.temperature, top_k=f.top_k, top_p=f.top_p,
+                                    seed=f.seed + replies):
       out.write(piece)
       out.flush()
-      reply.append(piece)
+      pieces.append(piece)
     out.write("\n\n" if tty else "\n")
     out.flush()
-    messages = [*turn, {"role": "assistant", "content": "".join(reply)}]
+    messages = [*turn, {"role": "assistant", "content": "".join(pieces)}]
     replies += 1
   return replies
 
@@ -80,8 +80,8 @@ def run() -> None:
   if not f.workdir:
     raise UserError("no run given; pass --workdir=<the workdir of a run trained on chat records>")
   read_prompt(f.system, "system")  # an unreadable file fails before the checkpoint is read
-  state, tok = trained.load(f.workdir, f.step)
-  if chat.special_ids(tok) is None:
+  state, tok = load.load(f.workdir, f.step)
+  if chat_format.special_ids(tok) is None:
     raise UserError(f"{f.workdir} was not trained on chat records (its tokenizer has no chat "
                     "tokens); train one with --config.data.messages_field=messages "
                     "(docs/finetune.md, Chat)")

@@ -49,37 +49,49 @@ def help_text(usage: str, rows: list[tuple[str, str]], common=COMMON) -> str:
   return "\n".join([usage, "", "flags:", *(f"  {name.ljust(width)}{text}" for name, text in rows)])
 
 
-def flag_rows(module: str) -> list[tuple[str, str]]:
-  """The absl flags `module` defined, as help_text rows."""
-  from absl import flags
-
+def flag_rows(module: str, values: dict[str, str] | None = None,
+              flag_values: flags.FlagValues = flags.FLAGS) -> list[tuple[str, str]]:
+  """The absl flags `module` defined, as help_text rows; `values`: what a flag's value looks like
+  where its default does not say (`{"out": "DIR"}`: --out=DIR)."""
   rows = []
-  for flag in flags.FLAGS.flags_by_module_dict().get(module, []):
+  for flag in flag_values.flags_by_module_dict().get(module, []):
     if flag.flag_type() == "bool":
       name = f"--[no]{flag.name}"
+    elif values and flag.name in values:
+      name = f"--{flag.name}={values[flag.name]}"
     else:
       name = f"--{flag.name}" + ("" if flag.default in (None, "") else f"={flag.default}")
     rows.append((name, " ".join(flag.help.split())))
   return rows
 
 
-def show_help_if_asked(argv: list[str], usage: str, rows: list[tuple[str, str]]) -> None:
+def show_help_if_asked(argv: list[str], usage: str, rows: list[tuple[str, str]],
+                       common=COMMON) -> None:
   """`--help` anywhere in `argv`: the command's own flags on stdout, exit status 0."""
   if any(arg in HELP_FLAGS for arg in argv[1:] if isinstance(arg, str)):
-    print(help_text(usage, rows))
+    print(help_text(usage, rows, common))
     sys.exit(0)
 
 
-def parse_flags(argv: list[str], hint: str = "see --help for the flags") -> list[str]:
-  """absl's parser, but a bad flag is one line and exit status 2."""
-  from absl import flags
-
+def parse_flags(argv: list[str], hint: str = "see --help for the flags",
+                flag_values: flags.FlagValues = flags.FLAGS, known_only: bool = False) -> list[str]:
+  """absl's parser, but a bad flag is one line and exit status 2. Returns the arguments that are
+  not flags (with argv[0]); with `known_only`, flags defined nowhere are among them too."""
   try:
-    return flags.FLAGS(argv)
+    return flag_values(argv, known_only=known_only)
   except flags.Error as e:  # a config file's own error comes as a traceback: its last line says it
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     cause = f" {lines[-1]}" if "Traceback (most recent call last):" in lines else ""
     fail(f"{first_line(e)}{cause}; {hint}")
+
+
+def parse_args(argv: list[str], flag_values: flags.FlagValues, known_only: bool = False) -> list[str]:
+  """`flag_values` parsed from `argv` (a command's arguments, without its name); returns the
+  arguments that are not its flags. A bad flag is a UserError."""
+  try:
+    return flag_values(["", *argv], known_only=known_only)[1:]
+  except flags.Error as e:
+    raise UserError(f"{first_line(e)}; see --help for the flags") from None
 
 
 def shipped_configs() -> Path | None:
@@ -123,22 +135,29 @@ def missing_config(path: str) -> str:
           f"{shipped / name}.py){rest}")
 
 
-def main(run: Callable[[], None], usage: str, module: str) -> None:
+def main(run: Callable[..., None], usage: str, module: str, *, args: bool = False,
+         known_only: bool = False, uses_jax: bool = True, values: dict[str, str] | None = None,
+         before: tuple[tuple[str, str], ...] = (), after: tuple[tuple[str, str], ...] = ()) -> None:
   """Parses the flags defined so far, then calls `run`, turning a UserError into one line.
-  `--help` prints `usage` and the flags that `module` defined."""
-  import jax
-  from absl import app, flags, logging
+  `--help` prints `usage` and the flags that `module` defined (`values`: what their values look
+  like, flag_rows), between the rows `before` and `after` (a command's arguments that are not
+  its flags); JAX's flags and `--helpfull` close the list of a command that `uses_jax`.
+
+  A command that takes `args` besides its flags gets them as `run(args)`; with `known_only`, flags
+  defined nowhere are among them (sweep passes them on to its runs)."""
+  from absl import app, logging
 
   def body(argv: list[str]) -> None:
-    if len(argv) > 1:
+    if len(argv) > 1 and not args:
       fail(f"unexpected arguments {argv[1:]}; flags look like --workdir=runs/nano")
     if not flags.FLAGS["verbosity"].present:
       logging.set_verbosity(logging.ERROR)  # orbax warns that a read-only manager is read-only
-    from jaxtrain.system import runtime
+    if uses_jax:
+      from jaxtrain.system import runtime
 
-    runtime.enable_compile_cache()  # the second sample of a run compiles nothing
+      runtime.enable_compile_cache()  # the second sample of a run compiles nothing
     try:
-      run()
+      run(argv[1:]) if args else run()
     except UserError as e:
       fail(str(e), e.exit_code)
     except KeyboardInterrupt:
@@ -146,8 +165,12 @@ def main(run: Callable[[], None], usage: str, module: str) -> None:
       sys.exit(130)
 
   def parse(argv: list[str]) -> list[str]:
-    show_help_if_asked(argv, usage, flag_rows(module))
-    return parse_flags(argv)
+    show_help_if_asked(argv, usage, [*before, *flag_rows(module, values), *after],
+                       COMMON if uses_jax else ())
+    return parse_flags(argv, known_only=known_only)
 
-  jax.config.config_with_absl()
+  if uses_jax:
+    import jax
+
+    jax.config.config_with_absl()
   app.run(body, flags_parser=parse)

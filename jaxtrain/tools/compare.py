@@ -15,7 +15,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from jaxtrain.config import defaults as config
+from absl import flags
+
+from jaxtrain.config import defaults
 from jaxtrain.system import fmt
 from jaxtrain.system.errors import UserError
 from jaxtrain.tools import cli, runs
@@ -23,11 +25,7 @@ from jaxtrain.tools import cli, runs
 USAGE = ("usage: python -m jaxtrain.compare RUN... [--out=DIR] [--by=METRIC]\n"
          "Runs side by side, best first: the config fields that differ, losses, task "
          "accuracies, speed and time.")
-HELP = [("RUN", "A run's directory, a glob of them, or a directory of runs (a sweep's root)."),
-        ("--out=DIR", "Also write the table as DIR/compare.md and the loss plots as PNGs."),
-        ("--by=METRIC", "Rank by the best of this evaluation metric: val_loss, val_bpb, "
-         "task/<name>/exact_match, ... (accuracies: highest first). Default: val_bpb where the "
-         "runs' tokens differ, else val_loss.")]
+RUN_HELP = ("RUN", "A run's directory, a glob of them, or a directory of runs (a sweep's root).")
 # Fields that say nothing about a result: where it was written, how it was logged or sampled.
 NOT_SHOWN = ("workdir", "headless", "data.cache_dir", "data.allow_changed", "train.log_every",
              "train.checkpoint_every", "train.keep_checkpoints")
@@ -77,7 +75,7 @@ def rank_key(info: runs.RunInfo, key: str = "val_loss") -> tuple:
   train loss."""
   best = info.best(key)
   if best is not None:
-    return (0, -best if config.higher_is_better(key) else best)
+    return (0, -best if defaults.higher_is_better(key) else best)
   loss = info.final("loss") if key == "val_loss" else None
   return (1, loss) if loss is not None else (2, 0.0)
 
@@ -103,7 +101,7 @@ def source_keys(infos: list[runs.RunInfo]) -> list[str]:
   accuracies of train.eval_tasks (task/<name>/exact_match, mc_accuracy), first seen first."""
   keys = list(dict.fromkeys(k for info in infos for r in info.evals for k in r))
   return [k for k in keys if k.startswith("val/") and k.endswith("/loss")] + \
-      [k for k in keys if k.startswith("task/") and config.higher_is_better(k)]
+      [k for k in keys if k.startswith("task/") and defaults.higher_is_better(k)]
 
 
 def column(key: str) -> str:
@@ -207,7 +205,7 @@ def plot(infos: list[runs.RunInfo], out: Path) -> list[Path]:
 
 def _why(key: str, by: str | None) -> str:
   if by is not None:
-    return f"chosen with --by; {'higher' if config.higher_is_better(key) else 'lower'} is better"
+    return f"chosen with --by; {'higher' if defaults.higher_is_better(key) else 'lower'} is better"
   return ("bits per byte: the runs' tokenizers or data differ, so their losses per token do not "
           "compare") if key == "val_bpb" else "nats per token: the same tokens in every run"
 
@@ -240,33 +238,23 @@ def compare(patterns: list[str], out: Path | None = None, print_fn=print,
   return infos
 
 
-def parse(argv: list[str]) -> tuple[list[str], Path | None, str | None]:
-  patterns, out, by = [], None, None
-  for arg in argv:
-    if arg.startswith("--out="):
-      out = Path(arg.split("=", 1)[1]).expanduser()
-    elif arg.startswith("--by="):
-      by = arg.split("=", 1)[1] or None
-    elif arg.startswith("-"):
-      raise UserError(f"unknown flag {arg}; usage: python -m jaxtrain.compare RUN... [--out=DIR] "
-                      "[--by=METRIC] (see --help)")
-    else:
-      patterns.append(arg)
+def define_flags() -> None:
+  flags.DEFINE_string("out", "", "Also write the table as DIR/compare.md and the loss plots as "
+                      "PNGs.")
+  flags.DEFINE_string("by", "", "Rank by the best of this evaluation metric: val_loss, val_bpb, "
+                      "task/<name>/exact_match, ... (accuracies: highest first). Default: val_bpb "
+                      "where the runs' tokens differ, else val_loss.")
+
+
+def run(patterns: list[str]) -> None:
+  f = flags.FLAGS
   if not patterns:
     raise UserError("no runs given; usage: python -m jaxtrain.compare RUN... [--out=DIR] (RUN: a "
                     "run's directory, a glob, or a directory of runs such as a sweep's root)")
-  return patterns, out, by
+  compare(patterns, Path(f.out).expanduser() if f.out else None, by=f.by or None)
 
 
-def main(argv: list[str]) -> int:
-  if any(arg in cli.HELP_FLAGS for arg in argv):
-    print(cli.help_text(USAGE, HELP, common=()))
-    return 0
-  try:
-    patterns, out, by = parse(argv)
-    compare(patterns, out, by=by)
-  except UserError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return e.exit_code
-  return 0
-
+def main() -> None:
+  define_flags()
+  cli.main(run, USAGE, __name__, args=True, uses_jax=False, values={"out": "DIR", "by": "METRIC"},
+           before=(RUN_HELP,))

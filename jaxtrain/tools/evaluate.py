@@ -6,22 +6,19 @@ and bits per byte of the completions given their prompts (end-of-text included, 
 and the exact-match accuracy of greedy completions. Multiple-choice records (a context, a list of
 endings, the index of the right one) give the accuracy of picking the ending with the highest
 log-likelihood per UTF-8 byte. A table on screen; with --out, a JSON file with keys `loss`, `bpb`,
-`exact_match` and `mc_accuracy` (null where the file has no such records). The scoring itself is
-generation/scoring.py's, which a training run's `train.eval_tasks` shares.
+`exact_match` and `mc_accuracy` (null where the file has no such records). The scoring is
+evals/scoring.py's, which a training run's `train.eval_tasks` shares; this module holds the flags.
 """
 
 import sys
-import time
 from pathlib import Path
 
 from absl import flags
 
-from jaxtrain.checkpoints import load as trained
-from jaxtrain.generation.scoring import NORMALIZE, evaluate, split
+from jaxtrain.evals import scoring
 from jaxtrain.system import paths
 from jaxtrain.system.errors import UserError
 from jaxtrain.tools import cli
-from jaxtrain.tools.sample import run_field
 
 
 def define_flags() -> None:
@@ -36,43 +33,23 @@ def define_flags() -> None:
   flags.DEFINE_string("endings_field", "endings", "Multiple choice: the list of endings; a "
                       "record with this field is a multiple-choice record.")
   flags.DEFINE_string("label_field", "label", "Multiple choice: the index of the right ending.")
-  flags.DEFINE_enum("normalize", "strip", list(NORMALIZE), "Exact match compares completions "
+  flags.DEFINE_enum("normalize", "strip", list(scoring.NORMALIZE), "Exact match compares completions "
                     "as they are (none), stripped of surrounding whitespace (strip), or stripped "
                     "and lowercased (lower).")
   flags.DEFINE_integer("max_new_tokens", 0, "Tokens a greedy completion may have; 0: one more "
                        "than the longest reference.", lower_bound=0, upper_bound=2**16)
 
 
-def table(result: dict) -> str:
-  def show(key: str, what: str) -> str:
-    v = result[key]
-    return f"{key:<12} {'-' if v is None else f'{v:.4f}':>8}  {what}"
-
-  return "\n".join([
-      show("loss", f"nats per completion token ({result['n_completions']} prompt/completion "
-           "records)"),
-      show("bpb", "bits per byte of the completions"),
-      show("exact_match", f"greedy completions equal to the reference (normalize="
-           f"{result['normalize']})"),
-      show("mc_accuracy", f"best ending by log-likelihood per byte ({result['n_multiple_choice']} "
-           "multiple-choice records)")])
-
-
 def run() -> None:
   f = flags.FLAGS
   if not f.workdir or not f.data:
     raise UserError("pass --workdir=<the run's workdir> and --data=<a .jsonl file of records>")
-  fields = {"prompt": run_field(f.workdir, "prompt_field", f.prompt_field, "prompt"),
-            "completion": run_field(f.workdir, "completion_field", f.completion_field,
-                                    "completion"),
-            "context": f.context_field, "endings": f.endings_field, "label": f.label_field}
-  split(f.data, fields)  # a bad file fails before the checkpoint is read
-  state, tok = trained.load(f.workdir, f.step)
-  t0 = time.time()
-  result = evaluate(state, tok, f.data, fields, f.normalize, f.max_new_tokens)
-  result.update(step=int(state.step), workdir=str(f.workdir), data=str(f.data))
-  print(f"step {int(state.step)} of {f.workdir} on {f.data} ({time.time() - t0:.1f}s)")
-  print(table(result))
+  fields = scoring.run_fields(f.workdir, f.prompt_field, f.completion_field,
+                              context=f.context_field, endings=f.endings_field, label=f.label_field)
+  result, seconds = scoring.score_run(f.workdir, f.data, fields, f.normalize, f.max_new_tokens,
+                                      f.step)
+  print(f"step {result['step']} of {f.workdir} on {f.data} ({seconds:.1f}s)")
+  print(scoring.table(result))
   if f.out:
     try:
       paths.write_json(Path(f.out).expanduser(), result)

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxtrain.checkpoints import hf
-from jaxtrain.checkpoints import load as trained
+from jaxtrain.checkpoints import hf, load
 from jaxtrain.core import lora
-from jaxtrain.data import chat
+from jaxtrain.data import chat_format
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system import paths
 from jaxtrain.system.errors import UserError
@@ -27,7 +26,7 @@ WRITTEN = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_conf
 
 def export(workdir: str, out: str, step: str = "latest") -> Path:
   """Writes the model of `workdir`'s checkpoint `step` into directory `out`; returns it."""
-  state, tok = trained.load(workdir, step)
+  state, tok = load.load(workdir, step)
   c = state.model_cfg
   # Token ids from flat files without a tokenizer may have no end-of-text id (-1): none, then.
   eos, bos = (tok.eot_id if tok.eot_id >= 0 else None), tokenizer_lib.bos_id(tok)
@@ -43,10 +42,10 @@ def export(workdir: str, out: str, step: str = "latest") -> Path:
   # max_new_tokens, not max_length (transformers warns when a call's max_new_tokens meets one);
   # half the trained length, so that a plain call with a short prompt stays within it (GPT-2's
   # learned positions end there). pad is eos, as transformers would set it, with a warning.
-  turns = chat.special_ids(tok)  # a chat model's turn ends at <|end|>
+  turns = chat_format.special_ids(tok)  # a chat model's turn ends at <|end|>
   paths.write_json(target / "generation_config.json", {
       "do_sample": True, "temperature": 0.8, "max_new_tokens": max(1, c.seq_len // 2),
-      "eos_token_id": [turns[chat.END], eos] if turns else eos, "pad_token_id": eos,
+      "eos_token_id": [turns[chat_format.END], eos] if turns else eos, "pad_token_id": eos,
       **({"bos_token_id": bos} if bos is not None else {})})
   write_tokenizer(tok, target)
   return target
@@ -75,7 +74,7 @@ def write_tokenizer(tok, target: Path) -> None:
   """tokenizer.json (every jaxtrain tokenizer has an exact `tokenizers` form, end-of-text token
   included) and the tokenizer_config.json that transformers' AutoTokenizer reads beside it, with
   the chat template where the tokenizer has the chat tokens: `apply_chat_template` then gives the
-  tokens jaxtrain trains on and chats with (data/chat.py)."""
+  tokens jaxtrain trains on and chats with (data/chat_format.py)."""
   (target / "tokenizer.json").write_text(tok.hf_json(), encoding="utf-8")
   bos = tokenizer_lib.bos_id(tok)
   special = {"eos_token": tokenizer_lib.EOT, "pad_token": tokenizer_lib.EOT,
@@ -83,7 +82,7 @@ def write_tokenizer(tok, target: Path) -> None:
   paths.write_json(target / "tokenizer_config.json", {
       "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 10**9,
       "clean_up_tokenization_spaces": False, **special, "jaxtrain_tokenizer": tok.to_json(),
-      **({"chat_template": chat.TEMPLATE} if chat.special_ids(tok) else {})})
+      **({"chat_template": chat_format.TEMPLATE} if chat_format.special_ids(tok) else {})})
 
 
 def main() -> None:

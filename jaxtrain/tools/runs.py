@@ -7,7 +7,7 @@ import math
 import statistics
 from pathlib import Path
 
-from jaxtrain.config import defaults as config
+from jaxtrain.config import defaults
 from jaxtrain.system import lock, paths
 from jaxtrain.system.errors import UserError
 
@@ -54,7 +54,7 @@ class RunInfo:
 
   def best(self, key: str = "val_loss") -> float | None:
     """The lowest value, or the highest of an accuracy (task/<name>/exact_match, mc_accuracy)."""
-    return (max if config.higher_is_better(key) else min)(self.values(key), default=None)
+    return (max if defaults.higher_is_better(key) else min)(self.values(key), default=None)
 
   def final(self, key: str) -> float | None:
     values = self.values(key)
@@ -73,7 +73,7 @@ class RunInfo:
 def read(path: Path) -> RunInfo:
   path = Path(path)
   cfg_path, status_path = path / "config.json", path / paths.STATUS_FILE
-  flat = config.flatten(paths.read_json(cfg_path)) if cfg_path.exists() else {}
+  flat = defaults.flatten(paths.read_json(cfg_path)) if cfg_path.exists() else {}
   try:
     status = paths.read_json(status_path) if status_path.exists() else {}
   except ValueError:

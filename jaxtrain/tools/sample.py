@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from absl import flags
 
-from jaxtrain.checkpoints import load as trained
+from jaxtrain.checkpoints import load
 from jaxtrain.data import records
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.generation import complete, decode
@@ -109,20 +109,9 @@ def sample(state, tok, prompt: str, f, out=sys.stdout) -> int:
   return made
 
 
-def run_field(workdir: str, name: str, flag: str, fallback: str) -> str:
-  """`flag`'s value, else the run's data.<name> (config.json), else `fallback`."""
-  if flag:
-    return flag
-  try:
-    saved = paths.read_json(Path(workdir) / "config.json")
-  except (OSError, ValueError):
-    saved = {}
-  return (saved.get("data") or {}).get(name) or fallback
-
-
 def sample_file(state, tok, f) -> Path:
   """Completes every prompt of `f.prompts`; returns where the completions were written."""
-  field = run_field(f.workdir, "prompt_field", f.prompt_field, "prompt")
+  field = load.data_field(f.workdir, "prompt_field", f.prompt_field, "prompt")
   found = records.prompts(f.prompts, field)
   out = Path(f.out).expanduser() if f.out else \
       Path(f.prompts).expanduser().with_suffix(".completions.jsonl")
@@ -151,7 +140,7 @@ def run() -> None:
   prompt = read_prompt(f.prompt)
   if f.prompts:
     records.read_jsonl(f.prompts)  # a bad file fails before the checkpoint is read
-  state, tok = trained.load(f.workdir, f.step)
+  state, tok = load.load(f.workdir, f.step)
   print(f"step {int(state.step)} of {f.workdir} ({state.model_cfg.n_layers} layers, "
         f"{tok.vocab_size}-token {tok.name} vocabulary)", file=sys.stderr)
   if f.prompts:

@@ -22,22 +22,18 @@ import textwrap
 import time
 from pathlib import Path
 
-from jaxtrain.config import defaults as config
-from jaxtrain.config import schema
-from jaxtrain.config import validate as validation
+from absl import flags
+
+from jaxtrain.config import defaults, schema, validate
 from jaxtrain.system import fmt, paths
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.tools import cli, compare, runs
 
 USAGE = ("usage: python -m jaxtrain.sweep --config=F --sweep=field=v1,v2 [--sweep=...] --root=DIR "
          "[--parallel=N] [--config.x=y ...] (see --help)")
-HELP = [("--config=FILE", "The config every run starts from (a file, or a recipe: nano)."),
-        ("--sweep=FIELD=V1,V2", "A config field and its values; repeat for a grid of every combination."),
-        ("--root=DIR", "Where the runs go: DIR/<swept values>, logs in DIR/logs, the comparison in DIR."),
-        ("--parallel=1", "Runs at once, each on its own share of the CPU cores."),
-        ("--progress_every_s=30", "How often each running run's step, loss and ETA are printed."),
-        ("--config.FIELD=V", "A setting for every run of the sweep."),
-        ("--jax_*=V", "Passed on to every run (e.g. --jax_platforms=cpu).")]
+VALUES = {"config": "FILE", "sweep": "FIELD=V1,V2", "root": "DIR"}  # what --help shows
+PASSED_ON = (("--config.FIELD=V", "A setting for every run of the sweep."),
+             ("--jax_*=V", "Passed on to every run (e.g. --jax_platforms=cpu)."))
 PROGRESS_EVERY_S = 30.0  # the default of --progress_every_s
 
 
@@ -64,7 +60,7 @@ class Point:
 
 
 def _known_field(name: str, flag: str) -> str:
-  known = config.field_names()
+  known = defaults.field_names()
   if name not in known:
     raise UserError(f"{flag}: {name} is not a config field; {schema.suggestion(name, known)}")
   if name == "workdir":
@@ -72,47 +68,63 @@ def _known_field(name: str, flag: str) -> str:
   return name
 
 
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  own = {"flag_values": flag_values}
+  flags.DEFINE_string("config", None, "The config every run starts from (a file, or a recipe: nano).",
+                      **own)
+  flags.DEFINE_multi_string("sweep", None, "A config field and its values; the runs are every "
+                            "combination of the swept values", **own)
+  flags.DEFINE_string("root", None, "Where the runs go: DIR/<swept values>, logs in DIR/logs, the "
+                      "comparison in DIR.", **own)
+  flags.DEFINE_integer("parallel", 1, "Runs at once, each on its own share of the CPU cores.",
+                       **own)
+  flags.DEFINE_float("progress_every_s", PROGRESS_EVERY_S, "How often each running run's step, "
+                     "loss and ETA are printed.", **own)
+
+
 def parse(argv: list[str]) -> Args:
-  found: dict = {"sweeps": [], "overrides": [], "passthrough": []}
-  for arg in argv:
-    key, eq, value = arg.partition("=")
-    if key in ("--config", "--root", "--parallel", "--progress_every_s") and eq:
-      found[key[2:]] = value
-    elif key == "--sweep" and eq:
-      field, eq2, values = value.partition("=")
-      items = [v.strip() for v in values.split(",")]
-      if not eq2 or not all(items):
-        raise UserError(f"{arg}: write --sweep=field=v1,v2 (e.g. --sweep=optim.lr=1e-3,3e-3)")
-      if any(field == f for f, _ in found["sweeps"]):
-        raise UserError(f"{arg}: {field} is swept twice; give all its values in one --sweep")
-      found["sweeps"].append((_known_field(field, arg), items))
-    elif key.startswith("--config.") and eq:
-      _known_field(key[len("--config."):], arg)
-      found["overrides"].append(arg)
-    elif key.startswith("--jax_"):
-      found["passthrough"].append(arg)
+  """The sweep's arguments, without the command's name (as a test or another program passes
+  them), checked."""
+  flag_values = flags.FlagValues()
+  define_flags(flag_values)
+  return arguments(flag_values, cli.parse_args(argv, flag_values, known_only=True))
+
+
+def arguments(f: flags.FlagValues, rest: list[str]) -> Args:
+  """The sweep's flags `f`, parsed, and the arguments it passes on to every run (`rest`: the
+  --config.x=y overrides and --jax_* flags), checked."""
+  overrides, passthrough, sweeps = [], [], []
+  for arg in rest:
+    if arg.startswith("--config.") and "=" in arg:
+      _known_field(arg[len("--config."):].split("=", 1)[0], arg)
+      overrides.append(arg)
+    elif arg.startswith("--jax_"):
+      passthrough.append(arg)
     else:
       raise UserError(f"unexpected argument {arg}; {USAGE}")
+  for value in f.sweep or []:
+    arg = f"--sweep={value}"
+    field, eq, values = value.partition("=")
+    items = [v.strip() for v in values.split(",")]
+    if not eq or not all(items):
+      raise UserError(f"{arg}: write --sweep=field=v1,v2 (e.g. --sweep=optim.lr=1e-3,3e-3)")
+    if any(field == name for name, _ in sweeps):
+      raise UserError(f"{arg}: {field} is swept twice; give all its values in one --sweep")
+    sweeps.append((_known_field(field, arg), items))
   for need in ("config", "root"):
-    if not found.get(need):
+    if not f[need].value:
       raise UserError(f"--{need} is missing; {USAGE}")
-  config_file = cli.find_config(found["config"])  # a file, or a recipe's name
+  config_file = cli.find_config(f.config)  # a file, or a recipe's name
   if config_file is None:
-    raise UserError(cli.missing_config(found["config"]))
-  if not found["sweeps"]:
+    raise UserError(cli.missing_config(f.config))
+  if not sweeps:
     raise UserError(f"nothing to sweep; {USAGE}")
-  parallel = found.get("parallel", "1")
-  if not parallel.isdigit() or int(parallel) < 1:
-    raise UserError(f"--parallel={parallel}: must be an integer >= 1 (runs at once)")
-  every = found.get("progress_every_s", str(PROGRESS_EVERY_S))
-  try:
-    every_s = float(every)
-  except ValueError:
-    every_s = 0.0
-  if not every_s > 0:
-    raise UserError(f"--progress_every_s={every}: must be a number of seconds > 0")
-  return Args(config_file, found["sweeps"], Path(found["root"]).expanduser(), int(parallel),
-              found["overrides"], found["passthrough"], every_s)
+  if f.parallel < 1:
+    raise UserError(f"--parallel={f.parallel}: must be an integer >= 1 (runs at once)")
+  if not f.progress_every_s > 0:
+    raise UserError(f"--progress_every_s={f.progress_every_s:g}: must be a number of seconds > 0")
+  return Args(config_file, sweeps, Path(f.root).expanduser(), f.parallel, overrides, passthrough,
+              f.progress_every_s)
 
 
 def typed(field: str, text: str, default):
@@ -125,7 +137,7 @@ def typed(field: str, text: str, default):
       return text.lower() in ("true", "1")
     return kind(text)
   except ValueError:
-    raise ConfigError(field, f"{text!r} is not {validation.KINDS[kind]}",
+    raise ConfigError(field, f"{text!r} is not {validate.KINDS[kind]}",
                       f"pass values like --sweep={field}={default}") from None
 
 
@@ -139,22 +151,22 @@ def _name(values: list[tuple[str, str]]) -> str:
 def grid(args: Args) -> list[Point]:
   """Every combination, each config built and validated here, so a bad value stops the sweep
   before any run starts."""
-  defaults = config.flatten(config.default_config().to_dict())
-  base = config.load_config(args.config)
+  default = defaults.flatten(defaults.default_config().to_dict())
+  base = defaults.load_config(args.config)
   for arg in args.overrides:
     field, text = arg[len("--config."):].split("=", 1)
-    config.override(base, **{field: typed(field, text, defaults[field])})
+    defaults.override(base, **{field: typed(field, text, default[field])})
   points = []
   for combo in itertools.product(*[[(f, v) for v in vs] for f, vs in args.sweeps]):
     cfg = base.copy_and_resolve_references()
     values = []
     for field, text in combo:
-      value = typed(field, text, defaults[field])
-      config.override(cfg, **{field: value})
+      value = typed(field, text, default[field])
+      defaults.override(cfg, **{field: value})
       values.append((field, str(value) if isinstance(value, bool) else text))
     name = _name(values)
     cfg.workdir = str(args.root / name)
-    validation.validate(cfg)
+    validate.validate(cfg)
     points.append(Point(name, values, args.root / name, args.root / "logs" / f"{name}.log",
                         cfg.train.max_steps))
   if len({p.name for p in points}) < len(points):
@@ -319,18 +331,10 @@ class Sweep:
         signal.signal(s, handler)
 
 
-def main(argv: list[str]) -> int:
-  if any(arg in cli.HELP_FLAGS for arg in argv):
-    print(cli.help_text(USAGE.split(" (see")[0] + "\nEvery combination of the swept values, a run "
-                        "each, then the comparison of them all.", HELP, common=()))
-    return 0
+def run(rest: list[str]) -> None:
   t0 = time.time()
-  try:
-    args = parse(argv)
-    points = grid(args)
-  except UserError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return e.exit_code
+  args = arguments(flags.FLAGS, rest)
+  points = grid(args)
   print(f"sweep: {len(points)} runs in {args.root} ({' x '.join(f'{f} {len(v)}' for f, v in args.sweeps)})"
         f", {args.parallel} at a time")
   sweep = Sweep(args, points)
@@ -344,6 +348,13 @@ def main(argv: list[str]) -> int:
                                                    if sweep.failed else ""))
   if sweep.signal:
     print(f"interrupted by {sweep.signal}: run the same command again to continue the sweep")
-    return 130 if sweep.signal == "SIGINT" else 143
-  return 1 if sweep.failed or sweep.stopped else 0
+    sys.exit(130 if sweep.signal == "SIGINT" else 143)
+  if sweep.failed or sweep.stopped:
+    sys.exit(1)
 
+
+def main() -> None:
+  define_flags()
+  cli.main(run, USAGE.split(" (see")[0] + "\nEvery combination of the swept values, a run each, "
+           "then the comparison of them all.", __name__, args=True, known_only=True,
+           uses_jax=False, values=VALUES, after=PASSED_ON)

@@ -1,5 +1,5 @@
 """Task scores at every evaluation of a training run (`train.eval_tasks`): the numbers of
-`python -m jaxtrain.eval` (generation/scoring.py) on held-out records, in the evaluation record as
+`python -m jaxtrain.eval` (scoring.py) on held-out records, in the evaluation record as
 task/<name>/loss, task/<name>/bpb, task/<name>/exact_match and task/<name>/mc_accuracy (<name>: the
 file's stem; only the numbers its records give), so that metrics.jsonl, TensorBoard, W&B, compare
 and early stopping see them as they see val_loss.
@@ -15,10 +15,9 @@ import time
 import jax
 import ml_collections
 
-from jaxtrain.config import defaults as config
-from jaxtrain.config import lists
+from jaxtrain.config import defaults, lists
 from jaxtrain.data import records
-from jaxtrain.generation import scoring
+from jaxtrain.evals import scoring
 from jaxtrain.system import runtime
 from jaxtrain.system.errors import UserError
 
@@ -107,7 +106,7 @@ def evaluate(tasks: list[Task], state, tok, say=print) -> dict:
   for task in tasks:
     t0 = time.time()
     s = scoring.scores(state, tok, task.pairs, task.choices)
-    record.update({f"task/{task.name}/{k}": s[k] for k in config.TASK_METRICS if s[k] is not None})
+    record.update({f"task/{task.name}/{k}": s[k] for k in defaults.TASK_METRICS if s[k] is not None})
     say(line(int(state.step), task, record, time.time() - t0))
   return record
 

@@ -2,15 +2,15 @@
 evaluations in a row bring no new best of `train.early_stop_metric` (val_loss by default; val_bpb,
 or a task's number from `train.eval_tasks`: task/<name>/exact_match and mc_accuracy are better
 higher, the rest lower). The run then saves and finishes as at max_steps (exit status 0); the
-checkpoint with the best val loss is kept by checkpoint.py's retention policy, so `--step=best` in
-sample and export finds it."""
+checkpoint with the best val loss is kept by checkpoints/store.py's retention policy, so
+`--step=best` in sample and export finds it."""
 
 import math
 
 import ml_collections
 
-from jaxtrain.config import defaults as config
-from jaxtrain.loop.hooks import Hook
+from jaxtrain.config import defaults
+from jaxtrain.trackers.hooks import Hook
 
 
 class EarlyStop(Hook):
@@ -20,7 +20,7 @@ class EarlyStop(Hook):
 
   def __init__(self, patience: int, metric: str = "val_loss"):
     self.patience, self.metric = patience, metric
-    self.sign = -1.0 if config.higher_is_better(metric) else 1.0  # sign * value: lower is better
+    self.sign = -1.0 if defaults.higher_is_better(metric) else 1.0  # sign * value: lower is better
     self.best = math.inf * self.sign
     self.best_step: int | None = None
     self.since_best = 0

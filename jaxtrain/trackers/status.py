@@ -6,8 +6,8 @@ from pathlib import Path
 
 import jax
 
-from jaxtrain.loop.hooks import Hook
 from jaxtrain.system import paths
+from jaxtrain.trackers.hooks import Hook, RunResult, RunView
 
 
 class Status(Hook):
@@ -16,24 +16,23 @@ class Status(Hook):
   def __init__(self):
     self.path: Path | None = None
     self.info: dict = {}
-    self.run = None
 
-  def on_start(self, run, step: int) -> None:
+  def on_start(self, run: RunView, step: int) -> None:
     if jax.process_index() != 0:
       return
-    self.path, self.run = Path(run.workdir) / paths.STATUS_FILE, run
+    self.path = Path(run.workdir) / paths.STATUS_FILE
     self.info = {"state": "running", "step": step, "max_steps": run.cfg.train.max_steps,
                  "params": int(sum(x.size for x in jax.tree.leaves(run.programs.abstract.params))),
                  "started": time.time()}
     paths.write_json(self.path, self.info)
 
-  def on_end(self, result) -> None:
+  def on_end(self, result: RunResult | None) -> None:
     if self.path is None:
       return
     if result is None:
       self.info["state"] = "failed"
     else:
-      self.info["max_steps"] = self.run.cfg.train.max_steps  # a time budget may have moved it
+      self.info["max_steps"] = result.max_steps or self.info["max_steps"]  # a time budget's end
       unfinished = result.stopped_by and result.step < self.info["max_steps"]
       self.info.update(state="stopped" if unfinished else "finished", step=result.step,
                        stopped_by=result.stopped_by)

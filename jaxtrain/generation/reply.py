@@ -1,5 +1,5 @@
-"""The assistant's turn in a conversation with a model trained on chat records (data/chat.py): the
-conversation in the chat format and <|assistant|> go through the model once (the key-value
+"""The assistant's reply in a conversation with a model trained on chat records: the conversation
+in the chat format (data/chat_format.py) and <|assistant|> go through the model once (the key-value
 cache's prefill), then tokens are drawn until the model ends its turn.
 
 The turn ends at <|end|>; also at end-of-text or another role's token (a model that has not
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from jaxtrain.data import chat
+from jaxtrain.data import chat_format
 from jaxtrain.generation import decode
 
 CHUNK = 8  # tokens per compiled call: how often the reply on the screen grows
@@ -18,13 +18,13 @@ CHUNK = 8  # tokens per compiled call: how often the reply on the screen grows
 
 def stop_ids(tok) -> set[int]:
   """The tokens that end an assistant's turn: <|end|>, end-of-text and every role's token."""
-  return {*chat.special_ids(tok).values(), tok.eot_id}
+  return {*chat_format.special_ids(tok).values(), tok.eot_id}
 
 
 def context(state, tok, messages: list[dict]) -> np.ndarray:
   """What the model reads before its reply: the conversation and <|assistant|> (after an
   end-of-text for a model without document masks, as it saw documents in training)."""
-  ids = chat.encode(tok, messages, add_generation_prompt=True)
+  ids = chat_format.encode(tok, messages, add_generation_prompt=True)
   if state.model_cfg.doc_mask:
     return ids
   return np.concatenate([np.array([tok.eot_id], np.int32), ids])
@@ -56,7 +56,7 @@ def stream_reply(state, tok, messages: list[dict], max_new_tokens: int = 256, *,
 def chat_reply(state, tok, messages: list[dict], max_new_tokens: int = 256, **kwargs) -> str:
   """The assistant's next turn after `messages` (a list of {"role", "content"}), as text.
   kwargs: temperature (0: greedy), top_k, top_p, seed."""
-  if chat.special_ids(tok) is None:
+  if chat_format.special_ids(tok) is None:
     raise ValueError("this tokenizer has no chat tokens: the model was not trained on chat "
                      "records (data.messages_field)")
   return "".join(stream_reply(state, tok, messages, max_new_tokens, **kwargs))

@@ -5,7 +5,7 @@ Scalars: the train lines' numbers (train/loss, train/lr, train/grad_norm), speed
 memory (memory/..._mib), the per-group statistics (grad_norm/<group>, param_norm/<group>,
 update_ratio/<group>) and every number of an evaluation (val/loss, val/ppl, val/bpb, ...); the
 config as hparams; the end-of-run samples as text. A resumed run drops the events past the step
-it restored, as metrics.jsonl does, so its curves continue without a second copy of any step.
+it restored, as metrics.jsonl's hook does, so its curves continue without a second copy of any step.
 """
 
 import math
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import jax
 
-from jaxtrain.config import defaults as config
-from jaxtrain.loop.hooks import Hook
+from jaxtrain.config import defaults
+from jaxtrain.trackers.hooks import Hook, RunResult, RunView
 
 EVENT_FILES = "events.out.tfevents.*"
 PERF = ("tokens_per_sec", "mfu")
@@ -62,7 +62,7 @@ def read_records(path: Path) -> list[bytes]:
 def _hparams(cfg) -> dict:
   """The config as flat hparams; anything that is not a number, text or bool as text."""
   return {k: v if isinstance(v, bool | int | float | str) else str(v)
-          for k, v in config.flatten(cfg.to_dict()).items()}
+          for k, v in defaults.flatten(cfg.to_dict()).items()}
 
 
 class TensorBoard(Hook):
@@ -72,11 +72,10 @@ class TensorBoard(Hook):
     self.flush_secs = flush_secs
     self.writer = None
 
-  def on_start(self, run, step: int) -> None:
+  def on_start(self, run: RunView, step: int) -> None:
     if jax.process_index() != 0:
       return
-    from tensorboardX import SummaryWriter
-    from tensorboardX import summary as tb_summary
+    from tensorboardX import SummaryWriter, summary
     from tensorboardX.proto.event_pb2 import Event
 
     workdir = Path(run.workdir)
@@ -95,7 +94,7 @@ class TensorBoard(Hook):
           continue  # the hparams are written anew below: this leg's config may differ
         seen.add(record)
         file_writer.add_event(event, event.step, event.wall_time)
-    exp, ssi, sei = tb_summary.hparams(_hparams(run.cfg), {"val/loss": math.nan})
+    exp, ssi, sei = summary.hparams(_hparams(run.cfg), {"val/loss": math.nan})
     for s in (exp, ssi, sei):
       file_writer.add_summary(s, step)
     self.writer.flush()  # the kept events are safe in the new file before the old ones go
@@ -116,7 +115,7 @@ class TensorBoard(Hook):
     if self.writer is not None:
       self.writer.flush()
 
-  def on_end(self, result) -> None:
+  def on_end(self, result: RunResult | None) -> None:
     if self.writer is None:
       return
     if result is not None and result.samples:

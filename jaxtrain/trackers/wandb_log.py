@@ -1,5 +1,6 @@
 """Weights & Biases beside TensorBoard (`log.wandb=True`; `pip install 'jaxtrain[wandb]'`): the
-same scalars under the same names (tblog.scalars), the config, and the end-of-run samples as a table.
+same scalars under the same names (tensorboard_log.scalars), the config, and the end-of-run
+samples as a table.
 
 The W&B run's id is kept in workdir/wandb.json: a resumed jaxtrain run continues the same W&B run.
 W&B's own environment variables win over the config (WANDB_PROJECT, WANDB_MODE, WANDB_DIR,
@@ -15,9 +16,9 @@ from pathlib import Path
 
 import jax
 
-from jaxtrain.loop import tblog
-from jaxtrain.loop.hooks import Hook
 from jaxtrain.system import paths
+from jaxtrain.trackers import tensorboard_log
+from jaxtrain.trackers.hooks import Hook, RunResult, RunView
 
 RUN_FILE = "wandb.json"
 GOES_ON = "training goes on with TensorBoard only"
@@ -48,7 +49,7 @@ class WandB(Hook):
     self.run = None
     self.say = print
 
-  def on_start(self, run, step: int) -> None:
+  def on_start(self, run: RunView, step: int) -> None:
     if jax.process_index() != 0:
       return
     self.say = run.out.print
@@ -89,12 +90,12 @@ class WandB(Hook):
       self._finish(1)
 
   def on_log(self, step: int, record: dict) -> None:
-    self._log(tblog.scalars("train", record), step)
+    self._log(tensorboard_log.scalars("train", record), step)
 
   def on_eval(self, step: int, record: dict) -> None:
-    self._log(tblog.scalars("val", record), step)
+    self._log(tensorboard_log.scalars("val", record), step)
 
-  def on_end(self, result) -> None:
+  def on_end(self, result: RunResult | None) -> None:
     if self.run is None:
       return
     if result is not None and result.samples:

@@ -1,5 +1,5 @@
-"""Task scores of a state on held-out records, for `python -m jaxtrain.eval` and a training run's
-`train.eval_tasks` alike.
+"""Task scores of a state on held-out records, for `python -m jaxtrain.eval` (`score_run`: a saved
+run's checkpoint on a records file) and a training run's `train.eval_tasks` (tasks.py) alike.
 
 Prompt/completion records give the loss and bits per byte of the completions given their prompts
 (end-of-text included, as in training) and the exact-match accuracy of greedy completions.
@@ -8,9 +8,11 @@ accuracy of picking the ending with the highest log-likelihood per UTF-8 byte.
 """
 
 import math
+import time
 
 import numpy as np
 
+from jaxtrain.checkpoints import load
 from jaxtrain.data import records
 from jaxtrain.generation import complete
 
@@ -93,3 +95,41 @@ def evaluate(state, tok, path: str, fields: dict = FIELDS, normalize: str = "str
              max_new_tokens: int = 0) -> dict:
   """The scores of a trained state on the records of `path` (see the module's docstring)."""
   return scores(state, tok, *split(path, fields), normalize, max_new_tokens)
+
+
+def run_fields(workdir: str, prompt: str = "", completion: str = "", **multiple_choice: str) -> dict:
+  """The record fields of a saved run's task file: `prompt` and `completion` where given, else the
+  run's data.prompt_field and data.completion_field, else FIELDS'; `multiple_choice` sets context,
+  endings and label."""
+  return dict(FIELDS, prompt=load.data_field(workdir, "prompt_field", prompt, FIELDS["prompt"]),
+              completion=load.data_field(workdir, "completion_field", completion,
+                                         FIELDS["completion"]), **multiple_choice)
+
+
+def score_run(workdir: str, path: str, fields: dict = FIELDS, normalize: str = "strip",
+              max_new_tokens: int = 0, step: str = "latest") -> tuple[dict, float]:
+  """(the scores of a run's checkpoint on the records of `path`, with its step, the workdir and the
+  file; the seconds scoring took). `step`: latest, best or a number. A bad record fails before the
+  checkpoint is read."""
+  split(path, fields)
+  state, tok = load.load(workdir, step)
+  t0 = time.time()
+  result = evaluate(state, tok, path, fields, normalize, max_new_tokens)
+  result.update(step=int(state.step), workdir=str(workdir), data=str(path))
+  return result, time.time() - t0
+
+
+def table(result: dict) -> str:
+  """The scores on screen: one line a metric, with what it measures."""
+  def show(key: str, what: str) -> str:
+    v = result[key]
+    return f"{key:<12} {'-' if v is None else f'{v:.4f}':>8}  {what}"
+
+  return "\n".join([
+      show("loss", f"nats per completion token ({result['n_completions']} prompt/completion "
+           "records)"),
+      show("bpb", "bits per byte of the completions"),
+      show("exact_match", f"greedy completions equal to the reference (normalize="
+           f"{result['normalize']})"),
+      show("mc_accuracy", f"best ending by log-likelihood per byte ({result['n_multiple_choice']} "
+           "multiple-choice records)")])

@@ -8,12 +8,12 @@ https://ui.perfetto.dev). Only process 0 traces.
 """
 
 from pathlib import Path
-from typing import Any
 
 import jax
 import ml_collections
 
-from jaxtrain.loop.hooks import Hook
+from jaxtrain.core.steps import TrainState
+from jaxtrain.trackers.hooks import Hook, RunResult, RunView
 
 
 class Profile(Hook):
@@ -24,12 +24,12 @@ class Profile(Hook):
     self.tracing = False
     self.say = print
 
-  def on_start(self, run: Any, step: int) -> None:
+  def on_start(self, run: RunView, step: int) -> None:
     self.start_after = step + 1  # the leg's first step, which compiled
     self.stop_after = self.start_after + self.steps
     self.say = run.out.print
 
-  def on_step(self, step: int, state: Any) -> None:
+  def on_step(self, step: int, state: TrainState) -> None:
     if step == self.start_after:
       jax.block_until_ready(state)
       jax.profiler.start_trace(str(self.directory), create_perfetto_trace=True)
@@ -38,7 +38,7 @@ class Profile(Hook):
       jax.block_until_ready(state)
       self._stop(f"steps {self.start_after + 1}-{step}")
 
-  def on_end(self, result: Any) -> None:
+  def on_end(self, result: RunResult | None) -> None:
     if self.tracing:  # the run ended before the last step to trace
       self._stop("the steps before the run ended")
 

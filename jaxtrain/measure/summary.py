@@ -7,23 +7,24 @@ import ml_collections
 from jaxtrain.core import lora, optim
 from jaxtrain.core import model as model_lib
 from jaxtrain.core.programs import Programs
-from jaxtrain.data import corpus as data
-from jaxtrain.loop import estimate
-from jaxtrain.loop.console import Console
+from jaxtrain.data import corpus as corpus_lib
+from jaxtrain.measure import estimate
+from jaxtrain.measure.speed import Speed
 from jaxtrain.system import fmt
+from jaxtrain.system.console import Console
 
 
-def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: data.Corpus,
+def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: corpus_lib.Corpus,
              programs: Programs) -> None:
   tok, mc = corpus.tokenizer, programs.model_cfg
-  where = data.describe(cfg.data.mixture or cfg.data.path)
+  where = corpus_lib.describe(cfg.data.mixture or cfg.data.path)
   if corpus.about:  # token files
     out.print(f"data: {where}: {corpus.about}")
   else:
     out.print(f"data: {where}: {corpus.n_files} file(s), {fmt.count(corpus.n_docs)} documents, "
               f"{fmt.count(corpus.n_bytes)}B -> {fmt.count(len(corpus.tokens))} {tok.name} tokens "
               f"(train {fmt.count(len(corpus.train))}, val {fmt.count(len(corpus.val))})")
-  if corpus.mask is not None and data.is_chat(cfg.data):
+  if corpus.mask is not None and corpus_lib.is_chat(cfg.data):
     out.print(f"data: chat records ({cfg.data.messages_field!r}): "
               f"{fmt.count(int(corpus.mask.sum()))} of the tokens (assistant turns and their "
               "end-of-turn tokens) count in the loss; records see only themselves")
@@ -55,7 +56,7 @@ def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: data.Corpus,
     out.print(f"WARNING: {warning}")
 
 
-def speed_line(speed, flops_dtype: str, steps_left: int) -> str:
+def speed_line(speed: Speed, flops_dtype: str, steps_left: int) -> str:
   """The first speed reading, with the peak its MFU is measured against."""
   _, peak = estimate.peak_flops(jax.devices(), flops_dtype)
   return (f"speed: {fmt.count(speed.tokens_per_sec)} tokens/s, "

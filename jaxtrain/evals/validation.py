@@ -1,0 +1,101 @@
+"""The evaluation a training run does every `train.eval_every` steps and at its last step, in one
+record: the val loss on the same validation batches each time (placed on the devices once), with
+its perplexity and bits per byte; each source's own val loss where the data is a weighted mixture
+(`data.mixture`: val/<source>/loss and val/<source>/bpb); and the task scores of
+`train.eval_tasks` (tasks.py)."""
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import jax
+import ml_collections
+import numpy as np
+
+from jaxtrain.core.programs import Programs
+from jaxtrain.core.steps import TrainState
+from jaxtrain.data import corpus, mixture
+from jaxtrain.data.mixture import EvalSet
+from jaxtrain.evals import tasks as tasks_lib
+from jaxtrain.system import runtime
+
+
+@dataclasses.dataclass
+class Validation:
+  """What a run scores at each evaluation, and when: `should_eval`."""
+
+  every: int  # train.eval_every
+  batches: list[dict]  # placed on the devices: the same batches at every evaluation
+  bpb: float  # val_bpb / val_loss over `batches` (data.bits_per_byte)
+  weights: np.ndarray | None  # targets in the loss per batch (completions only); None: all
+  scope: str  # what the loss is on where not every token ("completions"), else ""
+  sources: list[EvalSet] = dataclasses.field(default_factory=list)  # data.mixture's, placed
+  tasks: list[tasks_lib.Task] = dataclasses.field(default_factory=list)  # train.eval_tasks'
+  tokenizer: object = None  # the run's, for the tasks
+
+  def should_eval(self, step: int, end: int) -> bool:
+    """Every `every` steps, and at the run's last step (`end`: the loop's train.max_steps)."""
+    return step % self.every == 0 or step == end
+
+  def evaluate(self, programs: Programs, state: TrainState, step: int,
+               elapsed_s: Callable[[], float], say: Callable[[str], None]) -> dict:
+    """The evaluation record of `state` (at `step`), its lines said; `elapsed_s()`: the run's
+    training seconds so far. Every process takes part."""
+    val = weighted_loss(programs, state, self.batches, self.weights)
+    ppl = math.exp(min(val, 50))
+    on = f" on {self.scope}" if self.scope and self.weights is not None else ""
+    bpb = {} if math.isnan(self.bpb) else {"val_bpb": val * self.bpb}  # nan: token ids, no bytes
+    say(f"eval step {step}: val loss{on} {val:.4f} | perplexity {ppl:.2f}"
+        + (f" | {bpb['val_bpb']:.4f} bits/byte" if bpb else ""))
+    record = {"step": step, "val_loss": val, "val_ppl": ppl, **bpb,
+              "elapsed_s": round(elapsed_s(), 3)}
+    if self.sources:
+      record.update(by_source(programs, state, self.sources))
+      say(source_line(step, record))
+    if self.tasks:
+      record.update(tasks_lib.evaluate(self.tasks, state, self.tokenizer, say))
+    return record
+
+
+def prepare(cfg: ml_collections.ConfigDict, data: corpus.Corpus, place: Callable[[dict], dict],
+            eval_tasks: list[tasks_lib.Task] = ()) -> Validation:
+  """The run's validation set (and each source's), read and placed on the devices."""
+  t = cfg.train
+  sets = mixture.eval_sets(data, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps,
+                           jax.process_index(), jax.process_count())
+  sets = [dataclasses.replace(s, batches=[place(b) for b in s.batches]) for s in sets]
+  return Validation(
+      every=t.eval_every, batches=sets[0].batches, bpb=sets[0].bpb,
+      weights=corpus.eval_weights(data, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps),
+      scope=corpus.loss_scope(cfg.data), sources=sets[1:], tasks=list(eval_tasks),
+      tokenizer=data.tokenizer)
+
+
+def weighted_loss(programs: Programs, state: TrainState, batches: list[dict],
+                  weights: np.ndarray | None = None) -> float:
+  """The mean loss over `batches`; with `weights` (targets per batch), per target."""
+  losses = []
+  for batch in batches:
+    losses.append(programs.eval_step(state, batch)["loss"])
+    runtime.throttle(losses)
+  losses = np.asarray(jax.device_get(losses))
+  return float(np.mean(losses) if weights is None
+               else (losses * weights).sum() / max(weights.sum(), 1.0))
+
+
+def by_source(programs: Programs, state: TrainState, sets: list[EvalSet]) -> dict:
+  """{"val/<name>/loss": mean loss over the set's batches, "val/<name>/bpb": in bits per byte}."""
+  record = {}
+  for s in sets:
+    loss = weighted_loss(programs, state, s.batches)
+    record[f"val/{s.name}/loss"] = loss
+    record[f"val/{s.name}/bpb"] = loss * s.bpb
+  return record
+
+
+def source_line(step: int, record: dict) -> str:
+  """`eval step N by source: books 1.2345 (1.7810 bits/byte) | notes ...`"""
+  names = [k.split("/")[1] for k in record if k.startswith("val/") and k.endswith("/loss")]
+  parts = [f"{n} {record[f'val/{n}/loss']:.4f} ({record[f'val/{n}/bpb']:.4f} bits/byte)"
+           for n in names]
+  return f"eval step {step} by source: " + " | ".join(parts)

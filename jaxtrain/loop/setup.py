@@ -1,0 +1,131 @@
+"""How a run gets to its first step: the workdir checked and locked, the data read, the programs
+built (for a time budget's end), the hooks attached (`prepare`: the `Run`); then the state to train
+from, a new one or the newest intact checkpoint's, made beside the train step's compile (`start`);
+and what the loop carries through the leg (`progress`)."""
+
+import concurrent.futures
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+
+import jax
+import ml_collections
+
+from jaxtrain import __version__
+from jaxtrain.checkpoints import init_from, lifecycle
+from jaxtrain.checkpoints.store import Checkpoints
+from jaxtrain.core import mesh, programs
+from jaxtrain.core.model import flops_per_token
+from jaxtrain.core.steps import TrainState
+from jaxtrain.data import mixture, tokenfiles, tokenizer
+from jaxtrain.evals import tasks, validation
+from jaxtrain.loop import budget, ending
+from jaxtrain.loop.feed import DeviceFeed
+from jaxtrain.loop.state import Progress, Run
+from jaxtrain.loop.step_metrics import NonFiniteGuard, Pending
+from jaxtrain.measure import estimate, summary
+from jaxtrain.measure.speed import Throughput
+from jaxtrain.system import allocator, paths, runtime, signals
+from jaxtrain.system.console import Console, LibraryLog
+from jaxtrain.system.lock import WorkdirLock, in_use_error
+from jaxtrain.trackers import standard
+from jaxtrain.trackers.hooks import Hook
+
+
+def prepare(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
+            hooks: Sequence[Hook], t_start: float, library_log: bool, lock: WorkdirLock) -> Run:
+  """The run, up to its first compile (a time budget's probe compiles its own)."""
+  is_main = jax.process_index() == 0
+  out = Console(enabled=is_main and show_progress, headless=cfg.headless)
+  eval_tasks = tasks.load(cfg)  # bad records stop the run before anything else is done
+  devices = jax.devices()
+  mesh.check_devices(cfg.mesh, cfg.train.batch_size, devices, cfg.model.dtype)
+  workdir = paths.check_workdir(cfg.workdir)
+  runtime.barrier("jaxtrain: workdir checked")  # every process looked before any writes
+  paths.create_workdir(workdir)
+  if runtime.any_process(not lock.acquire(workdir, is_main, out.print)):  # one run per workdir
+    raise in_use_error(workdir)
+  data_axis, fsdp_axis = mesh.mesh_shape(cfg.mesh, len(devices))
+  out.print(f"jaxtrain {__version__} | workdir {workdir} | {platform} x{len(devices)} "
+            f"(mesh data={data_axis} fsdp={fsdp_axis}) | jax {jax.__version__}"
+            + (f" | {allocator.in_use()} allocator" if platform == "cpu" else ""))
+  corpus = mixture.prepare(cfg.data, show_progress=out.use_bar, log=out.print,
+                           vocab_size=cfg.model.vocab_size)
+  mixture.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
+  tokenfiles.check_run(cfg, corpus.tokenizer)
+  vocab = tokenizer.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
+  built = programs.build(cfg, vocab, devices, eot_id=corpus.tokenizer.eot_id)
+  batches = lambda: mixture.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len,  # noqa: E731
+                                           cfg.seed, jax.process_index(), jax.process_count())
+  plan = None
+  if cfg.train.time_budget:
+    spent = budget.process_age_s if library_log else lambda: time.time() - t_start
+    built, plan = budget.fit(cfg, built, devices, workdir, out.print, spent, batches)
+    cfg = budget.with_end(cfg, plan.final)  # the run's train.max_steps from here on
+  signals.check()
+  summary.describe(out, cfg, corpus, built)
+  tasks.describe(eval_tasks, cfg.train.eval_tasks_limit, out.print)
+  meta = {"jaxtrain_version": __version__, "data_fingerprint": corpus.fingerprint,
+          "tokenizer": corpus.tokenizer.to_json(), "config": cfg.to_dict()}
+  if is_main and not (workdir / paths.RUN_FILE).exists():  # a new run: mark the directory first
+    ending.write_run_files(workdir, cfg, meta, corpus.tokenizer)
+  log = LibraryLog(workdir / "logs" / f"process_{jax.process_index()}.log") if library_log \
+      else None
+  saving = lifecycle.Saving(Checkpoints(str(workdir), cfg.train.keep_checkpoints), meta,
+                            cfg.train.checkpoint_every)
+  return Run(cfg=cfg, out=out, workdir=workdir, corpus=corpus, programs=built, saving=saving,
+             feed=DeviceFeed(batches(), built.place), hooks=standard.for_run(cfg, workdir, hooks),
+             t_start=t_start, log=log, plan=plan, tasks=eval_tasks)
+
+
+def start(r: Run) -> tuple[TrainState, float]:
+  """(state, training seconds so far), with the compiled train step put in `r.programs` and the
+  best val loss so far in `r.saving`: init (or a restore) runs beside the train step's compile,
+  since XLA compiles and orbax reads without holding the GIL."""
+  r.t_compile = time.time()
+  latest = r.saving.ckpts.latest_step()
+  init = r.programs.lower_init() if latest is None else None  # traced here, compiled there
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    if init is None:
+      pending = pool.submit(_restore, r)
+    else:
+      pending = pool.submit(lambda: (r.programs.abstract.with_arrays(init.compile()()), 0.0,
+                                     math.inf))
+    train_step = r.programs.compile_train()
+    state, elapsed, best = pending.result()
+  r.programs = dataclasses.replace(r.programs, train_step=train_step)
+  r.saving.best = lifecycle.BestVal(best)
+  if latest is None and r.cfg.init_from:
+    state = init_from.apply(r.cfg.init_from, state, r.programs, r.corpus.tokenizer, r.out.print)
+  if latest is None:
+    r.out.print("starting a new run at step 0")
+  step = int(state.step)
+  # After a resume was found sound, this config is the run's from here on; a finished run
+  # that has nothing to train keeps its files as they are.
+  if jax.process_index() == 0 and latest is not None and step < r.cfg.train.max_steps:
+    ending.write_run_files(r.workdir, r.cfg, r.saving.meta, r.corpus.tokenizer, step, r.changes)
+  return state, elapsed
+
+
+def _restore(r: Run) -> tuple[TrainState, float, float]:
+  """The newest intact checkpoint that fits this config (damaged ones are set aside)."""
+  step, state, meta, r.changes = lifecycle.resume(r.saving.ckpts, r.programs, r.feed,
+                                                  r.saving.meta, r.cfg, r.out)
+  r.out.print(f"resumed from checkpoint {r.saving.ckpts.directory / str(step)} at step {step}")
+  return state, meta.get("elapsed_s", 0.0), meta.get("best_val_loss") or math.inf
+
+
+def progress(r: Run, state: TrainState, elapsed_before: float) -> Progress:
+  """What the loop carries through a leg that starts at `state`: the meters, and the validation
+  set placed on the devices."""
+  cfg, t = r.cfg, r.cfg.train
+  dtype = r.programs.model_cfg.dtype
+  return Progress(
+      step=int(state.step), end=t.max_steps, elapsed_before=elapsed_before, t_run=time.time(),
+      meter=Throughput(t.batch_size * t.grad_accum * cfg.model.seq_len,
+                       flops_per_token(r.programs.model_cfg), t.max_steps,
+                       peak=lambda achieved: estimate.peak_flops(jax.devices(), dtype,
+                                                                 achieved)[0]),
+      pending=Pending(NonFiniteGuard(t.skip_nonfinite, r.programs.abstract.dynamic_loss_scale)),
+      val=validation.prepare(cfg, r.corpus, r.programs.place, r.tasks))

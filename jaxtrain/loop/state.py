@@ -1,0 +1,67 @@
+"""The run's state as the loop sees it: what setup prepares (`Run`), and what the loop carries from
+step to step of a leg (`Progress`), with the loop's own end (`Progress.end`: train.max_steps, or
+the end a time budget's plan gives from step to step)."""
+
+import dataclasses
+import time
+from pathlib import Path
+
+import ml_collections
+
+from jaxtrain.checkpoints.lifecycle import Saving
+from jaxtrain.core.programs import Programs
+from jaxtrain.data.corpus import Corpus
+from jaxtrain.evals.tasks import Task
+from jaxtrain.evals.validation import Validation
+from jaxtrain.loop.budget import Plan
+from jaxtrain.loop.feed import DeviceFeed
+from jaxtrain.loop.step_metrics import Pending
+from jaxtrain.measure.memory import Watch
+from jaxtrain.measure.speed import Throughput
+from jaxtrain.system.console import Console, LibraryLog
+from jaxtrain.trackers.hooks import Hooks, RunView
+
+
+@dataclasses.dataclass
+class Run:
+  """What setup prepares for the loop; each part gets its own config section from here."""
+
+  cfg: ml_collections.ConfigDict  # as the run started (a time budget's end: Progress.end)
+  out: Console
+  workdir: Path
+  corpus: Corpus
+  programs: Programs  # rebuilt where a time budget's schedule changes its end
+  saving: Saving  # the checkpoints, and when they are written
+  feed: DeviceFeed  # this process's rows of each micro-batch, placed ahead
+  hooks: Hooks
+  t_start: float
+  log: LibraryLog | None  # where the libraries' messages go, if not to the terminal
+  plan: Plan | None = None  # train.time_budget: the schedule's ends
+  tasks: list[Task] = dataclasses.field(default_factory=list)  # train.eval_tasks' records
+  t_compile: float = 0.0  # when compiling began: the first step's line counts from it
+  phase: str = "compiling"  # what an interrupt outside the loop stopped (loop/ending.py)
+  changes: tuple[str, ...] = ()  # harmless config changes since the checkpoint resumed from
+
+  def view(self) -> RunView:
+    """What the hooks see of it."""
+    return RunView(self.cfg, self.workdir, self.out, self.programs)
+
+
+@dataclasses.dataclass
+class Progress:
+  """What the loop carries from step to step of a leg."""
+
+  step: int
+  end: int  # the loop's train.max_steps: a time budget's plan may move it
+  elapsed_before: float  # training seconds of earlier legs of this run
+  t_run: float  # when this leg's training began
+  meter: Throughput
+  pending: Pending  # metrics of the steps not read back yet
+  val: Validation  # what each evaluation scores, and when
+  log_due: int | None = None  # a step whose log line waits for the next step to be queued
+  last_val: float | None = None
+  speed_said: bool = False  # the first speed reading gets a line of its own
+  mem_watch: Watch = dataclasses.field(default_factory=Watch)
+
+  def elapsed(self) -> float:
+    return self.elapsed_before + time.time() - self.t_run

@@ -1,0 +1,53 @@
+"""How fast a run goes as it trains: tokens/s, FLOP/s against the devices' peak (MFU) and the time
+left, over the steps since the last reading; the time between steps (evaluating, saving) is left
+out. A plain object the loop updates; tests drive it directly."""
+
+import dataclasses
+from collections.abc import Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class Speed:
+  sec_per_step: float
+  tokens_per_sec: float
+  flops_per_sec: float
+  mfu: float | None  # of `peak`; None when no peak is known
+  eta_s: float
+
+
+class Throughput:
+  """Tokens/s, MFU and ETA over the steps since the last reading. Time spent between steps
+  (evaluating, saving) is left out by `skip_time`."""
+
+  def __init__(self, tokens_per_step: int, flops_per_token: float, max_steps: int,
+               peak: Callable[[float], float | None] = lambda achieved: None):
+    self.tokens_per_step, self.flops_per_token, self.max_steps = (tokens_per_step,
+                                                                  flops_per_token, max_steps)
+    self._peak, self._peak_value = peak, None
+    self._t: float | None = None
+    self._step = 0
+    self.last: Speed | None = None
+
+  @property
+  def started(self) -> bool:
+    return self._t is not None
+
+  def start(self, step: int, now: float) -> None:
+    self._t, self._step = now, step
+
+  def skip_time(self, now: float) -> None:
+    self._t = now
+
+  def read(self, step: int, now: float) -> Speed | None:
+    """The speed since the last reading (or start); None when no step was timed yet."""
+    if self._t is None or step <= self._step:
+      return self.last
+    sec = (now - self._t) / (step - self._step)
+    self._t, self._step = now, step
+    tokens = self.tokens_per_step / sec
+    flops = tokens * self.flops_per_token
+    if self._peak_value is None:  # measured once, after the first steps, knowing what they ran at
+      self._peak_value = self._peak(flops) or 0.0
+    self.last = Speed(sec, tokens, flops, flops / self._peak_value if self._peak_value else None,
+                      (self.max_steps - step) * sec)
+    return self.last

@@ -1,0 +1,86 @@
+"""metrics.jsonl, what programs and people read after a run (compare, sweep, `--step=best`, the
+notebooks), and its loss plot (loss.png). The file is one JSON object a line: each logged step's
+record and each evaluation's, appended and flushed as the run goes; a resumed leg first drops the
+lines past the step it restored, which it trains again, as TensorBoard's hook drops its events."""
+
+import json
+from pathlib import Path
+
+import jax
+
+from jaxtrain.system import paths
+from jaxtrain.trackers.hooks import Hook, RunView
+
+FILE = "metrics.jsonl"
+
+
+def drop_after(path: Path, step: int) -> int:
+  """The lines of `path` past `step` removed (a line a kill cut short too); returns how many."""
+  if not path.exists():
+    return 0
+  n_lines = len(path.read_text(encoding="utf-8").splitlines())
+  keep = [r for r in paths.read_jsonl(path) if isinstance(r.get("step"), int) and r["step"] <= step]
+  if len(keep) != n_lines:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
+    tmp.replace(path)
+  return n_lines - len(keep)
+
+
+class MetricsJsonl(Hook):
+  """Writes the run's metrics.jsonl (process 0 only)."""
+
+  def __init__(self):
+    self.path: Path | None = None
+
+  def on_start(self, run: RunView, step: int) -> None:
+    if jax.process_index() != 0:
+      return
+    self.path = Path(run.workdir) / FILE
+    dropped = drop_after(self.path, step)
+    if dropped:
+      run.out.print(f"{FILE}: dropped {dropped} lines past step {step}, which is trained again")
+
+  def _write(self, record: dict) -> None:
+    if self.path is not None:
+      with open(self.path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+  def on_log(self, step: int, record: dict) -> None:
+    self._write(record)
+
+  def on_eval(self, step: int, record: dict) -> None:
+    self._write(record)
+
+
+def plot_losses(metrics_path: Path, png_path: Path) -> Path | None:
+  """Train and validation loss against step, as a PNG next to metrics.jsonl."""
+  if not metrics_path.exists():
+    return None
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  train, val = [], []
+  for r in paths.read_jsonl(metrics_path):
+    if "loss" in r:
+      train.append((r["step"], r["loss"]))
+    if "val_loss" in r:
+      val.append((r["step"], r["val_loss"]))
+  if not train and not val:
+    return None
+  fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+  if train:
+    ax.plot(*zip(*train), label="train", lw=1.2)
+  if val:
+    ax.plot(*zip(*val), "o-", label="validation", lw=1.5, ms=3)
+  ax.set_xlabel("optimizer step")
+  ax.set_ylabel("loss (nats/token)")
+  ax.set_title(png_path.parent.name)
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(png_path)
+  plt.close(fig)
+  return png_path
