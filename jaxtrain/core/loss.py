@@ -14,12 +14,17 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import optax
 
 
 def token_losses(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
-  """float32[B, T]: -log p(target) at every position."""
-  return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
+  """float32[B, T]: -log p(target) at every position (optax's integer-label cross-entropy).
+
+  The target's logit is a masked sum over the vocabulary, not a gather: XLA fuses it with the
+  logsumexp's pass over the logits, and its gradient is an elementwise select, not a scatter.
+  """
+  hit_BTV = jnp.arange(logits_BTV.shape[-1]) == targets_BT[..., None]
+  target_BT = jnp.sum(jnp.where(hit_BTV, logits_BTV, 0), axis=-1)
+  return jax.nn.logsumexp(logits_BTV, axis=-1) - target_BT
 
 
 def z_terms(logits_BTV: jax.Array) -> jax.Array:
