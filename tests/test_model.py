@@ -173,6 +173,7 @@ def test_gradients_with_every_new_switch_match_autodiff(pos, monkeypatch):
   grad = lambda: jax.grad(steps.loss_fn)(params, graphdef, tokens)
   ours = grad()
   monkeypatch.setattr(ops, "dense", ops.dense.fun)
+  monkeypatch.setattr(ops, "dense_f32", ops.dense_f32.fun)
   monkeypatch.setattr(ops, "causal_attention", ops.causal_attention.fun)
   reference = grad()
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ours), jax.tree.leaves(reference)):

@@ -46,3 +46,19 @@ def test_attention_is_causal_in_the_backward_pass_too():
   _, dk, dv = jax.grad(lambda *a: jnp.sum(ops.causal_attention(*a)[0, 0, 2]), argnums=(0, 1, 2))(q, k, v)
   assert np.all(dk[0, 0, 3:] == 0) and np.all(dv[0, 0, 3:] == 0)
   assert np.any(dk[0, 0, :3] != 0) and np.any(dv[0, 0, :3] != 0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_dense_f32_sums_into_float32_with_denses_gradients(dtype):
+  kx, kw = jax.random.split(jax.random.PRNGKey(4))
+  x, w = jax.random.normal(kx, (3, 5, 32), dtype), jax.random.normal(kw, (32, 48), dtype)
+  y = ops.dense_f32(x, w)
+  assert y.dtype == jnp.float32
+  exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  np.testing.assert_allclose(y, exact, rtol=1e-5, atol=1e-5)  # no rounding to bfloat16 on the way
+  rounded = lambda a, b: ops.dense(a, b).astype(jnp.float32)  # the head's way before
+  for mine, ref in zip(_grads(ops.dense_f32, x, w), _grads(rounded, x, w)):
+    assert mine.dtype == ref.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(mine, np.float32), np.asarray(ref, np.float32))
+  if dtype == jnp.float32:
+    np.testing.assert_array_equal(y, ops.dense(x, w))

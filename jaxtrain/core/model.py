@@ -307,10 +307,10 @@ class GPT(nnx.Module):
     return self.lm_head.kernel[...]
 
   def head(self, x_BTD: jax.Array, w_DV: jax.Array) -> jax.Array:
-    """float32 (soft-capped) logits of `x` through `w_DV`, in the compute dtype."""
+    """float32 (soft-capped) logits of `x` through `w_DV`: inputs in the compute dtype, products
+    summed into float32 (never rounded to the compute dtype first)."""
     dtype = jnp.dtype(self.c.dtype)
-    logits_BTV = ops.dense(x_BTD.astype(dtype), w_DV.astype(dtype))
-    return softcap(logits_BTV.astype(jnp.float32), self.c.logit_softcap)
+    return softcap(ops.dense_f32(x_BTD.astype(dtype), w_DV.astype(dtype)), self.c.logit_softcap)
 
 
 # What a block keeps for the backward pass: all; its matmul outputs; its input (all recomputed).

@@ -7,6 +7,8 @@ Here every backward product is a plain row-major matmul: the operand that must b
 is transposed on its own, behind an optimization barrier so XLA cannot fold it back, and it is
 always the smaller one (a weight, or q/k/v rather than the T x T attention scores).
 Same math as autodiff; results differ only in float rounding (benchmarks/results/ has the timings).
+
+`dense_f32` is the head's matmul: float32 logits from inputs in the compute dtype.
 """
 
 import jax
@@ -46,6 +48,20 @@ def _dense_bwd(residuals, dy):
 
 
 dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+@jax.custom_vjp
+def dense_f32(x_ND: jax.Array, w_DF: jax.Array) -> jax.Array:
+  """`dense(x, w)` accumulated into, and returned as, float32 (the head's logits: one rounding, no
+  second pass to convert them). The backward products are `dense`'s, in the inputs' dtype."""
+  return jnp.matmul(x_ND, w_DF, preferred_element_type=jnp.float32)
+
+
+def _dense_f32_fwd(x, w):
+  return dense_f32(x, w), (x, w)
+
+
+dense_f32.defvjp(_dense_f32_fwd, lambda res, dy: _dense_bwd(res, dy.astype(res[0].dtype)))
 
 
 def transposed(w_FD: jax.Array) -> jax.Array:
