@@ -175,6 +175,7 @@ def test_gradients_with_every_new_switch_match_autodiff(pos, monkeypatch):
   monkeypatch.setattr(ops, "dense", ops.dense.fun)
   monkeypatch.setattr(ops, "dense_f32", ops.dense_f32.fun)
   monkeypatch.setattr(ops, "causal_attention", ops.causal_attention.fun)
+  monkeypatch.setattr(ops, "embed", ops.embed.fun)
   reference = grad()
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ours), jax.tree.leaves(reference)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5,

@@ -15,7 +15,7 @@ import ml_collections
 from jax.sharding import Mesh
 
 from jaxtrain.config import defaults as config
-from jaxtrain.core import attention, cpu, lora, mesh, optim, steps
+from jaxtrain.core import attention, cpu, lora, mesh, ops, optim, steps
 from jaxtrain.core import model as model_lib
 
 # Data-parallel CPU steps under this many FLOPs per device all-reduce their gradients at once
@@ -28,7 +28,7 @@ class Programs:
   """Everything a run compiles, for one config on one set of devices."""
 
   mesh: Mesh
-  model_cfg: model_lib.ModelConfig  # attention resolved for the platform
+  model_cfg: model_lib.ModelConfig  # attention and the embeddings' backward pass resolved for the platform
   attention_why: str  # why that attention: configured, or what "auto" found
   optimizer: optim.Optimizer  # settings; every state built from this config shares them
   abstract: steps.TrainState  # shapes and dtypes; its static parts are every state's
@@ -86,7 +86,8 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   if doc_mask and not 0 <= eot_id < vocab_size:
     raise ValueError(f"model.doc_mask needs the tokenizer's end-of-text id, got eot_id={eot_id}")
   model_cfg = dataclasses.replace(model_lib.ModelConfig.from_config(m, vocab_size), attention=impl,
-                                  eot_id=eot_id, doc_mask=doc_mask)
+                                  eot_id=eot_id, doc_mask=doc_mask,
+                                  embed_grad=ops.embed_grad(devices[0].platform))
   loss_scaling = config.dynamic_loss_scaling(cfg.optim.loss_scaling, m.dtype)
   optimizer = optim.make_optimizer(cfg.optim, max_steps=cfg.train.max_steps,
                                    grad_accum=cfg.train.grad_accum,
