@@ -234,8 +234,10 @@ def test_chunked_cross_entropy_never_holds_the_whole_batchs_logits():
   assert whole > 2 * 36 * 12 * 4096 * 4 * 0.9 and chunked < whole / 4, (whole, chunked)
 
 
-def test_cross_entropy_equals_optaxs_in_value_and_gradient():
-  """Bit for bit, without its gather: logits far apart too (the label's is not the largest)."""
+@pytest.mark.parametrize("scatter_free", [False, True])
+def test_cross_entropy_equals_optaxs_in_value_and_gradient(scatter_free):
+  """Bit for bit, scatter-free without its gather: logits far apart too (the label's is not the
+  largest)."""
   import optax
 
   from jaxtrain.core import loss
@@ -243,11 +245,13 @@ def test_cross_entropy_equals_optaxs_in_value_and_gradient():
   targets = jax.random.randint(jax.random.PRNGKey(1), (3, 7), 0, 301)
   weights = jax.random.normal(jax.random.PRNGKey(2), (3, 7))
   ours, ref = (jax.jit(jax.value_and_grad(lambda x, f=f: jnp.sum(f(x, targets) * weights)))(logits)
-               for f in (loss.token_losses, optax.softmax_cross_entropy_with_integer_labels))
+               for f in (lambda x, t: loss.token_losses(x, t, scatter_free),
+                         optax.softmax_cross_entropy_with_integer_labels))
   np.testing.assert_array_equal(ours[0], ref[0])
   np.testing.assert_array_equal(ours[1], ref[1])
-  text = jax.jit(jax.grad(lambda x: loss.token_losses(x, targets).sum())).lower(logits).as_text()
-  assert "gather" not in text and "scatter" not in text
+  grad = jax.jit(jax.grad(lambda x: loss.token_losses(x, targets, scatter_free).sum()))
+  text = grad.lower(logits).as_text()
+  assert ("scatter" in text) != scatter_free and not (scatter_free and "gather" in text)
 
 
 def test_weighted_cross_entropy_is_the_mean_over_weighted_tokens():

@@ -137,7 +137,6 @@ def test_the_scan_gradient_has_no_scatter():
   lowered = jax.jit(jax.grad(lambda t: ops.embed(t, ids, jnp.bfloat16, "scan").astype(jnp.float32).sum()))
   text = lowered.lower(jnp.zeros((40, 8))).as_text()
   assert "gather" in text and "scatter" not in text
-  assert ops.embed_grad("cpu") == "scatter" and ops.embed_grad("gpu") == "scan"
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

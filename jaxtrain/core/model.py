@@ -47,7 +47,9 @@ class ModelConfig:
   value_embeds: bool = False  # each layer adds an embedding of the token to its values
   x0_mix: bool = False  # each layer after the first adds a learned multiple of the embeddings
   canon: int = 0  # > 0: short causal convolutions of this width before attention and MLP
-  embed_grad: str = "scatter"  # the embeddings' backward pass (ops.EMBED_GRADS), set per platform
+  # No scatter in the backward pass (programs.scatter_free): the embeddings' gradient by sorting
+  # (ops.embed's "scan"), the cross-entropy's target logit by a masked sum (loss.token_losses).
+  scatter_free: bool = False
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "ModelConfig":
@@ -273,13 +275,14 @@ class GPT(nnx.Module):
   def __init__(self, c: ModelConfig, rngs: nnx.Rngs):
     self.c = c
     dtype = jnp.dtype(c.dtype)
-    self.wte = Embed(c.vocab_size, c.d_model, dtype=dtype, grad=c.embed_grad,
+    grad = "scan" if c.scatter_free else "scatter"
+    self.wte = Embed(c.vocab_size, c.d_model, dtype=dtype, grad=grad,
                      embedding_init=draws.normal(0.02), rngs=rngs)
     if c.pos == "learned":
       self.wpe = nnx.Param(draws.normal(0.01)(rngs.params(), (c.seq_len, c.d_model), jnp.float32))
     self.blocks = nnx.List([Block(c, rngs) for _ in range(c.n_layers)])
     if c.value_embeds:  # zero: they start with no effect
-      self.vte = nnx.List([Embed(c.vocab_size, c.kv_heads * c.head_dim, dtype=dtype, grad=c.embed_grad,
+      self.vte = nnx.List([Embed(c.vocab_size, c.kv_heads * c.head_dim, dtype=dtype, grad=grad,
                                  embedding_init=nnx.initializers.zeros, rngs=rngs)
                            for _ in range(c.n_layers)])
     if c.x0_mix:

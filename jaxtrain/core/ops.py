@@ -9,8 +9,8 @@ always the smaller one (a weight, or q/k/v rather than the T x T attention score
 Same math as autodiff; results differ only in float rounding (benchmarks/results/ has the timings).
 
 Beside them, two ops for the ends of the model: `dense_f32`, the head's matmul with float32
-logits, and `embed`, a token embedding lookup whose gradient sums in float32 without a scatter
-that many tokens pile onto (its choice of backward pass is resolved per platform: `embed_grad`).
+logits, and `embed`, a token embedding lookup whose gradient sums in float32, by a scatter or
+(for GPUs, where many tokens would pile onto one row) by sorting.
 """
 
 import functools
@@ -124,11 +124,6 @@ document_attention.defvjp(_attention_fwd, lambda res, dout: (*_attention_bwd(res
 # id queue on one row, and its sorted-indices emitter sizes its runs as if ids were spread evenly
 # over the vocabulary (one token a run when there are fewer tokens than ids).
 EMBED_GRADS = ("scatter", "scan")
-
-
-def embed_grad(platform: str) -> str:
-  """The backward pass of `embed` on `platform`'s devices."""
-  return "scatter" if platform == "cpu" else "scan"
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
