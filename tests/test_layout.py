@@ -180,7 +180,9 @@ SLASH_PATH = re.compile(r"(?<![\w/.~-])jaxtrain/[\w/.]*\w/?")
 # A module, or a name one defines: jaxtrain.train, jaxtrain.system.runtime.MAX_IN_FLIGHT, jaxtrain.Hook
 DOTTED_NAME = re.compile(r"(?<![\w/.-])jaxtrain(?:\.[A-Za-z_]\w*)+")
 # The repository's name where it is hosted (a placeholder), and a file of nanoGPT's.
-NOT_PATHS = {"jaxtrain/jaxtrain", "config/train_shakespeare_char.py"}
+# Not paths of this tree: a repeated name, nanoGPT's config, the recipes' folder inside a wheel
+# (setup.py makes it at build time).
+NOT_PATHS = {"jaxtrain/jaxtrain", "config/train_shakespeare_char.py", "jaxtrain/recipes/"}
 # A module named from its folder: loop/feed.py, checkpoints/store.py.
 FOLDER_PATH = re.compile(rf"(?<![\w/.~-])(?:{'|'.join(FOLDERS)})/\w+\.py\b")
 

@@ -173,7 +173,9 @@ def test_gradients_with_every_new_switch_match_autodiff(pos, monkeypatch):
   grad = lambda: jax.grad(steps.loss_fn)(params, graphdef, tokens)
   ours = grad()
   monkeypatch.setattr(ops, "dense", ops.dense.fun)
+  monkeypatch.setattr(ops, "dense_f32", ops.dense_f32.fun)
   monkeypatch.setattr(ops, "causal_attention", ops.causal_attention.fun)
+  monkeypatch.setattr(ops, "embed", ops.embed.fun)
   reference = grad()
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ours), jax.tree.leaves(reference)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5,
@@ -230,6 +232,26 @@ def test_chunked_cross_entropy_never_holds_the_whole_batchs_logits():
     return compiled.memory_analysis().temp_size_in_bytes
   whole, chunked = temp_bytes(0), temp_bytes(48)
   assert whole > 2 * 36 * 12 * 4096 * 4 * 0.9 and chunked < whole / 4, (whole, chunked)
+
+
+@pytest.mark.parametrize("scatter_free", [False, True])
+def test_cross_entropy_equals_optaxs_in_value_and_gradient(scatter_free):
+  """Bit for bit, scatter-free without its gather: logits far apart too (the label's is not the
+  largest)."""
+  import optax
+
+  from jaxtrain.core import loss
+  logits = 8 * jax.random.normal(jax.random.PRNGKey(0), (3, 7, 301))
+  targets = jax.random.randint(jax.random.PRNGKey(1), (3, 7), 0, 301)
+  weights = jax.random.normal(jax.random.PRNGKey(2), (3, 7))
+  ours, ref = (jax.jit(jax.value_and_grad(lambda x, f=f: jnp.sum(f(x, targets) * weights)))(logits)
+               for f in (lambda x, t: loss.token_losses(x, t, scatter_free),
+                         optax.softmax_cross_entropy_with_integer_labels))
+  np.testing.assert_array_equal(ours[0], ref[0])
+  np.testing.assert_array_equal(ours[1], ref[1])
+  grad = jax.jit(jax.grad(lambda x: loss.token_losses(x, targets, scatter_free).sum()))
+  text = grad.lower(logits).as_text()
+  assert ("scatter" in text) != scatter_free and not (scatter_free and "gather" in text)
 
 
 def test_weighted_cross_entropy_is_the_mean_over_weighted_tokens():

@@ -1,15 +1,18 @@
 """The pure train and eval steps: determinism, learning, accumulation, non-finite handling."""
 
+import functools
 import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
 import jaxtrain as jt
-from jaxtrain.core import mesh, programs, steps
+from jaxtrain.core import loss as loss_lib
+from jaxtrain.core import mesh, ops, programs, steps
 from jaxtrain.system.errors import ConfigError
 from jaxtrain.testing import (
   assert_trees_close,
@@ -108,6 +111,49 @@ def test_z_loss_trains_on_the_log_partition_and_reports_the_cross_entropy():
   np.testing.assert_allclose(
       [float(x) for x in steps.losses(chunked.params, chunked.graphdef, tokens, z_loss=z)],
       [float(x) for x in steps.losses(state.params, state.graphdef, tokens, z_loss=z)], rtol=1e-5)
+
+
+def _old_lookup_loss_and_head(monkeypatch):
+  """The step as it was: nnx.Embed's lookup (the whole table cast to the compute dtype, and
+  jnp.take's gradient), optax's cross-entropy (its gather) and logits rounded to the compute dtype
+  then converted to float32."""
+  monkeypatch.setattr(ops, "embed", lambda t, ids, dtype, grad: jnp.take(t.astype(dtype), ids, axis=0))
+  monkeypatch.setattr(ops, "dense_f32", lambda x, w: ops.dense(x, w).astype(jnp.float32))
+  monkeypatch.setattr(loss_lib, "token_losses",
+                      lambda x, t, scatter_free=False: optax.softmax_cross_entropy_with_integer_labels(x, t))
+
+
+@pytest.mark.parametrize("scatter_free", [False, True])
+def test_float32_steps_match_the_steps_before_the_float32_embedding_gradient(scatter_free, monkeypatch):
+  """Gradients and 3 steps' params against the lookup, loss and head as they were, as steps are
+  built on this CPU and scatter-free as on a GPU, with a tied head, value embeddings, the chunked
+  loss and z-loss: bit for bit on the CPU's way, to rounding scatter-free (the embeddings' scan
+  adds in another order)."""
+  assert not programs.scatter_free("cpu") and programs.scatter_free("gpu")
+  monkeypatch.setattr(programs, "scatter_free", lambda platform: scatter_free)
+  cfg = tiny_config(**{"model.value_embeds": True, "model.loss_chunk": 100, "optim.z_loss": 1e-3})
+  batches = [random_batch(cfg, seed=s) for s in range(3)]
+
+  def run():  # a fresh jit each time: the trace must see the ops as they are now
+    state = init(cfg)
+    assert state.model_cfg.scatter_free == scatter_free
+    grads = jax.jit(steps.gradients)(state, jnp.asarray(batches[0]["tokens"]), None)
+    step = jax.jit(functools.partial(steps.train_step))
+    for batch in batches:
+      state, metrics = step(state, batch)
+    return grads, state.params, metrics["loss"]
+
+  new = run()
+  lowered = jax.jit(steps.train_step).lower(init(cfg), batches[0]).as_text()
+  assert ("scatter" in lowered) != scatter_free
+  with monkeypatch.context() as m:
+    _old_lookup_loss_and_head(m)
+    old = run()
+  assert np.any(new[0][1]["wte"]["embedding"])
+  if not scatter_free:
+    assert_trees_equal(new, old)
+  assert_trees_close(new[0], old[0], atol=1e-7, rtol=1e-5)
+  assert_trees_close(new[1:], old[1:], atol=1e-6)
 
 
 def _poison(state):

@@ -17,9 +17,19 @@ import jax.numpy as jnp
 import optax
 
 
-def token_losses(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
-  """float32[B, T]: -log p(target) at every position."""
-  return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
+def token_losses(logits_BTV: jax.Array, targets_BT: jax.Array, scatter_free: bool = False) -> jax.Array:
+  """float32[B, T]: -log p(target) at every position (optax's integer-label cross-entropy).
+
+  `scatter_free` (ModelConfig's, for GPUs): the target's logit is a masked sum over the vocabulary,
+  not optax's gather, whose gradient is a scatter: the sum reduces the same logits as the
+  logsumexp (XLA can fuse the two), and its gradient is an elementwise select. XLA:CPU does not
+  fuse them, and runs the gather's way faster (benchmarks/results/2026-11-26-embed_grad/).
+  """
+  if not scatter_free:
+    return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
+  hit_BTV = jnp.arange(logits_BTV.shape[-1]) == targets_BT[..., None]
+  target_BT = jnp.sum(jnp.where(hit_BTV, logits_BTV, 0), axis=-1)
+  return jax.nn.logsumexp(logits_BTV, axis=-1) - target_BT
 
 
 def z_terms(logits_BTV: jax.Array) -> jax.Array:
@@ -39,7 +49,8 @@ def mean_loss(losses_BT: jax.Array, weights_BT: jax.Array | None = None) -> jax.
 
 def chunked_token_losses(x_BTD: jax.Array, w_DV: jax.Array, targets_BT: jax.Array,
                          head: Callable[[jax.Array, jax.Array], jax.Array],
-                         chunk: int, with_z: bool = False) -> tuple[jax.Array, jax.Array | None]:
+                         chunk: int, with_z: bool = False,
+                         scatter_free: bool = False) -> tuple[jax.Array, jax.Array | None]:
   """(`token_losses(head(x, w), targets)`, with `with_z` also `z_terms(head(x, w))`, else None),
   `chunk` tokens at a time: float32[B, T] each.
 
@@ -57,7 +68,7 @@ def chunked_token_losses(x_BTD: jax.Array, w_DV: jax.Array, targets_BT: jax.Arra
   @jax.checkpoint  # the backward pass recomputes each chunk's logits instead of keeping them
   def one_chunk(w, x_CD, t_C):
     logits_CV = head(x_CD, w)
-    return token_losses(logits_CV, t_C), (z_terms(logits_CV) if with_z else None)
+    return token_losses(logits_CV, t_C, scatter_free), (z_terms(logits_CV) if with_z else None)
 
   per_chunk = jax.lax.map(lambda xt: one_chunk(w_DV, *xt), (x_NCD, t_NC))
   ce_BT, z_BT = (None if a_NC is None else a_NC.reshape(-1)[:n_tokens].reshape(B, T)

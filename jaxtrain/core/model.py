@@ -3,7 +3,8 @@
 Switches: RMSNorm or LayerNorm, RoPE or learned positions, SwiGLU, GELU or ReLU^2 MLP, tied or
 separate output embedding, grouped-query attention, QK-norm, logit soft-capping and zero-initialised
 output projections. Linear layers and attention use `ops`' backward passes (fast on CPU); on GPUs
-with 16-bit compute, attention can go to cuDNN's fused kernel. Blocks can be rematerialized (REMAT).
+with 16-bit compute, attention can go to cuDNN's fused kernel. Token embeddings are `ops.embed`
+lookups, whose gradients sum in float32. Blocks can be rematerialized (REMAT).
 Shape suffixes: B batch, T time, D d_model, H heads, G key/value heads, K head size, F MLP width, V vocab.
 """
 
@@ -46,6 +47,9 @@ class ModelConfig:
   value_embeds: bool = False  # each layer adds an embedding of the token to its values
   x0_mix: bool = False  # each layer after the first adds a learned multiple of the embeddings
   canon: int = 0  # > 0: short causal convolutions of this width before attention and MLP
+  # No scatter in the backward pass (programs.scatter_free): the embeddings' gradient by sorting
+  # (ops.embed's "scan"), the cross-entropy's target logit by a masked sum (loss.token_losses).
+  scatter_free: bool = False
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "ModelConfig":
@@ -102,6 +106,19 @@ class Dense(nnx.Module):
 
   def __call__(self, x: jax.Array) -> jax.Array:
     return ops.dense(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+
+
+class Embed(nnx.Module):
+  """A token embedding, `embedding` float32[V, D] (the layout of `nnx.Embed`), looked up by
+  `ops.embed`: rows are cast to `dtype` after the lookup, and the gradient sums in float32."""
+
+  def __init__(self, vocab_size: int, d: int, *, dtype, grad: str, embedding_init, rngs: nnx.Rngs):
+    self.embedding = nnx.Param(embedding_init(rngs.params(), (vocab_size, d), jnp.float32))
+    self.dtype = dtype
+    self.grad = grad
+
+  def __call__(self, tokens: jax.Array) -> jax.Array:
+    return ops.embed(self.embedding[...], tokens, self.dtype, self.grad)
 
 
 def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -258,13 +275,15 @@ class GPT(nnx.Module):
   def __init__(self, c: ModelConfig, rngs: nnx.Rngs):
     self.c = c
     dtype = jnp.dtype(c.dtype)
-    self.wte = nnx.Embed(c.vocab_size, c.d_model, dtype=dtype, embedding_init=draws.normal(0.02), rngs=rngs)
+    grad = "scan" if c.scatter_free else "scatter"
+    self.wte = Embed(c.vocab_size, c.d_model, dtype=dtype, grad=grad,
+                     embedding_init=draws.normal(0.02), rngs=rngs)
     if c.pos == "learned":
       self.wpe = nnx.Param(draws.normal(0.01)(rngs.params(), (c.seq_len, c.d_model), jnp.float32))
     self.blocks = nnx.List([Block(c, rngs) for _ in range(c.n_layers)])
     if c.value_embeds:  # zero: they start with no effect
-      self.vte = nnx.List([nnx.Embed(c.vocab_size, c.kv_heads * c.head_dim, dtype=dtype,
-                                     embedding_init=nnx.initializers.zeros, rngs=rngs)
+      self.vte = nnx.List([Embed(c.vocab_size, c.kv_heads * c.head_dim, dtype=dtype, grad=grad,
+                                 embedding_init=nnx.initializers.zeros, rngs=rngs)
                            for _ in range(c.n_layers)])
     if c.x0_mix:
       self.x0_scale = nnx.Param(jnp.zeros((c.n_layers,), jnp.float32))
@@ -307,10 +326,10 @@ class GPT(nnx.Module):
     return self.lm_head.kernel[...]
 
   def head(self, x_BTD: jax.Array, w_DV: jax.Array) -> jax.Array:
-    """float32 (soft-capped) logits of `x` through `w_DV`, in the compute dtype."""
+    """float32 (soft-capped) logits of `x` through `w_DV`: inputs in the compute dtype, products
+    summed into float32 (never rounded to the compute dtype first)."""
     dtype = jnp.dtype(self.c.dtype)
-    logits_BTV = ops.dense(x_BTD.astype(dtype), w_DV.astype(dtype))
-    return softcap(logits_BTV.astype(jnp.float32), self.c.logit_softcap)
+    return softcap(ops.dense_f32(x_BTD.astype(dtype), w_DV.astype(dtype)), self.c.logit_softcap)
 
 
 # What a block keeps for the backward pass: all; its matmul outputs; its input (all recomputed).

@@ -7,7 +7,13 @@ Here every backward product is a plain row-major matmul: the operand that must b
 is transposed on its own, behind an optimization barrier so XLA cannot fold it back, and it is
 always the smaller one (a weight, or q/k/v rather than the T x T attention scores).
 Same math as autodiff; results differ only in float rounding (benchmarks/results/ has the timings).
+
+Beside them, two ops for the ends of the model: `dense_f32`, the head's matmul with float32
+logits, and `embed`, a token embedding lookup whose gradient sums in float32, by a scatter or
+(for GPUs, where many tokens would pile onto one row) by sorting.
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +52,20 @@ def _dense_bwd(residuals, dy):
 
 
 dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+@jax.custom_vjp
+def dense_f32(x_ND: jax.Array, w_DF: jax.Array) -> jax.Array:
+  """`dense(x, w)` accumulated into, and returned as, float32 (the head's logits: one rounding, no
+  second pass to convert them). The backward products are `dense`'s, in the inputs' dtype."""
+  return jnp.matmul(x_ND, w_DF, preferred_element_type=jnp.float32)
+
+
+def _dense_f32_fwd(x, w):
+  return dense_f32(x, w), (x, w)
+
+
+dense_f32.defvjp(_dense_f32_fwd, lambda res, dy: _dense_bwd(res, dy.astype(res[0].dtype)))
 
 
 def transposed(w_FD: jax.Array) -> jax.Array:
@@ -96,3 +116,55 @@ def document_attention(q_BHTK: jax.Array, k_BHTK: jax.Array, v_BHTK: jax.Array,
 
 
 document_attention.defvjp(_attention_fwd, lambda res, dout: (*_attention_bwd(res, dout), None))
+
+
+# Backward passes of `embed`. "scatter": jnp.take's gradient (XLA's scatter-add) in float32, the
+# fastest on XLA:CPU, which adds the updates one after another. "scan": no scatter at all, for
+# GPUs: there XLA's scatter-add is an atomic add per token and element, so the tokens of a frequent
+# id queue on one row, and its sorted-indices emitter sizes its runs as if ids were spread evenly
+# over the vocabulary (one token a run when there are fewer tokens than ids).
+EMBED_GRADS = ("scatter", "scan")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def embed(table_VD: jax.Array, ids: jax.Array, dtype, grad: str = "scatter") -> jax.Array:
+  """Rows `ids` of the float32 `table_VD` (ids < 0 count from the end, ids >= V give NaN rows, as
+  `jnp.take`), cast to `dtype`: only the rows looked up are cast, never the whole table. The
+  table's gradient is summed in float32 whatever `dtype` is, by the backward pass `grad`."""
+  return jnp.take(table_VD, ids, axis=0).astype(dtype)
+
+
+def _embed_fwd(table, ids, dtype, grad):
+  return embed(table, ids, dtype, grad), (table, ids)
+
+
+def _embed_bwd(dtype, grad, residuals, g):
+  table_VD, ids = residuals
+  ids_N, g_ND = ids.reshape(-1), g.reshape(-1, g.shape[-1])
+  if grad == "scatter":  # jnp.take's own gradient, taken in float32 (the table is float32)
+    take = lambda t: jnp.take(t, ids_N, axis=0)
+    return jax.vjp(take, table_VD)[1](g_ND.astype(table_VD.dtype))[0], None
+  if grad == "scan":
+    return segment_sums(ids_N, g_ND, table_VD.shape[0]), None
+  raise ValueError(f"embed: grad must be one of {EMBED_GRADS}, got {grad!r}")
+
+
+embed.defvjp(_embed_fwd, _embed_bwd)
+
+
+def segment_sums(ids_N: jax.Array, x_ND: jax.Array, V: int) -> jax.Array:
+  """float32[V, D]: row v sums the rows of `x_ND` whose id is v (ids < 0 count from the end, ids
+  >= V are dropped), with no scatter: sort the ids, sum each run of equal ids by a segmented
+  scan (log-depth and elementwise, whatever the ids), then gather each id's run total."""
+  ids_N = jnp.where(ids_N < 0, ids_N + V, ids_N)
+  sorted_N, order_N = jax.lax.sort((ids_N, jnp.arange(ids_N.shape[0], dtype=ids_N.dtype)), num_keys=1)
+  starts_N = jnp.concatenate([jnp.ones((1,), bool), sorted_N[1:] != sorted_N[:-1]])
+
+  def add_within_runs(a, b):  # a run's start discards what came before it
+    (start_a, sum_a), (start_b, sum_b) = a, b
+    return start_a | start_b, jnp.where(start_b[:, None], sum_b, sum_a + sum_b)
+
+  _, sums_ND = jax.lax.associative_scan(add_within_runs, (starts_N, x_ND[order_N].astype(jnp.float32)))
+  v_V = jnp.arange(V, dtype=sorted_N.dtype)
+  last_V = jnp.maximum(jnp.searchsorted(sorted_N, v_V, side="right", method="scan_unrolled") - 1, 0)
+  return jnp.where((sorted_N[last_V] == v_V)[:, None], sums_ND[last_V], 0.0)

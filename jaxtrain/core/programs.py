@@ -28,7 +28,7 @@ class Programs:
   """Everything a run compiles, for one config on one set of devices."""
 
   mesh: Mesh
-  model_cfg: model_lib.ModelConfig  # attention resolved for the platform
+  model_cfg: model_lib.ModelConfig  # attention and scatter_free resolved for the platform
   attention_why: str  # why that attention: configured, or what "auto" found
   optimizer: optim.Optimizer  # settings; every state built from this config shares them
   abstract: steps.TrainState  # shapes and dtypes; its static parts are every state's
@@ -71,6 +71,15 @@ def wants_deterministic_gpu_ops() -> bool:
   return "--xla_gpu_deterministic_ops=true" in os.environ.get("XLA_FLAGS", "").lower()
 
 
+def scatter_free(platform: str) -> bool:
+  """Whether train steps on `platform` avoid scatters (`ModelConfig.scatter_free`). Not on CPUs,
+  where XLA adds a scatter's updates one after another and the scatter and gather were the
+  fastest (benchmarks/results/2026-11-26-embed_grad/); on every other platform: on GPUs XLA's
+  scatter-add is an atomic add per token and element, so the tokens of a frequent id queue on
+  one row."""
+  return platform != "cpu"
+
+
 def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None = None,
           compiler_options: dict | None = None, eot_id: int = -1) -> Programs:
   """The programs for `cfg` on `devices` (default: all). Nothing is compiled until first use.
@@ -93,7 +102,8 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   if doc_mask and not 0 <= eot_id < vocab_size:
     raise ValueError(f"model.doc_mask needs the tokenizer's end-of-text id, got eot_id={eot_id}")
   model_cfg = dataclasses.replace(model_lib.ModelConfig.from_config(m, vocab_size), attention=impl,
-                                  eot_id=eot_id, doc_mask=doc_mask)
+                                  eot_id=eot_id, doc_mask=doc_mask,
+                                  scatter_free=scatter_free(devices[0].platform))
   loss_scaling = config.dynamic_loss_scaling(cfg.optim.loss_scaling, m.dtype)
   optimizer = optim.make_optimizer(cfg.optim, max_steps=cfg.train.max_steps,
                                    grad_accum=cfg.train.grad_accum,

@@ -108,10 +108,11 @@ def losses(params, graphdef: nnx.GraphDef, tokens_BT1: jax.Array,
   if chunk:
     x_BTD = model.hidden(tokens_BT1[:, :-1], dropout_key=dropout_key)
     ce_BT, z_BT = loss_lib.chunked_token_losses(x_BTD, model.head_weight(), targets_BT,
-                                                model.head, chunk, with_z=bool(z_loss))
+                                                model.head, chunk, with_z=bool(z_loss),
+                                                scatter_free=model.c.scatter_free)
   else:
     logits_BTV = model(tokens_BT1[:, :-1], dropout_key=dropout_key)
-    ce_BT = loss_lib.token_losses(logits_BTV, targets_BT)
+    ce_BT = loss_lib.token_losses(logits_BTV, targets_BT, model.c.scatter_free)
     z_BT = loss_lib.z_terms(logits_BTV) if z_loss else None
   loss = loss_lib.mean_loss(ce_BT, weights_BT)
   return (loss + z_loss * loss_lib.mean_loss(z_BT, weights_BT) if z_loss else loss), loss
