@@ -168,9 +168,13 @@ def test_empty_data(tmp_path):
 
 
 def test_binary_data(tmp_path):
+  (tmp_path / "weights.pt").write_bytes(bytes(range(256)) * 100)
+  line = _one_line_error(run_cli(*_tiny_args(tmp_path / "run", tmp_path / "weights.pt")))
+  assert "looks binary" in line and "UTF-8 text" in line
+  # A .bin file is read as token ids (nanoGPT's format): without a vocabulary, one line says so.
   (tmp_path / "model.bin").write_bytes(bytes(range(256)) * 100)
   line = _one_line_error(run_cli(*_tiny_args(tmp_path / "run", tmp_path / "model.bin")))
-  assert "looks binary" in line and "UTF-8 text" in line
+  assert "flat token files (model.bin) do not say how many ids" in line
 
 
 def test_non_utf8_data_is_replaced_and_reported(tmp_path):
