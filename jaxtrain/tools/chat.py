@@ -15,7 +15,7 @@ from absl import flags
 
 from jaxtrain.checkpoints import load
 from jaxtrain.data import chat_format
-from jaxtrain.generation import reply
+from jaxtrain.generation import fit, reply
 from jaxtrain.system.errors import UserError
 from jaxtrain.tools import cli
 from jaxtrain.tools.sample import read_prompt
@@ -58,7 +58,8 @@ def converse(state, tok, f, tty: bool, out=sys.stdout) -> int:
     turn = [*messages, {"role": "user", "content": text.replace("\\n", "\n")}]
     try:
       chat_format.encode(tok, turn)
-    except UserError as e:  # a character outside the vocabulary: say so, ask again
+      turn = fit_conversation(state, tok, turn, f.max_new_tokens)
+    except UserError as e:  # a character outside the vocabulary, a message too long: ask again
       print(f"error: {e}", file=sys.stderr)
       continue
     pieces = []
@@ -73,6 +74,20 @@ def converse(state, tok, f, tty: bool, out=sys.stdout) -> int:
     messages = [*turn, {"role": "assistant", "content": "".join(pieces)}]
     replies += 1
   return replies
+
+
+def fit_conversation(state, tok, turn: list[dict], max_new_tokens: int) -> list[dict]:
+  """The conversation the model reads before its reply: the earliest exchanges left out where it
+  passes the model's context (reply.fit_turns), said in one line on stderr."""
+  kept, dropped = reply.fit_turns(state, tok, turn, max_new_tokens, "--max_new_tokens")
+  if dropped:
+    n = len(reply.context(state, tok, turn))
+    holds = fit.holds("--max_new_tokens", max_new_tokens, state.model_cfg.seq_len)
+    print(f"note: the conversation is {n} tokens; {holds} "
+          f"{fit.room(state.model_cfg.seq_len, max_new_tokens)}, so its earliest "
+          f"{'exchange is' if dropped == 1 else f'{dropped} exchanges are'} left out from now on",
+          file=sys.stderr)
+  return kept
 
 
 def run() -> None:
