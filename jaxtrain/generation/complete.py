@@ -31,7 +31,7 @@ def complete(state, tok, prompts: list[str], max_new_tokens: int, *, temperature
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, batch_size: int = 64,
              keep: int = 0) -> list[str]:
   """The completion of each prompt, up to its end-of-text token or `max_new_tokens` tokens.
-  `keep`: each prompt's last `keep` tokens (context.room; the caller says which were cut); 0: all,
+  `keep`: each prompt's last `keep` tokens (fit.room; the caller says which were cut); 0: all,
   the decoder's window then taking the latest tokens where they pass the context."""
   ids = [context_ids(state, tok, p) for p in prompts]
   if keep:

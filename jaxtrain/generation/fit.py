@@ -1,12 +1,13 @@
-"""What of a prompt fits the model's context, said the same way by every command that generates or scores.
+"""What of a prompt fits the model's context, said the same way by every command that generates
+or scores.
 
 A model reads at most `model.seq_len` tokens. A prompt keeps its last `room` tokens: seq_len less
 the tokens to generate, so that the prompt and its continuation share one window, but at least half
 of seq_len (a continuation longer than that slides the window anyway: decode.py restarts a full
 window from its latest half). A longer prompt is cut at its start, never silently: the commands
 print `cut_line`'s one line (sample, its --prompts, the samples at a run's end; chat leaves out
-whole exchanges instead, reply.fit_turns). Scoring leaves out a record that does not fit (`fits`), and
-counts it, since a score on a record cut short is not a score on that record.
+whole exchanges instead, reply.fit_turns). Scoring leaves out a record that does not fit (`fits`),
+and counts it, since a score on a record cut short is not a score on that record.
 """
 
 import numpy as np

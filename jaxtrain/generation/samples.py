@@ -36,7 +36,7 @@ def write_samples(s: ml_collections.ConfigDict, seq_len: int, seed: int, state: 
   if s.prompt:
     ids = np.asarray(tok.encode(s.prompt), np.int32)
     note = fit.cut_line("sample.prompt", len(ids), "sample.max_new_tokens", s.max_new_tokens,
-                            seq_len)
+                        seq_len)
     if note:
       out.print(note)
     prompts = np.tile(fit.keep_last(ids, fit.room(seq_len, s.max_new_tokens)),

@@ -90,7 +90,7 @@ class Printer:
 
 
 def seen(state, ids: np.ndarray, f, what: str = "the prompt") -> np.ndarray:
-  """The prompt's tokens the model sees beside `f.max_new_tokens` new ones (context.py); a prompt
+  """The prompt's tokens the model sees beside `f.max_new_tokens` new ones (generation/fit.py); a prompt
   cut at its start is said in one line on stderr."""
   seq_len = state.model_cfg.seq_len
   note = fit.cut_line(what, len(ids), "--max_new_tokens", f.max_new_tokens, seq_len)
