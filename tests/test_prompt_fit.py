@@ -149,7 +149,8 @@ def test_the_chat_command_says_what_it_left_out_and_refuses_a_message_too_long(r
   err = [x for x in proc.stderr.splitlines() if x.startswith(("note:", "error:"))]
   assert err[0].startswith("note: the conversation is ")
   assert err[0].endswith("with --max_new_tokens=4, the model's context (model.seq_len=32) holds "
-                         "28, so its earliest exchange is left out from now on")
+                         "28, so from now on its earliest exchanges are left out, as many as it "
+                         "takes")
   assert err[1] == f"error: this message is {len(LONG) + 4} tokens; with --max_new_tokens=4, the " \
       "model's context (model.seq_len=32) holds 28: send a shorter one, or pass a smaller " \
       "--max_new_tokens"

@@ -51,14 +51,15 @@ def converse(state, tok, f, tty: bool, out=sys.stdout) -> int:
   messages = [{"role": "system", "content": read_prompt(f.system, "system")}] if f.system else []
   if messages:
     chat_format.encode(tok, messages)  # a character the vocabulary lacks: said before any turn
-  replies = 0
+  replies = left_out = 0
   while (text := read_message(tty)) is not None:
     if not text.strip():
       continue
     turn = [*messages, {"role": "user", "content": text.replace("\\n", "\n")}]
     try:
       chat_format.encode(tok, turn)
-      turn = fit_conversation(state, tok, turn, f.max_new_tokens)
+      turn, dropped = fit_conversation(state, tok, turn, f.max_new_tokens, said=left_out > 0)
+      left_out += dropped
     except UserError as e:  # a character outside the vocabulary, a message too long: ask again
       print(f"error: {e}", file=sys.stderr)
       continue
@@ -76,18 +77,20 @@ def converse(state, tok, f, tty: bool, out=sys.stdout) -> int:
   return replies
 
 
-def fit_conversation(state, tok, turn: list[dict], max_new_tokens: int) -> list[dict]:
-  """The conversation the model reads before its reply: the earliest exchanges left out where it
-  passes the model's context (reply.fit_turns), said in one line on stderr."""
+def fit_conversation(state, tok, turn: list[dict], max_new_tokens: int,
+                     said: bool) -> tuple[list[dict], int]:
+  """(the conversation the model reads before its reply, how many exchanges it left out): the
+  earliest go where it passes the model's context (reply.fit_turns). The first time, one line on
+  stderr says so, and that it goes on (`said`: already said): a line each turn would drown the
+  replies."""
   kept, dropped = reply.fit_turns(state, tok, turn, max_new_tokens, "--max_new_tokens")
-  if dropped:
+  if dropped and not said:
     n = len(reply.context(state, tok, turn))
     holds = fit.holds("--max_new_tokens", max_new_tokens, state.model_cfg.seq_len)
     print(f"note: the conversation is {n} tokens; {holds} "
-          f"{fit.room(state.model_cfg.seq_len, max_new_tokens)}, so its earliest "
-          f"{'exchange is' if dropped == 1 else f'{dropped} exchanges are'} left out from now on",
-          file=sys.stderr)
-  return kept
+          f"{fit.room(state.model_cfg.seq_len, max_new_tokens)}, so from now on its earliest "
+          "exchanges are left out, as many as it takes", file=sys.stderr)
+  return kept, dropped
 
 
 def run() -> None:
