@@ -51,9 +51,11 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
     validate.validate(cfg)
     cfg, taken = init_from.resolve(cfg, explicit)
     validate.validate(cfg)
-    cpu.split_cpu(cfg)  # before jax starts its backends
+    split = cpu.split_cpu(cfg)  # before jax starts its backends
     platform = runtime.setup(cfg)
     r = setup.prepare(cfg, platform, show_progress, hooks, t_start, library_log, lock)
+    if split:
+      r.out.print(split)
     if taken:
       r.out.print(f"init_from: from {cfg.init_from}, {', '.join(taken)}")
     if cfg.train.time_budget and "train.max_steps" in explicit:

@@ -332,3 +332,19 @@ def test_growing_the_vocabulary_grows_value_embeddings_too():
 def test_an_unreadable_system_file_names_the_system_flag(tmp_path):
   proc = module("jaxtrain.chat", f"--workdir={tmp_path}", f"--system=@{tmp_path / 'none.txt'}")
   one_line_error(proc, "cannot read the system file", "pass --system=@<a UTF-8 text file>")
+
+
+@pytest.mark.slow
+def test_a_conversation_longer_than_the_context_keeps_its_latest_exchanges(chat_run):
+  """seq_len 64, replies of up to 256 tokens: the conversation keeps what fits in half the context
+  (fit.room), the earliest exchanges left out (one note says so), and every "again" is answered
+  right.
+  A reply used to see a window that had slid past the turn it repeats (A11 for C33)."""
+  proc = module("jaxtrain.chat", f"--workdir={chat_run['workdir']}", "--temperature=0",
+                f"--system={SYSTEM}", stdin="xsvc?\n" + "again\n" * 7)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout == "C33\n" * 8, proc.stdout
+  notes = [x for x in proc.stderr.splitlines() if x.startswith("note:")]
+  assert notes == ["note: the conversation is 43 tokens; with --max_new_tokens=256, the model's "
+                   "context (model.seq_len=64) holds 32, so from now on its earliest exchanges "
+                   "are left out, as many as it takes"], proc.stderr  # said once

@@ -125,3 +125,32 @@ def test_a_table_wider_than_the_terminal_becomes_a_block_a_run(sweep_root):
   assert "best val 1.8000" in printed[0] and "state done" in printed[0]
   assert [line for line in lines if not line.startswith("   ")] == ["1. lr=3e-3", "2. lr=1e-3",
                                                                     "3. lr=1e-2"]
+
+
+def test_runs_whose_val_loss_counts_other_tokens_are_ranked_apart(tmp_path):
+  done = {"state": "finished", "step": 40, "params": 1000}
+  # The prompt/completion run's loss counts only its completions: lowest, but not comparable.
+  _make_run(tmp_path / "text_a", 1e-3, 2, [1.6], status=done, bpb=1.0)
+  _make_run(tmp_path / "text_b", 3e-3, 2, [1.5], status=done, bpb=1.0)
+  _make_run(tmp_path / "task", 1e-3, 2, [0.2], status=done, bpb=1.0,
+            **{"data.prompt_field": "prompt", "data.completion_field": "completion",
+               "data.path": "task.jsonl"})
+  _make_run(tmp_path / "chat", 1e-3, 2, [0.1], status=done, bpb=1.0,
+            **{"data.messages_field": "messages", "data.path": "chats.jsonl"})
+  printed = []
+  infos = compare.compare([str(tmp_path)], print_fn=printed.append, width=400)
+  assert [i.path.name for i in infos] == ["text_b", "text_a", "task", "chat"]
+  table = printed[0].splitlines()
+  assert table[0].endswith("val loss on")
+  assert [r.rsplit("  ", 1)[1].strip() for r in table[2:]] == ["every token", "every token",
+                                                                "completions", "assistant turns"]
+  assert printed[1] == ("note: 2 runs on every token, 1 run on completions, 1 run on assistant "
+                        "turns: validation losses that count other tokens do not compare (per "
+                        "token or per byte), so each kind is ranked on its own (column 'val loss "
+                        "on')")
+  assert printed[2].startswith("best on every token: text_b (best val_loss 1.5000); ranked by "
+                               "val_loss")
+  assert printed[3].startswith("best on completions: task (best val_loss 0.2000); ranked by")
+  assert printed[4].startswith("best on assistant turns: chat (best val_loss 0.1000); ranked by")
+  # A task score compares across them: one ranking.
+  assert compare.groups(infos, "task/held/exact_match") == [infos]

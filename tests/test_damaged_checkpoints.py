@@ -179,10 +179,11 @@ def test_load_state_uses_the_newest_intact_checkpoint(runs, tmp_path, capsys):
   assert_trees_equal(jax.device_get(state.arrays()), jax.device_get(expected.arrays()))
   err = capsys.readouterr().err.splitlines()
   assert len(err) == 1 and err[0].startswith(f"warning: checkpoint {ckpt_dir / '4'} is damaged ")
-  assert err[0].endswith("; loading step 2")
-  assert sorted(p.name.split("-")[0] for p in ckpt_dir.iterdir()) == ["2", "4.damaged"]
+  assert err[0].endswith("; left in place (reading a run changes none of its files; resuming its "
+                         "training sets it aside); loading step 2")
+  assert sorted(p.name for p in ckpt_dir.iterdir()) == ["2", "4"]  # only training moves it
   DAMAGE["the run's metadata cut short"](ckpt_dir / "2")
-  with pytest.raises(UserError, match=r"^no checkpoint in .* can be read \(step 2: "):
+  with pytest.raises(UserError, match=r"^no checkpoint in .* can be read \(step 4: .*; step 2: "):
     load.load_state(cfg.workdir)
 
 

@@ -3,6 +3,8 @@ tokenizers with the same ids, round trips, and one-line refusals."""
 
 import io
 import logging
+import os
+import stat
 import warnings
 from pathlib import Path
 
@@ -72,6 +74,19 @@ def test_exported_model_gives_jaxtrains_logits_in_transformers(layout, tmp_path)
   jt.assert_trees_equal(hf.fill(state.params, flat, "x"), jax.device_get(state.params))
   with pytest.raises(UserError, match="another tokenizer"):  # the export records its tokenizer
     init_from.load_flat(str(out), state.model_cfg, tokenizer_lib.CharTokenizer("abc"))
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_exported_files_get_the_mode_the_umask_gives(umask, tmp_path):
+  make_run(tmp_path / "run", tiny_config())
+  before = os.umask(umask)
+  try:
+    out = export.export(str(tmp_path / "run"), str(tmp_path / "hf"))
+  finally:
+    os.umask(before)
+  modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+  assert set(modes) == set(export.WRITTEN)
+  assert modes == dict.fromkeys(export.WRITTEN, 0o666 & ~umask), modes
 
 
 def test_exported_tokenizers_give_jaxtrains_ids(tmp_path):

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import jax
+from conftest import run_cli
+from test_cli import TINY
 
 from jaxtrain.config import defaults
 from jaxtrain.core import cpu, programs
@@ -25,6 +27,39 @@ def test_cores_become_devices_that_split_the_batch_evenly():
   odd = tiny_config(**{"train.batch_size": 3})
   assert cpu.cpu_device_count(odd, cores=2) == 1
   assert cpu.cpu_device_count(tiny_config(**{"mesh.cpu_devices": 4}), cores=2) == 4
+
+
+def test_a_mesh_that_is_asked_for_sets_the_count_and_the_automatic_split_says_what_it_left_out():
+  odd = {"train.batch_size": 15}
+  # Auto: 15 rows do not split over 2 cores; one device, and a line that says so.
+  assert cpu.cpu_device_count(tiny_config(**odd), cores=2) == 1
+  assert cpu.split_note(tiny_config(**odd), cores=2) == (
+      "note: train.batch_size=15 does not split over the 2 CPU cores: training on 1 device "
+      "(mesh.cpu_devices=0, auto, takes the most that split the batch); "
+      "--config.train.batch_size=14 or 16 uses every core")
+  assert cpu.split_note(tiny_config(**{"train.batch_size": 16}), cores=2) is None
+  assert cpu.split_note(tiny_config(**{"train.batch_size": 3}), cores=16) is None  # a row each
+  # Asked for: that many devices, whatever the batch (mesh.check_devices then refuses 15 rows).
+  assert cpu.cpu_device_count(tiny_config(**odd, **{"mesh.data": 2}), cores=2) == 2
+  assert cpu.cpu_device_count(tiny_config(**odd, **{"mesh.data": 2, "mesh.fsdp": 2}), cores=2) == 4
+  assert cpu.split_note(tiny_config(**odd, **{"mesh.data": 2}), cores=2) is None
+  # One axis set, the other -1: a multiple of it.
+  assert cpu.cpu_device_count(tiny_config(**{"train.batch_size": 16, "mesh.fsdp": 2}), cores=3) == 2
+
+
+def test_a_batch_that_does_not_split_over_the_mesh_asked_for_is_one_line_exit_2(corpus_file, tmp_path):
+  args = ["--config=configs/nano.py", "--jax_platforms=cpu", *TINY,
+          f"--config.data.path={corpus_file}", "--config.train.batch_size=15",
+          "--config.train.max_steps=1", "--config.sample.num_samples=0"]
+  proc = run_cli(*args, f"--config.workdir={tmp_path / 'a'}", "--config.mesh.data=2")
+  assert proc.returncode == 2, proc.stdout + proc.stderr
+  assert proc.stderr.strip().splitlines() == [
+      "error: config.train.batch_size: 15 does not split evenly over 2 devices; pass a multiple "
+      "of 2, e.g. --config.train.batch_size=14"]
+  proc = run_cli(*args, f"--config.workdir={tmp_path / 'b'}")
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  cores = len(os.sched_getaffinity(0))
+  assert ("note: train.batch_size=15 does not split over the " in proc.stdout) == (cores > 1)
 
 
 def test_every_step_schedules_for_memory_big_ones_also_compile_without_ynn_fusions():

@@ -97,3 +97,25 @@ def test_step_best_is_the_kept_checkpoint_with_the_lowest_val_loss(tmp_path):
   (tmp_path / "metrics.jsonl").unlink()
   with pytest.raises(UserError, match="no checkpoint .* has a validation loss"):
     load.best_step(tmp_path)
+
+
+def test_a_missing_init_from_is_one_line_before_any_data_is_read(corpus_file, tmp_path):
+  missing = tmp_path / "no_such_run"
+  proc = run_cli("--config=configs/nano.py", "--jax_platforms=cpu", *TINY,
+                 f"--config.data.path={corpus_file}", f"--config.workdir={tmp_path / 'tuned'}",
+                 f"--config.init_from={missing}")
+  assert proc.returncode == 2, proc.stdout + proc.stderr
+  assert proc.stderr.strip().splitlines() == [
+      f"error: init_from: {missing} does not exist; pass --config.init_from=<a run's workdir or an "
+      "exported model directory>"]
+  assert proc.stdout == "" and not (tmp_path / "tuned").exists()  # no data line, no workdir
+
+
+def test_a_resumed_fine_tune_does_not_need_its_source_any_more(tmp_path):
+  from jaxtrain.checkpoints import init_from
+
+  cfg = tiny_config(**{"workdir": str(tmp_path / "tuned"), "init_from": str(tmp_path / "gone")})
+  with pytest.raises(UserError, match=r"^init_from: .*/gone does not exist; "):
+    init_from.resolve(cfg)
+  make_run(tmp_path / "tuned", cfg)  # its first leg saved a checkpoint; the source was removed
+  assert init_from.resolve(cfg)[0].model.to_dict() == cfg.model.to_dict()

@@ -112,6 +112,13 @@ def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()
   not are refused in one line naming every one of them."""
   if not cfg.init_from:
     return cfg, []
+  own = Path(cfg.workdir).expanduser() / "checkpoints"
+  try:
+    resuming = own.is_dir() and any(p.name.isdigit() for p in own.iterdir())
+  except OSError:  # the workdir's own trouble: setup names it
+    resuming = True
+  if not resuming:  # a resumed fine-tune reads its own checkpoint: its source may be gone
+    _kind(Path(cfg.init_from).expanduser())  # refused here, before any data is read
   found = _source_model(cfg)
   if found is None:
     return cfg, []
@@ -134,23 +141,31 @@ def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()
 def load_flat(path: str, c: ModelConfig, tokenizer) -> tuple[dict[str, np.ndarray], str]:
   """(flat params for a model of config `c`, what they are, for the log) from `path`."""
   source = Path(path).expanduser()
-  try:
-    is_run = (source / paths.RUN_FILE).exists()
-    is_hf = (source / "config.json").exists() and any(source.glob("model*.safetensors"))
-  except OSError as e:  # a name too long, a directory that cannot be read
-    raise UserError(f"init_from: cannot read {source} ({e.strerror}); pass "
-                    "--config.init_from=<a run's workdir or an exported model directory>") from None
-  if is_run:
-    grow = _check_tokenizer(source, _tokenizer_at(source), tokenizer)
+  kind = _kind(source)
+  grow = _check_tokenizer(source, _tokenizer_at(source), tokenizer)
+  if kind == "run":
     return _grown(*_from_run(source, c, grow), c.vocab_size if grow else 0)
-  if is_hf:
-    grow = _check_tokenizer(source, _tokenizer_at(source), tokenizer)
-    hf_cfg, tensors = hf.read_dir(source)
-    flat = hf.from_hf(hf_cfg, tensors, c, str(source))
-    return _grown(flat, f"the {hf_cfg['architectures'][0]} in {source}", c.vocab_size if grow else 0)
+  hf_cfg, tensors = hf.read_dir(source)
+  flat = hf.from_hf(hf_cfg, tensors, c, str(source))
+  return _grown(flat, f"the {hf_cfg['architectures'][0]} in {source}", c.vocab_size if grow else 0)
+
+
+def _kind(source: Path) -> str:
+  """"run" (a jaxtrain run's workdir) or "hf" (a Hugging Face model directory); anything else is
+  a UserError."""
+  fix = "pass --config.init_from=<a run's workdir or an exported model directory>"
+  try:
+    if (source / paths.RUN_FILE).exists():
+      return "run"
+    if (source / "config.json").exists() and any(source.glob("model*.safetensors")):
+      return "hf"
+    exists = source.exists()
+  except OSError as e:  # a name too long, a directory that cannot be read
+    raise UserError(f"init_from: cannot read {source} ({e.strerror}); {fix}") from None
+  if not exists:
+    raise UserError(f"init_from: {source} does not exist; {fix}")
   raise UserError(f"init_from: {source} is neither a jaxtrain run (no {paths.RUN_FILE}) nor a "
-                  "Hugging Face model directory (config.json + model.safetensors); pass "
-                  "--config.init_from=<a run's workdir or an exported model directory>")
+                  f"Hugging Face model directory (config.json + model.safetensors); {fix}")
 
 
 def _tokenizer_at(source: Path):

@@ -118,8 +118,9 @@ def load_tokenizer(workdir: str):
 
 def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
   """The train state saved in a run's workdir, on one device: its newest checkpoint that reads
-  whole (a damaged one is set aside, as a resuming run would, with a warning on stderr; while a
-  run holds the workdir, nothing is moved), or step `step`.
+  whole (a damaged one is skipped with a warning on stderr and left where it is: reading a run
+  changes none of its files, and only its training sets a damaged checkpoint aside), or step
+  `step`.
 
   For sampling, evaluation or inspection outside the training loop: no data is needed.
   """
@@ -135,8 +136,8 @@ def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
         raise UserError(f"no checkpoint in {ckpts.directory}; train first (python -m jaxtrain)")
       live = lock.is_held(Path(workdir) / lock.WORKDIR_LOCK)
       return recover.newest_intact(ckpts, read, lambda line: print(line, file=sys.stderr),
-                           using="loading", fresh="nothing to load", collective=False,
-                           move=not live)[1]
+                                   using="loading", fresh="nothing to load", collective=False,
+                                   move=False, held=live)[1]
     if step not in ckpts.all_steps():
       raise UserError(f"no checkpoint of step {step} in {ckpts.directory} (it has steps "
                       f"{ckpts.all_steps()})")

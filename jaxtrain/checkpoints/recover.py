@@ -26,7 +26,8 @@ _CORRUPT = re.compile(r"DATA_LOSS|ZSTD|decompress|truncated|checksum|not valid J
 
 
 def newest_intact(ckpts, read: Callable, warn: Callable[[str], None], *, using: str, fresh: str,
-                  collective: bool = True, move: bool = True) -> tuple[int, object, object]:
+                  collective: bool = True, move: bool = True,
+                  held: bool = False) -> tuple[int, object, object]:
   """(step, state, extra) of the newest checkpoint of `ckpts` (a store.Checkpoints) that
   reads whole; the damaged ones newer than it are set aside, each reported in one line to
   `warn`. `read(step)` returns (state, saved checksums, extra) from `Checkpoints.read` or raises.
@@ -35,8 +36,9 @@ def newest_intact(ckpts, read: Callable, warn: Callable[[str], None], *, using: 
 
   `collective`: the processes of a run go through process 0's list of steps and agree on every
   step before going on (they read their own parts of it); process 0 moves the damaged ones,
-  after all of them have looked. `move=False` (another run holds the workdir): nothing is moved,
-  the damaged ones are only reported as left in place.
+  after all of them have looked. `move=False` (a command that only reads the run): nothing is
+  moved, the damaged ones are only reported as left in place; `held`: because another process
+  holds the workdir (what looks damaged may be a save under way).
   """
   # A failed array read makes orbax abandon the other reads of that step: they end later as
   # unraisable errors or asyncio log lines, which a CLI run sends to workdir/logs/.
@@ -63,7 +65,7 @@ def newest_intact(ckpts, read: Callable, warn: Callable[[str], None], *, using: 
       continue  # removed meanwhile (a live run's retention): not damage, nothing to move
     reason = ckpts.verify(state, saved)  # the same answer on every process
     if reason is None:
-      _set_aside(ckpts, damaged, f"{using} step {step}", warn, collective, move)
+      _set_aside(ckpts, damaged, f"{using} step {step}", warn, collective, move, held)
       return step, state, extra
     damaged.append((step, reason))
   found = "; ".join(f"step {step}: {reason}" for step, reason in damaged)
@@ -114,13 +116,17 @@ def _gather(code: int) -> list[int]:
                                                                                 np.int32)))]
 
 
-def _set_aside(ckpts, damaged: list, then: str, warn, collective: bool, move: bool) -> None:
+def _set_aside(ckpts, damaged: list, then: str, warn, collective: bool, move: bool,
+               held: bool) -> None:
   if not damaged:
     return
   if not move:
     for step, reason in damaged:
-      warn(f"warning: checkpoint {ckpts.directory / str(step)} could not be read ({reason}); "
-           f"left in place, since a run holds {ckpts.directory.parent}; {then}")
+      where = ckpts.directory / str(step)
+      warn(f"warning: checkpoint {where} could not be read ({reason}); left in place, since a run "
+           f"holds {ckpts.directory.parent}; {then}" if held else
+           f"warning: checkpoint {where} is damaged ({reason}); left in place (reading a run "
+           f"changes none of its files; resuming its training sets it aside); {then}")
     return
   if not collective or jax.process_index() == 0:
     for step, reason in damaged:

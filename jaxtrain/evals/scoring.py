@@ -14,7 +14,8 @@ import numpy as np
 
 from jaxtrain.checkpoints import load
 from jaxtrain.data import records
-from jaxtrain.generation import complete
+from jaxtrain.generation import complete, fit
+from jaxtrain.system.errors import UserError
 
 NORMALIZE = {"none": lambda s: s, "strip": str.strip, "lower": lambda s: s.strip().lower()}
 # The record fields `split` reads when nothing else is asked for (the eval command's defaults).
@@ -79,11 +80,44 @@ def choice_accuracy(state, tok, choices: list) -> dict:
   return {"mc_accuracy": right / len(choices), "n_multiple_choice": len(choices)}
 
 
+def fitting(state, tok, pairs: list, choices: list) -> tuple[list, list, list[int]]:
+  """(the pairs, the multiple-choice items that fit the model's context whole, the lines of the
+  records that do not). A record fits when its prompt and completion (end-of-text included), or
+  its context and each ending, are scored whole (fit.fits): one cut short would be scored on
+  another question than its own."""
+  seq_len = state.model_cfg.seq_len
+  size = lambda text: len(tok.encode(text))  # noqa: E731
+  kept_pairs, kept_choices, too_long = [], [], []
+  for record in pairs:
+    _, prompt, completion = record
+    n = len(complete.context_ids(state, tok, prompt)) + size(completion) + 1
+    (kept_pairs if fit.fits(n, seq_len) else too_long).append(record)
+  for record in choices:
+    _, ctx, endings, _ = record
+    n = len(complete.context_ids(state, tok, ctx)) + max(map(size, endings), default=0)
+    (kept_choices if fit.fits(n, seq_len) else too_long).append(record)
+  return kept_pairs, kept_choices, sorted(r[0] for r in too_long)
+
+
+def too_long_line(path: str, result: dict, seq_len: int) -> str | None:
+  """The line that says which records `scores` left out as longer than the context."""
+  lines = result["too_long_lines"]
+  if not lines:
+    return None
+  total = len(lines) + result["n_completions"] + result["n_multiple_choice"]
+  return (f"{len(lines)} of {total} records of {path} do not fit the model's context "
+          f"(model.seq_len={seq_len}) with their completion or endings ({fit.lines(lines)}): "
+          "left out of the scores")
+
+
 def scores(state, tok, pairs: list, choices: list, normalize: str = "strip",
            max_new_tokens: int = 0) -> dict:
-  """The scores of `state` on records already read (`split`); None where there are none."""
+  """The scores of `state` on records already read (`split`); None where there are none. Records
+  longer than the model's context are left out, and counted (n_too_long, too_long_lines)."""
+  pairs, choices, too_long = fitting(state, tok, pairs, choices)
   result = {"loss": None, "bpb": None, "exact_match": None, "mc_accuracy": None,
-            "n_completions": 0, "n_multiple_choice": 0, "normalize": normalize}
+            "n_completions": 0, "n_multiple_choice": 0, "normalize": normalize,
+            "n_too_long": len(too_long), "too_long_lines": too_long}
   if pairs:
     result.update(completion_scores(state, tok, pairs, normalize, max_new_tokens))
   if choices:
@@ -107,14 +141,22 @@ def run_fields(workdir: str, prompt: str = "", completion: str = "", **multiple_
 
 
 def score_run(workdir: str, path: str, fields: dict = FIELDS, normalize: str = "strip",
-              max_new_tokens: int = 0, step: str = "latest") -> tuple[dict, float]:
+              max_new_tokens: int = 0, step: str = "latest", warn=None) -> tuple[dict, float]:
   """(the scores of a run's checkpoint on the records of `path`, with its step, the workdir and the
   file; the seconds scoring took). `step`: latest, best or a number. A bad record fails before the
-  checkpoint is read."""
+  checkpoint is read; `warn` gets the line on records too long for the model's context, and a
+  file of nothing else is a UserError."""
   split(path, fields)
   state, tok = load.load(workdir, step)
   t0 = time.time()
   result = evaluate(state, tok, path, fields, normalize, max_new_tokens)
+  seq_len = state.model_cfg.seq_len
+  if result["n_too_long"] and not result["n_completions"] + result["n_multiple_choice"]:
+    raise UserError(f"no record of {path} fits the model's context (model.seq_len={seq_len}) with "
+                    "its completion or endings; pass shorter records, or score a run trained with "
+                    "a longer model.seq_len")
+  if warn is not None and (line := too_long_line(path, result, seq_len)):
+    warn(f"warning: {line}")
   result.update(step=int(state.step), workdir=str(workdir), data=str(path))
   return result, time.time() - t0
 

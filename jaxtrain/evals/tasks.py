@@ -107,20 +107,23 @@ def evaluate(tasks: list[Task], state, tok, say=print) -> dict:
     t0 = time.time()
     s = scoring.scores(state, tok, task.pairs, task.choices)
     record.update({f"task/{task.name}/{k}": s[k] for k in defaults.TASK_METRICS if s[k] is not None})
-    say(line(int(state.step), task, record, time.time() - t0))
+    say(line(int(state.step), task, record, time.time() - t0, s, state.model_cfg.seq_len))
   return record
 
 
-def line(step: int, task: Task, record: dict, seconds: float) -> str:
-  """`eval step N task held: exact_match 0.9375 of 48 | loss 0.0123 | 0.0234 bits/byte (0.8s)`."""
+def line(step: int, task: Task, record: dict, seconds: float, s: dict, seq_len: int) -> str:
+  """`eval step N task held: exact_match 0.9375 of 48 | loss 0.0123 | 0.0234 bits/byte (0.8s)`,
+  and the records left out as longer than the model's context (`s`: scoring.scores' counts)."""
   get = lambda k: record.get(f"task/{task.name}/{k}")  # noqa: E731
   parts = []
   if get("exact_match") is not None:
-    parts.append(f"exact_match {get('exact_match'):.4f} of {len(task.pairs)}")
+    parts.append(f"exact_match {get('exact_match'):.4f} of {s['n_completions']}")
   if get("mc_accuracy") is not None:
-    parts.append(f"mc_accuracy {get('mc_accuracy'):.4f} of {len(task.choices)}")
+    parts.append(f"mc_accuracy {get('mc_accuracy'):.4f} of {s['n_multiple_choice']}")
   if get("loss") is not None:
     parts.append(f"loss {get('loss'):.4f}")
   if get("bpb") is not None:
     parts.append(f"{get('bpb'):.4f} bits/byte")
-  return f"eval step {step} task {task.name}: {' | '.join(parts)} ({seconds:.1f}s)"
+  left_out = scoring.too_long_line(task.path, s, seq_len)
+  return (f"eval step {step} task {task.name}: {' | '.join(parts) or 'nothing scored'} "
+          f"({seconds:.1f}s)" + (f"; {left_out}" if left_out else ""))

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxtrain.generation import decode
+from jaxtrain.generation import decode, fit
 
 CHUNK = 16  # tokens per compiled call: rows that all ended stop after at most this many more
 
@@ -28,9 +28,14 @@ def context_ids(state, tok, text: str) -> np.ndarray:
 
 
 def complete(state, tok, prompts: list[str], max_new_tokens: int, *, temperature: float = 0.0,
-             top_k: int = 0, top_p: float = 1.0, seed: int = 0, batch_size: int = 64) -> list[str]:
-  """The completion of each prompt, up to its end-of-text token or `max_new_tokens` tokens."""
+             top_k: int = 0, top_p: float = 1.0, seed: int = 0, batch_size: int = 64,
+             keep: int = 0) -> list[str]:
+  """The completion of each prompt, up to its end-of-text token or `max_new_tokens` tokens.
+  `keep`: each prompt's last `keep` tokens (fit.room; the caller says which were cut); 0: all,
+  the decoder's window then taking the latest tokens where they pass the context."""
   ids = [context_ids(state, tok, p) for p in prompts]
+  if keep:
+    ids = [fit.keep_last(x, keep) for x in ids]
   by_length = defaultdict(list)
   for i, x in enumerate(ids):
     by_length[len(x)].append(i)

@@ -9,7 +9,7 @@ import numpy as np
 
 from jaxtrain.core import steps
 from jaxtrain.data import tokenizer as tokenizer_lib
-from jaxtrain.generation import decode
+from jaxtrain.generation import decode, fit
 from jaxtrain.system import signals
 
 
@@ -34,8 +34,13 @@ def write_samples(s: ml_collections.ConfigDict, seq_len: int, seed: int, state: 
   if s.num_samples == 0 or s.max_new_tokens == 0:
     return []
   if s.prompt:
-    ids = tok.encode(s.prompt).astype(np.int32)[-seq_len:]
-    prompts = np.tile(ids, (s.num_samples, 1))
+    ids = np.asarray(tok.encode(s.prompt), np.int32)
+    note = fit.cut_line("sample.prompt", len(ids), "sample.max_new_tokens", s.max_new_tokens,
+                        seq_len)
+    if note:
+      out.print(note)
+    prompts = np.tile(fit.keep_last(ids, fit.room(seq_len, s.max_new_tokens)),
+                      (s.num_samples, 1))
   else:
     prompts = prompts_from_text(val_tokens, tokenizer_lib.newline_id(tok), s.num_samples,
                                 min(32, seq_len // 2), seed)

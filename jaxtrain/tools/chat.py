@@ -15,7 +15,7 @@ from absl import flags
 
 from jaxtrain.checkpoints import load
 from jaxtrain.data import chat_format
-from jaxtrain.generation import reply
+from jaxtrain.generation import fit, reply
 from jaxtrain.system.errors import UserError
 from jaxtrain.tools import cli
 from jaxtrain.tools.sample import read_prompt
@@ -51,14 +51,16 @@ def converse(state, tok, f, tty: bool, out=sys.stdout) -> int:
   messages = [{"role": "system", "content": read_prompt(f.system, "system")}] if f.system else []
   if messages:
     chat_format.encode(tok, messages)  # a character the vocabulary lacks: said before any turn
-  replies = 0
+  replies = left_out = 0
   while (text := read_message(tty)) is not None:
     if not text.strip():
       continue
     turn = [*messages, {"role": "user", "content": text.replace("\\n", "\n")}]
     try:
       chat_format.encode(tok, turn)
-    except UserError as e:  # a character outside the vocabulary: say so, ask again
+      turn, dropped = fit_conversation(state, tok, turn, f.max_new_tokens, said=left_out > 0)
+      left_out += dropped
+    except UserError as e:  # a character outside the vocabulary, a message too long: ask again
       print(f"error: {e}", file=sys.stderr)
       continue
     pieces = []
@@ -73,6 +75,22 @@ def converse(state, tok, f, tty: bool, out=sys.stdout) -> int:
     messages = [*turn, {"role": "assistant", "content": "".join(pieces)}]
     replies += 1
   return replies
+
+
+def fit_conversation(state, tok, turn: list[dict], max_new_tokens: int,
+                     said: bool) -> tuple[list[dict], int]:
+  """(the conversation the model reads before its reply, how many exchanges it left out): the
+  earliest go where it passes the model's context (reply.fit_turns). The first time, one line on
+  stderr says so, and that it goes on (`said`: already said): a line each turn would drown the
+  replies."""
+  kept, dropped = reply.fit_turns(state, tok, turn, max_new_tokens, "--max_new_tokens")
+  if dropped and not said:
+    n = len(reply.context(state, tok, turn))
+    holds = fit.holds("--max_new_tokens", max_new_tokens, state.model_cfg.seq_len)
+    print(f"note: the conversation is {n} tokens; {holds} "
+          f"{fit.room(state.model_cfg.seq_len, max_new_tokens)}, so from now on its earliest "
+          "exchanges are left out, as many as it takes", file=sys.stderr)
+  return kept, dropped
 
 
 def run() -> None:

@@ -4,7 +4,8 @@ A table of each run's config differences (only the fields that differ and have a
 steps, best and final validation loss, val_bpb, tokens/s and training time, then the final
 per-source losses (data.mixture) and task accuracies (train.eval_tasks: task/<name>/exact_match,
 mc_accuracy), best run first (by val_bpb where the runs' tokens differ, else by val loss, or by
---by's metric, e.g. task/held/exact_match: the highest accuracy first; the last line says which), on
+--by's metric, e.g. task/held/exact_match: the highest accuracy first; the last line says which;
+runs whose val loss counts only completions or assistant turns ranked apart from the others), on
 the terminal (a block a run where a terminal is narrower than the table); with
 --out also as markdown (compare.md) and PNG plots of the losses against step and against time,
 one colour a run. RUN is a run's directory, a glob of them, or a directory of runs (a sweep's
@@ -68,6 +69,30 @@ def measure(infos: list[runs.RunInfo]) -> str:
   """val_bpb where the runs' tokenizers or data differ (a loss per token then does not compare),
   else val_loss."""
   return "val_bpb" if differences(infos, DATA_FIELDS) else "val_loss"
+
+
+# What a run's validation loss counts, the heading of each kind's group. The rule of
+# data.corpus.loss_scope, read from the flat config: importing the data pipeline takes a second.
+SCOPES = ("every token", "completions", "assistant turns")
+
+
+def scope(info: runs.RunInfo) -> str:
+  """What the run's val_loss and val_bpb count: every token, or only the completions of
+  prompt/completion records, or only the assistant turns of chat records."""
+  c = info.config
+  if c.get("data.prompt_field") and c.get("data.completion_field"):
+    return SCOPES[1]
+  return SCOPES[2] if c.get("data.messages_field") else SCOPES[0]
+
+
+def groups(infos: list[runs.RunInfo], by: str | None) -> list[list[runs.RunInfo]]:
+  """The runs whose numbers rank together: one group, unless validation losses are ranked and
+  they count different tokens (those do not compare, per token or per byte); then one group a
+  kind, in SCOPES' order."""
+  kinds = sorted({scope(info) for info in infos}, key=SCOPES.index)
+  if (by or "").startswith("task/") or len(kinds) == 1:
+    return [list(infos)]
+  return [[info for info in infos if scope(info) == kind] for kind in kinds]
 
 
 def rank_key(info: runs.RunInfo, key: str = "val_loss") -> tuple:
@@ -213,23 +238,35 @@ def _why(key: str, by: str | None) -> str:
 def compare(patterns: list[str], out: Path | None = None, print_fn=print,
             width: int | None = None, by: str | None = None) -> list[runs.RunInfo]:
   """Prints the table (and writes compare.md and the plots to `out`); returns the runs, best
-  first (by `by`'s best value where given)."""
+  first (by `by`'s best value where given), runs whose val losses count other tokens (`groups`)
+  ranked apart."""
   infos = [runs.read(p) for p in runs.find(patterns)]
-  key = by or measure(infos)
   if by is not None and not any(info.values(by) for info in infos):
     known = sorted({k for info in infos for r in info.evals for k in r} - {"step", "elapsed_s"})
     raise UserError(f"--by={by}: no run has that metric in its evaluations (they have: "
                     f"{', '.join(known) or 'none yet'}); pass --by=<one of them>")
-  infos.sort(key=lambda info: rank_key(info, key))
+  ranked = []
+  for group in groups(infos, by):
+    key = by or measure(group)
+    ranked.append((key, sorted(group, key=lambda info: rank_key(info, key))))
+  infos = [info for _, group in ranked for info in group]
   fields = differences(infos)
   sources = source_keys(infos)
-  header = ["run", *fields, *COLUMNS, *map(column, sources)]
-  body = rows(infos, fields, sources)
+  apart = len(ranked) > 1
+  header = ["run", *fields, *COLUMNS, *map(column, sources), *["val loss on"] * apart]
+  body = [row + [scope(info)] * apart for row, info in zip(rows(infos, fields, sources), infos)]
   print_fn(terminal_table(header, body, width if width is not None else terminal_width()))
-  best = infos[0]
-  if best.best(key) is not None:
-    why = _why(key, by)
-    print_fn(f"best: {names(infos)[0]} (best {key} {best.best(key):.4f}); ranked by {key} ({why})")
+  if apart:
+    print_fn("note: " + ", ".join(f"{len(g)} run{'s' if len(g) > 1 else ''} on {scope(g[0])}"
+                                  for _, g in ranked) +
+             ": validation losses that count other tokens do not compare (per token or per "
+             "byte), so each kind is ranked on its own (column 'val loss on')")
+  for key, group in ranked:
+    best = group[0]
+    if best.best(key) is not None:
+      name = names(infos)[infos.index(best)]
+      print_fn(f"best{f' on {scope(best)}' if apart else ''}: {name} (best {key} "
+               f"{best.best(key):.4f}); ranked by {key} ({_why(key, by)})")
   if out is not None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(markdown_table(header, body) + "\n", encoding="utf-8")

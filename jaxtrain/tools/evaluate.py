@@ -47,7 +47,7 @@ def run() -> None:
   fields = scoring.run_fields(f.workdir, f.prompt_field, f.completion_field,
                               context=f.context_field, endings=f.endings_field, label=f.label_field)
   result, seconds = scoring.score_run(f.workdir, f.data, fields, f.normalize, f.max_new_tokens,
-                                      f.step)
+                                      f.step, warn=lambda line: print(line, file=sys.stderr))
   print(f"step {result['step']} of {f.workdir} on {f.data} ({seconds:.1f}s)")
   print(scoring.table(result))
   if f.out:

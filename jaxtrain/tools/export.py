@@ -6,6 +6,7 @@ and generation that stops at the end of the assistant's turn. A LoRA run's adapt
 its kernels (W + alpha/r A B): the directory is an ordinary model."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -37,6 +38,9 @@ def export(workdir: str, out: str, step: str = "latest") -> Path:
   from safetensors.numpy import save_file
 
   save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+  # safetensors writes through a private temporary file (mode 0600): an export is to be shared,
+  # so it gets the mode of any file the user creates (0666 less the umask), as the others have.
+  (target / "model.safetensors").chmod(0o666 & ~_umask())
   paths.write_json(target / "config.json", {**config, "jaxtrain": {
       "workdir": str(Path(workdir).absolute()), "step": int(state.step)}})
   # max_new_tokens, not max_length (transformers warns when a call's max_new_tokens meets one);
@@ -49,6 +53,12 @@ def export(workdir: str, out: str, step: str = "latest") -> Path:
       **({"bos_token_id": bos} if bos is not None else {})})
   write_tokenizer(tok, target)
   return target
+
+
+def _umask() -> int:
+  mask = os.umask(0o022)  # reading it means setting it: put back at once
+  os.umask(mask)
+  return mask
 
 
 def _target(out: str) -> Path:

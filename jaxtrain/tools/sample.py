@@ -18,7 +18,7 @@ from absl import flags
 from jaxtrain.checkpoints import load
 from jaxtrain.data import records
 from jaxtrain.data import tokenizer as tokenizer_lib
-from jaxtrain.generation import complete, decode
+from jaxtrain.generation import complete, decode, fit
 from jaxtrain.system import paths
 from jaxtrain.system.errors import UserError
 from jaxtrain.tools import cli
@@ -89,9 +89,19 @@ class Printer:
     self.out.flush()
 
 
+def seen(state, ids: np.ndarray, f, what: str = "the prompt") -> np.ndarray:
+  """The prompt's tokens the model sees beside `f.max_new_tokens` new ones (generation/fit.py); a prompt
+  cut at its start is said in one line on stderr."""
+  seq_len = state.model_cfg.seq_len
+  note = fit.cut_line(what, len(ids), "--max_new_tokens", f.max_new_tokens, seq_len)
+  if note:
+    print(note, file=sys.stderr)
+  return fit.keep_last(ids, fit.room(seq_len, f.max_new_tokens))
+
+
 def sample(state, tok, prompt: str, f, out=sys.stdout) -> int:
   """Prints `f.num_samples` continuations of `prompt`; returns how many tokens were made."""
-  ids = encode(tok, prompt)
+  ids = seen(state, encode(tok, prompt), f)
   made = 0
   for i in range(f.num_samples):
     if f.num_samples > 1:
@@ -115,12 +125,19 @@ def sample_file(state, tok, f) -> Path:
   found = records.prompts(f.prompts, field)
   out = Path(f.out).expanduser() if f.out else \
       Path(f.prompts).expanduser().with_suffix(".completions.jsonl")
+  keep = fit.room(state.model_cfg.seq_len, f.max_new_tokens)
+  cut = [line for line, p in found if len(complete.context_ids(state, tok, p)) > keep]
+  if cut:
+    holds = fit.holds("--max_new_tokens", f.max_new_tokens, state.model_cfg.seq_len)
+    print(f"note: {len(cut)} of {len(found)} prompts are longer than {keep} tokens "
+          f"({fit.lines(cut)}); {holds} each one's last {keep}, so their first tokens are not "
+          "seen", file=sys.stderr)
   rows = []
   t0 = time.time()
   for i in range(f.num_samples):
     done = complete.complete(state, tok, [p for _, p in found], f.max_new_tokens,
                              temperature=f.temperature, top_k=f.top_k, top_p=f.top_p,
-                             seed=f.seed + i)
+                             seed=f.seed + i, keep=keep)
     for (line, prompt), text in zip(found, done):
       rows.append({"line": line, "prompt": prompt, "completion": text,
                    **({"sample": i} if f.num_samples > 1 else {})})
@@ -147,10 +164,11 @@ def run() -> None:
     sample_file(state, tok, f)
     return
   if not f.interactive:
-    encode(tok, prompt)  # a bad prompt fails before anything is printed
+    n = len(encode(tok, prompt))  # a bad prompt fails before anything is printed
     t0 = time.time()
     made = sample(state, tok, prompt, f)
-    print(f"{made} tokens in {time.time() - t0:.1f}s", file=sys.stderr)
+    slid = fit.slid(n, f.max_new_tokens, state.model_cfg.seq_len)
+    print(f"{made} tokens in {time.time() - t0:.1f}s{slid}", file=sys.stderr)
     return
   while True:
     try:
