@@ -132,7 +132,7 @@ def _loop(r: Run, p: Progress, state: TrainState) -> RunResult:
     r.out.close()
     with stop.saving_now():
       r.saving.finish(p.step)
-  return _end(r, p, state, signal_stop, hook_stop, stop.exit_code)
+  return _end(r, p, state, signal_stop, hook_stop)
 
 
 def _open(r: Run, p: Progress, stop: signals.GracefulStop) -> None:
@@ -226,11 +226,11 @@ def _save(r: Run, p: Progress, state: TrainState, evaluated: bool, stop: signals
       r.saving.finish(p.step)
 
 
-def _end(r: Run, p: Progress, state: TrainState, signal_stop: str | None, hook_stop: str | None,
-         exit_code: int) -> RunResult:
+def _end(r: Run, p: Progress, state: TrainState, signal_stop: str | None,
+         hook_stop: str | None) -> RunResult:
   speed = p.meter.last.tokens_per_sec if p.meter.last else None
   if signal_stop:
-    return ending.stopped(r, p, signal_stop, exit_code, speed)
+    return ending.stopped(r, p, signal_stop, speed)
   if hook_stop:
     r.out.print(f"stopped at step {p.step}: {hook_stop}")
   return ending.finish(r, p, state, speed)

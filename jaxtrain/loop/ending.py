@@ -66,12 +66,13 @@ def finish(r: Run, p: Progress, state: TrainState, speed: float | None) -> RunRe
                    max_steps=p.end)
 
 
-def stopped(r: Run, p: Progress, by: str, exit_code: int, speed: float | None) -> RunResult:
-  """A run the loop stopped on a signal, saved at the step it stopped at."""
+def stopped(r: Run, p: Progress, by: str, speed: float | None) -> RunResult:
+  """A run the loop stopped on a signal (its own, or another process's: every process of the
+  run exits with the same status), saved at the step it stopped at."""
   r.out.print(f"{by}: stopped at step {p.step}; checkpoint saved in "
               f"{r.saving.ckpts.directory / str(p.step)}. Run the same command again to resume.")
   return RunResult(str(r.workdir), p.step, p.pending.last_loss, p.last_val, speed,
-                   time.time() - r.t_start, [], by, exit_code, p.end)
+                   time.time() - r.t_start, [], by, signals.EXIT_CODES[by], p.end)
 
 
 def already_done(r: Run, step: int) -> RunResult:
@@ -96,14 +97,12 @@ def interrupted(e: KeyboardInterrupt, r: Run | None, workdir: Path, t_start: flo
   if r is not None and r.phase == "sampling":
     what = (f"training had finished and its checkpoint of step {step} is saved; the samples "
             "were not written")
-    code = signals.EXIT_CODES.get(name, 0)
   else:
     what = (f"nothing new was saved; the checkpoint of step {step} is intact and a restart "
             "resumes from it" if saved else "nothing was saved; a restart begins afresh")
-    code = signals.EXIT_CODES.get(name, 143)  # stopped before training: no state saved with it
   print(f"{name} while {phase}: stopped; {what}", file=sys.stderr, flush=True)
-  return RunResult(str(workdir), step, None, None, None, time.time() - t_start, [], name, code,
-                   max_steps)
+  return RunResult(str(workdir), step, None, None, None, time.time() - t_start, [], name,
+                   signals.EXIT_CODES[name], max_steps)
 
 
 def remove_stub(workdir: Path, existed: bool, fresh: bool, r: Run | None) -> None:
