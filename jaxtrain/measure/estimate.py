@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxtrain.core import model as model_lib
+from jaxtrain.measure import memory
 from jaxtrain.system import fmt
 from jaxtrain.system.paths import cache_dir
 
@@ -95,20 +96,22 @@ def memory_estimate(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int,
 
 
 def available_memory(device: jax.Device) -> tuple[int | None, str]:
-  """(bytes, what) the device can hold: the accelerator's memory, or the host's free RAM."""
+  """(bytes, what) the device can hold: the accelerator's memory, or what this process may take
+  of the host's RAM (less where its container's cgroup sets a lower memory limit)."""
   if device.platform != "cpu":
     stats = device.memory_stats() or {}
     if "bytes_limit" in stats:
       return stats["bytes_limit"], f"{device.device_kind} memory"
-  try:  # MemAvailable counts reclaimable page cache; free pages alone undercount a busy host
-    with open("/proc/meminfo") as f:
-      fields = dict(line.split(":", 1) for line in f)
-    return int(fields["MemAvailable"].split()[0]) * 1024, "available RAM"
-  except (OSError, KeyError, ValueError):
-    try:
-      return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free RAM"
-    except (ValueError, OSError):
-      return None, "RAM"
+  host = memory.host_memory()
+  if host is not None:
+    total, available, what = host
+    if what == "RAM":  # MemAvailable counts reclaimable page cache: free pages alone undercount
+      return available, "available RAM"
+    return available, f"free of the {fmt.nbytes(total)} {what}"
+  try:
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free RAM"
+  except (ValueError, OSError):
+    return None, "RAM"
 
 
 def memory_report(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int, devices: list,
@@ -138,8 +141,9 @@ def memory_report(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int, d
     if sharing > 1:
       knobs.append("use fewer CPU devices (mesh.cpu_devices)")
     needs = f"~{fmt.nbytes(need)}" + (f" ({sharing} CPU devices)" if sharing > 1 else " per device")
-    warning = (f"this run needs {needs} but {fmt.nbytes(have)} {what} is free: it will probably "
-               f"run out of memory. To fit: {'; '.join(knobs)}")
+    killed = " and be killed (exit status 137)" if "limit" in what else ""
+    warning = (f"this run needs {needs}, more than the {fmt.nbytes(have)} {what}: it will "
+               f"probably run out of memory{killed}. To fit: {'; '.join(knobs)}")
   return line, warning
 
 
