@@ -70,12 +70,35 @@ def _unknown_field(argv: list[str]) -> str | None:
   return None
 
 
+def _field_as_flag(argv: list[str]) -> str | None:
+  """The first `--NAME=v` that is no flag but the last name of config fields (`--max_steps=5`),
+  with the overrides it likely means: absl would suggest two unrelated JAX flags."""
+  fields = defaults.field_names()
+  for i, arg in enumerate(argv):
+    if not arg.startswith("--") or arg.startswith(("--config", "--help")):
+      continue
+    name, eq, value = arg[2:].partition("=")
+    if not name or name in flags.FLAGS:
+      continue
+    matches = [f for f in fields if f.rsplit(".", 1)[-1] == name]
+    if matches:
+      if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+        value = argv[i + 1]  # `--max_steps 5`
+      shown = " or ".join(f"--config.{f}={value or '...'}" for f in matches)
+      return (f"--{name} is not a flag of python -m jaxtrain; config fields are set as "
+              f"--config.SECTION.FIELD=VALUE: did you mean {shown}?")
+  return None
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl's parser, but a bad flag is one line and exit status 2, like every other bad input; the
   config file is loaded (and its names checked) here first, so its errors are ours too."""
   if any(arg in ("--help", "-h", "-help", "--helpshort") for arg in argv[1:]):
     print(_help())
     exiting.exit_now(0)
+  field = _field_as_flag(argv[1:])
+  if field:
+    fail(field)
   at, value = _config_value(argv)
   if value is None and any(arg.startswith("--config.") for arg in argv[1:]):
     fail("--config=FILE is missing: --config.* flags set fields of a config file's config; pass "

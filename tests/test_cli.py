@@ -67,6 +67,10 @@ def test_train_evaluate_checkpoint_sample_then_resume(corpus_file, tmp_path):
      "--config.model.n_layers"),
     ("--config.train.max_steps=abc", "--config.train.max_steps=abc"),
     ("--config.data.path=/no/such.txt", "config.data.path: '/no/such.txt' matches no file"),
+    # A field's name as a flag of its own: the override it means, not absl's JAX flags.
+    ("--max_steps=5", "--max_steps is not a flag of python -m jaxtrain; config fields are set as "
+     "--config.SECTION.FIELD=VALUE: did you mean --config.train.max_steps=5?"),
+    ("--workdir=runs/x", "did you mean --config.workdir=runs/x?"),
 ])
 def test_bad_input_is_one_line_and_exit_2(flag, message, tmp_path):
   result = run_cli("--config=configs/nano.py", "--jax_platforms=cpu",
