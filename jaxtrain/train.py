@@ -198,7 +198,7 @@ def _log(r: Run, p: Progress, step: int) -> None:
   loss, lr, elapsed = p.pending.last_loss, p.pending.last_lr, p.elapsed()
   mem, mem_text, mem_warning = p.mem_watch.read()
   r.out.progress(step, p.end, loss, lr, speed.tokens_per_sec if speed else 0.0, elapsed,
-                 speed.eta_s if speed else 0.0, mem_text)
+                 speed.eta_s if speed else 0.0, mem_text, p.last_val)
   if mem_warning:
     r.out.print(mem_warning)
   r.saving.check(step)  # a background write that failed is reported now
