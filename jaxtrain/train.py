@@ -130,7 +130,7 @@ def _loop(r: Run, p: Progress, state: TrainState) -> RunResult:
         p.meter.skip_time(time.perf_counter())  # eval and save time is not training time
     p.pending.read(r.out.print)
     r.out.close()
-    with stop.saving_now():
+    with stop.saving_now(), p.timeline.timing("checkpoints"):
       r.saving.finish(p.step)
   return _end(r, p, state, signal_stop, hook_stop)
 
@@ -181,6 +181,8 @@ def _step(r: Run, p: Progress, state: TrainState) -> TrainState:
   if not p.meter.started:
     jax.block_until_ready(micro)
     r.out.print(f"compiled and ran the first step in {time.time() - r.t_compile:.1f}s")
+    p.timeline.add("start-up", r.t_compile - r.t_start)
+    p.timeline.add("compile", time.time() - r.t_compile)
     p.meter.start(p.step, time.perf_counter())
   p.pending.add(p.step, micro)
   return state
@@ -210,7 +212,8 @@ def _log(r: Run, p: Progress, step: int) -> None:
 
 def _evaluate(r: Run, p: Progress, state: TrainState) -> float:
   """The evaluation of this step, to its hooks; returns its val loss."""
-  record = p.val.evaluate(r.programs, state, p.step, p.elapsed, r.out.print)
+  with p.timeline.timing("eval"):
+    record = p.val.evaluate(r.programs, state, p.step, p.elapsed, r.out.print)
   p.last_val = record["val_loss"]
   r.hooks.eval(p.step, record)
   return p.last_val
@@ -220,7 +223,7 @@ def _save(r: Run, p: Progress, state: TrainState, evaluated: bool, stop: signals
           last: bool) -> None:
   """A checkpoint of this step (with its val loss where it was evaluated); waited for when it is
   the run's last."""
-  with stop.saving_now():
+  with stop.saving_now(), p.timeline.timing("checkpoints"):
     r.saving.save(state, r.feed, p.last_val if evaluated else None, p.elapsed())
     if last:
       r.saving.finish(p.step)

@@ -63,6 +63,7 @@ def test_sigterm_saves_prints_how_to_resume_and_exits_143(corpus_file, tmp_path,
   assert run.wait(60) == 143, run.text()  # 128 + SIGTERM: stopped before its end, not done
   text = run.text()
   assert "SIGTERM: stopped at step" in text and "to resume: python -m jaxtrain" in text
+  assert "\nsummary: " in text and "\ntime: " in text  # the story of the leg too
   stopped = int(text.split("SIGTERM: stopped at step ")[1].split(";")[0])
   if stopped < MAX_STEPS:  # a checkpoint of exactly that step, complete
     assert (workdir / "checkpoints" / str(stopped) / "state").is_dir()
