@@ -23,6 +23,8 @@ from jaxtrain.tools.cli import fail  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
                                           lock_config=True)
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config, the memory estimate and "
+                             "the plan of the run, without training or writing to the workdir.")
 
 
 HELP = """usage: python -m jaxtrain --config=FILE [--config.SECTION.FIELD=VALUE ...] [--jax_platforms=cpu]
@@ -32,6 +34,8 @@ Trains the model FILE describes in its workdir, resuming from the workdir's newe
 flags:
   --config=FILE                 a config file (configs/nano.py), or a recipe's name (nano)
   --config.SECTION.FIELD=VALUE  sets one field of that config, e.g. --config.train.max_steps=100
+  --dry_run                     the resolved config, memory estimate and plan (steps, tokens,
+                                FLOPs, evaluations, checkpoints); nothing trained or written
   --jax_platforms=cpu|cuda|tpu  where to run (default: a GPU or TPU when there is one, else cpu)
   --help                        this list; --helpfull: every flag of absl and JAX as well
 
@@ -132,6 +136,22 @@ def _explicit(argv: list[str]) -> list[str]:
   return [a[len("--config."):].split("=")[0] for a in argv if a.startswith("--config.")]
 
 
+def _dry_run(cfg) -> None:
+  """--dry_run: the libraries' logs stay off the terminal without a file in the workdir."""
+  from jaxtrain.loop import preview
+
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.ERROR)  # orbax warns that a read-only manager is read-only
+  try:
+    preview.dry_run(cfg, _explicit(sys.argv[1:]))
+  except UserError as e:
+    fail(str(e), e.exit_code)
+  except KeyboardInterrupt:
+    print(f"{signals.name_of(sys.exc_info()[1])}: dry run stopped", file=sys.stderr)
+    exiting.exit_now(130)
+  exiting.exit_now(0)
+
+
 def main(argv: list[str]) -> None:
   signals.raise_on_signals()  # from here on, SIGTERM or Ctrl-C at any moment ends in one line
   if len(argv) > 1:
@@ -141,6 +161,8 @@ def main(argv: list[str]) -> None:
     fail("no config given; pass --config=nano (or another recipe, or a config file: see --help)")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax and grain log every save at INFO
+  if _DRY_RUN.value:
+    _dry_run(cfg)
   try:
     result = train.run(cfg, library_log=True, explicit=_explicit(sys.argv[1:]))
   except UserError as e:  # the run has finished or abandoned its checkpoint writes
