@@ -27,6 +27,9 @@ def killed_line(info: dict) -> str:
           "is trained again")
 
 
+WRITE_EVERY_S = 1.0
+
+
 class Status(Hook):
   """status.json in the workdir (process 0): what state the run is in, the last step it logged
   or evaluated, its params, and the process that runs it."""
@@ -34,6 +37,7 @@ class Status(Hook):
   def __init__(self):
     self.path: Path | None = None
     self.info: dict = {}
+    self.checkpoint_every, self.written = 1, 0.0
 
   def on_start(self, run: RunView, step: int) -> None:
     if jax.process_index() != 0:
@@ -46,18 +50,25 @@ class Status(Hook):
                  "params": int(sum(x.size for x in jax.tree.leaves(run.programs.abstract.params))),
                  "started": time.time(), "pid": os.getpid(), "host": socket.gethostname()}
     paths.write_json(self.path, self.info)
+    self.checkpoint_every, self.written = run.cfg.train.checkpoint_every, time.monotonic()
 
-  def _reached(self, step: int) -> None:
-    """A small atomic write on the steps that already write a metrics line, never in between."""
-    if self.path is not None and step != self.info["step"]:
-      self.info["step"] = step
+  def _reached(self, step: int, now: bool = False) -> None:
+    """The step in the file: at every evaluation and every `train.checkpoint_every` step, and at
+    other logged steps once a second at most, since an atomic write costs milliseconds on a
+    network or sandboxed file system, as much as a tiny model's step."""
+    if self.path is None:
+      return
+    self.info["step"] = step  # in the file at the latest when the run ends, also on a failure
+    t = time.monotonic()
+    if now or step % self.checkpoint_every == 0 or t - self.written >= WRITE_EVERY_S:
       paths.write_json(self.path, self.info)
+      self.written = t
 
   def on_log(self, step: int, record: dict) -> None:
     self._reached(step)
 
   def on_eval(self, step: int, record: dict) -> None:
-    self._reached(step)
+    self._reached(step, now=True)
 
   def on_end(self, result: RunResult | None) -> None:
     if self.path is None:
