@@ -6,6 +6,7 @@ warning (once) when the host or the device gets within 10% of running out.
 that limit (exit status 137) however much RAM the machine has free."""
 
 import dataclasses
+import functools
 import resource
 import sys
 from collections.abc import Callable
@@ -65,9 +66,11 @@ def _number(path: Path) -> int | None:
   return int(text) if text.isdigit() else None  # "max": no limit
 
 
+@functools.lru_cache(maxsize=8)
 def _cgroup_dirs(root: Path) -> list[tuple[int, Path, Path]]:
   """(version, this process's memory cgroup directory, its hierarchy's mount point) for each
-  hierarchy that has the memory controller: from /proc/self/cgroup and where each is mounted."""
+  hierarchy that has the memory controller: from /proc/self/cgroup and where each is mounted.
+  Found once: a process stays in its cgroup, and the memory watch asks at every log line."""
   try:
     groups = (root / "proc/self/cgroup").read_text().splitlines()
     mounts = (root / "proc/self/mountinfo").read_text().splitlines()
@@ -93,10 +96,10 @@ def _cgroup_dirs(root: Path) -> list[tuple[int, Path, Path]]:
   return found
 
 
-def container_limit(root: Path = Path("/")) -> Limit | None:
+def container_limit(root: Path = Path("/"), total: int | None = None) -> Limit | None:
   """The lowest memory limit on this process's cgroup and those above it, or None where none is
-  set ("max", or a number beyond the host's RAM: a limit that binds nothing)."""
-  total = (ram(root) or (None, None))[0]
+  set ("max", or a number beyond the host's RAM, `total`: a limit that binds nothing)."""
+  total = total or (ram(root) or (None, None))[0]
   best = None
   for version, directory, mount in _cgroup_dirs(root):
     limit_file, usage_file, cache_key = _FILES[version]
@@ -126,7 +129,8 @@ def _stat(path: Path, key: str) -> int:
 def host_memory(root: Path = Path("/")) -> tuple[int, int, str] | None:
   """(total, available, what) of the memory this process may take: the host's RAM, or its
   cgroup's limit where less is available under that; None where neither can be read."""
-  host, limit = ram(root), container_limit(root)
+  host = ram(root)
+  limit = container_limit(root, host[0] if host else None)
   if limit is not None and (host is None or limit.available < host[1]):
     return limit.limit, limit.available, f"container memory limit ({limit.source})"
   return (*host, "RAM") if host else None
