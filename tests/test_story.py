@@ -104,11 +104,12 @@ def test_the_memory_estimate_names_the_containers_limit(corpus_file, tmp_path):
   big = ["--config.model.d_model=512", "--config.model.n_heads=8", "--config.model.seq_len=1024",
          "--config.model.n_layers=8", "--config.train.batch_size=64"]
   with _memory_cgroup(3 << 30) as group:
+    # The shell joins the group, then becomes the run (no fork in this process, which runs JAX).
     result = subprocess.run(
-        [sys.executable, "-m", "jaxtrain", *TINY, f"--config.data.path={corpus_file}",
+        ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs"), sys.executable,
+         "-m", "jaxtrain", *TINY, f"--config.data.path={corpus_file}",
          f"--config.workdir={tmp_path / 'run'}", *big, "--dry_run"], cwd=ROOT, text=True,
-        capture_output=True, timeout=120, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+        capture_output=True, timeout=120, env=dict(os.environ, PYTHONUNBUFFERED="1"))
   assert result.returncode == 0, result.stderr
   line = next(x for x in result.stdout.splitlines() if x.startswith("memory per device"))
   assert re.search(r"; [\d.]+ (GiB|MiB) free of the 3\.00 GiB container memory limit \(cgroup "
