@@ -146,9 +146,10 @@ def _dry_run(cfg) -> None:
     preview.dry_run(cfg, _explicit(sys.argv[1:]))
   except UserError as e:
     fail(str(e), e.exit_code)
-  except KeyboardInterrupt:
-    print(f"{signals.name_of(sys.exc_info()[1])}: dry run stopped", file=sys.stderr)
-    exiting.exit_now(130)
+  except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM while reading the data
+    name = signals.name_of(e)
+    print(f"{name}: dry run stopped", file=sys.stderr)
+    exiting.exit_now(signals.EXIT_CODES[name])
   exiting.exit_now(0)
 
 

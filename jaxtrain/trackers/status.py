@@ -19,15 +19,16 @@ from jaxtrain.trackers.hooks import Hook, RunResult, RunView
 
 def killed_line(info: dict) -> str:
   """The line for the start of a run whose previous process left `running` behind."""
-  who = (f" (PID {info['pid']} on host {info['host']}, started "
-         f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(info['started']))})"
-         if {"pid", "host", "started"} <= info.keys() else "")
+  started = info.get("started")
+  who = (f" (PID {info.get('pid')} on host {info.get('host')}, started "
+         f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))})"
+         if "pid" in info and isinstance(started, int | float) else "")
   return (f"note: the previous start of this run{who} was killed at step {info.get('step', 0)} "
           "without a word (SIGKILL, or out of memory); what it trained after its last checkpoint "
           "is trained again")
 
 
-WRITE_EVERY_S = 1.0
+WRITE_EVERY_S = 1.0  # the most often a logged step rewrites the file (see Status._reached)
 
 
 class Status(Hook):
