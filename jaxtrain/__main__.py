@@ -23,6 +23,8 @@ from jaxtrain.tools.cli import fail  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
                                           lock_config=True)
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config, the memory estimate and "
+                             "the plan of the run, without training or writing to the workdir.")
 
 
 HELP = """usage: python -m jaxtrain --config=FILE [--config.SECTION.FIELD=VALUE ...] [--jax_platforms=cpu]
@@ -32,6 +34,8 @@ Trains the model FILE describes in its workdir, resuming from the workdir's newe
 flags:
   --config=FILE                 a config file (configs/nano.py), or a recipe's name (nano)
   --config.SECTION.FIELD=VALUE  sets one field of that config, e.g. --config.train.max_steps=100
+  --dry_run                     the resolved config, memory estimate and plan (steps, tokens,
+                                FLOPs, evaluations, checkpoints); nothing trained or written
   --jax_platforms=cpu|cuda|tpu  where to run (default: a GPU or TPU when there is one, else cpu)
   --help                        this list; --helpfull: every flag of absl and JAX as well
 
@@ -70,12 +74,35 @@ def _unknown_field(argv: list[str]) -> str | None:
   return None
 
 
+def _field_as_flag(argv: list[str]) -> str | None:
+  """The first `--NAME=v` that is no flag but the last name of config fields (`--max_steps=5`),
+  with the overrides it likely means: absl would suggest two unrelated JAX flags."""
+  fields = defaults.field_names()
+  for i, arg in enumerate(argv):
+    if not arg.startswith("--") or arg.startswith(("--config", "--help")):
+      continue
+    name, eq, value = arg[2:].partition("=")
+    if not name or name in flags.FLAGS:
+      continue
+    matches = [f for f in fields if f.rsplit(".", 1)[-1] == name]
+    if matches:
+      if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+        value = argv[i + 1]  # `--max_steps 5`
+      shown = " or ".join(f"--config.{f}={value or '...'}" for f in matches)
+      return (f"--{name} is not a flag of python -m jaxtrain; config fields are set as "
+              f"--config.SECTION.FIELD=VALUE: did you mean {shown}?")
+  return None
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl's parser, but a bad flag is one line and exit status 2, like every other bad input; the
   config file is loaded (and its names checked) here first, so its errors are ours too."""
   if any(arg in ("--help", "-h", "-help", "--helpshort") for arg in argv[1:]):
     print(_help())
     exiting.exit_now(0)
+  field = _field_as_flag(argv[1:])
+  if field:
+    fail(field)
   at, value = _config_value(argv)
   if value is None and any(arg.startswith("--config.") for arg in argv[1:]):
     fail("--config=FILE is missing: --config.* flags set fields of a config file's config; pass "
@@ -109,6 +136,23 @@ def _explicit(argv: list[str]) -> list[str]:
   return [a[len("--config."):].split("=")[0] for a in argv if a.startswith("--config.")]
 
 
+def _dry_run(cfg) -> None:
+  """--dry_run: the libraries' logs stay off the terminal without a file in the workdir."""
+  from jaxtrain.loop import preview
+
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.ERROR)  # orbax warns that a read-only manager is read-only
+  try:
+    preview.dry_run(cfg, _explicit(sys.argv[1:]))
+  except UserError as e:
+    fail(str(e), e.exit_code)
+  except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM while reading the data
+    name = signals.name_of(e)
+    print(f"{name}: dry run stopped", file=sys.stderr)
+    exiting.exit_now(signals.EXIT_CODES[name])
+  exiting.exit_now(0)
+
+
 def main(argv: list[str]) -> None:
   signals.raise_on_signals()  # from here on, SIGTERM or Ctrl-C at any moment ends in one line
   if len(argv) > 1:
@@ -118,12 +162,14 @@ def main(argv: list[str]) -> None:
     fail("no config given; pass --config=nano (or another recipe, or a config file: see --help)")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax and grain log every save at INFO
+  if _DRY_RUN.value:
+    _dry_run(cfg)
   try:
     result = train.run(cfg, library_log=True, explicit=_explicit(sys.argv[1:]))
   except UserError as e:  # the run has finished or abandoned its checkpoint writes
     print("; ".join([f"error: {e}", *getattr(e, "__notes__", [])]), file=sys.stderr)
     exiting.exit_now(e.exit_code)
-  if result.stopped_by and result.step < cfg.train.max_steps:
+  if result.stopped_by and 0 < result.step < cfg.train.max_steps:  # step 0: nothing to resume
     try:
       print(f"to resume: python -m jaxtrain {' '.join(sys.argv[1:])}", flush=True)
     except BrokenPipeError:  # stdout's reader left: the line above is the only one lost

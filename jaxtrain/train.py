@@ -132,9 +132,9 @@ def _loop(r: Run, p: Progress, state: TrainState) -> RunResult:
         p.meter.skip_time(time.perf_counter())  # eval and save time is not training time
     p.pending.read(r.out.print)
     r.out.close()
-    with stop.saving_now():
+    with stop.saving_now(), p.timeline.timing("checkpoints"):
       r.saving.finish(p.step)
-  return _end(r, p, state, signal_stop, hook_stop, stop.exit_code)
+  return _end(r, p, state, signal_stop, hook_stop)
 
 
 def _open(r: Run, p: Progress, stop: signals.GracefulStop) -> None:
@@ -183,6 +183,8 @@ def _step(r: Run, p: Progress, state: TrainState) -> TrainState:
   if not p.meter.started:
     jax.block_until_ready(micro)
     r.out.print(f"compiled and ran the first step in {time.time() - r.t_compile:.1f}s")
+    p.timeline.add("start-up", r.t_compile - r.t_start)
+    p.timeline.add("compile", time.time() - r.t_compile)
     p.meter.start(p.step, time.perf_counter())
   p.pending.add(p.step, micro)
   return state
@@ -200,7 +202,7 @@ def _log(r: Run, p: Progress, step: int) -> None:
   loss, lr, elapsed = p.pending.last_loss, p.pending.last_lr, p.elapsed()
   mem, mem_text, mem_warning = p.mem_watch.read()
   r.out.progress(step, p.end, loss, lr, speed.tokens_per_sec if speed else 0.0, elapsed,
-                 speed.eta_s if speed else 0.0, mem_text)
+                 speed.eta_s if speed else 0.0, mem_text, p.last_val)
   if mem_warning:
     r.out.print(mem_warning)
   r.saving.check(step)  # a background write that failed is reported now
@@ -212,7 +214,8 @@ def _log(r: Run, p: Progress, step: int) -> None:
 
 def _evaluate(r: Run, p: Progress, state: TrainState) -> float:
   """The evaluation of this step, to its hooks; returns its val loss."""
-  record = p.val.evaluate(r.programs, state, p.step, p.elapsed, r.out.print)
+  with p.timeline.timing("eval"):
+    record = p.val.evaluate(r.programs, state, p.step, p.elapsed, r.out.print)
   p.last_val = record["val_loss"]
   r.hooks.eval(p.step, record)
   return p.last_val
@@ -222,17 +225,17 @@ def _save(r: Run, p: Progress, state: TrainState, evaluated: bool, stop: signals
           last: bool) -> None:
   """A checkpoint of this step (with its val loss where it was evaluated); waited for when it is
   the run's last."""
-  with stop.saving_now():
+  with stop.saving_now(), p.timeline.timing("checkpoints"):
     r.saving.save(state, r.feed, p.last_val if evaluated else None, p.elapsed())
     if last:
       r.saving.finish(p.step)
 
 
-def _end(r: Run, p: Progress, state: TrainState, signal_stop: str | None, hook_stop: str | None,
-         exit_code: int) -> RunResult:
+def _end(r: Run, p: Progress, state: TrainState, signal_stop: str | None,
+         hook_stop: str | None) -> RunResult:
   speed = p.meter.last.tokens_per_sec if p.meter.last else None
   if signal_stop:
-    return ending.stopped(r, p, signal_stop, exit_code, speed)
+    return ending.stopped(r, p, signal_stop, speed)
   if hook_stop:
     r.out.print(f"stopped at step {p.step}: {hook_stop}")
   return ending.finish(r, p, state, speed)

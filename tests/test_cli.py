@@ -41,6 +41,21 @@ def test_train_evaluate_checkpoint_sample_then_resume(corpus_file, tmp_path):
   assert [r["step"] for r in eval_lines] == [10, 20]
   assert all({"step", "val_loss", "elapsed_s"} <= r.keys() for r in eval_lines)
   assert train_lines[-1]["loss"] < train_lines[0]["loss"]
+  # The story as it goes and at the end: the latest val loss beside the loss, the best val loss
+  # and its step, the tokens seen, and where the wall time went (the parts add up to it).
+  step15 = next(line for line in out.splitlines() if line.startswith("step     15/20"))
+  assert f"| loss {train_lines[2]['loss']:.4f} | val {eval_lines[0]['val_loss']:.4f} |" in step15
+  best = min(eval_lines, key=lambda r: r["val_loss"])
+  lines = out.splitlines()
+  done = next(i for i, line in enumerate(lines) if line.startswith("done: step 20"))
+  assert lines[done + 1] == (f"summary: best val loss {best['val_loss']:.4f} at step {best['step']}"
+                             " | 5.12k tokens seen (20 steps x 256)")
+  time_line = lines[done + 2]
+  wall = float(lines[done].split("| wall ")[1].split("s |")[0])
+  parts = dict(p.rsplit(" ", 1) for p in time_line.split(" = ")[1].split(" + "))
+  assert time_line.startswith(f"time: {wall:.1f}s = start-up ") and list(parts) == [
+      "start-up", "compile", "train", "eval", "checkpoints", "samples"], time_line
+  assert abs(sum(float(v.rstrip("s")) for v in parts.values()) - wall) < 0.35, time_line
 
   # The same run in a new directory, its programs now from XLA's compile cache: same numbers.
   again = run_cli(*[a.replace(str(workdir), str(tmp_path / "again")) for a in args],
@@ -67,6 +82,10 @@ def test_train_evaluate_checkpoint_sample_then_resume(corpus_file, tmp_path):
      "--config.model.n_layers"),
     ("--config.train.max_steps=abc", "--config.train.max_steps=abc"),
     ("--config.data.path=/no/such.txt", "config.data.path: '/no/such.txt' matches no file"),
+    # A field's name as a flag of its own: the override it means, not absl's JAX flags.
+    ("--max_steps=5", "--max_steps is not a flag of python -m jaxtrain; config fields are set as "
+     "--config.SECTION.FIELD=VALUE: did you mean --config.train.max_steps=5?"),
+    ("--workdir=runs/x", "did you mean --config.workdir=runs/x?"),
 ])
 def test_bad_input_is_one_line_and_exit_2(flag, message, tmp_path):
   result = run_cli("--config=configs/nano.py", "--jax_platforms=cpu",

@@ -149,3 +149,62 @@ def test_a_deterministic_run_takes_xlas_attention(tiny, monkeypatch):
   tiny.train.deterministic = True
   built = programs.build(tiny, 256, jax.devices()[:1])
   assert "xla_gpu_deterministic_ops" not in built.compiler_options
+
+
+def _fake_machine(root, cgroup: str, mounts: list[str], files: dict[str, str],
+                  ram_gib: int = 64) -> None:
+  """A made-up /proc and /sys under `root`: this process's cgroups, the mounts, the cgroup files."""
+  (root / "proc/self").mkdir(parents=True)
+  (root / "proc/self/cgroup").write_text(cgroup)
+  (root / "proc/self/mountinfo").write_text("".join(m + "\n" for m in mounts))
+  (root / "proc/meminfo").write_text(f"MemTotal: {ram_gib << 20} kB\nMemAvailable: "
+                                     f"{(ram_gib - 4) << 20} kB\n")
+  for path, text in files.items():
+    (root / path).parent.mkdir(parents=True, exist_ok=True)
+    (root / path).write_text(text)
+
+
+V1_MOUNT = "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory"
+V2_MOUNT = "30 25 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate"
+
+
+def test_a_containers_cgroup_limit_is_the_memory_a_run_has(tmp_path):
+  from jaxtrain.measure import memory
+
+  gib = 2**30
+  # cgroup v2 (Docker, Kubernetes, systemd): the limit of the process's own group.
+  v2 = tmp_path / "v2"
+  _fake_machine(v2, "0::/job\n", [V2_MOUNT], {
+      "sys/fs/cgroup/job/memory.max": f"{3 * gib}\n",
+      "sys/fs/cgroup/job/memory.current": f"{gib}\n",
+      "sys/fs/cgroup/job/memory.stat": f"anon 1\ninactive_file {gib // 2}\n"})
+  assert memory.container_limit(v2) == memory.Limit(3 * gib, gib // 2, "cgroup v2 memory.max")
+  total, available, what = memory.host_memory(v2)
+  assert (total, available) == (3 * gib, 5 * gib // 2)  # page cache it can drop is not used
+  assert what == "container memory limit (cgroup v2 memory.max)"
+
+  # cgroup v1, the limit set on a group above the process's (a Slurm job's, its step below it).
+  v1 = tmp_path / "v1"
+  _fake_machine(v1, "4:memory:/slurm/job_7/step_0\n1:cpu:/\n", [V1_MOUNT], {
+      "sys/fs/cgroup/memory/slurm/job_7/step_0/memory.limit_in_bytes": "9223372036854771712\n",
+      "sys/fs/cgroup/memory/slurm/job_7/memory.limit_in_bytes": f"{2 * gib}\n",
+      "sys/fs/cgroup/memory/slurm/job_7/memory.usage_in_bytes": f"{gib}\n"})
+  assert memory.container_limit(v1) == memory.Limit(2 * gib, gib, "cgroup v1 memory.limit_in_bytes")
+
+  # "max", or a number beyond the RAM: no limit; the RAM is what there is.
+  none = tmp_path / "none"
+  _fake_machine(none, "0::/\n", [V2_MOUNT], {"sys/fs/cgroup/memory.max": "max\n"})
+  assert memory.container_limit(none) is None
+  assert memory.host_memory(none) == (64 * gib, 60 * gib, "RAM")
+  big = tmp_path / "big"
+  _fake_machine(big, "0::/\n", [V2_MOUNT], {"sys/fs/cgroup/memory.max": f"{128 * gib}\n"})
+  assert memory.container_limit(big) is None
+
+
+def test_memory_warns_when_the_container_runs_low():
+  from jaxtrain.measure import memory
+
+  watch = memory.Watch(host=lambda: (3 * 2**30, 2**28, "container memory limit (cgroup v2 "
+                                     "memory.max)"))
+  _, _, warning = watch.read()
+  assert "256.00 MiB of 3.00 GiB container memory limit (cgroup v2 memory.max) available" in warning

@@ -54,15 +54,16 @@ def _start(args: list[str]) -> kh.Run:
 
 
 @pytest.mark.slow
-def test_sigterm_saves_prints_how_to_resume_and_exits_0(corpus_file, tmp_path, reference):
+def test_sigterm_saves_prints_how_to_resume_and_exits_143(corpus_file, tmp_path, reference):
   workdir = tmp_path / "term"
   args = kh.cli_args(workdir, corpus_file, MAX_STEPS)
   run = _start(args)
   time.sleep(0.05)
   run.proc.send_signal(signal.SIGTERM)
-  assert run.wait(60) == 0, run.text()
+  assert run.wait(60) == 143, run.text()  # 128 + SIGTERM: stopped before its end, not done
   text = run.text()
   assert "SIGTERM: stopped at step" in text and "to resume: python -m jaxtrain" in text
+  assert "\nsummary: " in text and "\ntime: " in text  # the story of the leg too
   stopped = int(text.split("SIGTERM: stopped at step ")[1].split(";")[0])
   if stopped < MAX_STEPS:  # a checkpoint of exactly that step, complete
     assert (workdir / "checkpoints" / str(stopped) / "state").is_dir()
@@ -283,6 +284,19 @@ def test_a_signal_during_a_routine_save_still_stops_the_run():
     time.sleep(0.05)
     assert stop.requested == "SIGINT"  # the first signal decides how the run ends
   assert signal.getsignal(signal.SIGINT) is not stop._handle  # handlers are put back
+
+
+def test_a_stop_by_any_signal_exits_with_128_plus_its_number():
+  # A script runs `train && export`: a run a signal stopped before its end must not read as done.
+  from jaxtrain.system import signals
+
+  for name in ("SIGINT", "SIGPIPE", "SIGTERM"):
+    assert signals.EXIT_CODES[name] == 128 + signal.Signals[name].value
+  with signals.GracefulStop() as stop:
+    assert stop.exit_code == 0  # no signal: a hook or the last step ended the run
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.05)
+    assert stop.requested == "SIGTERM" and stop.exit_code == 143
 
 
 def test_a_signal_python_drops_in_a_gc_callback_is_raised_again(capfd):

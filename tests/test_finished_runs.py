@@ -106,6 +106,7 @@ def test_sigterm_before_the_first_step_is_one_line(corpus_file, tmp_path):
   assert "Traceback" not in out + err, err
   assert err.strip().splitlines() == [
       "SIGTERM while preparing the run: stopped; nothing was saved; a restart begins afresh"], err
+  assert "to resume:" not in out, out  # nothing was saved: there is nothing to resume
 
 
 def test_the_line_for_an_interrupt_while_sampling_says_training_finished(tmp_path, capsys):
@@ -116,7 +117,7 @@ def test_the_line_for_an_interrupt_while_sampling_says_training_finished(tmp_pat
   result = ending.interrupted(signals.Terminated(), R(), tmp_path, t0)
   line = capsys.readouterr().err.strip()
   assert line.startswith("SIGTERM while sampling: stopped; training had finished")
-  assert result.stopped_by == "SIGTERM" and result.exit_code == 0
+  assert result.stopped_by == "SIGTERM" and result.exit_code == 143  # the samples are missing
   result = ending.interrupted(KeyboardInterrupt(), None, tmp_path, t0)
   assert "SIGINT while preparing the run" in capsys.readouterr().err
   assert result.exit_code == 130

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import time
 
 import pytest
 
@@ -160,10 +161,48 @@ def test_a_cached_peak_below_what_a_run_reached_is_measured_again(tmp_path, monk
   from jaxtrain.measure import estimate
 
   monkeypatch.setenv("JAXTRAIN_CACHE", str(tmp_path))
-  device = jax.devices()[0]
-  key = f"{device.platform}-{device.device_kind}-{os.cpu_count()}-float32-256".replace(" ", "_")
-  (tmp_path / "peaks.json").write_text(json.dumps({key: {"flops": 1e3, "time": 4e9}}))
+  key = estimate.peak_key(jax.devices()[0], "float32", 256)
+  (tmp_path / "peaks.json").write_text(json.dumps({key: {"flops": 1e3, "time": time.time()}}))
   assert estimate.measured_matmul_peak(n=256, repeats=1) == 1e3  # fresh: not measured again
   peak = estimate.measured_matmul_peak(n=256, repeats=1, at_least=1e6)
   assert peak > 1e6  # measured: any CPU multiplies faster than a MFLOP/s
   assert json.loads((tmp_path / "peaks.json").read_text())[key]["flops"] == peak
+
+
+def test_a_cached_peak_is_measured_again_when_what_it_depends_on_changes(tmp_path, monkeypatch):
+  # A peak measured under other XLA flags, another jax or a week ago would misstate every MFU.
+  import jax
+
+  from jaxtrain.measure import estimate
+
+  monkeypatch.setenv("JAXTRAIN_CACHE", str(tmp_path))
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  device = jax.devices()[0]
+  key = estimate.peak_key(device, "float32", 256)
+  assert jax.__version__ in key and str(os.cpu_count()) in key
+  (tmp_path / "peaks.json").write_text(json.dumps({key: {"flops": 1e3, "time": time.time() - 60}}))
+  assert estimate.matmul_peak(n=256, repeats=1)[0] == 1e3
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+  assert estimate.peak_key(device, "float32", 256) != key
+  assert estimate.matmul_peak(n=256, repeats=1)[0] > 1e6  # another key: measured
+  monkeypatch.delenv("XLA_FLAGS")
+  week = 8 * 24 * 3600
+  (tmp_path / "peaks.json").write_text(json.dumps({key: {"flops": 1e3, "time": time.time() - week}}))
+  assert estimate.matmul_peak(n=256, repeats=1)[0] > 1e6  # too old: measured again
+
+
+def test_the_speed_line_says_whether_the_peak_was_reused_or_measured(tmp_path, monkeypatch):
+  import jax
+
+  from jaxtrain.measure import estimate
+
+  monkeypatch.setenv("JAXTRAIN_CACHE", str(tmp_path))
+  key = estimate.peak_key(jax.devices()[0], "bfloat16", 2048)
+  (tmp_path / "peaks.json").write_text(json.dumps({key: {"flops": 2e12,
+                                                         "time": time.time() - 7200}}))
+  _, said = estimate.peak_flops(jax.devices()[:1], "bfloat16")
+  assert said == "2000.00GFLOP/s x 1, bfloat16 matmul measured on this cpu 2h00m ago, reused from the cache"
+  (tmp_path / "peaks.json").unlink()
+  estimate.matmul_peak("bfloat16", n=2048, repeats=1)
+  _, said = estimate.peak_flops(jax.devices()[:1], "bfloat16")  # measured by this process
+  assert said.endswith(", bfloat16 matmul measured on this cpu just now"), said

@@ -16,6 +16,7 @@ from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.generation import samples
 from jaxtrain.loop import budget
 from jaxtrain.loop.state import Progress, Run
+from jaxtrain.measure import summary
 from jaxtrain.system import fmt, paths, runtime, signals
 from jaxtrain.trackers import metrics_jsonl
 from jaxtrain.trackers.hooks import RunResult
@@ -50,28 +51,43 @@ def finish(r: Run, p: Progress, state: TrainState, speed: float | None) -> RunRe
     params = runtime.host_copy(state.params)  # every process takes part; process 0 samples
     is_main = jax.process_index() == 0
     r.phase = "sampling"
-    texts = samples.write_samples(
-        r.cfg.sample, r.cfg.model.seq_len, r.cfg.seed, state.replace(params=params),
-        r.corpus.val, r.corpus.tokenizer, r.workdir, r.out) if is_main else []
-    if is_main:
-      png = metrics_jsonl.plot_losses(r.workdir / metrics_jsonl.FILE, r.workdir / "loss.png")
-      if png:
-        r.out.print(f"loss curves: {png}")
+    with p.timeline.timing("samples"):
+      texts = samples.write_samples(
+          r.cfg.sample, r.cfg.model.seq_len, r.cfg.seed, state.replace(params=params),
+          r.corpus.val, r.corpus.tokenizer, r.workdir, r.out) if is_main else []
+      if is_main:
+        png = metrics_jsonl.plot_losses(r.workdir / metrics_jsonl.FILE, r.workdir / "loss.png")
+        if png:
+          r.out.print(f"loss curves: {png}")
   except KeyboardInterrupt as e:  # training is done and saved: the samples are what is lost
     return interrupted(e, r, r.workdir, r.t_start, p.end)
   wall = time.time() - r.t_start
   r.out.print(f"done: step {p.step} | train loss {_fmt(p.pending.last_loss)} | val loss "
               f"{_fmt(p.last_val)} | wall {fmt.duration(wall)} | workdir {r.workdir}")
+  _summary(r, p, wall)
   return RunResult(str(r.workdir), p.step, p.pending.last_loss, p.last_val, speed, wall, texts,
                    max_steps=p.end)
 
 
-def stopped(r: Run, p: Progress, by: str, exit_code: int, speed: float | None) -> RunResult:
-  """A run the loop stopped on a signal, saved at the step it stopped at."""
+def stopped(r: Run, p: Progress, by: str, speed: float | None) -> RunResult:
+  """A run the loop stopped on a signal (its own, or another process's: every process of the
+  run exits with the same status), saved at the step it stopped at."""
   r.out.print(f"{by}: stopped at step {p.step}; checkpoint saved in "
               f"{r.saving.ckpts.directory / str(p.step)}. Run the same command again to resume.")
+  _summary(r, p, time.time() - r.t_start)
   return RunResult(str(r.workdir), p.step, p.pending.last_loss, p.last_val, speed,
-                   time.time() - r.t_start, [], by, exit_code, p.end)
+                   time.time() - r.t_start, [], by, signals.EXIT_CODES[by], p.end)
+
+
+def _summary(r: Run, p: Progress, wall: float) -> None:
+  """The run's story in two lines (process 0): its best val loss and tokens, then where this
+  start's time went."""
+  if jax.process_index() != 0:
+    return
+  t = r.cfg.train
+  records = paths.read_jsonl(r.workdir / metrics_jsonl.FILE)
+  r.out.print(summary.closing(records, p.step, t.batch_size * t.grad_accum * r.cfg.model.seq_len))
+  r.out.print(p.timeline.line(wall, resumed=p.elapsed_before > 0))
 
 
 def already_done(r: Run, step: int) -> RunResult:
@@ -96,14 +112,12 @@ def interrupted(e: KeyboardInterrupt, r: Run | None, workdir: Path, t_start: flo
   if r is not None and r.phase == "sampling":
     what = (f"training had finished and its checkpoint of step {step} is saved; the samples "
             "were not written")
-    code = signals.EXIT_CODES.get(name, 0)
   else:
     what = (f"nothing new was saved; the checkpoint of step {step} is intact and a restart "
             "resumes from it" if saved else "nothing was saved; a restart begins afresh")
-    code = signals.EXIT_CODES.get(name, 143)  # stopped before training: no state saved with it
   print(f"{name} while {phase}: stopped; {what}", file=sys.stderr, flush=True)
-  return RunResult(str(workdir), step, None, None, None, time.time() - t_start, [], name, code,
-                   max_steps)
+  return RunResult(str(workdir), step, None, None, None, time.time() - t_start, [], name,
+                   signals.EXIT_CODES[name], max_steps)
 
 
 def remove_stub(workdir: Path, existed: bool, fresh: bool, r: Run | None) -> None:

@@ -18,6 +18,7 @@ from jaxtrain.loop.feed import DeviceFeed
 from jaxtrain.loop.step_metrics import Pending
 from jaxtrain.measure.memory import Watch
 from jaxtrain.measure.speed import Throughput
+from jaxtrain.measure.summary import Timeline
 from jaxtrain.system.console import Console, LibraryLog
 from jaxtrain.trackers.hooks import Hooks, RunView
 
@@ -62,6 +63,7 @@ class Progress:
   last_val: float | None = None
   speed_said: bool = False  # the first speed reading gets a line of its own
   mem_watch: Watch = dataclasses.field(default_factory=Watch)
+  timeline: Timeline = dataclasses.field(default_factory=Timeline)  # where this leg's time goes
 
   def elapsed(self) -> float:
     return self.elapsed_before + time.time() - self.t_run

@@ -13,8 +13,10 @@ a process measurably takes for init and one step.
 """
 
 import dataclasses
+import hashlib
 import json
 import os
+import platform
 import statistics
 import time
 
@@ -22,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxtrain.core import model as model_lib
+from jaxtrain.measure import memory
 from jaxtrain.system import fmt
 from jaxtrain.system.paths import cache_dir
 
@@ -43,6 +46,8 @@ GPU_PEAK_TFLOPS = {
 }
 
 
+# A measured peak is taken again after a week: what the key does not see (firmware, cooling, a
+# neighbour's steady load) drifts, and MFU is only as right as its peak.
 _PEAK_MAX_AGE_S = 7 * 24 * 3600
 
 
@@ -95,20 +100,22 @@ def memory_estimate(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int,
 
 
 def available_memory(device: jax.Device) -> tuple[int | None, str]:
-  """(bytes, what) the device can hold: the accelerator's memory, or the host's free RAM."""
+  """(bytes, what) the device can hold: the accelerator's memory, or what this process may take
+  of the host's RAM (less where its container's cgroup sets a lower memory limit)."""
   if device.platform != "cpu":
     stats = device.memory_stats() or {}
     if "bytes_limit" in stats:
       return stats["bytes_limit"], f"{device.device_kind} memory"
-  try:  # MemAvailable counts reclaimable page cache; free pages alone undercount a busy host
-    with open("/proc/meminfo") as f:
-      fields = dict(line.split(":", 1) for line in f)
-    return int(fields["MemAvailable"].split()[0]) * 1024, "available RAM"
-  except (OSError, KeyError, ValueError):
-    try:
-      return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free RAM"
-    except (ValueError, OSError):
-      return None, "RAM"
+  host = memory.host_memory()
+  if host is not None:
+    total, available, what = host
+    if what == "RAM":  # MemAvailable counts reclaimable page cache: free pages alone undercount
+      return available, "available RAM"
+    return available, f"free of the {fmt.nbytes(total)} {what}"
+  try:
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free RAM"
+  except (ValueError, OSError):
+    return None, "RAM"
 
 
 def memory_report(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int, devices: list,
@@ -138,8 +145,9 @@ def memory_report(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int, d
     if sharing > 1:
       knobs.append("use fewer CPU devices (mesh.cpu_devices)")
     needs = f"~{fmt.nbytes(need)}" + (f" ({sharing} CPU devices)" if sharing > 1 else " per device")
-    warning = (f"this run needs {needs} but {fmt.nbytes(have)} {what} is free: it will probably "
-               f"run out of memory. To fit: {'; '.join(knobs)}")
+    killed = " and be killed (exit status 137)" if "limit" in what else ""
+    warning = (f"this run needs {needs}, more than the {fmt.nbytes(have)} {what}: it will "
+               f"probably run out of memory{killed}. To fit: {'; '.join(knobs)}")
   return line, warning
 
 
@@ -158,18 +166,47 @@ def time_matmul(dtype: str = "float32", n: int = 2048, repeats: int = 5) -> floa
   return 2 * n**3 / statistics.median(times)
 
 
-def measured_matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5,
-                         at_least: float = 0.0) -> float:
-  """This device's matmul FLOP/s (`time_matmul`), measured about once a week.
+def _cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.split(":")[0].strip() in ("model name", "Hardware", "cpu model"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
 
-  The measurement (~1 s on a laptop CPU) is cached per machine; a re-measurement keeps the
-  higher value, so a reading taken while the machine was busy does not stick. `at_least`: FLOP/s
-  this device was just seen to reach; a cached peak below it was taken on a busy machine and is
-  measured again.
+
+def peak_key(device: jax.Device, dtype: str, n: int) -> str:
+  """What a measured peak depends on: the device, the CPU's model and the cores this process may
+  use (a sweep pins each run to a share), jax and jaxlib (XLA's kernels), XLA_FLAGS and the
+  number of devices the CPU is split into."""
+  import jaxlib
+
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  flags = hashlib.sha256(os.environ.get("XLA_FLAGS", "").encode()).hexdigest()[:8]
+  parts = [device.platform, device.device_kind, _cpu_model(), f"{cores}of{os.cpu_count()}",
+           f"jax{jax.__version__}", f"jaxlib{jaxlib.__version__}", f"xla{flags}",
+           f"{len(jax.devices())}dev", dtype, str(n)]
+  return "-".join(parts).replace(" ", "_")
+
+
+_measured_here: set[str] = set()  # the peaks this process measured (not read from the cache)
+
+
+def matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5,
+                at_least: float = 0.0) -> tuple[float, float | None]:
+  """(this device's matmul FLOP/s, how many seconds ago it was measured: None for now, by this
+  process). `time_matmul`, measured about once a week.
+
+  The measurement (~1 s on a laptop CPU) is cached per machine under `peak_key`; a re-measurement
+  keeps the higher value, so a reading taken while the machine was busy does not stick.
+  `at_least`: FLOP/s this device was just seen to reach; a cached peak below it was taken on a
+  busy machine and is measured again.
   """
   device = jax.devices()[0]
   n = n or (2048 if device.platform == "cpu" else 8192)
-  key = f"{device.platform}-{device.device_kind}-{os.cpu_count()}-{dtype}-{n}".replace(" ", "_")
+  key = peak_key(device, dtype, n)
   path = os.path.join(cache_dir(), "peaks.json")
   try:
     with open(path) as f:
@@ -177,13 +214,14 @@ def measured_matmul_peak(dtype: str = "float32", n: int | None = None, repeats: 
   except (OSError, ValueError):
     cached = {}
   entry = cached.get(key)
-  if isinstance(entry, dict) and time.time() - entry["time"] < _PEAK_MAX_AGE_S and \
-      entry["flops"] >= at_least:
-    return entry["flops"]
+  fresh = isinstance(entry, dict) and 0 <= time.time() - entry["time"] < _PEAK_MAX_AGE_S
+  if fresh and entry["flops"] >= at_least:
+    return entry["flops"], None if key in _measured_here else time.time() - entry["time"]
   peak = time_matmul(dtype, n, repeats)
-  if isinstance(entry, dict):
+  if fresh:
     peak = max(peak, entry["flops"])
   cached[key] = {"flops": peak, "time": time.time()}
+  _measured_here.add(key)
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
@@ -192,7 +230,13 @@ def measured_matmul_peak(dtype: str = "float32", n: int | None = None, repeats: 
     os.replace(tmp, path)
   except OSError:
     pass  # a read-only cache only costs a re-measurement next time
-  return peak
+  return peak, None
+
+
+def measured_matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5,
+                         at_least: float = 0.0) -> float:
+  """This device's matmul FLOP/s (`matmul_peak`)."""
+  return matmul_peak(dtype, n, repeats, at_least)[0]
 
 
 def _peak_units(devices: list) -> int:
@@ -208,10 +252,10 @@ def peak_flops(devices: list, dtype: str, achieved: float = 0.0) -> tuple[float,
   else a measured matmul peak (measured again if below `achieved`, FLOP/s the devices together
   just ran at), times the number of GPUs or hosts."""
   device, units = devices[0], _peak_units(devices)
-  peak, source = None, f"measured {dtype} matmul on this {device.platform}"  # unless a GPU's
-  if device.platform == "gpu":
-    peak = published_peak(device.device_kind, dtype)
-    source = f"{device.device_kind} datasheet {dtype}"
+  peak = published_peak(device.device_kind, dtype) if device.platform == "gpu" else None
+  source = f"{device.device_kind} datasheet {dtype}"
   if not peak:
-    peak = measured_matmul_peak(dtype, at_least=achieved / units)
+    peak, age = matmul_peak(dtype, at_least=achieved / units)
+    when = "just now" if age is None else f"{fmt.duration(age)} ago, reused from the cache"
+    source = f"{dtype} matmul measured on this {device.platform} {when}"
   return peak * units, f"{fmt.count(peak)}FLOP/s x {units}, {source}"

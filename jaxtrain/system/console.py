@@ -111,14 +111,18 @@ class Console:
       self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
   def progress(self, step: int, total: int, loss: float, lr: float, tokens_per_sec: float,
-               elapsed: float, eta: float, memory: str = "") -> None:
+               elapsed: float, eta: float, memory: str = "", val: float | None = None) -> None:
+    """The progress line (or bar) of a logged step; `val`: the latest val loss, once there is
+    one, beside the train loss, so that overfitting shows without scrolling back."""
+    loss_text = f"loss {loss:.4f}" + ("" if val is None else f" | val {val:.4f}")
     if self.bar is not None:
       self.bar.total = total  # a time budget's plan may move the end
       self.bar.update(step - self.bar.n)
-      self.bar.set_postfix_str(f"loss {loss:.4f} lr {lr:.2e} {fmt.count(tokens_per_sec)} tok/s"
+      self.bar.set_postfix_str(f"{loss_text.replace(' |', '')} lr {lr:.2e} "
+                               f"{fmt.count(tokens_per_sec)} tok/s"
                                + (f" {memory}" if memory else ""), refresh=False)
     else:
-      self.print(f"step {step:>6}/{total} | loss {loss:.4f} | lr {lr:.2e} | "
+      self.print(f"step {step:>6}/{total} | {loss_text} | lr {lr:.2e} | "
                  f"{fmt.count(tokens_per_sec)} tok/s | elapsed {fmt.duration(elapsed)} | "
                  f"eta {fmt.duration(eta)}" + (f" | {memory}" if memory else ""))
 

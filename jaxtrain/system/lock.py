@@ -3,6 +3,8 @@
 The kernel drops a flock when the process holding it dies, so a run killed with SIGKILL leaves
 no stale lock behind; the next run takes the lock as if it had never been held. The holder writes
 its host, PID and start time into the locked file, so whoever finds it taken can say by whom.
+A run's status.json names its process the same way: `run_alive` tells a run that still runs from
+one killed without a word.
 """
 
 import fcntl
@@ -124,6 +126,43 @@ def in_use_error(workdir: Path) -> UserError:
   return UserError(f"workdir {workdir} is in use by another run ({describe_holder(holder)}); "
                    f"wait for it to end or stop it ({stop}), or pass "
                    "--config.workdir=<another directory>")
+
+
+def _started_at(pid: int) -> float | None:
+  """When process `pid` started (Linux: /proc), or None where that cannot be read."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, after the command's name
+    with open("/proc/stat") as f:
+      boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+  except (OSError, ValueError, IndexError, StopIteration):
+    return None
+
+
+def _alive(pid: int, started: float | None) -> bool:
+  """Whether the process that wrote a status at `started` still runs: its PID is in use, and
+  not by a process that began later (a PID the system gave out again)."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's process: it exists
+    pass
+  began = _started_at(pid)
+  return began is None or started is None or began <= started + 1.0  # btime is whole seconds
+
+
+def run_alive(workdir: Path, info: dict) -> bool:
+  """Whether the process that wrote `info` (a run's status: `pid`, `host`, `started`) still runs:
+  it holds the workdir's lock, or (where the file system has no locks) its PID on this host is
+  still that process."""
+  if is_held(Path(workdir) / WORKDIR_LOCK):
+    return True
+  pid = info.get("pid")
+  if info.get("host") == socket.gethostname() and isinstance(pid, int):
+    return _alive(pid, info.get("started"))
+  return False  # its host's kernel dropped the lock with the process
 
 
 class WorkdirLock:

@@ -1,7 +1,10 @@
 """SIGTERM and SIGINT become a request to stop after the current optimizer step and save.
 
 Slurm sends SIGTERM before preemption; people press Ctrl-C. Either way the loop finishes its step,
-writes a checkpoint and exits. Signals that arrive while that checkpoint is being written are
+writes a checkpoint and exits with 128 + the signal's number, as a shell reports a command a signal
+ended (`EXIT_CODES`): a run stopped before its end is never status 0, so `train && export` does
+not export a half-trained model, and a script can still tell "stopped, resumable" (130, 141, 143)
+from an error (1-4). Signals that arrive while that checkpoint is being written are
 acknowledged and ignored, so a second Ctrl-C cannot cut the save short (a SIGKILL still can,
 and orbax's write-then-rename leaves the previous checkpoint as the latest complete one).
 
@@ -19,7 +22,7 @@ import signal
 import sys
 import threading
 
-EXIT_CODES = {"SIGINT": 130, "SIGPIPE": 141}  # a stop with its state saved; SIGTERM's is 0
+EXIT_CODES = {"SIGINT": 130, "SIGPIPE": 141, "SIGTERM": 143}  # 128 + the signal's number
 
 
 class Terminated(KeyboardInterrupt):
@@ -113,4 +116,5 @@ class GracefulStop:
 
   @property
   def exit_code(self) -> int:
+    """The stop's exit status: 128 + the signal's number; 0 where no signal asked."""
     return EXIT_CODES.get(self.requested, 0)

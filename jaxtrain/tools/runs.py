@@ -37,8 +37,8 @@ class RunInfo:
   def state(self) -> str:
     """finished | stopped (by a signal; resumable) | failed | running | killed | unfinished."""
     s = self.status.get("state")
-    if s == "running":
-      return "running" if lock.is_held(self.path / lock.WORKDIR_LOCK) else "killed"
+    if s == "running":  # left behind by a process that was killed, unless it still runs
+      return "running" if lock.run_alive(self.path, self.status) else "killed"
     if s is None:  # a run older than status.json: finished if it reached its last step
       return "finished" if self.max_steps and self.step >= self.max_steps else "unfinished"
     return s

@@ -1,7 +1,8 @@
 """metrics.jsonl, what programs and people read after a run (compare, sweep, `--step=best`, the
-notebooks), and its loss plot (loss.png). The file is one JSON object a line: each logged step's
-record and each evaluation's, appended and flushed as the run goes; a resumed leg first drops the
-lines past the step it restored, which it trains again, as TensorBoard's hook drops its events."""
+notebooks), and its loss plot (loss.png, the learning rate below the losses). The file is one JSON
+object a line: each logged step's record and each evaluation's, appended and flushed as the run
+goes; a resumed leg first drops the lines past the step it restored, which it trains again, as
+TensorBoard's hook drops its events."""
 
 import json
 from pathlib import Path
@@ -54,7 +55,8 @@ class MetricsJsonl(Hook):
 
 
 def plot_losses(metrics_path: Path, png_path: Path) -> Path | None:
-  """Train and validation loss against step, as a PNG next to metrics.jsonl."""
+  """Train and validation loss against step, with the learning rate below them, as a PNG next to
+  metrics.jsonl."""
   if not metrics_path.exists():
     return None
   import matplotlib
@@ -62,25 +64,39 @@ def plot_losses(metrics_path: Path, png_path: Path) -> Path | None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  train, val = [], []
-  for r in paths.read_jsonl(metrics_path):
-    if "loss" in r:
-      train.append((r["step"], r["loss"]))
-    if "val_loss" in r:
-      val.append((r["step"], r["val_loss"]))
+  fig = figure(paths.read_jsonl(metrics_path), png_path.parent.name)
+  if fig is None:
+    return None
+  fig.savefig(png_path)
+  plt.close(fig)
+  return png_path
+
+
+def figure(records: list[dict], title: str):
+  """The loss plot of metrics.jsonl's records (None without a loss): train and validation loss,
+  and in a panel below on the same steps, the learning rate, whose schedule explains most
+  bends of the loss (warmup, a WSD decay, a resume with a new schedule)."""
+  import matplotlib.pyplot as plt
+
+  train = [(r["step"], r["loss"]) for r in records if "loss" in r]
+  val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+  lr = [(r["step"], r["lr"]) for r in records if isinstance(r.get("lr"), int | float)]
   if not train and not val:
     return None
-  fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+  fig, (ax, ax_lr) = plt.subplots(2, 1, figsize=(7, 5.5), dpi=110, sharex=True,
+                                  gridspec_kw={"height_ratios": [3, 1]})
   if train:
     ax.plot(*zip(*train), label="train", lw=1.2)
   if val:
     ax.plot(*zip(*val), "o-", label="validation", lw=1.5, ms=3)
-  ax.set_xlabel("optimizer step")
   ax.set_ylabel("loss (nats/token)")
-  ax.set_title(png_path.parent.name)
+  ax.set_title(title)
   ax.grid(alpha=0.3)
   ax.legend()
+  if lr:
+    ax_lr.plot(*zip(*lr), color="tab:green", lw=1.2)
+  ax_lr.set_ylabel("learning rate")
+  ax_lr.set_xlabel("optimizer step")
+  ax_lr.grid(alpha=0.3)
   fig.tight_layout()
-  fig.savefig(png_path)
-  plt.close(fig)
-  return png_path
+  return fig

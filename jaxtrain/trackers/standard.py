@@ -1,5 +1,5 @@
-"""The hooks a run has: metrics.jsonl, the given ones, TensorBoard, W&B where `log.wandb` asks,
-status.json, early stopping where `train.early_stop_patience` asks, and a profile where
+"""The hooks a run has: metrics.jsonl, status.json, the given ones, TensorBoard, W&B where
+`log.wandb` asks, early stopping where `train.early_stop_patience` asks, and a profile where
 `train.profile_steps` does."""
 
 from collections.abc import Sequence
@@ -15,6 +15,7 @@ from jaxtrain.trackers.tensorboard_log import TensorBoard
 
 
 def for_run(cfg: ml_collections.ConfigDict, workdir: Path, given: Sequence[Hook] = ()) -> Hooks:
-  """metrics.jsonl's hook comes first: a record is on disk before any other hook sees it."""
-  return Hooks([MetricsJsonl(), *given, TensorBoard(), *wandb_log.hooks(cfg.log), Status(),
+  """metrics.jsonl's hook comes first: a record is on disk before any other hook sees it; then
+  status.json's, so that its step is the record's even where a later hook fails on it."""
+  return Hooks([MetricsJsonl(), Status(), *given, TensorBoard(), *wandb_log.hooks(cfg.log),
                 *early_stop.hooks(cfg.train), *profile.hooks(cfg.train, workdir)])

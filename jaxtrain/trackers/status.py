@@ -1,6 +1,13 @@
 """The hook that keeps a run's status.json (running, finished, stopped by a signal, failed) up to
-date, for compare and sweep to read."""
+date, for compare and sweep to read, and what a `running` status left behind means.
 
+The file names the process that writes it (PID, host, start time) and the last step it logged or
+evaluated, so that a process ended without a word (SIGKILL, the out-of-memory killer) leaves a
+status that says how far it got: the next start of the run, and compare, find it `running` with
+its process gone, and call it killed."""
+
+import os
+import socket
 import time
 from pathlib import Path
 
@@ -10,27 +17,65 @@ from jaxtrain.system import paths
 from jaxtrain.trackers.hooks import Hook, RunResult, RunView
 
 
+def killed_line(info: dict) -> str:
+  """The line for the start of a run whose previous process left `running` behind."""
+  started = info.get("started")
+  who = (f" (PID {info.get('pid')} on host {info.get('host')}, started "
+         f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))})"
+         if "pid" in info and isinstance(started, int | float) else "")
+  return (f"note: the previous start of this run{who} was killed at step {info.get('step', 0)} "
+          "without a word (SIGKILL, or out of memory); what it trained after its last checkpoint "
+          "is trained again")
+
+
+WRITE_EVERY_S = 1.0  # the most often a logged step rewrites the file (see Status._reached)
+
+
 class Status(Hook):
-  """status.json in the workdir (process 0): what state the run is in, its step and params."""
+  """status.json in the workdir (process 0): what state the run is in, the last step it logged
+  or evaluated, its params, and the process that runs it."""
 
   def __init__(self):
     self.path: Path | None = None
     self.info: dict = {}
+    self.checkpoint_every, self.written = 1, 0.0
 
   def on_start(self, run: RunView, step: int) -> None:
     if jax.process_index() != 0:
       return
     self.path = Path(run.workdir) / paths.STATUS_FILE
+    previous = _read(self.path)
+    if previous.get("state") == "running":  # its writer is gone: this process holds the lock
+      run.out.print(killed_line(previous))
     self.info = {"state": "running", "step": step, "max_steps": run.cfg.train.max_steps,
                  "params": int(sum(x.size for x in jax.tree.leaves(run.programs.abstract.params))),
-                 "started": time.time()}
+                 "started": time.time(), "pid": os.getpid(), "host": socket.gethostname()}
     paths.write_json(self.path, self.info)
+    self.checkpoint_every, self.written = run.cfg.train.checkpoint_every, time.monotonic()
+
+  def _reached(self, step: int, now: bool = False) -> None:
+    """The step in the file: at every evaluation and every `train.checkpoint_every` step, and at
+    other logged steps once a second at most, since an atomic write costs milliseconds on a
+    network or sandboxed file system, as much as a tiny model's step."""
+    if self.path is None:
+      return
+    self.info["step"] = step  # in the file at the latest when the run ends, also on a failure
+    t = time.monotonic()
+    if now or step % self.checkpoint_every == 0 or t - self.written >= WRITE_EVERY_S:
+      paths.write_json(self.path, self.info)
+      self.written = t
+
+  def on_log(self, step: int, record: dict) -> None:
+    self._reached(step)
+
+  def on_eval(self, step: int, record: dict) -> None:
+    self._reached(step, now=True)
 
   def on_end(self, result: RunResult | None) -> None:
     if self.path is None:
       return
     if result is None:
-      self.info["state"] = "failed"
+      self.info["state"] = "failed"  # at the last step it logged
     else:
       self.info["max_steps"] = result.max_steps or self.info["max_steps"]  # a time budget's end
       unfinished = result.stopped_by and result.step < self.info["max_steps"]
@@ -38,3 +83,12 @@ class Status(Hook):
                        stopped_by=result.stopped_by)
     self.info["ended"] = time.time()
     paths.write_json(self.path, self.info)
+
+
+def _read(path: Path) -> dict:
+  try:
+    info = paths.read_json(path)
+  except (OSError, ValueError):
+    return {}
+  return info if isinstance(info, dict) else {}
+
