@@ -58,11 +58,10 @@ def final_eval(cfg, workdir: str) -> dict:
   corpus = corpus_lib.prepare(cfg.data, show_progress=False, log=lambda _: None)
   state = load.load_state(workdir)
   t = cfg.train
-  batches = corpus_lib.eval_batches(corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps)
+  val = corpus_lib.eval_sets(corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps)[0]
   step = jax.jit(steps.eval_step)
-  loss = float(np.mean([float(step(state, {"tokens": b["tokens"]})["loss"]) for b in batches]))
-  factor = corpus_lib.bits_per_byte(corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps)
-  return {"step": int(state.step), "val_loss": loss, "val_bpb": loss * factor,
+  loss = float(np.mean([float(step(state, {"tokens": b["tokens"]})["loss"]) for b in val.batches]))
+  return {"step": int(state.step), "val_loss": loss, "val_bpb": loss * val.bpb,
           "bytes_per_token": corpus.n_bytes / len(corpus.tokens),
           "vocab_size": corpus.tokenizer.vocab_size}
 

@@ -132,11 +132,11 @@ def run_flops(args: list[str], data: str | None) -> dict:
 
   from jaxtrain.core import model as model_lib
   from jaxtrain.core import optim, programs
-  from jaxtrain.data import mixture
+  from jaxtrain.data import corpus as corpus_lib
   from jaxtrain.data import tokenizer as tokenizer_lib
 
   cfg = _config(args, data)
-  corpus = mixture.prepare(cfg.data, show_progress=False, log=lambda *_: None)
+  corpus = corpus_lib.prepare(cfg.data, show_progress=False, log=lambda *_: None)
   vocab = tokenizer_lib.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
   built = programs.build(cfg, vocab, jax.devices("cpu")[:1])  # nothing compiled: shapes only
   per_token = model_lib.flops_per_token(built.model_cfg)

@@ -23,7 +23,7 @@ from test_sample_cli import module, one_line_error
 import jaxtrain as jt
 from jaxtrain.checkpoints import hf, init_from, load
 from jaxtrain.config import validate
-from jaxtrain.data import chat_format
+from jaxtrain.data import chat_format, windows
 from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system.errors import ConfigError, UserError
@@ -105,7 +105,7 @@ def test_only_assistant_turns_and_their_end_tokens_are_in_the_loss(tmp_path):
   assert np.array_equal(chat_format.encode(tok, rows[0]["messages"]), corpus.tokens[:first])
   assert corpus.tokens[first] == tok.eot_id
   # Batches weigh each target by its token's mask: 0 on system and user turns and role tokens.
-  batch = corpus_lib.WindowBatches(corpus.train, 4, 16, 0, 0, mask=corpus.split_mask(True))[2]
+  batch = windows.WindowBatches(corpus.train, 4, 16, 0, 0, mask=corpus.split_mask(True))[2]
   starts = np.random.default_rng([0, 0, 2]).integers(0, len(corpus.train) - 16, size=4)
   at = starts[:, None] + np.arange(1, 17)
   assert np.array_equal(batch["weights"], np.asarray(mask, np.float32)[at])
