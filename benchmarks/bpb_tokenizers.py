@@ -68,10 +68,10 @@ def final_eval(cfg, workdir: str) -> dict:
 
 def one_run(spec: str, args, scratch: Path) -> dict:
   from jaxtrain import train
-  from jaxtrain.config import defaults
+  from jaxtrain.config import loading
 
   kind, _, vocab = spec.partition(":")
-  cfg = defaults.load_config(str(ROOT / "configs" / "nano.py"), **{
+  cfg = loading.load_config(str(ROOT / "configs" / "nano.py"), **{
       "workdir": str(scratch / spec.replace(":", "-")), "data.path": args.path,
       "data.tokenizer": kind, "data.vocab_size": int(vocab or 4096), "train.max_steps": 10**6,
       "train.eval_every": 10**6, "train.checkpoint_every": 10**6, "sample.num_samples": 0,

@@ -111,16 +111,16 @@ def run_nanogpt(nanogpt_dir: Path, log: Path) -> dict:
 def _config(args: list[str], data: str | None = None):
   """A run's config as `python -m jaxtrain` builds it from `args` (the file, then each
   `--config.x=y` override, parsed by the type of the field it sets) and the corpus."""
-  from jaxtrain.config import defaults, validate
+  from jaxtrain.config import loading, validate
 
-  cfg = defaults.load_config(args[0].partition("=")[2])
+  cfg = loading.load_config(args[0].partition("=")[2])
   for arg in args[1:]:
     field, _, text = arg.removeprefix("--config.").partition("=")
     kind = type(validate.get(cfg, field))
     value = text in ("True", "true", "1") if kind is bool else text if kind is str else kind(text)
-    defaults.override(cfg, **{field: value})
+    loading.override(cfg, **{field: value})
   if data:
-    defaults.override(cfg, **{"data.path": data})
+    loading.override(cfg, **{"data.path": data})
   validate.validate(cfg)
   return cfg
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxtrain.checkpoints import hf
 from jaxtrain.checkpoints.load import load_state
-from jaxtrain.config import defaults
+from jaxtrain.config import defaults, loading
 from jaxtrain.core import lora
 from jaxtrain.core.model import ModelConfig
 from jaxtrain.data import chat_format
@@ -58,7 +58,7 @@ def _source_model(cfg: ml_collections.ConfigDict) -> tuple[dict, str] | None:
   except (OSError, ValueError) as e:
     raise UserError(f"init_from: {source / 'config.json'} does not read ({e}); pass "
                     "--config.init_from=<a run's workdir or an exported model directory>") from None
-  return defaults.from_saved(saved).model.to_dict(), str(source)
+  return loading.from_saved(saved).model.to_dict(), str(source)
 
 
 def _hf_model(source: Path, ours: dict) -> dict | None:
@@ -127,7 +127,7 @@ def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()
                     f"left unset takes the source's value) or pass {fix}")
   taken = [f"model.{f}={theirs[f]}" for f in ours if f not in given and ours[f] != theirs[f]]
   out = cfg.copy_and_resolve_references()
-  defaults.override(out, **{f"model.{f}": v for f, v in resolved.items()})
+  loading.override(out, **{f"model.{f}": v for f, v in resolved.items()})
   return out, taken
 
 

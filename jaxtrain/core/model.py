@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from jaxtrain.config import defaults as config
+from jaxtrain.config import defaults
 from jaxtrain.core import draws, kvcache, ops
 
 
@@ -70,7 +70,7 @@ class ModelConfig:
 
   @property
   def mlp_hidden(self) -> int:
-    return config.mlp_width(self.mlp, self.mlp_ratio, self.d_model)
+    return defaults.mlp_width(self.mlp, self.mlp_ratio, self.d_model)
 
 
 def matmul_param_count(c: ModelConfig) -> int:
