@@ -319,16 +319,6 @@ def test_an_exported_chat_model_replies_in_transformers_as_in_jaxtrain(chat_run,
     assert hf_tok.decode(made[:-1]) == jt.chat_reply(state, tok, turn, 12, temperature=0)
 
 
-def test_growing_the_vocabulary_grows_value_embeddings_too():
-  from jaxtrain.checkpoints import init_from
-  flat = {"wte/embedding": np.ones((4, 3)), "vte/0/embedding": np.arange(8.0).reshape(4, 2),
-          "blocks/0/attn/qkv/kernel": np.ones((3, 9))}
-  grown, _ = init_from._grown(flat, "x", 6)
-  assert grown["wte/embedding"].shape == (6, 3) and grown["vte/0/embedding"].shape == (6, 2)
-  np.testing.assert_array_equal(grown["vte/0/embedding"][4:], [[3.0, 4.0], [3.0, 4.0]])
-  assert grown["blocks/0/attn/qkv/kernel"] is flat["blocks/0/attn/qkv/kernel"]
-
-
 def test_an_unreadable_system_file_names_the_system_flag(tmp_path):
   proc = module("jaxtrain.chat", f"--workdir={tmp_path}", f"--system=@{tmp_path / 'none.txt'}")
   one_line_error(proc, "cannot read the system file", "pass --system=@<a UTF-8 text file>")

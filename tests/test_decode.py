@@ -20,8 +20,8 @@ SWITCHES = {
     "learned-rmsnorm-swiglu-untied": {"model.pos": "learned", "model.tie_embeddings": False},
     "gqa-qknorm-relu2-softcap": {"model.n_kv_heads": 2, "model.qk_norm": True,
                                  "model.mlp": "relu2", "model.logit_softcap": 5.0},
-    "value-embeds-x0-canon-gqa": {"model.value_embeds": True, "model.x0_mix": True,
-                                  "model.canon": 3, "model.n_kv_heads": 2, "model.n_layers": 3},
+    "x0-canon-gqa": {"model.x0_mix": True, "model.canon": 3, "model.n_kv_heads": 2,
+                     "model.n_layers": 3},
 }
 
 
@@ -52,8 +52,7 @@ def test_cached_greedy_tokens_equal_uncached(name):
 
 @pytest.mark.parametrize("switches", [{}, {"model.n_kv_heads": 1, "model.qk_norm": True,
                                             "model.logit_softcap": 5.0},
-                                      {"model.value_embeds": True, "model.x0_mix": True,
-                                       "model.canon": 4}])
+                                      {"model.x0_mix": True, "model.canon": 4}])
 def test_cached_logits_match_the_model_forward(switches):
   state = _lively(init(tiny_config(**switches)))
   tokens = np.random.default_rng(2).integers(0, 256, (2, 20)).astype(np.int32)

@@ -32,8 +32,8 @@ from jaxtrain.system.errors import UserError
 # (model.seq_len too with learned positions.) The others (dropout, dtype, attention, seq_len with
 # RoPE, ...) are free to change; unset, they also take the source's value.
 MATCH_FIELDS = ("n_layers", "n_heads", "d_model", "vocab_size", "norm", "pos", "mlp", "mlp_ratio",
-                "tie_embeddings", "rope_theta", "n_kv_heads", "qk_norm", "logit_softcap",
-                "value_embeds", "x0_mix", "canon")
+                "tie_embeddings", "rope_theta", "n_kv_heads", "qk_norm", "logit_softcap", "x0_mix",
+                "canon")
 
 
 def _source_model(cfg: ml_collections.ConfigDict) -> tuple[dict, str] | None:
@@ -200,9 +200,9 @@ def _grown(flat: dict[str, np.ndarray], what: str, vocab_size: int) -> tuple[dic
   if vocab_size <= n:
     return flat, what
   out = dict(flat)
-  for name in [k for k in flat if k == "wte/embedding" or k.startswith("vte/")]:  # value embeds too
-    table = flat[name]
-    out[name] = np.concatenate([table, np.broadcast_to(table.mean(0), (vocab_size - n, table.shape[1]))])
+  table = flat["wte/embedding"]
+  rows = np.broadcast_to(table.mean(0), (vocab_size - n, table.shape[1]))
+  out["wte/embedding"] = np.concatenate([table, rows])
   if "lm_head/kernel" in flat:
     head = flat["lm_head/kernel"]
     cols = np.broadcast_to(head.mean(1, keepdims=True), (head.shape[0], vocab_size - n))

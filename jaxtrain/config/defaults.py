@@ -89,7 +89,6 @@ def _model() -> ml_collections.ConfigDict:
   # Memory for compute: what each block keeps for the backward pass; none: everything, dots: its
   # matmul outputs (the rest is recomputed), full: its input only (the block runs twice)
   model.remat = "none"
-  model.value_embeds = False  # True: each layer adds its own embedding of the token to the values
   model.x0_mix = False  # True: each layer after the first adds a learned multiple of the embeddings
   model.canon = 0  # > 0: causal depthwise convolutions this wide before attention and the MLP
   model.loss_chunk = 0  # > 0: cross-entropy this many tokens at a time (no whole-batch logits)

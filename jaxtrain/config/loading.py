@@ -93,7 +93,7 @@ STATE_FIELDS = (
     "model.tie_embeddings", "model.rope_theta", "data.tokenizer", "data.val_fraction",
     "train.grad_accum", "train.skip_nonfinite", "optim.loss_scaling", "model.n_kv_heads",
     "model.qk_norm", "model.logit_softcap", "optim.name", "data.vocab_size", "model.doc_mask",
-    "optim.clip_per_group", "finetune.lora_rank", "model.value_embeds", "model.x0_mix",
+    "optim.clip_per_group", "finetune.lora_rank", "model.x0_mix",
     "model.canon",
 )
 LORA_FIELDS = ("finetune.lora_alpha", "finetune.lora_targets")  # breaking where LoRA is on

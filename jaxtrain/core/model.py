@@ -46,7 +46,6 @@ class ModelConfig:
   eot_id: int = -1  # the tokenizer's end-of-text token
   remat: str = "none"  # none | dots | full: what each block keeps for the backward pass (REMAT)
   loss_chunk: int = 0  # tokens per chunk of the chunked cross-entropy (core/loss.py); 0: off
-  value_embeds: bool = False  # each layer adds an embedding of the token to its values
   x0_mix: bool = False  # each layer after the first adds a learned multiple of the embeddings
   canon: int = 0  # > 0: short causal convolutions of this width before attention and MLP
   # No scatter in the backward pass (programs.scatter_free): the embeddings' gradient by sorting
@@ -160,15 +159,13 @@ class Attention(nnx.Module):
     self.out = Dense(c.d_model, c.d_model, dtype=dtype, kernel_init=draws.normal(_out_std(c)), rngs=rngs)
 
   def __call__(self, x_BTD: jax.Array, rope: tuple[jax.Array, jax.Array] | None,
-               same_doc_BTS: jax.Array | None = None, ve_BTN: jax.Array | None = None,
-               layer: kvcache.Layer | None = None, pos=None) -> tuple[jax.Array, kvcache.Layer | None]:
+               same_doc_BTS: jax.Array | None = None, layer: kvcache.Layer | None = None,
+               pos=None) -> tuple[jax.Array, kvcache.Layer | None]:
     """The output; with a cache `layer` (x at window positions pos..), that with x's keys and values."""
     B, T, D = x_BTD.shape
     c = self.c
     H, G, K = c.n_heads, c.kv_heads, c.head_dim
     q_BTHK, k_BTGK, v_BTGK = qkv_heads(self.qkv(x_BTD), H, G, K)
-    if ve_BTN is not None:
-      v_BTGK = v_BTGK + ve_BTN.reshape(B, T, G, K).astype(v_BTGK.dtype)
     if c.qk_norm:
       q_BTHK, k_BTGK = rms_heads(q_BTHK), rms_heads(k_BTGK)
     if rope is not None:
@@ -264,7 +261,7 @@ class Block(nnx.Module):
       self.conv_mlp = nnx.Param(jnp.zeros((c.canon, c.d_model), jnp.float32))
 
   def __call__(self, x_BTD, rope, key: jax.Array | None, same_doc_BTS: jax.Array | None = None,
-               ve_BTN: jax.Array | None = None, layer: kvcache.Layer | None = None, pos=None):
+               layer: kvcache.Layer | None = None, pos=None):
     """The block's output, and with a cache `layer` (x at window positions pos..), the layer with
     x's keys, values and convolution inputs written in."""
     k1, k2 = jax.random.split(key) if key is not None else (None, None)
@@ -272,7 +269,7 @@ class Block(nnx.Module):
     a_BTD = self.norm1(x_BTD)
     if self.canon:
       a_BTD, inputs[0] = _conv(a_BTD, self.conv_attn[...], same_doc_BTS, inputs[0], pos)
-    y_BTD, layer = self.attn(a_BTD, rope, same_doc_BTS, ve_BTN, layer, pos)
+    y_BTD, layer = self.attn(a_BTD, rope, same_doc_BTS, layer, pos)
     x_BTD = x_BTD + _dropout(y_BTD, self.dropout, k1)
     m_BTD = self.norm2(x_BTD)
     if self.canon:
@@ -300,10 +297,6 @@ class GPT(nnx.Module):
     if c.pos == "learned":
       self.wpe = nnx.Param(draws.normal(0.01)(rngs.params(), (c.seq_len, c.d_model), jnp.float32))
     self.blocks = nnx.List([Block(c, rngs) for _ in range(c.n_layers)])
-    if c.value_embeds:  # zero: they start with no effect
-      self.vte = nnx.List([Embed(c.vocab_size, c.kv_heads * c.head_dim, dtype=dtype, grad=grad,
-                                 embedding_init=nnx.initializers.zeros, rngs=rngs)
-                           for _ in range(c.n_layers)])
     if c.x0_mix:
       self.x0_scale = nnx.Param(jnp.zeros((c.n_layers,), jnp.float32))
     self.norm_f = _norm(c, rngs)
@@ -345,8 +338,7 @@ class GPT(nnx.Module):
     for i, (block, key) in enumerate(zip(self.blocks, keys[1:])):
       if c.x0_mix and i > 0:
         x_BTD = x_BTD + self.x0_scale[i].astype(x_BTD.dtype) * x0_BTD
-      ve = self.vte[i](tokens_BT) if c.value_embeds else None
-      x_BTD, layers[i] = call(block, x_BTD, rope, key, same_doc_BTS, ve, layers[i], pos)
+      x_BTD, layers[i] = call(block, x_BTD, rope, key, same_doc_BTS, layers[i], pos)
     return self.norm_f(x_BTD) if cache is None else (self.norm_f(x_BTD), layers)
 
   def head_weight(self) -> jax.Array:
