@@ -304,7 +304,7 @@ class GPT(nnx.Module):
       self.lm_head = Dense(c.d_model, c.vocab_size, dtype=dtype, kernel_init=draws.normal(0.02), rngs=rngs)
 
   def __call__(self, tokens_BT: jax.Array, *, dropout_key: jax.Array | None = None,
-               cache: kvcache.Cache | None = None, pos=None):
+               cache: kvcache.Cache | None = None, pos=None) -> jax.Array | tuple[jax.Array, kvcache.Cache]:
     """float32 logits for the next token at every position; with a `cache`, and the cache (`hidden`)."""
     if cache is None:
       return self.head(self.hidden(tokens_BT, dropout_key=dropout_key), self.head_weight())
@@ -312,11 +312,11 @@ class GPT(nnx.Module):
     return self.head(x_BTD, self.head_weight()), cache
 
   def hidden(self, tokens_BT: jax.Array, *, dropout_key: jax.Array | None = None,
-             cache: kvcache.Cache | None = None, pos=None):
+             cache: kvcache.Cache | None = None, pos=None) -> jax.Array | tuple[jax.Array, kvcache.Cache]:
     """The final norm's output at every position of `tokens_BT`, a whole sequence from position 0.
     With a `cache` (kvcache.empty's, or one this returned), the tokens sit at window positions
     pos.. (an int, traced or not) after the cached ones, which they see: (the output, the cache
-    with theirs written in). No document mask then: that is generation."""
+    with their keys and values written in). No document mask then: that is generation."""
     c = self.c
     T = tokens_BT.shape[1]
     x_BTD = self.wte(tokens_BT)
