@@ -58,21 +58,20 @@ def final_eval(cfg, workdir: str) -> dict:
   corpus = corpus_lib.prepare(cfg.data, show_progress=False, log=lambda _: None)
   state = load.load_state(workdir)
   t = cfg.train
-  batches = corpus_lib.eval_batches(corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps)
+  val = corpus_lib.eval_sets(corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps)[0]
   step = jax.jit(steps.eval_step)
-  loss = float(np.mean([float(step(state, {"tokens": b["tokens"]})["loss"]) for b in batches]))
-  factor = corpus_lib.bits_per_byte(corpus, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps)
-  return {"step": int(state.step), "val_loss": loss, "val_bpb": loss * factor,
+  loss = float(np.mean([float(step(state, {"tokens": b["tokens"]})["loss"]) for b in val.batches]))
+  return {"step": int(state.step), "val_loss": loss, "val_bpb": loss * val.bpb,
           "bytes_per_token": corpus.n_bytes / len(corpus.tokens),
           "vocab_size": corpus.tokenizer.vocab_size}
 
 
 def one_run(spec: str, args, scratch: Path) -> dict:
   from jaxtrain import train
-  from jaxtrain.config import defaults
+  from jaxtrain.config import loading
 
   kind, _, vocab = spec.partition(":")
-  cfg = defaults.load_config(str(ROOT / "configs" / "nano.py"), **{
+  cfg = loading.load_config(str(ROOT / "configs" / "nano.py"), **{
       "workdir": str(scratch / spec.replace(":", "-")), "data.path": args.path,
       "data.tokenizer": kind, "data.vocab_size": int(vocab or 4096), "train.max_steps": 10**6,
       "train.eval_every": 10**6, "train.checkpoint_every": 10**6, "sample.num_samples": 0,

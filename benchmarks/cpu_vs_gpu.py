@@ -290,7 +290,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def config_dtypes(names: list[str]) -> list[str]:
-  from jaxtrain.config.defaults import load_config  # configs only: no jax in this process
+  from jaxtrain.config.loading import load_config  # configs only: no jax in this process
 
   return sorted({load_config(sw.config_path(n)).model.dtype for n in names})
 

@@ -121,13 +121,13 @@ def h100_rates() -> dict:
 
 
 def pipeline(args, scratch: Path, sampler) -> list[dict]:
-  from jaxtrain.config import defaults
+  from jaxtrain.config import loading
   from jaxtrain.data import corpus as corpus_lib
 
   h100, rows = h100_rates(), []
   for shape in SHAPES:
     sampler.label = f"pipeline {shape}"
-    cfg = defaults.load_config(str(ROOT / "configs" / f"{shape}.py"))
+    cfg = loading.load_config(str(ROOT / "configs" / f"{shape}.py"))
     # The token cache the tokenizing runs above wrote for this tokenizer (same corpus and split).
     cache = scratch / ("byte-0" if cfg.data.tokenizer == "byte" else f"bpe {cfg.data.vocab_size}-0")
     rate, rates = pipeline_rate(cfg, args.path, cache, args.batches, args.repeats)

@@ -111,16 +111,16 @@ def run_nanogpt(nanogpt_dir: Path, log: Path) -> dict:
 def _config(args: list[str], data: str | None = None):
   """A run's config as `python -m jaxtrain` builds it from `args` (the file, then each
   `--config.x=y` override, parsed by the type of the field it sets) and the corpus."""
-  from jaxtrain.config import defaults, validate
+  from jaxtrain.config import loading, validate
 
-  cfg = defaults.load_config(args[0].partition("=")[2])
+  cfg = loading.load_config(args[0].partition("=")[2])
   for arg in args[1:]:
     field, _, text = arg.removeprefix("--config.").partition("=")
     kind = type(validate.get(cfg, field))
     value = text in ("True", "true", "1") if kind is bool else text if kind is str else kind(text)
-    defaults.override(cfg, **{field: value})
+    loading.override(cfg, **{field: value})
   if data:
-    defaults.override(cfg, **{"data.path": data})
+    loading.override(cfg, **{"data.path": data})
   validate.validate(cfg)
   return cfg
 
@@ -132,11 +132,11 @@ def run_flops(args: list[str], data: str | None) -> dict:
 
   from jaxtrain.core import model as model_lib
   from jaxtrain.core import optim, programs
-  from jaxtrain.data import mixture
+  from jaxtrain.data import corpus as corpus_lib
   from jaxtrain.data import tokenizer as tokenizer_lib
 
   cfg = _config(args, data)
-  corpus = mixture.prepare(cfg.data, show_progress=False, log=lambda *_: None)
+  corpus = corpus_lib.prepare(cfg.data, show_progress=False, log=lambda *_: None)
   vocab = tokenizer_lib.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
   built = programs.build(cfg, vocab, jax.devices("cpu")[:1])  # nothing compiled: shapes only
   per_token = model_lib.flops_per_token(built.model_cfg)

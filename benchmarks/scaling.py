@@ -183,7 +183,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     [s.strip() for s in args.platforms.split(",") if s.strip()])
   if args.steps < 1 or args.warmup < 0:
     p.error("--steps must be >= 1 and --warmup >= 0")
-  from jaxtrain.config.defaults import load_config  # configs only: no jax in this process
+  from jaxtrain.config.loading import load_config  # configs only: no jax in this process
 
   counts = args.devices or [1, 2, 4]
   for name in args.configs:

@@ -28,9 +28,9 @@ def _rss_bytes() -> int:
 
 def load(config_path: str, overrides: dict):
   """The row's config: one micro-batch per step (grad_accum 1), `overrides` on top."""
-  from jaxtrain.config import defaults
+  from jaxtrain.config import loading
 
-  return defaults.load_config(config_path, **{"train.grad_accum": 1, **overrides})
+  return loading.load_config(config_path, **{"train.grad_accum": 1, **overrides})
 
 
 class StepWorker:
@@ -85,7 +85,7 @@ class StepWorker:
     batches, and the train step compiled."""
     import numpy as np
 
-    from jaxtrain.config import defaults, validate
+    from jaxtrain.config import loading, validate
     from jaxtrain.core import model as model_lib
     from jaxtrain.core import programs
     from jaxtrain.measure import estimate
@@ -106,7 +106,7 @@ class StepWorker:
             "mesh": {"data": p.mesh.shape["data"], "fsdp": fsdp},
             "compiler_options": p.compiler_options, "one_allreduce": p.one_allreduce,
             "xla_flags": os.environ.get("XLA_FLAGS", ""),
-            "config_grad_accum": defaults.load_config(config_path).train.grad_accum,
+            "config_grad_accum": loading.load_config(config_path).train.grad_accum,
             "estimate_bytes": mem.total, "estimate": vars(mem), "available_bytes": have,
             "available_what": what}
     _, too_big = estimate.memory_report(mc, B, 1, devices, fsdp)

@@ -31,8 +31,8 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     # configs
-    "default_config": "jaxtrain.config.defaults", "load_config": "jaxtrain.config.defaults",
-    "override": "jaxtrain.config.defaults", "validate": "jaxtrain.config.validate",
+    "default_config": "jaxtrain.config.defaults", "load_config": "jaxtrain.config.loading",
+    "override": "jaxtrain.config.loading", "validate": "jaxtrain.config.validate",
     # model and optimizer
     "GPT": "jaxtrain.core.model", "ModelConfig": "jaxtrain.core.model",
     "param_count": "jaxtrain.core.model", "flops_per_token": "jaxtrain.core.model",

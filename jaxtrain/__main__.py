@@ -15,7 +15,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from jaxtrain import train  # noqa: E402
-from jaxtrain.config import defaults, schema  # noqa: E402
+from jaxtrain.config import defaults, loading, schema  # noqa: E402
 from jaxtrain.system import signals  # noqa: E402
 from jaxtrain.system.errors import UserError  # noqa: E402
 from jaxtrain.tools import cli  # noqa: E402
@@ -65,7 +65,7 @@ def _config_value(argv: list[str]) -> tuple[int, str | None]:
 
 def _unknown_field(argv: list[str]) -> str | None:
   """The first `--config.a.b=v` override that names no field, with the closest real names."""
-  known = defaults.field_names()
+  known = loading.field_names()
   for arg in argv:
     if arg.startswith("--config."):
       name = arg[len("--config."):].split("=")[0]
@@ -77,7 +77,7 @@ def _unknown_field(argv: list[str]) -> str | None:
 def _field_as_flag(argv: list[str]) -> str | None:
   """The first `--NAME=v` that is no flag but the last name of config fields (`--max_steps=5`),
   with the overrides it likely means: absl would suggest two unrelated JAX flags."""
-  fields = defaults.field_names()
+  fields = loading.field_names()
   for i, arg in enumerate(argv):
     if not arg.startswith("--") or arg.startswith(("--config", "--help")):
       continue
@@ -118,7 +118,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
       path = found
     try:
       if not has_argument:  # get_config(argument): ml_collections loads it, validate checks it
-        defaults.load_config(path)
+        loading.load_config(path)
     except UserError as e:
       fail(str(e))
     unknown = _unknown_field(argv[1:])

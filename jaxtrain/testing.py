@@ -6,7 +6,8 @@ import ml_collections
 import numpy as np
 
 from jaxtrain.checkpoints.store import Checkpoints, Damaged
-from jaxtrain.config.defaults import default_config, override
+from jaxtrain.config.defaults import default_config
+from jaxtrain.config.loading import override
 from jaxtrain.core import model as model_lib
 from jaxtrain.core import programs, steps
 

@@ -91,7 +91,8 @@ def test_cpu_vs_gpu_writes_a_cpu_row_with_speed_mfu_and_memory(tmp_path):
 
 
 TINY_CONFIG = """
-from jaxtrain.config.defaults import default_config, override
+from jaxtrain.config.defaults import default_config
+from jaxtrain.config.loading import override
 
 
 def get_config():

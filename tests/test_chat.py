@@ -23,7 +23,7 @@ from test_sample_cli import module, one_line_error
 import jaxtrain as jt
 from jaxtrain.checkpoints import hf, init_from, load
 from jaxtrain.config import validate
-from jaxtrain.data import chat_format
+from jaxtrain.data import chat_format, windows
 from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system.errors import ConfigError, UserError
@@ -105,7 +105,7 @@ def test_only_assistant_turns_and_their_end_tokens_are_in_the_loss(tmp_path):
   assert np.array_equal(chat_format.encode(tok, rows[0]["messages"]), corpus.tokens[:first])
   assert corpus.tokens[first] == tok.eot_id
   # Batches weigh each target by its token's mask: 0 on system and user turns and role tokens.
-  batch = corpus_lib.WindowBatches(corpus.train, 4, 16, 0, 0, mask=corpus.split_mask(True))[2]
+  batch = windows.WindowBatches(corpus.train, 4, 16, 0, 0, mask=corpus.split_mask(True))[2]
   starts = np.random.default_rng([0, 0, 2]).integers(0, len(corpus.train) - 16, size=4)
   at = starts[:, None] + np.arange(1, 17)
   assert np.array_equal(batch["weights"], np.asarray(mask, np.float32)[at])
@@ -317,16 +317,6 @@ def test_an_exported_chat_model_replies_in_transformers_as_in_jaxtrain(chat_run,
       made = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids):]
     assert made.tolist()[-1] == end  # stopped at the end of the assistant's turn
     assert hf_tok.decode(made[:-1]) == jt.chat_reply(state, tok, turn, 12, temperature=0)
-
-
-def test_growing_the_vocabulary_grows_value_embeddings_too():
-  from jaxtrain.checkpoints import init_from
-  flat = {"wte/embedding": np.ones((4, 3)), "vte/0/embedding": np.arange(8.0).reshape(4, 2),
-          "blocks/0/attn/qkv/kernel": np.ones((3, 9))}
-  grown, _ = init_from._grown(flat, "x", 6)
-  assert grown["wte/embedding"].shape == (6, 3) and grown["vte/0/embedding"].shape == (6, 2)
-  np.testing.assert_array_equal(grown["vte/0/embedding"][4:], [[3.0, 4.0], [3.0, 4.0]])
-  assert grown["blocks/0/attn/qkv/kernel"] is flat["blocks/0/attn/qkv/kernel"]
 
 
 def test_an_unreadable_system_file_names_the_system_flag(tmp_path):

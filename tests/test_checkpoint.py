@@ -1,5 +1,6 @@
 """Checkpoints: a save/restore round trip is exact, and retention keeps latest + best."""
 
+import grain
 import jax
 import numpy as np
 
@@ -37,7 +38,7 @@ def test_save_then_restore_gives_an_identical_state(tiny, tmp_path):
 def test_retention_keeps_the_latest_and_the_best(tmp_path):
   state = init(tiny_config())
   ckpts = store.Checkpoints(str(tmp_path), keep=2)
-  it = iter(corpus_lib.grain.MapDataset.range(10).to_iter_dataset())
+  it = iter(grain.MapDataset.range(10).to_iter_dataset())
   for step, val in [(1, 3.0), (2, 1.0), (3, 2.0), (4, None), (5, 2.5), (6, None)]:
     ckpts.save(state.replace(step=jax.numpy.array(step)), it, {}, val_loss=val)
   ckpts.close()
@@ -48,7 +49,7 @@ def test_retention_keeps_the_latest_and_the_best(tmp_path):
 def test_a_partial_checkpoint_is_never_picked(tmp_path):
   state = init(tiny_config())
   ckpts = store.Checkpoints(str(tmp_path), keep=2)
-  it = iter(corpus_lib.grain.MapDataset.range(10).to_iter_dataset())
+  it = iter(grain.MapDataset.range(10).to_iter_dataset())
   ckpts.save(state.replace(step=jax.numpy.array(3)), it, {})
   ckpts.close()
   # What a kill during a save leaves behind: orbax's temporary directory for a later step.

@@ -7,7 +7,7 @@ import sys
 import matplotlib.image
 import pytest
 
-from jaxtrain.config import defaults
+from jaxtrain.config import defaults, loading
 from jaxtrain.system import paths
 from jaxtrain.tools import compare, runs
 
@@ -17,7 +17,7 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 def _make_run(path, lr: float, n_layers: int, val: list[float], max_steps: int = 40,
               status: dict | None = None, bpb: float = 1 / 0.693, **fields):
   path.mkdir(parents=True)
-  cfg = defaults.override(defaults.default_config(), **{
+  cfg = loading.override(defaults.default_config(), **{
       "workdir": str(path), "optim.lr": lr, "model.n_layers": n_layers,
       "train.max_steps": max_steps, **fields})
   paths.write_json(path / paths.RUN_FILE, {"jaxtrain_version": "test"})

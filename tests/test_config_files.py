@@ -13,7 +13,7 @@ import pytest
 from conftest import with_root_on_path
 
 import jaxtrain as jt
-from jaxtrain.config import defaults, schema, validate
+from jaxtrain.config import defaults, loading, schema, validate
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
 from jaxtrain.tools import runs
@@ -35,7 +35,7 @@ def restated(path: Path, monkeypatch) -> list[str]:
 
   with monkeypatch.context() as m:
     m.setattr(ml_collections.ConfigDict, "__setitem__", recording)
-    defaults.load_config(str(path))
+    loading.load_config(str(path))
   return found
 
 
@@ -75,7 +75,7 @@ def test_an_unknown_field_in_a_file_names_the_file_line_and_nearest_field(tmp_pa
 
 
 def test_unknown_names_are_refused_however_the_config_was_built(tmp_path):
-  flat = defaults.flatten(tiny_config().to_dict())
+  flat = loading.flatten(tiny_config().to_dict())
   scratch = ml_collections.ConfigDict(json.loads(json.dumps(tiny_config().to_dict())))
   scratch.train.max_step = 30  # unlocked: ml_collections itself takes it
   with pytest.raises(ConfigError, match=r"^config\.train\.max_step: is not a config field; "
@@ -91,8 +91,8 @@ def test_unknown_names_are_refused_however_the_config_was_built(tmp_path):
   with pytest.raises(ConfigError, match=r"config\.optim\.learning_rate: .* did you mean optim\.lr\?"):
     jt.load_config(str(CONFIGS[0]), **{"optim.learning_rate": 1e-3})
   with pytest.raises(ConfigError, match="config.model.n_layers.deep: is not a config field"):
-    defaults.override(tiny_config(), **{"model.n_layers.deep": 1})
-  assert defaults.flatten(validate.validate(tiny_config()) or tiny_config().to_dict()) == flat
+    loading.override(tiny_config(), **{"model.n_layers.deep": 1})
+  assert loading.flatten(validate.validate(tiny_config()) or tiny_config().to_dict()) == flat
 
 
 @pytest.mark.parametrize("body,kind,message", [
@@ -117,8 +117,8 @@ def test_a_file_that_fails_to_load_says_where_in_one_readable_line(tmp_path, bod
     ("model.layers", ["model.n_layers"]), ("data.tokeniser", ["data.tokenizer"]),
 ])
 def test_the_nearest_field_is_suggested(name, expected):
-  assert schema.nearest(name, defaults.field_names())[:len(expected)] == expected
-  assert schema.nearest("zzzzqqq", defaults.field_names()) == []
+  assert schema.nearest(name, loading.field_names())[:len(expected)] == expected
+  assert schema.nearest("zzzzqqq", loading.field_names()) == []
 
 
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -179,8 +179,8 @@ def source(corpus_file, tmp_path_factory) -> Path:
 
 def finetune(source: Path, corpus_file: Path, workdir: Path, **model) -> ml_collections.ConfigDict:
   """A fine-tune config as configs/finetune_shakespeare.py writes one: no model field."""
-  cfg = defaults.load_config(str(ROOT / "configs" / "finetune_shakespeare.py"), **model)
-  return defaults.override(cfg, **{
+  cfg = loading.load_config(str(ROOT / "configs" / "finetune_shakespeare.py"), **model)
+  return loading.override(cfg, **{
       "workdir": str(workdir), "init_from": str(source), "data.path": str(corpus_file),
       "headless": True, "train.max_steps": 1, "train.eval_every": 1, "train.eval_steps": 1,
       "train.batch_size": 8, "sample.num_samples": 0})
@@ -195,7 +195,7 @@ def test_a_finetune_takes_its_model_from_the_run_it_starts_from(source, corpus_f
   assert ours == {**theirs, "dropout": 0.1}  # what the run trained with, dropout as set
   # Resumed, it derives from its own config.json: the source may be gone by then.
   again = finetune(tmp_path / "gone", corpus_file, tmp_path / "tuned", **{"model.dropout": 0.1})
-  assert jt.run(defaults.override(again, **{"train.max_steps": 2}), show_progress=False).step == 2
+  assert jt.run(loading.override(again, **{"train.max_steps": 2}), show_progress=False).step == 2
   assert json.loads((tmp_path / "tuned" / "config.json").read_text())["model"] == ours
 
 

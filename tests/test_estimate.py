@@ -8,7 +8,7 @@ import sys
 import jax
 import pytest
 
-from jaxtrain.config.defaults import override
+from jaxtrain.config.loading import override
 from jaxtrain.core import attention
 from jaxtrain.core import model as model_lib
 from jaxtrain.measure import estimate

@@ -18,7 +18,7 @@ from jaxtrain.checkpoints import load
 from jaxtrain.config import validate
 from jaxtrain.core import steps
 from jaxtrain.data import corpus as corpus_lib
-from jaxtrain.data import records
+from jaxtrain.data import records, windows
 from jaxtrain.evals import scoring
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
@@ -77,7 +77,7 @@ def test_only_completions_and_their_end_of_text_are_in_the_loss(tmp_path):
   assert len(expected_tokens) == 40 * 9
   assert np.array_equal(corpus.tokens, expected_tokens)
   assert np.array_equal(corpus.mask, expected_mask) and corpus.n_docs == 40
-  batch = corpus_lib.WindowBatches(corpus.train, 4, 8, 0, 0, mask=corpus.split_mask(True))[3]
+  batch = windows.WindowBatches(corpus.train, 4, 8, 0, 0, mask=corpus.split_mask(True))[3]
   assert batch["weights"].shape == (4, 8) and batch["weights"].dtype == np.float32
   # Each target's weight is its token's mask (the windows' starts drawn as WindowBatches does).
   starts = np.random.default_rng([0, 0, 3]).integers(0, len(corpus.train) - 8, size=4)
@@ -87,7 +87,7 @@ def test_only_completions_and_their_end_of_text_are_in_the_loss(tmp_path):
   # Plain text corpora have no mask and no weights: their batches are as before.
   text = write_jsonl(tmp_path / "t.jsonl", [{"text": r["prompt"] + r["completion"]} for r in rows])
   plain = corpus_lib.prepare(task_config(text, tmp_path / "w").data, show_progress=False)
-  assert plain.mask is None and set(corpus_lib.eval_batches(plain, 2, 8, 0, 1)[0]) == {"tokens"}
+  assert plain.mask is None and set(windows.eval_batches(plain, 2, 8, 0, 1)[0]) == {"tokens"}
 
 
 def test_the_weighted_loss_is_the_mean_over_weighted_targets():

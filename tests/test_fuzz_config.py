@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from jaxtrain.config import defaults, validate
+from jaxtrain.config import defaults, loading, validate
 from jaxtrain.core import cpu, mesh, optim, programs
 from jaxtrain.core import model as model_lib
 from jaxtrain.data import tokenizer
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = int(os.environ.get("JAXTRAIN_FUZZ_EXAMPLES", "300"))
 RUNS = max(6, EXAMPLES // 50)
 RUN_TIMEOUT_S = 180
-DEFAULTS = defaults.flatten(defaults.default_config().to_dict())
+DEFAULTS = loading.flatten(defaults.default_config().to_dict())
 HUGE = [2**31, 2**63, 10**12, 10**30, 10**400, -(10**12), -(2**63)]
 ODD_FLOATS = [math.nan, math.inf, -math.inf, -0.0, 5e-324, 1e-300, 1e300, -1e-3, 0.99999999, 1.0]
 CHOICES = {"model.norm": defaults.NORMS, "model.pos": defaults.POSITIONS, "model.mlp": defaults.MLPS,
@@ -95,7 +95,7 @@ def related(fields) -> set[str]:
 def with_values(values: dict) -> ml_collections.ConfigDict:
   """The tiny config with `values` set by dotted name, whatever their types: a config file can
   build its ConfigDict from scratch, and a run's config.json comes back with JSON's types."""
-  flat = defaults.flatten(tiny_config().to_dict())
+  flat = loading.flatten(tiny_config().to_dict())
   flat.update(values)
   return ml_collections.ConfigDict(nest(flat))
 
@@ -212,11 +212,11 @@ CONFIG_FILE = """import json
 
 import ml_collections
 
-from jaxtrain.config import defaults
+from jaxtrain.config import loading
 
 
 def get_config():
-  flat = defaults.flatten(defaults.load_config({nano!r}).to_dict())
+  flat = loading.flatten(loading.load_config({nano!r}).to_dict())
   flat.update(json.loads(open({values!r}).read()))
   nested = {{}}
   for key, value in flat.items():

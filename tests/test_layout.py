@@ -1,8 +1,8 @@
-"""The package's shape: folders import one way, modules import without cycles, stay small enough
-to read, use public JAX APIs only, and pass the linter; `benchmarks/` is held to the same size
-rules. docs/layout.md names every module, and every path (jaxtrain/loop/feed.py) or dotted name
-(jaxtrain.loop.feed.DeviceFeed) of the package in the code's docstrings and comments exists
-(test_docs.py holds the docs to the same rule)."""
+"""The package's shape: folders import one way, modules import without cycles and keep their names
+on import, stay small enough to read, use public JAX APIs only, and pass the linter; `benchmarks/`
+is held to the same size rules. docs/layout.md names every module, and every path
+(jaxtrain/loop/feed.py) or dotted name (jaxtrain.loop.feed.DeviceFeed) of the package in the code's
+docstrings and comments exists (test_docs.py holds the docs to the same rule)."""
 
 import ast
 import io
@@ -102,6 +102,26 @@ def test_no_import_cycles():
 
   for name in sorted(graph):
     visit(name)
+
+
+def test_modules_keep_their_names_on_import():
+  """`from jaxtrain.data import documents` reads as `documents.x` everywhere; a `_lib` suffix is the
+  one other name, for a module whose name a local takes (`model as model_lib`)."""
+  modules = _modules()
+  renamed = []
+  for name, (_, tree) in modules.items():
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jaxtrain"):
+        pairs = [(f"{node.module}.{a.name}", a.asname) for a in node.names]
+      elif isinstance(node, ast.Import):
+        pairs = [(a.name, a.asname) for a in node.names]
+      else:
+        continue
+      for module, alias in pairs:
+        own = module.rsplit(".", 1)[-1]
+        if module in modules and alias and alias not in (own, f"{own}_lib"):
+          renamed.append(f"{name}:{node.lineno} {module} as {alias}")
+  assert not renamed, renamed
 
 
 @pytest.mark.parametrize("where", ["jaxtrain", "benchmarks"])

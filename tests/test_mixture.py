@@ -1,5 +1,6 @@
-"""Weighted mixtures (data.mixture): rows in the asked proportions, each source's own val loss in
-metrics.jsonl and TensorBoard, and a resume that ends bit for bit where an uninterrupted run ends."""
+"""Weighted mixtures (data.mixture): each source tokenized once, rows in the asked proportions, each
+source's own val loss in metrics.jsonl and TensorBoard, and a resume that ends bit for bit where an
+uninterrupted run ends."""
 
 import json
 
@@ -10,7 +11,8 @@ from tensorboard.backend.event_processing import event_accumulator
 from jaxtrain import train
 from jaxtrain.checkpoints import load
 from jaxtrain.config import validate
-from jaxtrain.data import mixture
+from jaxtrain.data import corpus as corpus_lib
+from jaxtrain.data import documents, mixture
 from jaxtrain.system.errors import ConfigError
 from jaxtrain.testing import assert_trees_equal
 
@@ -47,11 +49,11 @@ def _source_of(row: np.ndarray) -> str:
 
 def test_rows_come_in_the_asked_proportions_on_every_process(tiny, two_sources):
   cfg = _mixed(tiny, two_sources)
-  corpus = mixture.prepare(cfg.data, show_progress=False, log=lambda _: None)
+  corpus = corpus_lib.prepare(cfg.data, show_progress=False, log=lambda _: None)
   assert [s.name for s in corpus.sources] == ["words", "numbers"]
   B, T = cfg.train.batch_size, cfg.model.seq_len
-  whole = mixture.train_iterator(corpus, B, T, cfg.seed)
-  halves = [mixture.train_iterator(corpus, B, T, cfg.seed, i, 2) for i in range(2)]
+  whole = corpus_lib.train_iterator(corpus, B, T, cfg.seed)
+  halves = [corpus_lib.train_iterator(corpus, B, T, cfg.seed, i, 2) for i in range(2)]
   counts = {"words": 0, "numbers": 0}
   for _ in range(25):
     batch = next(whole)["tokens"]
@@ -62,6 +64,32 @@ def test_rows_come_in_the_asked_proportions_on_every_process(tiny, two_sources):
     for s in sources:
       counts[s] += 1
   assert counts == {"words": 150, "numbers": 50}
+
+
+@pytest.mark.parametrize("tokenizer", ["byte", "char", "bpe"])
+def test_each_source_is_tokenized_once_and_then_read_from_the_cache(tiny, two_sources, tmp_path,
+                                                                    monkeypatch, tokenizer):
+  cfg = _mixed(tiny, two_sources)
+  cfg.data.cache_dir, cfg.data.tokenizer, cfg.data.vocab_size = str(tmp_path), tokenizer, 300
+  passes = []  # (what the pass is for, the files it reads)
+  read = documents.Documents.__call__
+
+  def counted(self, desc):
+    passes.append((desc, sorted(f.name for f in self.files)))
+    return read(self, desc)
+
+  monkeypatch.setattr(documents.Documents, "__call__", counted)
+  first = corpus_lib.prepare(cfg.data, show_progress=False, log=lambda _: None)
+  encoded = [f for desc, files in passes if desc == "tokenizing" for f in files]
+  assert sorted(encoded) == ["a.txt", "b.txt", "numbers.txt"], passes
+  # One tokenizer for all the sources: bpe learns it from all of them, in one pass.
+  learned = [files for desc, files in passes if desc == "BPE"]
+  assert learned == ([["a.txt", "b.txt", "numbers.txt"]] if tokenizer == "bpe" else []), passes
+  assert all(s.corpus.tokenizer.to_json() == first.tokenizer.to_json() for s in first.sources)
+  passes.clear()
+  again = corpus_lib.prepare(cfg.data, show_progress=False, log=lambda _: None)
+  assert passes == [] and again.fingerprint == first.fingerprint
+  assert len(again.train) == sum(len(s.corpus.train) for s in again.sources)
 
 
 def test_the_schedule_holds_shares_exactly_and_evenly():

@@ -96,8 +96,7 @@ def test_param_count_matches_the_arrays_and_hand_count():
 @pytest.mark.parametrize("overrides", [{}, {"model.mlp": "gelu", "model.pos": "learned",
                                             "model.tie_embeddings": False},
                                        {"model.d_model": 64, "model.seq_len": 64},
-                                       {"model.value_embeds": True, "model.x0_mix": True,
-                                        "model.canon": 4}])
+                                       {"model.x0_mix": True, "model.canon": 4}])
 def test_flops_agree_with_xlas_cost_analysis(overrides):
   """Our matmul FLOPs against XLA's count of the compiled programs, which also counts the
   elementwise work (norms, softmax, AdamW): a few percent more, never less."""
@@ -266,8 +265,8 @@ def test_weighted_cross_entropy_is_the_mean_over_weighted_tokens():
 
 
 def _perturbed(c: model_lib.ModelConfig, seed: int = 0) -> model_lib.GPT:
-  """A model whose zero-initialised switches (convolutions, value embeddings, x0 scales) are
-  non-zero, as after some training."""
+  """A model whose zero-initialised switches (convolutions, x0 scales) are non-zero, as after some
+  training."""
   model = model_lib.GPT(c, nnx.Rngs(seed))
   graphdef, params = nnx.split(model, nnx.Param)
   keys = iter(jax.random.split(jax.random.PRNGKey(seed + 1), len(jax.tree.leaves(params))))
@@ -275,12 +274,11 @@ def _perturbed(c: model_lib.ModelConfig, seed: int = 0) -> model_lib.GPT:
   return nnx.merge(graphdef, params)
 
 
-ARCH_SWITCHES = [{"value_embeds": True}, {"x0_mix": True}, {"canon": 4},
-                 {"value_embeds": True, "x0_mix": True, "canon": 3, "n_kv_heads": 2}]
+ARCH_SWITCHES = [{"x0_mix": True}, {"canon": 4}, {"x0_mix": True, "canon": 3, "n_kv_heads": 2}]
 
 
 @pytest.mark.parametrize("switches", ARCH_SWITCHES, ids=lambda s: ",".join(s))
-def test_value_embeds_x0_and_convolutions_keep_the_model_causal(switches):
+def test_x0_and_convolutions_keep_the_model_causal(switches):
   c = tiny_model_config(n_heads=4, n_layers=3, **switches)
   base = _perturbed(tiny_model_config(n_heads=4, n_layers=3), 0)
   tokens, a = _assert_causal(_perturbed(c, 0), c)
@@ -288,15 +286,15 @@ def test_value_embeds_x0_and_convolutions_keep_the_model_causal(switches):
 
 
 def test_switches_start_as_the_plain_model():
-  """Zero convolutions, value embeddings and x0 scales: the same logits as without them."""
+  """Zero convolutions and x0 scales: the same logits as without them."""
   c = tiny_model_config(n_heads=4, n_layers=3)
-  with_all = dataclasses.replace(c, value_embeds=True, x0_mix=True, canon=4)
+  with_all = dataclasses.replace(c, x0_mix=True, canon=4)
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, c.seq_len), 0, c.vocab_size)
   plain = model_lib.init(c, jax.random.PRNGKey(0))
   switched = model_lib.init(with_all, jax.random.PRNGKey(0))
   np.testing.assert_allclose(np.asarray(switched(tokens)), np.asarray(plain(tokens)), atol=1e-6)
   extra = model_lib.param_count(with_all) - model_lib.param_count(c)
-  assert extra == 3 * (c.vocab_size * c.d_model + 2 * 4 * c.d_model) + 3
+  assert extra == 3 * 2 * 4 * c.d_model + 3
 
 
 def test_convolutions_stop_at_a_documents_start():

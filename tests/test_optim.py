@@ -130,7 +130,7 @@ def test_muon_weight_decay_is_set_per_group():
 
 
 def test_per_group_clipping_trains_and_resumes_only_with_the_same_setting():
-  from jaxtrain.config import defaults
+  from jaxtrain.config import loading
   cfg = tiny_config(**{"optim.name": "muon", "optim.clip_per_group": True})
   p = programs.build(cfg, 256, jax.devices()[:1])
   state, batch = p.init(), random_batch(cfg, seed=1)
@@ -139,6 +139,6 @@ def test_per_group_clipping_trains_and_resumes_only_with_the_same_setting():
     state, metrics = p.train_step(state, batch)
     first = first or float(metrics["loss"])
   assert float(metrics["loss"]) < first
-  breaking, _ = defaults.config_changes(cfg.to_dict(), {**cfg.to_dict(), "optim": {
+  breaking, _ = loading.config_changes(cfg.to_dict(), {**cfg.to_dict(), "optim": {
       **cfg.optim.to_dict(), "clip_per_group": False}})
   assert breaking == ["optim.clip_per_group: True -> False"]

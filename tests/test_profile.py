@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from jaxtrain import train
-from jaxtrain.config.defaults import override
+from jaxtrain.config.loading import override
 from jaxtrain.trackers import hooks
 
 

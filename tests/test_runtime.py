@@ -10,7 +10,7 @@ import jax
 from conftest import run_cli
 from test_cli import TINY
 
-from jaxtrain.config import defaults
+from jaxtrain.config import loading
 from jaxtrain.core import cpu, programs
 from jaxtrain.testing import tiny_config
 
@@ -21,7 +21,7 @@ LEAN = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
 
 
 def test_cores_become_devices_that_split_the_batch_evenly():
-  nano = defaults.load_config(NANO)  # batch 16
+  nano = loading.load_config(NANO)  # batch 16
   assert cpu.cpu_device_count(nano, cores=2) == 2
   assert cpu.cpu_device_count(nano, cores=3) == 2  # 16 rows do not split 3 ways
   odd = tiny_config(**{"train.batch_size": 3})
@@ -63,7 +63,7 @@ def test_a_batch_that_does_not_split_over_the_mesh_asked_for_is_one_line_exit_2(
 
 
 def test_every_step_schedules_for_memory_big_ones_also_compile_without_ynn_fusions():
-  small, nano = (cpu.step_flops(defaults.load_config(c)) for c in (SMALL, NANO))
+  small, nano = (cpu.step_flops(loading.load_config(c)) for c in (SMALL, NANO))
   assert small > cpu.LARGE_CPU_STEP_FLOPS > nano
   assert cpu.cpu_step_options(small) == {**LEAN, **NO_YNN}
   assert cpu.cpu_step_options(nano) == LEAN
@@ -84,7 +84,7 @@ def test_build_chooses_the_options_and_they_reach_the_compiled_step(monkeypatch)
 
 def test_build_takes_the_large_step_options_for_a_large_config(monkeypatch):
   monkeypatch.delenv("XLA_FLAGS", raising=False)
-  small = defaults.load_config(SMALL)
+  small = loading.load_config(SMALL)
   small.mesh.cpu_devices = 1
   p = programs.build(small, 256, jax.devices()[:1])  # nothing compiles until first use
   assert p.compiler_options == {**LEAN, **NO_YNN} and not p.one_allreduce
@@ -94,7 +94,7 @@ def test_split_cpu_leaves_a_started_backend_and_the_users_flags_alone(monkeypatc
   jax.devices()  # this process's backend has started
   monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/nonexistent")
   before = jax.config.jax_num_cpu_devices
-  cpu.split_cpu(defaults.load_config(NANO))
+  cpu.split_cpu(loading.load_config(NANO))
   assert jax.config.jax_num_cpu_devices == before
   assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/nonexistent"
 
@@ -102,9 +102,9 @@ def test_split_cpu_leaves_a_started_backend_and_the_users_flags_alone(monkeypatc
 _SPLIT = """
 import json, os, sys
 import jax
-from jaxtrain.config import defaults
+from jaxtrain.config import loading
 from jaxtrain.core import cpu
-cfg = defaults.load_config(sys.argv[1])
+cfg = loading.load_config(sys.argv[1])
 cpu.split_cpu(cfg)
 print(json.dumps([len(jax.devices()), cpu.cpu_device_count(cfg), os.environ.get("XLA_FLAGS", "")]))
 """

@@ -126,12 +126,12 @@ def _old_lookup_loss_and_head(monkeypatch):
 @pytest.mark.parametrize("scatter_free", [False, True])
 def test_float32_steps_match_the_steps_before_the_float32_embedding_gradient(scatter_free, monkeypatch):
   """Gradients and 3 steps' params against the lookup, loss and head as they were, as steps are
-  built on this CPU and scatter-free as on a GPU, with a tied head, value embeddings, the chunked
-  loss and z-loss: bit for bit on the CPU's way, to rounding scatter-free (the embeddings' scan
-  adds in another order)."""
+  built on this CPU and scatter-free as on a GPU, with a tied head, the chunked loss and z-loss:
+  bit for bit on the CPU's way, to rounding scatter-free (the embeddings' scan adds in another
+  order)."""
   assert not programs.scatter_free("cpu") and programs.scatter_free("gpu")
   monkeypatch.setattr(programs, "scatter_free", lambda platform: scatter_free)
-  cfg = tiny_config(**{"model.value_embeds": True, "model.loss_chunk": 100, "optim.z_loss": 1e-3})
+  cfg = tiny_config(**{"model.loss_chunk": 100, "optim.z_loss": 1e-3})
   batches = [random_batch(cfg, seed=s) for s in range(3)]
 
   def run():  # a fresh jit each time: the trace must see the ops as they are now

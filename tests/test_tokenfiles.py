@@ -15,8 +15,8 @@ from test_resume import _check_resume
 from test_sample_cli import module, one_line_error
 
 from jaxtrain import train
-from jaxtrain.data import corpus as data
-from jaxtrain.data import mixture, tokenfiles
+from jaxtrain.data import corpus as corpus_lib
+from jaxtrain.data import tokenfiles, windows
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
@@ -109,7 +109,7 @@ def _unique_files(root, sizes, start=1):
 def test_the_windows_are_the_ids_in_the_files(tmp_path):
   files = _unique_files(tmp_path / "ids", [700, 20, 900, 1200])
   cfg = tiny_config(**{"data.path": str(tmp_path / "ids"), "data.val_fraction": 0.25})
-  corpus = data.prepare(cfg.data, show_progress=False, vocab_size=4000)
+  corpus = corpus_lib.prepare(cfg.data, show_progress=False, vocab_size=4000)
   stream = np.concatenate(files)
   n_train = int(len(stream) * 0.75)
   assert corpus.n_train == n_train and len(corpus.tokens) == len(stream)
@@ -117,7 +117,7 @@ def test_the_windows_are_the_ids_in_the_files(tmp_path):
   assert np.array_equal(np.asarray(corpus.val), stream[n_train:])
   assert all(isinstance(p, np.memmap) for p in corpus.tokens.parts)  # read in place
   window, seen = 33, set()
-  it = data.train_iterator(corpus, 8, window - 1, seed=3)
+  it = corpus_lib.train_iterator(corpus, 8, window - 1, seed=3)
   for _ in range(40):
     for row in next(it)["tokens"]:
       assert np.all(np.diff(row) == 1), row  # one file's ids, in order: never two files
@@ -126,11 +126,11 @@ def test_the_windows_are_the_ids_in_the_files(tmp_path):
       assert np.array_equal(row, files[k][at:at + window]) and row[-1] < stream[n_train]
       seen.add(k)
   assert seen == {0, 2, 3}  # the 20-id file holds no window of 33
-  for batch in data.eval_batches(corpus, 8, window - 1, seed=3, n_batches=3):
+  for batch in windows.eval_batches(corpus, 8, window - 1, seed=3, n_batches=3):
     assert np.all(np.diff(batch["tokens"], axis=1) == 1) and batch["tokens"].min() >= stream[n_train]
   with pytest.raises(UserError, match=r"^the validation split of the token files holds no window "
                      r"of seq_len\+1=1001 ids \(its longest stretch in one file has 705\)"):
-    data.check_lengths(corpus, 1000, 0.25)
+    corpus_lib.check_lengths(corpus, 1000, 0.25)
 
 
 @pytest.mark.parametrize("name,is_val", [
@@ -142,7 +142,7 @@ def test_files_named_as_validation_are_validation(name, is_val, tmp_path):
   np.arange(0, 400, dtype=np.uint16).tofile(tmp_path / "d" / "a_train.bin")
   np.arange(400, 500, dtype=np.uint16).tofile(tmp_path / "d" / name)
   cfg = tiny_config(**{"data.path": str(tmp_path / "d"), "data.val_fraction": 0.5})
-  corpus = data.prepare(cfg.data, show_progress=False, vocab_size=500)
+  corpus = corpus_lib.prepare(cfg.data, show_progress=False, vocab_size=500)
   assert len(corpus.val) == (100 if is_val else 250)
 
 
@@ -152,17 +152,17 @@ def test_auto_reads_token_files_where_the_files_say_so(tmp_path):
   (text / "a.txt").write_text("alpha " * 100)
   np.arange(300, dtype=np.uint16).tofile(text / "c.bin")
   cfg = tiny_config(**{"data.path": str(text), "data.cache_dir": str(tmp_path / "cache")})
-  corpus = data.prepare(cfg.data, show_progress=False)
+  corpus = corpus_lib.prepare(cfg.data, show_progress=False)
   assert not corpus.about and corpus.n_files == 1
   assert any("c.bin (token ids? point --config.data.path at the .bin files alone" in n
              for n in corpus.notes), corpus.notes
   cfg.data.format = "uint16"  # any suffix, when said
   (tmp_path / "ids.tok").write_bytes(np.arange(300, dtype=np.uint16).tobytes())
   cfg.data.path = str(tmp_path / "ids.tok")
-  assert len(data.prepare(cfg.data, show_progress=False, vocab_size=300).tokens) == 300
+  assert len(corpus_lib.prepare(cfg.data, show_progress=False, vocab_size=300).tokens) == 300
   cfg.data.format, cfg.data.path = "text", str(text / "c.bin")
   with pytest.raises(UserError, match="looks binary"):
-    data.prepare(cfg.data, show_progress=False)
+    corpus_lib.prepare(cfg.data, show_progress=False)
 
 
 def test_the_check_is_cached_and_the_fingerprint_follows_the_ids(tmp_path, monkeypatch):
@@ -171,8 +171,8 @@ def test_the_check_is_cached_and_the_fingerprint_follows_the_ids(tmp_path, monke
   files = _unique_files(root, [300, 200])
   cfg = tiny_config(**{"data.path": str(root), "data.cache_dir": str(tmp_path / "cache")})
   said = []
-  first = data.prepare(cfg.data, show_progress=False, log=said.append, vocab_size=600)
-  again = data.prepare(cfg.data, show_progress=False, log=said.append, vocab_size=600)
+  first = corpus_lib.prepare(cfg.data, show_progress=False, log=said.append, vocab_size=600)
+  again = corpus_lib.prepare(cfg.data, show_progress=False, log=said.append, vocab_size=600)
   assert first.fingerprint == again.fingerprint
   assert len([s for s in said if "checking the ids" in s]) == 1  # the second start read none
   assert len(list((tmp_path / "cache" / "tokenfiles").glob("*.json"))) == 2
@@ -180,12 +180,12 @@ def test_the_check_is_cached_and_the_fingerprint_follows_the_ids(tmp_path, monke
   changed[150] = 7  # same size, other ids
   changed.tofile(root / "part_1.bin")
   os.utime(root / "part_1.bin", ns=(1, 1))
-  assert data.prepare(cfg.data, show_progress=False, vocab_size=600).fingerprint != first.fingerprint
+  assert corpus_lib.prepare(cfg.data, show_progress=False, vocab_size=600).fingerprint != first.fingerprint
   changed[170] = 600  # past the vocabulary, in a later block
   changed.tofile(root / "part_1.bin")
   with pytest.raises(UserError, match=r"part_1.bin holds token id 600, and the vocabulary has 600 "
                      r"ids \(model.vocab_size\).*--config.model.vocab_size=601"):
-    data.prepare(cfg.data, show_progress=False, vocab_size=600)
+    corpus_lib.prepare(cfg.data, show_progress=False, vocab_size=600)
 
 
 def test_ids_tokenizer_text_is_ids_and_its_file_reads_back(tmp_path):
@@ -250,8 +250,7 @@ def _prepare(tmp_path, write, **overrides):
   vocab = overrides.pop("vocab", 512)
   cfg = tiny_config(**{"data.path": str(root), "data.cache_dir": str(tmp_path / "cache"),
                        **overrides})
-  return (mixture if cfg.data.mixture else data).prepare(cfg.data, show_progress=False,
-                                                          vocab_size=vocab)
+  return corpus_lib.prepare(cfg.data, show_progress=False, vocab_size=vocab)
 
 
 ids = np.arange(0, 300, dtype=np.uint16)

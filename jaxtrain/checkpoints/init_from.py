@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxtrain.checkpoints import hf
 from jaxtrain.checkpoints.load import load_state
-from jaxtrain.config import defaults
+from jaxtrain.config import defaults, loading
 from jaxtrain.core import lora
 from jaxtrain.core.model import ModelConfig
 from jaxtrain.data import chat_format
@@ -32,8 +32,8 @@ from jaxtrain.system.errors import UserError
 # (model.seq_len too with learned positions.) The others (dropout, dtype, attention, seq_len with
 # RoPE, ...) are free to change; unset, they also take the source's value.
 MATCH_FIELDS = ("n_layers", "n_heads", "d_model", "vocab_size", "norm", "pos", "mlp", "mlp_ratio",
-                "tie_embeddings", "rope_theta", "n_kv_heads", "qk_norm", "logit_softcap",
-                "value_embeds", "x0_mix", "canon")
+                "tie_embeddings", "rope_theta", "n_kv_heads", "qk_norm", "logit_softcap", "x0_mix",
+                "canon")
 
 
 def _source_model(cfg: ml_collections.ConfigDict) -> tuple[dict, str] | None:
@@ -58,7 +58,7 @@ def _source_model(cfg: ml_collections.ConfigDict) -> tuple[dict, str] | None:
   except (OSError, ValueError) as e:
     raise UserError(f"init_from: {source / 'config.json'} does not read ({e}); pass "
                     "--config.init_from=<a run's workdir or an exported model directory>") from None
-  return defaults.from_saved(saved).model.to_dict(), str(source)
+  return loading.from_saved(saved).model.to_dict(), str(source)
 
 
 def _hf_model(source: Path, ours: dict) -> dict | None:
@@ -134,7 +134,7 @@ def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()
                     f"left unset takes the source's value) or pass {fix}")
   taken = [f"model.{f}={theirs[f]}" for f in ours if f not in given and ours[f] != theirs[f]]
   out = cfg.copy_and_resolve_references()
-  defaults.override(out, **{f"model.{f}": v for f, v in resolved.items()})
+  loading.override(out, **{f"model.{f}": v for f, v in resolved.items()})
   return out, taken
 
 
@@ -215,9 +215,9 @@ def _grown(flat: dict[str, np.ndarray], what: str, vocab_size: int) -> tuple[dic
   if vocab_size <= n:
     return flat, what
   out = dict(flat)
-  for name in [k for k in flat if k == "wte/embedding" or k.startswith("vte/")]:  # value embeds too
-    table = flat[name]
-    out[name] = np.concatenate([table, np.broadcast_to(table.mean(0), (vocab_size - n, table.shape[1]))])
+  table = flat["wte/embedding"]
+  rows = np.broadcast_to(table.mean(0), (vocab_size - n, table.shape[1]))
+  out["wte/embedding"] = np.concatenate([table, rows])
   if "lm_head/kernel" in flat:
     head = flat["lm_head/kernel"]
     cols = np.broadcast_to(head.mean(1, keepdims=True), (head.shape[0], vocab_size - n))

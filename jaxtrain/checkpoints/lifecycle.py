@@ -20,7 +20,7 @@ import ml_collections
 
 from jaxtrain.checkpoints.recover import Damaged, newest_intact
 from jaxtrain.checkpoints.store import Checkpoints
-from jaxtrain.config import defaults
+from jaxtrain.config import loading
 from jaxtrain.core.steps import TrainState
 from jaxtrain.system import fmt, peers, runtime
 from jaxtrain.system.errors import NonFiniteLoss, UserError
@@ -160,7 +160,7 @@ def resume(ckpts: Checkpoints, programs, iterator, run_meta: dict,
   def read(step: int):
     meta = ckpts.read_meta(step)
     notes[:] = check_resumable(meta, run_meta, cfg.workdir, cfg.data.allow_changed)
-    notes.append(defaults.config_changes(meta.get("config", {}), run_meta["config"])[1])
+    notes.append(loading.config_changes(meta.get("config", {}), run_meta["config"])[1])
     state, saved = ckpts.read(step, programs.abstract, programs.shardings, iterator)
     position, k = iterator.get_state()["next_index"], cfg.train.grad_accum
     if position != step * k:
@@ -180,7 +180,7 @@ def check_resumable(meta: dict, run_meta: dict, workdir: str,
                     allow_changed_data: bool) -> list[str]:
   """Refuses a resume whose config or data changed what the checkpoint's numbers mean; returns
   the lines that say what changed harmlessly."""
-  breaking, harmless = defaults.config_changes(meta.get("config", {}), run_meta["config"])
+  breaking, harmless = loading.config_changes(meta.get("config", {}), run_meta["config"])
   if meta.get("tokenizer") != run_meta["tokenizer"]:
     breaking.append("the tokenizer's vocabulary differs from the checkpoint's")
   if breaking:

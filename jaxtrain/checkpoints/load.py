@@ -10,7 +10,7 @@ import jax
 
 from jaxtrain.checkpoints import recover
 from jaxtrain.checkpoints.store import Checkpoints
-from jaxtrain.config import defaults
+from jaxtrain.config import loading
 from jaxtrain.core import programs as programs_lib
 from jaxtrain.core import steps
 from jaxtrain.data import tokenizer as tokenizer_lib
@@ -147,7 +147,7 @@ def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
 
 
 def _programs(workdir: str, meta: dict) -> programs_lib.Programs:
-  cfg = defaults.from_saved(meta["config"])
+  cfg = loading.from_saved(meta["config"])
   cfg.mesh.data, cfg.mesh.fsdp = 1, 1  # one device, whatever the run trained on
   if jax.devices()[0].platform == "cpu" and cfg.model.dtype == "float16":
     cfg.model.dtype = "float32"  # compute dtype only (params are float32): CPUs lack float16

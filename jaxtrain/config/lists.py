@@ -10,7 +10,7 @@ import os
 
 import ml_collections
 
-from jaxtrain.config import defaults as config
+from jaxtrain.config import defaults
 from jaxtrain.system.errors import ConfigError
 
 
@@ -31,8 +31,8 @@ def lora_targets(spec: str) -> tuple[str, ...]:
   """`finetune.lora_targets` ("qkv,out") as a tuple of layer names; raises ConfigError."""
   names = tuple(name.strip() for name in spec.split(",")) if spec.strip() else ()
   for i, name in enumerate(names):
-    check(name in config.LORA_TARGETS, "finetune.lora_targets", f"{show(name)} is not a linear "
-           f"layer of the model's blocks (those are {', '.join(config.LORA_TARGETS)})",
+    check(name in defaults.LORA_TARGETS, "finetune.lora_targets", f"{show(name)} is not a linear "
+           f"layer of the model's blocks (those are {', '.join(defaults.LORA_TARGETS)})",
            "pass some of them, comma-separated, e.g. --config.finetune.lora_targets=qkv,out")
     check(name not in names[:i], "finetune.lora_targets", f"names {name} twice",
            "name each layer once")
@@ -79,7 +79,7 @@ def validate_mixture(d: ml_collections.ConfigDict) -> None:
   """`data.mixture` beside the other data fields: one source given once, each matching files."""
   if d.mixture == "":
     return
-  check(d.path in ("", config.REQUIRED), "data.mixture", f"is set and so is data.path ({show(d.path)})",
+  check(d.path in ("", defaults.REQUIRED), "data.mixture", f"is set and so is data.path ({show(d.path)})",
          "pass either --config.data.path or --config.data.mixture (its sources are the data)")
   check(not (d.prompt_field and d.completion_field), "data.mixture",
          "mixes text sources; prompt/completion records (data.prompt_field) are one source",

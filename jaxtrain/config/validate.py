@@ -8,7 +8,7 @@ import os
 
 import ml_collections
 
-from jaxtrain.config import defaults as config
+from jaxtrain.config import defaults, loading
 from jaxtrain.config.lists import check as _check
 from jaxtrain.config.lists import eval_task_files, lora_targets, validate_mixture
 from jaxtrain.config.lists import show as _show
@@ -67,8 +67,8 @@ def _is_kind(value, kind: type) -> bool:
 def _validate_types(cfg: ml_collections.ConfigDict) -> None:
   """Every field is there and has its default's type, and no other name is (a config file can
   set anything)."""
-  config.check_fields(cfg)
-  for field, default in config.flatten(config.default_config().to_dict()).items():
+  loading.check_fields(cfg)
+  for field, default in loading.flatten(defaults.default_config().to_dict()).items():
     try:
       value = get(cfg, field)
     except (KeyError, AttributeError, TypeError):
@@ -114,8 +114,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
 
 
 def _validate_log(cfg: ml_collections.ConfigDict) -> None:
-  _one_of(cfg.log.group_stats, config.GROUP_STATS, "log.group_stats")
-  _one_of(cfg.log.wandb_mode, config.WANDB_MODES, "log.wandb_mode")
+  _one_of(cfg.log.group_stats, defaults.GROUP_STATS, "log.group_stats")
+  _one_of(cfg.log.wandb_mode, defaults.WANDB_MODES, "log.wandb_mode")
   project = cfg.log.wandb_project
   # W&B refuses these characters in project names (and the name's length past 128).
   _check(project.strip() != "" and len(project) <= 128 and not any(c in project for c in "/\\#?%:"),
@@ -135,13 +135,13 @@ def _validate_model(cfg: ml_collections.ConfigDict) -> None:
   _check(m.pos != "rope" or head_dim % 2 == 0, "model.d_model",
          f"RoPE needs an even head size, got d_model/n_heads={head_dim}",
          "change d_model or n_heads, or pass --config.model.pos=learned")
-  _one_of(m.norm, config.NORMS, "model.norm")
-  _one_of(m.pos, config.POSITIONS, "model.pos")
-  _one_of(m.mlp, config.MLPS, "model.mlp")
-  _one_of(m.dtype, config.DTYPES, "model.dtype")
-  _one_of(m.attention, config.ATTENTION, "model.attention")
+  _one_of(m.norm, defaults.NORMS, "model.norm")
+  _one_of(m.pos, defaults.POSITIONS, "model.pos")
+  _one_of(m.mlp, defaults.MLPS, "model.mlp")
+  _one_of(m.dtype, defaults.DTYPES, "model.dtype")
+  _one_of(m.attention, defaults.ATTENTION, "model.attention")
   _positive_int(cfg, "model.n_kv_heads", minimum=0)
-  _one_of(m.remat, config.REMATS, "model.remat")
+  _one_of(m.remat, defaults.REMATS, "model.remat")
   _positive_int(cfg, "model.loss_chunk", minimum=0)
   _positive_int(cfg, "model.canon", minimum=0)
   _check(m.canon <= 64, "model.canon", f"{m.canon} is wider than a short convolution (at most 64)",
@@ -193,7 +193,7 @@ def _validate_sizes(cfg: ml_collections.ConfigDict) -> None:
   """Sizes that no machine holds are refused here, before anything is allocated."""
   m, t = cfg.model, cfg.train
   # About the model's parameters, as model.ModelConfig counts them (vocab 256 where it is 0).
-  width = config.mlp_width(m.mlp, m.mlp_ratio, m.d_model)
+  width = defaults.mlp_width(m.mlp, m.mlp_ratio, m.d_model)
   per_layer = 4 * m.d_model**2 + (2 if m.mlp != "swiglu" else 3) * m.d_model * width
   n = m.n_layers * per_layer + (1 if m.tie_embeddings else 2) * (m.vocab_size or 256) * m.d_model \
       + (m.seq_len * m.d_model if m.pos == "learned" else 0)
@@ -223,8 +223,8 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
   _positive_int(cfg, "train.eval_tasks_limit", minimum=0)
   _validate_eval_tasks(cfg.train)
 
-  _one_of(o.name, config.OPTIMIZERS, "optim.name")
-  _one_of(o.schedule, config.SCHEDULES, "optim.schedule")
+  _one_of(o.name, defaults.OPTIMIZERS, "optim.name")
+  _one_of(o.schedule, defaults.SCHEDULES, "optim.schedule")
   _check(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}", "pass e.g. --config.optim.lr=1e-3")
   _check(o.matrix_lr > 0, "optim.matrix_lr", f"must be > 0, got {o.matrix_lr}",
          "pass e.g. --config.optim.matrix_lr=0.02")
@@ -258,18 +258,18 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
   # A smaller eps rounds to 0 in float32, and a parameter with no gradient yet gets 0 / 0.
   _check(o.eps >= 1e-30, "optim.eps", f"must be > 0 (at least 1e-30), got {o.eps}",
          "pass --config.optim.eps=1e-8")
-  _one_of(o.loss_scaling, config.LOSS_SCALING, "optim.loss_scaling")
+  _one_of(o.loss_scaling, defaults.LOSS_SCALING, "optim.loss_scaling")
 
 
 def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
   d, s = cfg.data, cfg.sample
   path = os.path.expanduser(str(d.tokenizer))
-  if isinstance(d.tokenizer, str) and d.tokenizer not in config.TOKENIZERS and \
+  if isinstance(d.tokenizer, str) and d.tokenizer not in defaults.TOKENIZERS and \
       ("/" in d.tokenizer or d.tokenizer.endswith(".json")):
     _check(os.path.isfile(path), "data.tokenizer", f"the file {path} does not exist"
            if not os.path.exists(path) else f"{path} is a directory, not a file",
            "pass the path of an existing tokenizer.json (or --config.data.tokenizer=bpe, byte, char)")
-  _check(d.tokenizer in config.TOKENIZERS or os.path.isfile(path),
+  _check(d.tokenizer in defaults.TOKENIZERS or os.path.isfile(path),
          "data.tokenizer", f"{_show(d.tokenizer)} is not byte, char, bpe or a tokenizer.json file",
          "pass --config.data.tokenizer=bpe (or byte, char, or the path of a tokenizer.json)")
   _check(d.text_field != "", "data.text_field", "is empty", "pass --config.data.text_field=text")
@@ -305,7 +305,7 @@ def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
 
 def _validate_format(d: ml_collections.ConfigDict) -> None:
   """Token files (data.format uint16 or llmc) are ids already: no records, nothing to learn."""
-  _one_of(d.format, config.DATA_FORMATS, "data.format")
+  _one_of(d.format, defaults.DATA_FORMATS, "data.format")
   if d.format not in ("uint16", "llmc"):
     return  # auto: data/tokenfiles.py says the same once it knows which files are token ids
   for f in ("prompt_field", "messages_field", "mixture"):
@@ -352,7 +352,7 @@ def _validate_mesh_distributed(cfg: ml_collections.ConfigDict) -> None:
 def _validate_data_path(d: ml_collections.ConfigDict) -> None:
   """A recipe's `data.path = "<required>"` is the user's to give: what such a file holds, and where
   Tiny Shakespeare comes from for the text recipes."""
-  if d.path != config.REQUIRED or d.mixture:
+  if d.path != defaults.REQUIRED or d.mixture:
     return
   if d.messages_field:
     what, fix = "chat records", (f"chats.jsonl, .jsonl or .parquet records whose {d.messages_field!r} "
@@ -363,7 +363,7 @@ def _validate_data_path(d: ml_collections.ConfigDict) -> None:
         f"{d.completion_field!r} fields (docs/finetune.md)")
   else:
     what, fix = "text", ("input.txt, any UTF-8 text (Tiny Shakespeare: curl -o input.txt "
-                         f"{config.TINY_SHAKESPEARE})")
+                         f"{defaults.TINY_SHAKESPEARE})")
   raise ConfigError("data.path", f"is not given (this recipe trains on {what} of yours)",
                     f"pass --config.data.path={fix}")
 
@@ -372,9 +372,9 @@ def _validate_eval_tasks(t: ml_collections.ConfigDict) -> None:
   names = [n for n, _ in eval_task_files(t.eval_tasks)]
   metric, parts = t.early_stop_metric, t.early_stop_metric.split("/")
   task_metric = len(parts) == 3 and parts[0] == "task" and parts[1] in names and \
-      parts[2] in config.TASK_METRICS
+      parts[2] in defaults.TASK_METRICS
   _check(metric in ("val_loss", "val_bpb") or task_metric, "train.early_stop_metric",
-         f"{_show(metric)} is not val_loss, val_bpb or task/<name>/<{'|'.join(config.TASK_METRICS)}> "
+         f"{_show(metric)} is not val_loss, val_bpb or task/<name>/<{'|'.join(defaults.TASK_METRICS)}> "
          f"of a train.eval_tasks file (names: {', '.join(names) or 'none set'})",
          "pass --config.train.early_stop_metric=val_loss" +
          (f" (or e.g. task/{names[0]}/exact_match)" if names else ""))

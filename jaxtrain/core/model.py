@@ -5,6 +5,8 @@ separate output embedding, grouped-query attention, QK-norm, logit soft-capping 
 output projections. Linear layers and attention use `ops`' backward passes (fast on CPU); on GPUs
 with 16-bit compute, attention can go to cuDNN's fused kernel. Token embeddings are `ops.embed`
 lookups, whose gradients sum in float32. Blocks can be rematerialized (REMAT).
+One forward pass serves training and generation: given a key-value cache (`kvcache`), the same
+layers run new tokens after the cached ones and write theirs into it.
 Shape suffixes: B batch, T time, D d_model, H heads, G key/value heads, K head size, F MLP width, V vocab.
 """
 
@@ -16,8 +18,8 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from jaxtrain.config import defaults as config
-from jaxtrain.core import draws, ops
+from jaxtrain.config import defaults
+from jaxtrain.core import draws, kvcache, ops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +46,6 @@ class ModelConfig:
   eot_id: int = -1  # the tokenizer's end-of-text token
   remat: str = "none"  # none | dots | full: what each block keeps for the backward pass (REMAT)
   loss_chunk: int = 0  # tokens per chunk of the chunked cross-entropy (core/loss.py); 0: off
-  value_embeds: bool = False  # each layer adds an embedding of the token to its values
   x0_mix: bool = False  # each layer after the first adds a learned multiple of the embeddings
   canon: int = 0  # > 0: short causal convolutions of this width before attention and MLP
   # No scatter in the backward pass (programs.scatter_free): the embeddings' gradient by sorting
@@ -68,7 +69,7 @@ class ModelConfig:
 
   @property
   def mlp_hidden(self) -> int:
-    return config.mlp_width(self.mlp, self.mlp_ratio, self.d_model)
+    return defaults.mlp_width(self.mlp, self.mlp_ratio, self.d_model)
 
 
 def matmul_param_count(c: ModelConfig) -> int:
@@ -158,18 +159,20 @@ class Attention(nnx.Module):
     self.out = Dense(c.d_model, c.d_model, dtype=dtype, kernel_init=draws.normal(_out_std(c)), rngs=rngs)
 
   def __call__(self, x_BTD: jax.Array, rope: tuple[jax.Array, jax.Array] | None,
-               same_doc_BTS: jax.Array | None = None, ve_BTN: jax.Array | None = None) -> jax.Array:
+               same_doc_BTS: jax.Array | None = None, layer: kvcache.Layer | None = None,
+               pos=None) -> tuple[jax.Array, kvcache.Layer | None]:
+    """The output; with a cache `layer` (x at window positions pos..), that with x's keys and values."""
     B, T, D = x_BTD.shape
     c = self.c
     H, G, K = c.n_heads, c.kv_heads, c.head_dim
     q_BTHK, k_BTGK, v_BTGK = qkv_heads(self.qkv(x_BTD), H, G, K)
-    if ve_BTN is not None:
-      v_BTGK = v_BTGK + ve_BTN.reshape(B, T, G, K).astype(v_BTGK.dtype)
     if c.qk_norm:
       q_BTHK, k_BTGK = rms_heads(q_BTHK), rms_heads(k_BTGK)
     if rope is not None:
       q_BTHK, k_BTGK = apply_rope(q_BTHK, *rope), apply_rope(k_BTGK, *rope)
-    if c.attention == "cudnn":  # takes G < H as it is
+    if layer is not None:  # the cached positions' keys and values too; no document mask
+      y_BTHK, layer = kvcache.attend(q_BTHK, k_BTGK, v_BTGK, layer, pos)
+    elif c.attention == "cudnn":  # takes G < H as it is
       mask = None if same_doc_BTS is None else same_doc_BTS[:, None]
       y_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTGK, v_BTGK, mask=mask, is_causal=True,
                                             implementation="cudnn")
@@ -179,7 +182,7 @@ class Attention(nnx.Module):
       qkv = heads(q_BTHK), heads(k_BTHK), heads(v_BTHK)
       y_BTHK = heads(ops.causal_attention(*qkv) if same_doc_BTS is None else
                      ops.document_attention(*qkv, same_doc_BTS))
-    return self.out(y_BTHK.reshape(B, T, D))
+    return self.out(y_BTHK.reshape(B, T, D)), layer
 
 
 def qkv_heads(qkv_BTN: jax.Array, H: int, G: int, K: int) -> tuple[jax.Array, ...]:
@@ -258,16 +261,29 @@ class Block(nnx.Module):
       self.conv_mlp = nnx.Param(jnp.zeros((c.canon, c.d_model), jnp.float32))
 
   def __call__(self, x_BTD, rope, key: jax.Array | None, same_doc_BTS: jax.Array | None = None,
-               ve_BTN: jax.Array | None = None):
+               layer: kvcache.Layer | None = None, pos=None):
+    """The block's output, and with a cache `layer` (x at window positions pos..), the layer with
+    x's keys, values and convolution inputs written in."""
     k1, k2 = jax.random.split(key) if key is not None else (None, None)
+    inputs = [None, None] if layer is None else [layer.attn_in_BSD, layer.mlp_in_BSD]
     a_BTD = self.norm1(x_BTD)
     if self.canon:
-      a_BTD = causal_conv(a_BTD, self.conv_attn[...], same_doc_BTS)
-    x_BTD = x_BTD + _dropout(self.attn(a_BTD, rope, same_doc_BTS, ve_BTN), self.dropout, k1)
+      a_BTD, inputs[0] = _conv(a_BTD, self.conv_attn[...], same_doc_BTS, inputs[0], pos)
+    y_BTD, layer = self.attn(a_BTD, rope, same_doc_BTS, layer, pos)
+    x_BTD = x_BTD + _dropout(y_BTD, self.dropout, k1)
     m_BTD = self.norm2(x_BTD)
     if self.canon:
-      m_BTD = causal_conv(m_BTD, self.conv_mlp[...], same_doc_BTS)
-    return x_BTD + _dropout(self.mlp(m_BTD), self.dropout, k2)
+      m_BTD, inputs[1] = _conv(m_BTD, self.conv_mlp[...], same_doc_BTS, inputs[1], pos)
+    layer = None if layer is None else layer._replace(attn_in_BSD=inputs[0], mlp_in_BSD=inputs[1])
+    return x_BTD + _dropout(self.mlp(m_BTD), self.dropout, k2), layer
+
+
+def _conv(x_BTD, w_KD, same_doc_BTS, cache_BSD: jax.Array | None, pos):
+  """`causal_conv` of x, and the cached inputs with x written in (None without a cache)."""
+  if cache_BSD is None:
+    return causal_conv(x_BTD, w_KD, same_doc_BTS), None
+  span_BTD, cache_BSD = kvcache.conv_span(x_BTD, cache_BSD, w_KD.shape[0], pos)
+  return causal_conv(span_BTD, w_KD)[:, w_KD.shape[0] - 1:], cache_BSD
 
 
 class GPT(nnx.Module):
@@ -281,43 +297,49 @@ class GPT(nnx.Module):
     if c.pos == "learned":
       self.wpe = nnx.Param(draws.normal(0.01)(rngs.params(), (c.seq_len, c.d_model), jnp.float32))
     self.blocks = nnx.List([Block(c, rngs) for _ in range(c.n_layers)])
-    if c.value_embeds:  # zero: they start with no effect
-      self.vte = nnx.List([Embed(c.vocab_size, c.kv_heads * c.head_dim, dtype=dtype, grad=grad,
-                                 embedding_init=nnx.initializers.zeros, rngs=rngs)
-                           for _ in range(c.n_layers)])
     if c.x0_mix:
       self.x0_scale = nnx.Param(jnp.zeros((c.n_layers,), jnp.float32))
     self.norm_f = _norm(c, rngs)
     if not c.tie_embeddings:
       self.lm_head = Dense(c.d_model, c.vocab_size, dtype=dtype, kernel_init=draws.normal(0.02), rngs=rngs)
 
-  def __call__(self, tokens_BT: jax.Array, *, dropout_key: jax.Array | None = None) -> jax.Array:
-    """Returns float32 logits for the next token at every position."""
-    return self.head(self.hidden(tokens_BT, dropout_key=dropout_key), self.head_weight())
+  def __call__(self, tokens_BT: jax.Array, *, dropout_key: jax.Array | None = None,
+               cache: kvcache.Cache | None = None, pos=None) -> jax.Array | tuple[jax.Array, kvcache.Cache]:
+    """float32 logits for the next token at every position; with a `cache`, and the cache (`hidden`)."""
+    if cache is None:
+      return self.head(self.hidden(tokens_BT, dropout_key=dropout_key), self.head_weight())
+    x_BTD, cache = self.hidden(tokens_BT, cache=cache, pos=pos)
+    return self.head(x_BTD, self.head_weight()), cache
 
-  def hidden(self, tokens_BT: jax.Array, *, dropout_key: jax.Array | None = None) -> jax.Array:
-    """The final norm's output at every position."""
+  def hidden(self, tokens_BT: jax.Array, *, dropout_key: jax.Array | None = None,
+             cache: kvcache.Cache | None = None, pos=None) -> jax.Array | tuple[jax.Array, kvcache.Cache]:
+    """The final norm's output at every position of `tokens_BT`, a whole sequence from position 0.
+    With a `cache` (kvcache.empty's, or one this returned), the tokens sit at window positions
+    pos.. (an int, traced or not) after the cached ones, which they see: (the output, the cache
+    with their keys and values written in). No document mask then: that is generation."""
     c = self.c
     T = tokens_BT.shape[1]
     x_BTD = self.wte(tokens_BT)
     rope = None
     if c.pos == "learned":
-      x_BTD = x_BTD + self.wpe[:T].astype(x_BTD.dtype)
+      wpe_TD = self.wpe[:T] if cache is None else kvcache.window(self.wpe[...], pos, T)
+      x_BTD = x_BTD + wpe_TD.astype(x_BTD.dtype)
     else:
-      rope = rope_tables(T, c.head_dim, c.rope_theta)
+      tables = rope_tables(T if cache is None else c.seq_len, c.head_dim, c.rope_theta)
+      rope = tables if cache is None else tuple(kvcache.window(x, pos, T) for x in tables)
     keys = [None] * (c.n_layers + 1)
     if dropout_key is not None and c.dropout > 0:
       keys = list(jax.random.split(dropout_key, c.n_layers + 1))
     x_BTD = _dropout(x_BTD, c.dropout, keys[0])
-    same_doc_BTS = same_document(tokens_BT, c.eot_id) if c.doc_mask else None
-    call = _block_call(c.remat)
+    same_doc_BTS = same_document(tokens_BT, c.eot_id) if c.doc_mask and cache is None else None
+    call = _block_call(c.remat if cache is None else "none")
+    layers = [None] * c.n_layers if cache is None else list(cache)
     x0_BTD = x_BTD
     for i, (block, key) in enumerate(zip(self.blocks, keys[1:])):
       if c.x0_mix and i > 0:
         x_BTD = x_BTD + self.x0_scale[i].astype(x_BTD.dtype) * x0_BTD
-      ve = self.vte[i](tokens_BT) if c.value_embeds else None
-      x_BTD = call(block, x_BTD, rope, key, same_doc_BTS, ve)
-    return self.norm_f(x_BTD)
+      x_BTD, layers[i] = call(block, x_BTD, rope, key, same_doc_BTS, layers[i], pos)
+    return self.norm_f(x_BTD) if cache is None else (self.norm_f(x_BTD), layers)
 
   def head_weight(self) -> jax.Array:
     """The output projection as a float32 [D, V] matrix (a tied embedding, transposed once)."""

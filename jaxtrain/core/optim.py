@@ -56,7 +56,7 @@ def param_groups(params) -> dict:
   untied output projection), "matrix" (the blocks' kernels) or "vector" (norm scales)."""
   def group(path, p) -> str:
     names = {getattr(k, "key", getattr(k, "name", None)) for k in path}
-    if names & {"wte", "wpe", "vte"}:
+    if names & {"wte", "wpe"}:
       return "embedding"
     if names & {"conv_attn", "conv_mlp", "x0_scale"}:
       return "vector"

@@ -14,7 +14,7 @@ import jax
 import ml_collections
 from jax.sharding import Mesh
 
-from jaxtrain.config import defaults as config
+from jaxtrain.config import defaults
 from jaxtrain.core import attention, cpu, lora, mesh, optim, steps
 from jaxtrain.core import model as model_lib
 
@@ -104,7 +104,7 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   model_cfg = dataclasses.replace(model_lib.ModelConfig.from_config(m, vocab_size), attention=impl,
                                   eot_id=eot_id, doc_mask=doc_mask,
                                   scatter_free=scatter_free(devices[0].platform))
-  loss_scaling = config.dynamic_loss_scaling(cfg.optim.loss_scaling, m.dtype)
+  loss_scaling = defaults.dynamic_loss_scaling(cfg.optim.loss_scaling, m.dtype)
   optimizer = optim.make_optimizer(cfg.optim, max_steps=cfg.train.max_steps,
                                    grad_accum=cfg.train.grad_accum,
                                    skip_nonfinite=cfg.train.skip_nonfinite,

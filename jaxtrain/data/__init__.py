@@ -1,10 +1,11 @@
-"""Text in, token batches out: reading documents (`documents`: files, jsonl, parquet), tokenizers
-(`tokenizer`), the tokenized corpus with its cache, split and loss mask (`corpus`), token files
-read in place, ids already (`tokenfiles`: nanoGPT's flat .bin, llm.c's shards), the window
-batches each process reads (`windows`: `train_iterator`, `eval_batches`, re-exported by `corpus`),
-prompt/completion records read whole for sampling and evaluation (`records`), the chat format of
-chat records and its special tokens (`chat_format`), and weighted mixtures of several sources
-(`mixture`: `data.mixture`'s schedule, batches and per-source validation sets).
+"""Text in, token batches out. The one entry for what a run needs is `corpus`: `prepare` (text,
+token files or a weighted mixture, as one `Corpus`), `check_lengths`, `train_iterator`,
+`eval_sets`, `eval_weights`, `loss_scope`. Behind it: reading documents (`documents`: files, jsonl,
+parquet), tokenizers (`tokenizer`), the token cache that tokenizes a text corpus once (`tokencache`),
+token files read in place, ids already (`tokenfiles`: nanoGPT's flat .bin, llm.c's shards), the
+batches of windows (`windows`), the rows of a weighted mixture (`mixture`: source names, the
+schedule, the mixed batches), prompt/completion records read whole for sampling and evaluation
+(`records`), and the chat format of chat records and its special tokens (`chat_format`).
 
 May import: system, config.
 """

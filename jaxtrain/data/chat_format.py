@@ -9,11 +9,13 @@ added after any tokenizer's own (`with_chat`): text that spells one stays text. 
 turns count in the loss (their content and their <|end|>); role tokens, the other turns and the
 end-of-text do not. To answer, a model reads the conversation and <|assistant|> (`encode` with
 `add_generation_prompt`) and writes until <|end|>. `TEMPLATE` is the same format as a Jinja chat
-template, which transformers' `apply_chat_template` renders to the same tokens.
+template, which transformers' `apply_chat_template` renders to the same tokens. `is_chat`: whether
+a run's data is chat records.
 """
 
 from collections.abc import Iterator
 
+import ml_collections
 import numpy as np
 
 from jaxtrain.data import tokenizer as tokenizer_lib
@@ -33,6 +35,11 @@ TEMPLATE = (  # each role's token written whole: transformers can tell it from m
     "{{- message['content'] + '<|end|>' -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|assistant|>' -}}{%- endif -%}")
+
+
+def is_chat(data: ml_collections.ConfigDict) -> bool:
+  """Whether `data` (a config's data section) is chat records (only assistant turns in the loss)."""
+  return bool(data.get("messages_field"))
 
 
 class Special(str):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxtrain.data import chat_format as chat
+from jaxtrain.data import chat_format
 from jaxtrain.data.tokenizer import codepoints
 from jaxtrain.system.errors import UserError
 
@@ -151,7 +151,7 @@ class Documents:
   def _pieces(self, records: Iterator[tuple]) -> Iterator[tuple[str, bool, bool]]:
     for record in records:
       if self.chat:
-        yield from chat.pieces(record[0])
+        yield from chat_format.pieces(record[0])
         continue
       if len(record) == 2:
         yield record[0], False, False
@@ -209,7 +209,7 @@ class Documents:
         if any(batch.column(i).null_count for i in range(len(self.fields))):
           raise pa.ArrowInvalid("a null")
         records = list(zip(*(batch.column(i).to_pylist() for i in range(len(self.fields)))))
-        if self.chat and any(chat.problem(r[0]) for r in records):
+        if self.chat and any(chat_format.problem(r[0]) for r in records):
           raise pa.ArrowInvalid("a bad chat")  # the line is found by reading the file again
         yield from records
 
@@ -238,7 +238,7 @@ class Documents:
     for batch in f.iter_batches(batch_size=_PARQUET_ROWS, columns=list(self.fields)):
       for record in zip(*(batch.column(i).to_pylist() for i in range(len(self.fields)))):
         row += 1
-        if self.chat and record[0] is not None and (why := chat.problem(record[0])):
+        if self.chat and record[0] is not None and (why := chat_format.problem(record[0])):
           raise UserError(f"{path} row {row}: {self.fields[0]!r} {why}; fix that row or leave "
                           "the file out of --config.data.path")
         if None not in record:  # a null cell is no document
@@ -266,7 +266,7 @@ def survey(docs: Documents, want_chars: bool) -> tuple[np.ndarray, str]:
   while True:
     sizes, size, seen, pending, n_pending = array("q"), 0, set(), [], 0
     for text, end, _ in docs("reading"):
-      if isinstance(text, chat.Special):  # a token, not text: no bytes, no characters
+      if isinstance(text, chat_format.Special):  # a token, not text: no bytes, no characters
         if end:
           sizes.append(size)
           size = 0
@@ -311,7 +311,7 @@ def split(pieces, cut: tuple[int, int]):
   for text, end, loss in pieces:
     if doc != cut[0] or cut[1] == 0:
       yield text, end, doc < cut[0], loss
-    elif isinstance(text, chat.Special):  # no bytes: in training while the cut is ahead
+    elif isinstance(text, chat_format.Special):  # no bytes: in training while the cut is ahead
       yield text, end, offset < cut[1], loss
     else:
       raw = text.encode("utf-8")
@@ -361,7 +361,7 @@ def _jsonl_error(path: Path, fields: tuple[str, ...], arrow_message: str,
           return UserError(f"{path} line {number} has no field {field!r} (it has: "
                            f"{', '.join(record) or 'no fields'}); pass {_flag(fields, is_chat)}"
                            f"=<the field with the {'messages' if is_chat else 'text'}>")
-        if is_chat and (why := chat.problem(record[field])):
+        if is_chat and (why := chat_format.problem(record[field])):
           return UserError(f"{path} line {number}: {field!r} {why}; {fix}")
         if not is_chat and not isinstance(record[field], str):
           return UserError(f"{path} line {number}: field {field!r} is "

@@ -1,13 +1,21 @@
 """Records read whole from a small .jsonl file, for sampling and evaluation: prompts, prompt and
 completion pairs, multiple-choice items. A record that lacks a field, or holds the wrong kind of
 value, is one line naming the file, the line and the flag that fixes it (or the caller's own fix:
-a training run's `train.eval_tasks` has no such flags).
+a training run's `train.eval_tasks` has no such flags). `is_records`: whether a run's data is
+prompt/completion records.
 """
 
 import json
 from pathlib import Path
 
+import ml_collections
+
 from jaxtrain.system.errors import UserError
+
+
+def is_records(data: ml_collections.ConfigDict) -> bool:
+  """Whether `data` is prompt/completion records (only completions in the loss)."""
+  return bool(data.get("prompt_field") and data.get("completion_field"))
 
 
 def read_jsonl(path: str) -> list[tuple[int, dict]]:

@@ -1,6 +1,6 @@
-"""Batches of windows from a tokenized corpus (`corpus.Corpus`): the training iterator, the fixed
-evaluation batches, and what turns their loss into bits per byte; `Shards`, the token files'
-memmaps read as one corpus without joining them.
+"""Batches of windows from a tokenized corpus (`corpus.Corpus`): the training batches, the fixed
+evaluation batches, and what turns their loss into bits per byte; `Shards`, several memmaps (token
+files, a mixture's sources) read as one stream without joining them.
 
 Micro-batch i holds `batch_size` windows of `seq_len + 1` tokens at offsets drawn from a
 generator seeded by (seed, i): any batch can be rebuilt from the seed and its index. A corpus with
@@ -10,7 +10,6 @@ a loss mask (prompt/completion records) adds `"weights"`, float32[B, T], one per
 import math
 from typing import Protocol
 
-import grain
 import numpy as np
 
 from jaxtrain.system.errors import UserError
@@ -69,7 +68,7 @@ class Corpus(Protocol):
 
   def split_mask(self, train: bool) -> np.ndarray | None: ...
 
-_TRAIN_STREAM, _EVAL_STREAM = 0, 1
+TRAIN_STREAM, EVAL_STREAM = 0, 1  # part of each generator's seed: training draws apart from evaluation
 
 
 class WindowBatches:
@@ -112,27 +111,17 @@ def process_rows(batch_size: int, process_index: int, process_count: int) -> sli
   return slice(process_index * per, (process_index + 1) * per)
 
 
-def train_iterator(corpus: Corpus, batch_size: int, seq_len: int, seed: int,
-                   process_index: int = 0, process_count: int = 1) -> grain.DatasetIterator:
-  """Grain iterator over training micro-batches; its state is the next micro-batch index."""
-  source = WindowBatches(corpus.train, batch_size, seq_len, seed, _TRAIN_STREAM,
-                         process_rows(batch_size, process_index, process_count),
-                         corpus.split_mask(train=True))
-  # One reader thread a few batches ahead keeps batch assembly off the step's critical path.
-  options = grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)
-  return iter(grain.MapDataset.source(source).to_iter_dataset(options))
-
-
 def eval_batches(corpus: Corpus, batch_size: int, seq_len: int, seed: int, n_batches: int,
                  process_index: int = 0, process_count: int = 1) -> list[dict]:
   """The same `n_batches` validation batches at every evaluation, so val losses compare."""
-  source = WindowBatches(corpus.val, batch_size, seq_len, seed, _EVAL_STREAM,
+  source = WindowBatches(corpus.val, batch_size, seq_len, seed, EVAL_STREAM,
                          process_rows(batch_size, process_index, process_count),
                          corpus.split_mask(train=False))
   return [source[i] for i in range(n_batches)]
 
 
-def check_lengths(corpus: Corpus, seq_len: int, val_fraction: float) -> None:
+def check_windows(corpus: Corpus, seq_len: int, val_fraction: float) -> None:
+  """Raises a UserError unless both splits of one corpus hold a window of seq_len + 1 tokens."""
   window = seq_len + 1
   if isinstance(corpus.tokens, Shards):
     for name, split in (("validation", corpus.val), ("training", corpus.train)):
@@ -170,13 +159,3 @@ def batches_bpb(tokenizer, batches: list[dict]) -> float:
   weights = [b.get("weights", np.ones(b["tokens"][:, 1:].shape, np.float32)) for b in batches]
   text = sum(float((nbytes[b["tokens"][:, 1:]] * w).sum()) for b, w in zip(batches, weights))
   return sum(float(w.sum()) for w in weights) / (math.log(2) * text) if text else math.nan
-
-
-def eval_weights(corpus: Corpus, batch_size: int, seq_len: int, seed: int,
-                 n_batches: int) -> np.ndarray | None:
-  """The targets in the loss in each whole evaluation batch (every process's rows), by which
-  the batches' mean losses are averaged; None without weights (each batch counts the same)."""
-  if corpus.mask is None:
-    return None
-  batches = eval_batches(corpus, batch_size, seq_len, seed, n_batches)
-  return np.array([float(b["weights"].sum()) for b in batches])

@@ -14,8 +14,8 @@ import numpy as np
 
 from jaxtrain.core.programs import Programs
 from jaxtrain.core.steps import TrainState
-from jaxtrain.data import corpus, mixture
-from jaxtrain.data.mixture import EvalSet
+from jaxtrain.data import corpus
+from jaxtrain.data.corpus import EvalSet
 from jaxtrain.evals import tasks as tasks_lib
 from jaxtrain.system import runtime
 
@@ -61,8 +61,8 @@ def prepare(cfg: ml_collections.ConfigDict, data: corpus.Corpus, place: Callable
             eval_tasks: list[tasks_lib.Task] = ()) -> Validation:
   """The run's validation set (and each source's), read and placed on the devices."""
   t = cfg.train
-  sets = mixture.eval_sets(data, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps,
-                           jax.process_index(), jax.process_count())
+  sets = corpus.eval_sets(data, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps,
+                          jax.process_index(), jax.process_count())
   sets = [dataclasses.replace(s, batches=[place(b) for b in s.batches]) for s in sets]
   return Validation(
       every=t.eval_every, batches=sets[0].batches, bpb=sets[0].bpb,

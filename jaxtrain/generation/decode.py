@@ -1,13 +1,14 @@
 """Token-by-token generation with a key-value cache: the prompt runs through the model once
 (prefill), then each new token is one position's forward pass against the cached keys and values
-of the positions before it, in a jitted loop.
+of the positions before it, in a jitted loop. Both are the model's own forward pass, given a
+key-value cache (core/kvcache.py) to extend.
 
 The context window: a model sees at most `seq_len` tokens. Once the window is full, it restarts
 from its last `keep` tokens (half of seq_len), which run through the model again as a prefill at
 positions 0.. (RoPE's and learned positions both restart there), and the cache fills up again.
 A no-cache path (`use_cache=False`: the whole window through the model for every token) uses the
 same windows, so both give the same tokens; tests/test_decode.py checks it for every model switch.
-Shape suffixes as in model.py, plus S cache length (= seq_len), L token buffer length.
+Shape suffixes as in model.py, plus L token buffer length.
 """
 
 import functools
@@ -18,9 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxtrain.core import model as model_lib
-
-Cache = list  # per layer: (k_BSGK, v_BSGK), and with model.canon the two conv inputs (B, S, D)
+from jaxtrain.core import kvcache
 
 
 def keep_length(seq_len: int) -> int:
@@ -37,77 +36,6 @@ def window_start(n, seq_len: int, keep: int):
   if isinstance(n, int):
     return 0 if n <= seq_len else restart - keep
   return jnp.where(n <= seq_len, 0, restart - keep)
-
-
-def empty_cache(c: model_lib.ModelConfig, batch: int) -> Cache:
-  """Per layer: keys and values, and with `model.canon` the attention's and the MLP's inputs, which
-  the next positions' convolutions read."""
-  shape = (batch, c.seq_len, c.kv_heads, c.head_dim)
-  inputs = 2 if c.canon else 0
-  return [tuple(jnp.zeros(shape, c.dtype) for _ in range(2)) +
-          tuple(jnp.zeros((batch, c.seq_len, c.d_model), c.dtype) for _ in range(inputs))
-          for _ in range(c.n_layers)]
-
-
-def _conv_cached(x_BTD: jax.Array, cache_BSD: jax.Array, w_KD: jax.Array, pos) -> tuple:
-  """`model_lib.causal_conv` at positions pos.. of the window, reading the positions before them
-  from the cache; returns the output and the cache with `x_BTD` written in."""
-  T, k = x_BTD.shape[1], w_KD.shape[0]
-  cache_BSD = jax.lax.dynamic_update_slice_in_dim(cache_BSD, x_BTD.astype(cache_BSD.dtype), pos, 1)
-  padded_BSD = jnp.pad(cache_BSD, ((0, 0), (k - 1, 0), (0, 0)))  # before position 0: zeros
-  span_BTD = jax.lax.dynamic_slice_in_dim(padded_BSD, pos, T + k - 1, axis=1).astype(x_BTD.dtype)
-  return model_lib.causal_conv(span_BTD, w_KD)[:, k - 1:], cache_BSD
-
-
-def forward_cached(model: model_lib.GPT, tokens_BT: jax.Array, cache: Cache,
-                   pos: jax.Array) -> tuple[jax.Array, Cache]:
-  """Logits of `tokens_BT` placed at positions pos.. of the window, which see the cache's
-  positions before them; returns the cache with their keys and values written in.
-
-  The same layers and the same math as `GPT.__call__` (without dropout), one step at a time.
-  """
-  c = model.c
-  B, T = tokens_BT.shape
-  S, H, G, K = c.seq_len, c.n_heads, c.kv_heads, c.head_dim
-  x_BTD = model.wte(tokens_BT)
-  rope = None
-  if c.pos == "learned":
-    x_BTD = x_BTD + jax.lax.dynamic_slice_in_dim(model.wpe[...], pos, T).astype(x_BTD.dtype)
-  else:
-    cos_SK, sin_SK = model_lib.rope_tables(S, K, c.rope_theta)
-    rope = (jax.lax.dynamic_slice_in_dim(cos_SK, pos, T), jax.lax.dynamic_slice_in_dim(sin_SK, pos, T))
-  # Query t (at window position pos + t) sees cached positions s <= pos + t.
-  visible_TS = jnp.arange(S)[None, :] <= pos + jnp.arange(T)[:, None]
-  new_cache = []
-  x0_BTD = x_BTD
-  for i, (block, (k_cache_BSGK, v_cache_BSGK, *inputs)) in enumerate(zip(model.blocks, cache)):
-    attn = block.attn
-    if c.x0_mix and i > 0:
-      x_BTD = x_BTD + model.x0_scale[i].astype(x_BTD.dtype) * x0_BTD
-    a_BTD = block.norm1(x_BTD)
-    if c.canon:
-      a_BTD, inputs[0] = _conv_cached(a_BTD, inputs[0], block.conv_attn[...], pos)
-    q_BTHK, k_BTGK, v_BTGK = model_lib.qkv_heads(attn.qkv(a_BTD), H, G, K)
-    if c.value_embeds:
-      v_BTGK = v_BTGK + model.vte[i](tokens_BT).reshape(B, T, G, K).astype(v_BTGK.dtype)
-    if c.qk_norm:
-      q_BTHK, k_BTGK = model_lib.rms_heads(q_BTHK), model_lib.rms_heads(k_BTGK)
-    if rope is not None:
-      q_BTHK, k_BTGK = model_lib.apply_rope(q_BTHK, *rope), model_lib.apply_rope(k_BTGK, *rope)
-    k_cache_BSGK = jax.lax.dynamic_update_slice_in_dim(k_cache_BSGK, k_BTGK.astype(c.dtype), pos, 1)
-    v_cache_BSGK = jax.lax.dynamic_update_slice_in_dim(v_cache_BSGK, v_BTGK.astype(c.dtype), pos, 1)
-    # Query head h = g * R + r reads key/value head g, as the model's repeat of k and v does.
-    q_BTGRK = (q_BTHK * K**-0.5).reshape(B, T, G, H // G, K)
-    scores_BGRTS = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_cache_BSGK).astype(jnp.float32)
-    probs_BGRTS = jax.nn.softmax(jnp.where(visible_TS, scores_BGRTS, -jnp.inf), axis=-1)
-    y_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", probs_BGRTS.astype(q_BTHK.dtype), v_cache_BSGK)
-    x_BTD = x_BTD + attn.out(y_BTGRK.reshape(B, T, H * K))
-    m_BTD = block.norm2(x_BTD)
-    if c.canon:
-      m_BTD, inputs[1] = _conv_cached(m_BTD, inputs[1], block.conv_mlp[...], pos)
-    x_BTD = x_BTD + block.mlp(m_BTD)
-    new_cache.append((k_cache_BSGK, v_cache_BSGK, *inputs))
-  return model.head(model.norm_f(x_BTD), model.head_weight()), new_cache
 
 
 def pick(logits_BV: jax.Array, key: jax.Array, temperature: float, top_k: int,
@@ -143,12 +71,12 @@ def _logits_at(model, buf_BL, n, start, cache, *, use_cache: bool, keep: int):
 
   def restart(cache):
     window_BK = jax.lax.dynamic_slice_in_dim(buf_BL, start, keep, axis=1)
-    logits_BKV, cache = forward_cached(model, window_BK, cache, jnp.int32(0))
+    logits_BKV, cache = model(window_BK, cache=cache, pos=jnp.int32(0))
     return logits_BKV[:, -1], cache
 
   def step(cache):
     last_B1 = jax.lax.dynamic_slice_in_dim(buf_BL, n - 1, 1, axis=1)
-    logits_B1V, cache = forward_cached(model, last_B1, cache, n - 1 - start)
+    logits_B1V, cache = model(last_B1, cache=cache, pos=n - 1 - start)
     return logits_B1V[:, 0], cache
 
   # A window that started anew (n - start == keep then) runs through whole, as a prefill.
@@ -186,8 +114,8 @@ def _prefill(params, graphdef, window_BW, length):
   padding's keys and values in the cache are never seen: each later token writes its own at its
   position before attending up to it."""
   model = nnx.merge(graphdef, params)
-  logits_BWV, cache = forward_cached(model, window_BW, empty_cache(model.c, window_BW.shape[0]),
-                                     jnp.int32(0))
+  logits_BWV, cache = model(window_BW, cache=kvcache.empty(model.c, window_BW.shape[0]),
+                             pos=jnp.int32(0))
   return jax.lax.dynamic_index_in_dim(logits_BWV, length - 1, axis=1, keepdims=False), cache
 
 

@@ -14,9 +14,10 @@ import ml_collections
 from jaxtrain import __version__
 from jaxtrain.checkpoints import init_from
 from jaxtrain.checkpoints.store import Checkpoints
-from jaxtrain.config import defaults, validate
+from jaxtrain.config import defaults, loading, validate
 from jaxtrain.core import cpu, mesh, model, optim, programs
-from jaxtrain.data import mixture, tokenfiles, tokenizer
+from jaxtrain.data import corpus as corpus_lib
+from jaxtrain.data import tokenfiles, tokenizer
 from jaxtrain.evals import tasks
 from jaxtrain.measure import summary
 from jaxtrain.system import fmt, paths, runtime
@@ -26,8 +27,8 @@ from jaxtrain.system.console import Console
 def config_lines(cfg: ml_collections.ConfigDict, width: int = 100) -> list[str]:
   """Every field of `cfg`, a section a paragraph, each field that differs from its default
   marked with `*`."""
-  values = defaults.flatten(cfg.to_dict())
-  default = defaults.flatten(defaults.default_config().to_dict())
+  values = loading.flatten(cfg.to_dict())
+  default = loading.flatten(defaults.default_config().to_dict())
   sections: dict[str, list[str]] = {"": []}  # the top-level fields first
   for name, value in values.items():
     section, _, field = name.rpartition(".")
@@ -110,9 +111,9 @@ def dry_run(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()) -> N
   data_axis, fsdp_axis = mesh.mesh_shape(cfg.mesh, len(devices))
   out.print(f"jaxtrain {__version__} | dry run | workdir {workdir} | {platform} x{len(devices)} "
             f"(mesh data={data_axis} fsdp={fsdp_axis}) | jax {jax.__version__}")
-  corpus = mixture.prepare(cfg.data, show_progress=False, log=out.print,
+  corpus = corpus_lib.prepare(cfg.data, show_progress=False, log=out.print,
                            vocab_size=cfg.model.vocab_size)
-  mixture.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
+  corpus_lib.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
   tokenfiles.check_run(cfg, corpus.tokenizer)
   vocab = tokenizer.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
   built = programs.build(cfg, vocab, devices, eot_id=corpus.tokenizer.eot_id)

@@ -18,7 +18,8 @@ from jaxtrain.checkpoints.store import Checkpoints
 from jaxtrain.core import mesh, programs
 from jaxtrain.core.model import flops_per_token
 from jaxtrain.core.steps import TrainState
-from jaxtrain.data import mixture, tokenfiles, tokenizer
+from jaxtrain.data import corpus as corpus_lib
+from jaxtrain.data import tokenfiles, tokenizer
 from jaxtrain.evals import tasks, validation
 from jaxtrain.loop import budget, ending
 from jaxtrain.loop.feed import DeviceFeed
@@ -50,14 +51,14 @@ def prepare(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
   out.print(f"jaxtrain {__version__} | workdir {workdir} | {platform} x{len(devices)} "
             f"(mesh data={data_axis} fsdp={fsdp_axis}) | jax {jax.__version__}"
             + (f" | {allocator.in_use()} allocator" if platform == "cpu" else ""))
-  corpus = mixture.prepare(cfg.data, show_progress=out.use_bar, log=out.print,
-                           vocab_size=cfg.model.vocab_size)
-  mixture.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
+  corpus = corpus_lib.prepare(cfg.data, show_progress=out.use_bar, log=out.print,
+                              vocab_size=cfg.model.vocab_size)
+  corpus_lib.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
   tokenfiles.check_run(cfg, corpus.tokenizer)
   vocab = tokenizer.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
   built = programs.build(cfg, vocab, devices, eot_id=corpus.tokenizer.eot_id)
-  batches = lambda: mixture.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len,  # noqa: E731
-                                           cfg.seed, jax.process_index(), jax.process_count())
+  batches = lambda: corpus_lib.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len,  # noqa: E731
+                                              cfg.seed, jax.process_index(), jax.process_count())
   plan = None
   if cfg.train.time_budget:
     spent = budget.process_age_s if library_log else lambda: time.time() - t_start

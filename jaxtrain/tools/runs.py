@@ -7,7 +7,7 @@ import math
 import statistics
 from pathlib import Path
 
-from jaxtrain.config import defaults
+from jaxtrain.config import defaults, loading
 from jaxtrain.system import lock, paths
 from jaxtrain.system.errors import UserError
 
@@ -73,7 +73,7 @@ class RunInfo:
 def read(path: Path) -> RunInfo:
   path = Path(path)
   cfg_path, status_path = path / "config.json", path / paths.STATUS_FILE
-  flat = defaults.flatten(paths.read_json(cfg_path)) if cfg_path.exists() else {}
+  flat = loading.flatten(paths.read_json(cfg_path)) if cfg_path.exists() else {}
   try:
     status = paths.read_json(status_path) if status_path.exists() else {}
   except ValueError:

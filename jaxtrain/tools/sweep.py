@@ -24,7 +24,7 @@ from pathlib import Path
 
 from absl import flags
 
-from jaxtrain.config import defaults, schema, validate
+from jaxtrain.config import defaults, loading, schema, validate
 from jaxtrain.system import fmt, paths
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.tools import cli, compare, runs
@@ -60,7 +60,7 @@ class Point:
 
 
 def _known_field(name: str, flag: str) -> str:
-  known = defaults.field_names()
+  known = loading.field_names()
   if name not in known:
     raise UserError(f"{flag}: {name} is not a config field; {schema.suggestion(name, known)}")
   if name == "workdir":
@@ -151,18 +151,18 @@ def _name(values: list[tuple[str, str]]) -> str:
 def grid(args: Args) -> list[Point]:
   """Every combination, each config built and validated here, so a bad value stops the sweep
   before any run starts."""
-  default = defaults.flatten(defaults.default_config().to_dict())
-  base = defaults.load_config(args.config)
+  default = loading.flatten(defaults.default_config().to_dict())
+  base = loading.load_config(args.config)
   for arg in args.overrides:
     field, text = arg[len("--config."):].split("=", 1)
-    defaults.override(base, **{field: typed(field, text, default[field])})
+    loading.override(base, **{field: typed(field, text, default[field])})
   points = []
   for combo in itertools.product(*[[(f, v) for v in vs] for f, vs in args.sweeps]):
     cfg = base.copy_and_resolve_references()
     values = []
     for field, text in combo:
       value = typed(field, text, default[field])
-      defaults.override(cfg, **{field: value})
+      loading.override(cfg, **{field: value})
       values.append((field, str(value) if isinstance(value, bool) else text))
     name = _name(values)
     cfg.workdir = str(args.root / name)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import jax
 
-from jaxtrain.config import defaults
+from jaxtrain.config import loading
 from jaxtrain.trackers.hooks import Hook, RunResult, RunView
 
 EVENT_FILES = "events.out.tfevents.*"
@@ -62,7 +62,7 @@ def read_records(path: Path) -> list[bytes]:
 def _hparams(cfg) -> dict:
   """The config as flat hparams; anything that is not a number, text or bool as text."""
   return {k: v if isinstance(v, bool | int | float | str) else str(v)
-          for k, v in defaults.flatten(cfg.to_dict()).items()}
+          for k, v in loading.flatten(cfg.to_dict()).items()}
 
 
 class TensorBoard(Hook):

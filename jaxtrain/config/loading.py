@@ -1,0 +1,125 @@
+"""A config as a run gets it: a config file loaded (`load_config`) and checked against the defaults'
+fields, dotted overrides (`override`), a saved run's config on today's defaults (`from_saved`),
+dotted names (`flatten`, `field_names`), and which changes a resume may cross (`config_changes`,
+`STATE_FIELDS`).
+"""
+
+import importlib.util
+import os
+
+import ml_collections
+
+import jaxtrain.config.schema as schema  # the module itself: not through the package's __init__
+from jaxtrain.config.defaults import default_config
+from jaxtrain.system.errors import ConfigError, UserError
+
+
+def override(cfg: ml_collections.ConfigDict, **dotted) -> ml_collections.ConfigDict:
+  """Sets fields by dotted name, in place: `override(cfg, **{"train.max_steps": 100})`. A name
+  that is not a field of the defaults is a ConfigError naming the nearest ones."""
+  for key, value in dotted.items():
+    node = cfg
+    *path, leaf = key.split(".")
+    for part in path:
+      node = node[part] if isinstance(node, ml_collections.ConfigDict) and part in node else None
+    if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
+      raise ConfigError(key, "is not a config field", schema.suggestion(key, field_names()))
+    node[leaf] = value
+  return cfg
+
+
+def field_names() -> list[str]:
+  """Every field's dotted name, as `--config.NAME=...` takes it."""
+  return schema.fields(default_config().to_dict())
+
+
+def from_saved(saved: dict) -> ml_collections.ConfigDict:
+  """A run's saved config (config.json, a checkpoint's metadata) on top of today's defaults: a run
+  saved before a field existed gets the field's default, which is what it trained with."""
+  cfg = default_config()
+  defaults = flatten(cfg.to_dict())
+  override(cfg, **{k: v for k, v in flatten(saved).items() if k in defaults})
+  return cfg
+
+
+def load_config(path: str, **dotted) -> ml_collections.ConfigDict:
+  """The ConfigDict of a config file (e.g. "configs/nano.py"), with dotted overrides applied.
+
+  Every name it holds is checked against the defaults: an unknown field, or a file that fails to
+  load, raises a UserError that names the file, the line and (for a field) the nearest real one."""
+  full = os.path.abspath(os.path.expanduser(path))
+  if not os.path.isfile(full):
+    raise UserError(f"no config file at {path}")
+  defaults = default_config().to_dict()
+  try:
+    spec = importlib.util.spec_from_file_location(f"jaxtrain_config_{abs(hash(full))}", full)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = module.get_config()
+  except Exception as e:  # whatever the file's own code raised
+    raise _load_error(path, full, e, defaults) from None
+  if not isinstance(cfg, ml_collections.ConfigDict):
+    raise UserError(f"{path}: get_config() returned {type(cfg).__name__}, not a ConfigDict; "
+                    "build it on jaxtrain.config.default_config() as configs/*.py do")
+  check_fields(cfg, f"set in {path}")
+  return override(cfg, **dotted)
+
+
+def _load_error(path: str, full: str, e: Exception, defaults: dict) -> UserError:
+  line = schema.line_in(e, full)
+  at = f"{path}, line {line}" if line else path
+  key = schema.locked_key(e, defaults)
+  if key is not None:
+    return ConfigError(key, f"is not a config field ({at})",
+                       schema.suggestion(key, schema.names(defaults)))
+  return UserError(f"the config file {at} does not load: {type(e).__name__}: "
+                   f"{schema.message_of(e)}; fix the file")
+
+
+def check_fields(cfg: ml_collections.ConfigDict, where: str = "") -> None:
+  """Raises a ConfigError for the first name in `cfg` that the defaults do not have."""
+  defaults = default_config().to_dict()
+  unknown = schema.unknown_fields(cfg, defaults)
+  if unknown:
+    where = f" ({where})" if where else ""
+    raise ConfigError(unknown[0], f"is not a config field{where}",
+                      schema.suggestion(unknown[0], schema.names(defaults)))
+
+
+# Changing these changes the train state's shapes or what its numbers mean: no resume across them.
+STATE_FIELDS = (
+    "seed", "model.n_layers", "model.n_heads", "model.d_model", "model.seq_len",
+    "model.vocab_size", "model.norm", "model.pos", "model.mlp", "model.mlp_ratio",
+    "model.tie_embeddings", "model.rope_theta", "data.tokenizer", "data.val_fraction",
+    "train.grad_accum", "train.skip_nonfinite", "optim.loss_scaling", "model.n_kv_heads",
+    "model.qk_norm", "model.logit_softcap", "optim.name", "data.vocab_size", "model.doc_mask",
+    "optim.clip_per_group", "finetune.lora_rank", "model.x0_mix",
+    "model.canon",
+)
+LORA_FIELDS = ("finetune.lora_alpha", "finetune.lora_targets")  # breaking where LoRA is on
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+  """{"a": {"b": 1}} -> {"a.b": 1}: the dotted names `--config.a.b=...` overrides use."""
+  out = {}
+  for key, value in d.items():
+    if isinstance(value, dict):
+      out.update(flatten(value, f"{prefix}{key}."))
+    else:
+      out[prefix + key] = value
+  return out
+
+
+def config_changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:
+  """(changes that forbid a resume, harmless changes), each as 'field: old -> new'."""
+  old, new = flatten(from_saved(saved).to_dict()), flatten(current)
+  breaking, harmless = [], []
+  for field in sorted(new):
+    if field in old and old[field] != new[field]:
+      change = f"{field}: {old[field]!r} -> {new[field]!r}"
+      # Clipping on or off adds or removes an optimizer-state entry; its value alone does not.
+      toggles_clip = field == "optim.clip_norm" and (old[field] == 0) != (new[field] == 0)
+      # Adapters' scale and placement change the state's meaning and shapes, if there are any.
+      lora = field in LORA_FIELDS and (old["finetune.lora_rank"] or new["finetune.lora_rank"])
+      (breaking if field in STATE_FIELDS or toggles_clip or lora else harmless).append(change)
+  return breaking, harmless

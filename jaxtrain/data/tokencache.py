@@ -1,0 +1,379 @@
+"""The token cache: a text corpus tokenized once into a memmap, read from then on.
+
+An entry (KEY.bin: the tokens; KEY.mask: a loss mask, one uint8 per token, for prompt/completion
+and chat records; KEY.json: how to read them) is keyed by the files' names, sizes and mtimes and
+every setting that changes the tokens or the split. The token stream is the documents in order,
+each followed by the tokenizer's end-of-text token; several files come in a fixed pseudo-random
+order, so the held-out tail samples the whole corpus. A tokenizer learned from several corpora
+together (a mixture's bpe or char) is an entry of its own (KEY-tokenizer.json), so that it too is
+learned once.
+"""
+
+import contextlib
+import dataclasses
+import errno
+import hashlib
+import itertools
+import json
+import os
+import socket
+from pathlib import Path
+
+import ml_collections
+import numpy as np
+
+from jaxtrain.data import chat_format, documents
+from jaxtrain.data import tokenizer as tokenizer_lib
+from jaxtrain.data.chat_format import is_chat
+from jaxtrain.data.documents import Documents, describe
+from jaxtrain.data.records import is_records
+from jaxtrain.system import fmt, paths, signals
+from jaxtrain.system.errors import ConfigError, UserError
+from jaxtrain.system.lock import FileLock, describe_holder, is_held
+
+_CACHE_VERSION = 2
+_BATCH_CHARS = 4 << 20  # text encoded per call: BPE spreads a batch over all cores
+
+
+@dataclasses.dataclass
+class Cached:
+  """A complete entry, mapped: its tokens (and mask), its tokenizer and its .json."""
+  tokens: np.ndarray
+  mask: np.ndarray | None
+  tokenizer: object
+  meta: dict
+
+
+def load(files: list[Path], data: ml_collections.ConfigDict, show_progress: bool = True, log=print,
+         tokenizer=None) -> Cached:
+  """`files` tokenized once (cached by file names, sizes, mtimes and the tokenizer's settings),
+  mapped. `tokenizer`: this one instead of `data.tokenizer`'s."""
+  files = _ordered(files)
+  entry = Entry(_directory(data), _cache_key(files, data, tokenizer))
+  meta, damage = entry.load()
+  if meta is None:
+    with entry.writing(log):
+      meta, damage = entry.load()  # another process may have written it while this one waited
+      if meta is None:
+        if damage:
+          log(f"data: ignoring the token cache {entry.bin} ({damage}); tokenizing again")
+        meta = _tokenize(files, data, entry, show_progress, log, tokenizer)
+  n = meta["n_tokens"]
+  tokens = np.memmap(entry.bin, dtype=np.dtype(meta["dtype"]), mode="r", shape=(n,))
+  mask = np.memmap(entry.mask, dtype=np.uint8, mode="r", shape=(n,)) if meta.get("masked") \
+      else None
+  return Cached(tokens, mask, tokenizer_lib.from_cache(meta), meta)
+
+
+def shared_tokenizer(files: list[Path], data: ml_collections.ConfigDict, show_progress: bool = True,
+                     log=print):
+  """The one tokenizer of `data.tokenizer` for `files` together (a mixture's sources): byte, a
+  tokenizer.json, or one learned from all of them (bpe: from their training split, char: from
+  their characters), as `load` of all the files would learn it, but with nothing tokenized. A
+  learned one is cached."""
+  if data.tokenizer == "byte":
+    return tokenizer_lib.ByteTokenizer()
+  if data.tokenizer not in tokenizer_lib.BUILTIN:
+    _cache_key(files, data)  # a tokenizer.json that cannot be read: one line naming the field
+    return tokenizer_lib.read_file(os.path.expanduser(data.tokenizer))
+  files = _ordered(files)
+  entry = Entry(_directory(data), _cache_key(files, data) + "-tokenizer")
+  tok = entry.load_tokenizer()
+  if tok is None:
+    with entry.writing(log):
+      tok = entry.load_tokenizer()
+      if tok is None:
+        docs, sizes, chars, cut = _survey(files, data, show_progress, log, "learning a tokenizer from",
+                                          data.tokenizer == "char")
+        tok = _learned(data, docs, sizes, chars, cut, log)
+        entry.write_tokenizer(tok)
+  return tok
+
+
+def _directory(data: ml_collections.ConfigDict) -> Path:
+  return Path(data.cache_dir or paths.cache_dir()) / "tokens"
+
+
+def _ordered(files: list[Path]) -> list[Path]:
+  # A fixed permutation (independent of the run's seed): the validation tail then samples
+  # the whole corpus instead of the files that sort last.
+  if len(files) < 2:
+    return files
+  return [files[i] for i in np.random.default_rng(0).permutation(len(files))]
+
+
+def _cache_key(files: list[Path], data: ml_collections.ConfigDict, fixed=None) -> str:
+  """Names, sizes and mtimes of the files, and every setting that changes the tokens or split."""
+  tok = data.tokenizer
+  if fixed is not None:
+    tok = hashlib.sha256(json.dumps(fixed.to_json(), sort_keys=True).encode()).hexdigest()
+  elif tok not in tokenizer_lib.BUILTIN:  # a tokenizer.json: its content
+    try:
+      tok = hashlib.sha256(Path(tok).expanduser().read_bytes()).hexdigest()
+    except OSError as e:
+      raise ConfigError("data.tokenizer", f"cannot read {tok} ({e.strerror})", "pass byte, "
+                        "char, bpe or the path of a Hugging Face tokenizer.json") from None
+  key = {"v": _CACHE_VERSION, "tokenizer": tok, "field": data.text_field,
+         "vocab": data.vocab_size if tok == "bpe" else 0, "val": data.val_fraction}
+  if is_records(data):  # (text corpora keep the keys they had)
+    key.update(field=[data.prompt_field, data.completion_field])
+  if is_chat(data):
+    key.update(field=data.messages_field, chat=list(chat_format.TOKENS))
+  h = hashlib.sha256(json.dumps(key).encode())
+  for f in files:
+    st = os.stat(f)
+    h.update(f"{os.path.abspath(f)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+  return h.hexdigest()[:24]
+
+
+class Entry:
+  """One corpus's entry in the token cache: KEY.bin holds the tokens, KEY.json says how to read
+  them. Both are written under temporary names and renamed when complete, the .json last: a
+  .json whose .bin is present with the size it states is the only state trusted. Writers hold
+  KEY.lock, so one process tokenizes and the others wait for it and then read its result."""
+
+  def __init__(self, directory: Path, key: str):
+    self.dir, self.key = directory, key
+    self.bin, self.meta = directory / f"{key}.bin", directory / f"{key}.json"
+    self.mask = directory / f"{key}.mask"
+
+  def load(self) -> tuple[dict | None, str]:
+    """(meta, "") for a complete entry; (None, what is wrong) otherwise ("" if nothing is there)."""
+    try:
+      meta = json.loads(self.meta.read_text())
+      expected = int(meta["n_tokens"]) * np.dtype(meta["dtype"]).itemsize
+      missing = _META_KEYS - meta.keys()
+    except FileNotFoundError:
+      return None, ""
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+      return None, f"{self.meta.name} is unreadable"
+    if missing:
+      return None, f"{self.meta.name} lacks {sorted(missing)[0]}"
+    try:
+      size = self.bin.stat().st_size
+    except FileNotFoundError:
+      return None, f"{self.bin.name} is missing"
+    if size != expected:
+      return None, f"{self.bin.name} holds {size} bytes, not {expected}"
+    if meta.get("masked"):
+      try:
+        size = self.mask.stat().st_size
+      except FileNotFoundError:
+        return None, f"{self.mask.name} is missing"
+      if size != int(meta["n_tokens"]):
+        return None, f"{self.mask.name} holds {size} bytes, not {meta['n_tokens']}"
+    return meta, ""
+
+  @contextlib.contextmanager
+  def writing(self, log):
+    """Holds KEY.lock while the entry is written; dead writers' leftovers are removed first."""
+    try:
+      self.dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+      raise UserError(f"cannot create the token cache {self.dir} ({e.strerror}); pass "
+                      "--config.data.cache_dir=<a writable directory>") from None
+    lock = FileLock(self.dir / f"{self.key}.lock")
+    try:
+      if not lock.acquire():
+        log(f"data: waiting for {describe_holder(lock.holder())}, which is tokenizing the same "
+            "files")
+        lock.acquire(blocking=True)
+    except OSError:
+      pass  # unwritable here (reported when the tokens are written) or no locks: go unguarded
+    try:
+      if lock.held:
+        self._sweep()
+      yield
+    finally:
+      lock.release()
+
+  def _sweep(self) -> None:
+    """Removes temporary files of writers that died: theirs is the only live lock on an entry,
+    so a temporary file whose entry no live process holds is left over."""
+    for tmp in self.dir.glob("*.tmp*"):
+      key = tmp.name.split(".", 1)[0]
+      if key == self.key or not is_held(self.dir / f"{key}.lock"):
+        tmp.unlink(missing_ok=True)
+
+  def load_tokenizer(self):
+    """The tokenizer of a tokenizer entry (KEY.json alone), or None if there is none intact."""
+    try:
+      return tokenizer_lib.from_cache(json.loads(self.meta.read_text()))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+      return None
+
+  def write_tokenizer(self, tok) -> None:
+    meta = {"tokenizer": tok.to_json()}
+    if isinstance(tok, tokenizer_lib.HFTokenizer):
+      meta["tokenizer_json"] = tok.hf_json()
+    tmp = self.tmp(self.meta)
+    try:
+      self.write_json(tmp, meta)
+      os.replace(tmp, self.meta)
+    except OSError as e:
+      raise self.write_error(e, 0) from None
+    finally:
+      tmp.unlink(missing_ok=True)
+
+  @staticmethod
+  def write_json(path: Path, meta: dict) -> None:
+    with open(path, "w") as out:
+      out.write(json.dumps(meta, ensure_ascii=False))
+      out.flush()
+      os.fsync(out.fileno())
+
+  def tmp(self, path: Path) -> Path:
+    # The host too: hosts sharing a cache directory may have no working locks, and equal PIDs.
+    return path.with_name(f"{path.name}.tmp{socket.gethostname()}-{os.getpid()}")
+
+  def write_error(self, e: OSError, need: int) -> UserError:
+    if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+      return UserError(f"writing the token cache in {self.dir} failed ({e.strerror}; it needs "
+                       f"about {fmt.nbytes(need)}); free space there or pass "
+                       "--config.data.cache_dir=<a directory with room>")
+    return UserError(f"writing the token cache in {self.dir} failed ({e.strerror}); pass "
+                     "--config.data.cache_dir=<a writable directory>")
+
+
+_META_KEYS = {"tokenizer", "dtype", "n_tokens", "n_train", "fingerprint", "n_files", "n_bytes",
+              "n_docs", "notes"}
+
+
+def _why_empty(docs: Documents, n_files: int) -> str:
+  """Why a corpus came out empty, for the error: after "holds no text"."""
+  n = len(docs.binary)
+  if not n:
+    return " (no documents, or only empty ones)"
+  which = f"all {n} files were" if n == n_files else \
+      f"{n} of the {n_files} files {'was' if n == 1 else 'were'}"
+  rest = "" if n == n_files else " and the rest are empty"
+  return f": {which} skipped as binary (they have NUL bytes, e.g. {docs.binary[0]}){rest}"
+
+
+def _survey(files: list[Path], data: ml_collections.ConfigDict, show_progress: bool, log, doing: str,
+            want_chars: bool) -> tuple[Documents, np.ndarray, str, tuple[int, int]]:
+  """The files' documents, the bytes of each, their characters (if `want_chars`) and the split's
+  cut: one pass over the text, which finds bad input before anything is written."""
+  docs = Documents(files, data.path, data.text_field, show_progress,
+                   data.get("prompt_field", ""), data.get("completion_field", ""),
+                   data.get("messages_field", ""))
+  if not show_progress:
+    log(f"data: {doing} {len(files)} file(s), {docs.total / 1e6:.1f} MB, once (then cached)")
+  sizes, chars = documents.survey(docs, want_chars)
+  if not sizes.sum():
+    raise UserError(f"{describe(data.path)} holds no text{_why_empty(docs, len(files))}; "
+                    "point --config.data.path at non-empty text, .jsonl or .parquet files")
+  return docs, sizes, chars, documents.cut(sizes, data.val_fraction)
+
+
+def _learned(data: ml_collections.ConfigDict, docs: Documents, sizes: np.ndarray, chars: str,
+             cut: tuple[int, int], log):
+  """`data.tokenizer`'s builtin tokenizer for these documents: bpe learns its vocabulary from the
+  training split, char takes the text's characters."""
+  if data.tokenizer == "bpe":
+    log(f"data: training a {data.vocab_size}-token BPE vocabulary on the training split "
+        f"({fmt.nbytes(int(sizes[:cut[0]].sum()) + cut[1])})")
+    pieces = itertools.takewhile(lambda p: p[2], documents.split(docs("BPE"), cut))
+    return tokenizer_lib.train_bpe((p[0] for p in pieces if not isinstance(p[0], chat_format.Special)),
+                                   data.vocab_size)
+  if data.tokenizer == "char":
+    return tokenizer_lib.CharTokenizer(chars)
+  return tokenizer_lib.ByteTokenizer()
+
+
+def _tokenize(files, data, entry: "Entry", show_progress: bool, log, fixed=None) -> dict:
+  """Writes the cache entry (the tokens, then the .json that marks them complete); its meta.
+  Bad input is found by the first pass, before anything is written."""
+  tok = fixed if fixed is not None else None if data.tokenizer in tokenizer_lib.BUILTIN else \
+      tokenizer_lib.read_file(os.path.expanduser(data.tokenizer))  # one that does not load: now
+  records = is_records(data) or is_chat(data)  # a loss mask beside the tokens
+  docs, sizes, chars, cut = _survey(files, data, show_progress, log, "tokenizing",
+                                    tok is None and data.tokenizer == "char")
+  if tok is None:
+    tok = _learned(data, docs, sizes, chars, cut, log)
+  if is_chat(data):
+    tok = chat_format.with_chat(tok)
+  tmp, tmp_meta, tmp_mask = entry.tmp(entry.bin), entry.tmp(entry.meta), entry.tmp(entry.mask)
+  try:
+    entry.meta.unlink(missing_ok=True)  # a damaged entry's: only a complete new one may count
+    with open(tmp, "wb") as out, \
+        (open(tmp_mask, "wb") if records else contextlib.nullcontext()) as mask_out:
+      writer = _Writer(tok, out, mask_out, chat_format.special_ids(tok) if is_chat(data) else None)
+      for piece in documents.split(docs("tokenizing"), cut):
+        writer.add(*piece)
+      writer.flush()
+      for f in (out, mask_out) if records else (out,):
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the rename: a crash never leaves a short .bin
+    if records and not writer.loss_chars:
+      raise UserError(f"{describe(data.path)} holds no completion text (every "
+                      f"{data.completion_field!r} is empty); nothing would be learned: check "
+                      "--config.data.completion_field")
+    if records:
+      os.replace(tmp_mask, entry.mask)
+    os.replace(tmp, entry.bin)
+    meta = {"tokenizer": tok.to_json(), "dtype": np.dtype(tok.dtype).name,
+            "n_tokens": writer.n_tokens, "n_train": writer.n_train,
+            "fingerprint": writer.sha.hexdigest(), "n_files": len(files) - len(docs.binary),
+            "n_bytes": int(sizes.sum()), "n_docs": int((sizes > 0).sum()), "notes": docs.notes(),
+            "source": describe(data.path), "masked": records}
+    if isinstance(tok, tokenizer_lib.HFTokenizer):
+      meta["tokenizer_json"] = tok.hf_json()
+    entry.write_json(tmp_meta, meta)
+    signals.check()  # a Ctrl-C that Python dropped while tokenizing: no trusted entry
+    os.replace(tmp_meta, entry.meta)  # last: from now on the entry is trusted
+  except OSError as e:
+    raise entry.write_error(e, docs.total * np.dtype(tok.dtype).itemsize) from None
+  finally:
+    tmp.unlink(missing_ok=True)
+    tmp_meta.unlink(missing_ok=True)
+    tmp_mask.unlink(missing_ok=True)
+  return meta
+
+
+class _Writer:
+  """Encodes pieces in batches, writes the tokens with end-of-text after each non-empty
+  document, and counts what the training split holds; with `mask_out`, a byte per token too:
+  1 where it counts in the loss (its piece's; end-of-text: that of the piece ending the document).
+  `specials`: the ids of chat_format.Special pieces."""
+
+  def __init__(self, tok, out, mask_out=None, specials: dict[str, int] | None = None):
+    self.tok, self.out, self.mask_out, self.specials = tok, out, mask_out, specials or {}
+    self.sha, self.n_tokens, self.n_train = hashlib.sha256(), 0, 0
+    self.pending: list[tuple[str, bool, bool, bool]] = []
+    self.chars, self.doc_chars, self.loss_chars = 0, 0, 0
+    self.eot = np.array([tok.eot_id], tok.dtype)
+
+  def add(self, text: str, end: bool, train: bool, loss: bool = True) -> None:
+    self.pending.append((text, end, train, loss))
+    self.chars += len(text)
+    self.loss_chars += len(text) if loss else 0
+    if self.chars >= _BATCH_CHARS:
+      self.flush()
+
+  def flush(self) -> None:
+    signals.check()
+    if not self.pending:
+      return
+    texts = [p[0] for p in self.pending if not isinstance(p[0], chat_format.Special)]
+    encoded = iter(self.tok.encode_batch(texts) if texts else [])
+    parts, masks = [], []
+    for text, end, train, loss in self.pending:
+      ids = np.array([self.specials[text]], self.tok.dtype) if isinstance(text, chat_format.Special) \
+          else next(encoded)
+      self.doc_chars += len(text)
+      eot = end and self.doc_chars > 0
+      n = len(ids) + eot
+      parts += [ids, self.eot] if eot else [ids]
+      masks += [np.full(len(ids) + eot, loss, np.uint8)]
+      self.n_tokens += n
+      self.n_train += n if train else 0
+      self.doc_chars = 0 if end else self.doc_chars
+    block = np.concatenate(parts).astype(self.tok.dtype, copy=False).tobytes()
+    self.out.write(block)
+    self.sha.update(block)
+    if self.mask_out is not None:
+      mask = np.concatenate(masks).tobytes()
+      self.mask_out.write(mask)
+      self.sha.update(mask)  # the fingerprint covers what the loss counts
+    self.pending, self.chars = [], 0
