@@ -162,8 +162,8 @@ def test_the_command_line_names_bad_config_input_in_one_line(tmp_path):
   shown = cli("--help")
   assert shown.returncode == 0 and shown.stderr == "", shown.stderr
   flags = [line.split()[0] for line in shown.stdout.splitlines() if line.startswith("  --")]
-  assert flags == ["--config=FILE", "--config.SECTION.FIELD=VALUE", "--jax_platforms=cpu|cuda|tpu",
-                   "--help"]
+  assert flags == ["--config=FILE", "--config.SECTION.FIELD=VALUE", "--dry_run",
+                   "--jax_platforms=cpu|cuda|tpu", "--help"]
 
 
 @pytest.fixture(scope="module")
