@@ -48,7 +48,7 @@ class Mkl:
     v = _Version()
     self.lib.MKL_Get_Version(ctypes.byref(v))
     text = lambda b: b.decode(errors="replace") if b else None
-    return {"version": f"{v.major}.{v.minor}.{v.update}", "build": text(v.build),
+    return {"version": f"{v.major}.{v.minor} Update {v.update}", "build": text(v.build),
             "processor": text(v.processor), "platform": text(v.platform)}
 
   def matmul(self, a, b, out=None):
