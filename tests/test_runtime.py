@@ -119,3 +119,58 @@ def test_split_cpu_splits_the_cores_of_a_fresh_process():
   assert devices == wanted >= 1
   # nano's step is small: several devices each run their matmuls on one thread.
   assert ("--xla_cpu_multi_thread_eigen=false" in flags) == (devices > 1)
+
+
+def _cpuinfo(vendor: str, family: int, model: int, name: str = "Some CPU") -> str:
+  return (f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+          f"model name\t: {name}\nflags\t\t: fpu avx2\n")
+
+
+def test_the_cpu_kind_is_the_tables_row_for_its_vendor_family_and_model():
+  assert cpu.cpu_id(_cpuinfo("AuthenticAMD", 26, 2, "AMD EPYC")) == ("AuthenticAMD", 26, 2, "AMD EPYC")
+  assert cpu.cpu_kind(_cpuinfo("AuthenticAMD", 26, 2)) is cpu.CPU_KINDS["AuthenticAMD", 26, 2]
+  assert cpu.cpu_kind(_cpuinfo("AuthenticAMD", 25, 17)).name.startswith("AMD Zen 4")
+  assert cpu.cpu_kind(_cpuinfo("GenuineIntel", 6, 207)).name.startswith("Intel")
+  # Same family, another model: not Zen 5's row.
+  assert cpu.cpu_kind(_cpuinfo("AuthenticAMD", 26, 17)) not in cpu.CPU_KINDS.values()
+
+
+def test_an_unknown_cpu_gets_the_measured_defaults_and_the_probe_decides_bfloat16():
+  unknown = cpu.cpu_kind(_cpuinfo("SomeVendor", 7, 1, "Chip X"))
+  assert "unknown CPU (Chip X, family 7 model 1)" == unknown.name
+  assert unknown.large_step_flops == cpu.LARGE_CPU_STEP_FLOPS and unknown.bf16_ynn is None
+  assert cpu.cpu_kind("").name.startswith("unknown CPU")  # no /proc/cpuinfo (macOS)
+  assert cpu.cpu_id("") == ("", -1, -1, "")
+
+
+def test_large_bfloat16_steps_keep_ynn_fusions_where_ynnpack_runs_bfloat16_faster():
+  small, nano = (cpu.step_flops(defaults.load_config(c)) for c in (SMALL, NANO))
+  zen5, no = cpu.CPU_KINDS["AuthenticAMD", 26, 2], cpu.CpuKind("x", bf16_ynn=False)
+  assert cpu.cpu_step_options(small, dtype="bfloat16", kind=zen5) == LEAN
+  assert cpu.cpu_step_options(small, dtype="float32", kind=zen5) == {**LEAN, **NO_YNN}
+  assert cpu.cpu_step_options(small, dtype="bfloat16", kind=no) == {**LEAN, **NO_YNN}
+  assert cpu.cpu_step_options(nano, dtype="bfloat16", kind=no) == LEAN  # small steps keep YNN
+  # A kind's own threshold decides what is large.
+  assert cpu.cpu_step_options(nano, kind=cpu.CpuKind("x", large_step_flops=nano)) == {**LEAN, **NO_YNN}
+
+
+def test_the_probe_measures_once_per_cpu_model_and_jax_version(monkeypatch, tmp_path):
+  monkeypatch.setenv("JAXTRAIN_CACHE", str(tmp_path))
+  key = cpu.probe_key(_cpuinfo("AuthenticAMD", 26, 2, "AMD EPYC 9B45"))
+  assert key.endswith(f"-jax{jax.__version__}") and key.startswith("AuthenticAMD-26-2-AMD_EPYC_9B45-")
+  cpu.bf16_ynn_probe.cache_clear()
+  first = cpu.bf16_ynn_probe(n=128, repeats=1)
+  cached = json.loads((tmp_path / "cpu_probes.json").read_text())
+  assert cached[cpu.probe_key()]["bf16_ynn"] is first
+  assert set(cached[cpu.probe_key()]["seconds"]) == {"ynn", "eigen"}
+  # Another process (no in-memory cache) reads the file instead of measuring again.
+  cached[cpu.probe_key()]["bf16_ynn"] = not first
+  (tmp_path / "cpu_probes.json").write_text(json.dumps(cached))
+  cpu.bf16_ynn_probe.cache_clear()
+  assert cpu.bf16_ynn_probe(n=128, repeats=1) is (not first)
+  cpu.bf16_ynn_probe.cache_clear()
+  # An unknown kind asks the probe only for a large bfloat16 step.
+  unknown = cpu.CpuKind("unknown")
+  assert cpu.cpu_step_options(1e12, dtype="bfloat16", kind=unknown) == \
+      (LEAN if cpu.bf16_ynn_probe() else {**LEAN, **NO_YNN})
+  cpu.bf16_ynn_probe.cache_clear()

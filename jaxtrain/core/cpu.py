@@ -1,17 +1,79 @@
 """The CPU policy: how many XLA devices a host's cores become, and the XLA options of CPU train
-steps, both chosen from a step's FLOPs. Measured on 2 cores: benchmarks/results/."""
+steps, chosen from a step's FLOPs and dtype and from what this CPU is (`CPU_KINDS`: the choices
+measured on each kind of CPU met so far; a short probe, cached, where a choice was never measured).
+Measured on 2 cores: benchmarks/results/, docs/cpu-speed.md."""
 
+import dataclasses
+import functools
+import json
 import os
+import re
+import statistics
+import time
 
 import jax
 import ml_collections
 
 from jaxtrain.core import model as model_lib
 from jaxtrain.system import allocator
+from jaxtrain.system.paths import cache_dir
 
 # CPU steps of at least this many FLOPs compile without YNNPACK fusions (matmuls through Eigen);
-# below it per device, several CPU devices each run their matmuls on one thread.
+# below it per device, several CPU devices each run their matmuls on one thread. Measured on
+# Zen 3 (benchmarks/results/2026-11-21-cpu-speed-work.md); every CPU kind met since keeps it.
 LARGE_CPU_STEP_FLOPS = 1e11
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuKind:
+  """The choices measured on one kind of CPU.
+
+  `large_step_flops`: see LARGE_CPU_STEP_FLOPS. `bf16_ynn`: whether bfloat16 matmuls run faster
+  through YNNPACK than through Eigen, so that a bfloat16 step keeps YNNPACK's fusions at every
+  size (None: never measured on this kind; `bf16_ynn_probe` measures it when it matters).
+  """
+  name: str
+  large_step_flops: float = LARGE_CPU_STEP_FLOPS
+  bf16_ynn: bool | None = None
+  measured: str = ""
+
+
+# (vendor, family, model) as /proc/cpuinfo gives them. A kind measured again gets its own row.
+CPU_KINDS = {
+    ("AuthenticAMD", 25, 1): CpuKind("AMD Zen 3 (EPYC Milan)",
+                                     measured="2026-11-21-cpu-speed-work.md: the thresholds"),
+    ("AuthenticAMD", 25, 17): CpuKind("AMD Zen 4 (EPYC Genoa)",
+                                      measured="Zen 3's thresholds, not measured again"),
+    # jax bf16 at most 202 GFLOP/s under every XLA option against f32's 188 (2048^3, 2 threads):
+    # no XLA route reaches its AMX units, and Eigen's bf16 was not measured there.
+    ("GenuineIntel", 6, 207): CpuKind("Intel Xeon 5th gen (Emerald Rapids)",
+                                      measured="issue 39's matmuls: nothing new decided"),
+    # Matmuls: bf16 through YNNPACK 1.8-2.5x f32, through Eigen ~0.9x; a 1.5e11-FLOP bf16 step
+    # 0.88x with YNN fusions off. Zen 3's thresholds not contradicted beyond a busy machine's noise
+    # (benchmarks/results/2026-11-26-cpu_policy/README.md).
+    ("AuthenticAMD", 26, 2): CpuKind("AMD Zen 5 (EPYC Turin)", bf16_ynn=True,
+                                     measured="2026-11-26-cpu_matmul_routes, -cpu_policy"),
+}
+
+
+def cpu_id(cpuinfo: str | None = None) -> tuple[str, int, int, str]:
+  """(vendor, family, model, model name) from /proc/cpuinfo ("", -1, -1, "") where there is none)."""
+  if cpuinfo is None:
+    try:
+      with open("/proc/cpuinfo") as f:
+        cpuinfo = f.read(1 << 16)  # the first processor's block is enough
+    except OSError:
+      cpuinfo = ""
+  field = lambda key: (re.search(rf"^{key}\s*:\s*(.*)$", cpuinfo, re.M) or [None, ""])[1].strip()
+  number = lambda key: int(field(key)) if field(key).isdigit() else -1
+  return field("vendor_id"), number("cpu family"), number("model"), field("model name")
+
+
+def cpu_kind(cpuinfo: str | None = None) -> CpuKind:
+  """This CPU's row of CPU_KINDS; an unknown CPU gets the defaults (Zen 3's measurements)."""
+  vendor, family, model, name = cpu_id(cpuinfo)
+  return CPU_KINDS.get((vendor, family, model)) or \
+      CpuKind(f"unknown CPU ({name or vendor or 'no /proc/cpuinfo'}, family {family} model {model})")
 
 
 def cpu_device_count(cfg: ml_collections.ConfigDict, cores: int | None = None) -> int:
@@ -77,24 +139,78 @@ def split_cpu(cfg: ml_collections.ConfigDict) -> str | None:
   except RuntimeError:  # the backend already started (a notebook, a test): it stays as it is
     return None
   flags = os.environ.get("XLA_FLAGS", "")
-  if n > 1 and step_flops(cfg) / n < LARGE_CPU_STEP_FLOPS and "multi_thread_eigen" not in flags:
+  large = cpu_kind().large_step_flops
+  if n > 1 and step_flops(cfg) / n < large and "multi_thread_eigen" not in flags:
     # Small steps: each device's matmuls on one thread. Devices that each spread small
     # matmuls over every core keep waiting on each other.
     os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
   return split_note(cfg)
 
 
-def cpu_step_options(flops: float, xla_flags: str = "") -> dict:
-  """XLA compile options for a CPU train or eval step of `flops` FLOPs (one micro-batch).
+def cpu_step_options(flops: float, xla_flags: str = "", dtype: str = "float32",
+                     kind: CpuKind | None = None) -> dict:
+  """XLA compile options for a CPU train or eval step of `flops` FLOPs (one micro-batch) that
+  computes in `dtype`, on a CPU of `kind` (default: this one).
 
   Every step: XLA's memory-optimizing scheduler (fewer buffers live at once, same results bit
   for bit). Large steps also: matmuls through Eigen and their neighbours through XLA's own fused
-  kernels instead of YNNPACK fusions (faster there; slower compiles and no gain for small steps).
-  An option the user put in XLA_FLAGS wins.
+  kernels instead of YNNPACK fusions (faster there; slower compiles and no gain for small steps),
+  except bfloat16 steps on a CPU whose bfloat16 matmuls YNNPACK runs faster than Eigen (`bf16_ynn`;
+  measured once by `bf16_ynn_probe` where the kind's row does not say). An option the user put in
+  XLA_FLAGS wins.
   """
+  kind = kind or cpu_kind()
   options = {}
   if "scheduler_type" not in xla_flags:
     options["xla_cpu_scheduler_type"] = "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
-  if flops >= LARGE_CPU_STEP_FLOPS and "ynn_fusion_type" not in xla_flags:
-    options["xla_cpu_experimental_ynn_fusion_type"] = ""
+  if flops >= kind.large_step_flops and "ynn_fusion_type" not in xla_flags:
+    keep_ynn = dtype == "bfloat16" and (kind.bf16_ynn if kind.bf16_ynn is not None
+                                        else bf16_ynn_probe())
+    if not keep_ynn:
+      options["xla_cpu_experimental_ynn_fusion_type"] = ""
   return options
+
+
+def probe_key(cpuinfo: str | None = None) -> str:
+  """What a probe's result is cached under: the CPU's model, the core count and the jax version
+  (a new jaxlib may route bfloat16 matmuls differently)."""
+  vendor, family, model, name = cpu_id(cpuinfo)
+  return re.sub(r"\s+", "_", f"{vendor}-{family}-{model}-{name}-{os.cpu_count()}-jax{jax.__version__}")
+
+
+@functools.cache
+def bf16_ynn_probe(n: int = 1024, repeats: int = 3) -> bool:
+  """Whether an n^3 bfloat16 matmul (float32 accumulation) runs faster with YNNPACK's fusions
+  than through Eigen on this CPU: ~1 s the first time on a CPU model and jax version, then read
+  from the cache dir's cpu_probes.json."""
+  path, key = os.path.join(cache_dir(), "cpu_probes.json"), probe_key()
+  try:
+    with open(path) as f:
+      cached = json.load(f)
+  except (OSError, ValueError):
+    cached = {}
+  if isinstance(cached.get(key), dict) and "bf16_ynn" in cached[key]:
+    return bool(cached[key]["bf16_ynn"])
+  a = jax.numpy.ones((n, n), jax.numpy.bfloat16)
+  product = jax.jit(lambda x: jax.numpy.matmul(x, x, preferred_element_type=jax.numpy.float32))
+  seconds = {}
+  for name, options in (("ynn", {}), ("eigen", {"xla_cpu_experimental_ynn_fusion_type": ""})):
+    compiled = product.lower(a).compile(compiler_options=options)
+    compiled(a).block_until_ready()
+    times = []
+    for _ in range(repeats):
+      t = time.perf_counter()
+      compiled(a).block_until_ready()
+      times.append(time.perf_counter() - t)
+    seconds[name] = statistics.median(times)
+  cached[key] = {"bf16_ynn": seconds["ynn"] < seconds["eigen"], "seconds": seconds,
+                 "time": time.time()}
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+      json.dump(cached, f)
+    os.replace(tmp, path)
+  except OSError:
+    pass  # a read-only cache only costs the probe again next time
+  return cached[key]["bf16_ynn"]

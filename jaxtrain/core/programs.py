@@ -122,7 +122,7 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   on_cpu = devices[0].platform == "cpu"
   step_flops = model_lib.flops_per_step(model_cfg, cfg.train.batch_size)
   if compiler_options is None:
-    compiler_options = cpu.cpu_step_options(step_flops, os.environ.get("XLA_FLAGS", "")) \
+    compiler_options = cpu.cpu_step_options(step_flops, os.environ.get("XLA_FLAGS", ""), m.dtype) \
         if on_cpu else {}
     if deterministic and devices[0].platform == "gpu":
       compiler_options = {**compiler_options, "xla_gpu_deterministic_ops": True}
