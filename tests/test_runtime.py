@@ -144,7 +144,7 @@ def test_an_unknown_cpu_gets_the_measured_defaults_and_the_probe_decides_bfloat1
 
 
 def test_large_bfloat16_steps_keep_ynn_fusions_where_ynnpack_runs_bfloat16_faster():
-  small, nano = (cpu.step_flops(defaults.load_config(c)) for c in (SMALL, NANO))
+  small, nano = (cpu.step_flops(loading.load_config(c)) for c in (SMALL, NANO))
   zen5, no = cpu.CPU_KINDS["AuthenticAMD", 26, 2], cpu.CpuKind("x", bf16_ynn=False)
   assert cpu.cpu_step_options(small, dtype="bfloat16", kind=zen5) == LEAN
   assert cpu.cpu_step_options(small, dtype="float32", kind=zen5) == {**LEAN, **NO_YNN}
