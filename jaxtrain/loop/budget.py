@@ -39,9 +39,9 @@ from jaxtrain.system import fmt, paths, runtime
 from jaxtrain.system.errors import ConfigError
 
 PLAN_FILE = "budget.json"
-REFIT_AT = (0.3, 0.5, 0.7, 0.9)  # fractions of the planned steps where the first leg re-plans
+REFIT_AT = (0.3, 0.5, 0.7, 0.85, 0.95)  # fractions of the steps where the first leg re-plans
 TOLERANCE = 0.02  # a new end within 2% of the planned one is not worth a change of schedule
-END_S = 0.5  # closing work besides the last evaluation, save and samples: files, the loss plot
+END_S = 0.7  # after the last evaluation, save and samples: files, the loss plot, the exit
 
 
 def process_age_s() -> float:
@@ -124,13 +124,16 @@ def fit_steps(left_s: float, costs: Costs, train) -> int:
   return max(0, int((left_s - costs.close_s()) / per_step))
 
 
-def check_left(cfg: ml_collections.ConfigDict, spent_s: float) -> None:
-  """Before anything is compiled: a budget that starting up has used already is an error."""
+def check_left(cfg: ml_collections.ConfigDict, spent_s: float, compiled: bool = False) -> None:
+  """Before anything is compiled, and again once it is: a budget used up already is an error
+  (the compiles, cached, make a rerun start faster)."""
   budget_s = fmt.parse_duration(cfg.train.time_budget)
   if spent_s >= budget_s:
-    raise ConfigError("train.time_budget", f"{cfg.train.time_budget} is too short: starting up "
-                      f"took {fmt.duration(spent_s)} already, before any compile",
-                      "pass a longer one")
+    what = "starting up and compiling" if compiled else "starting up, before any compile,"
+    raise ConfigError("train.time_budget", f"{cfg.train.time_budget} is too short: {what} took "
+                      f"{fmt.duration(spent_s)} already",
+                      "pass a longer one" + (" (a rerun starts faster: the compiles are cached)"
+                                             if compiled else ""))
 
 
 def too_short(cfg: ml_collections.ConfigDict, spent_s: float, costs: Costs) -> ConfigError:
