@@ -168,14 +168,20 @@ def chart(report: dict, path: Path) -> None:
   configs = sorted({r["config"] for r in report["runs"]})
   for i, config in enumerate(configs):
     for state, marker in (("cold", "o"), ("warm", "s")):
-      runs = [r for r in report["runs"] if r["config"] == config and r["cache"] == state]
-      ax.scatter([r["budget_s"] for r in runs], [100 * (r["wall_over_budget"] - 1) for r in runs],
-                 marker=marker, color=f"C{i}", label=f"{Path(config).stem}, {state} cache")
+      for trained, shape in ((True, marker), (False, "x")):
+        runs = [r for r in report["runs"] if r["config"] == config and r["cache"] == state
+                and (r["exit"] == 0) == trained]
+        if runs:
+          ax.scatter([r["budget_s"] for r in runs],
+                     [100 * (r["wall_over_budget"] - 1) for r in runs], marker=shape,
+                     color=f"C{i}", label=f"{Path(config).stem}, {state} cache"
+                     + ("" if trained else ": too short (exit 2)"))
   ax.axhspan(-100 * TARGET, 100 * TARGET, color="green", alpha=0.1, label="within 5%")
   ax.axhline(0, color="gray", lw=0.8)
   ax.set_xscale("log")
   budgets = sorted({r["budget_s"] for r in report["runs"]})
   ax.set_xticks(budgets, [fmt.duration(b) for b in budgets])
+  ax.minorticks_off()
   ax.set_xlabel("time budget")
   ax.set_ylabel("wall time vs budget, %")
   ax.set_title(reports.machine_name(report["machine"]), fontsize=9)
