@@ -119,17 +119,31 @@ def time_to_first_step(tree: Tree, config: str, caches: str, workdir: str,
   t0, wall0 = time.perf_counter(), time.time()
   proc = subprocess.Popen(args, cwd=tree.root, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
-  timed = []  # (seconds since spawn, line)
+  timed, cpu_to_first = [], None  # (seconds since spawn, line)
   for line in proc.stdout:
     timed.append((time.perf_counter() - t0, line.rstrip()))
-  proc.wait()
+    if cpu_to_first is None and FIRST_STEP in line:
+      cpu_to_first = _cpu_s(proc.pid)
+  _, status, usage = os.wait4(proc.pid, 0)
+  proc.returncode = os.waitstatus_to_exitcode(status)
   first_step = _at(timed, FIRST_STEP)
   if proc.returncode != 0 or first_step is None:
     raise SystemExit(f"error: {tree.label}: `python -m jaxtrain` failed (exit {proc.returncode})"
                      ":\n" + "\n".join(line for _, line in timed[-20:]))
   log = tree.scratch / workdir / "logs" / "process_0.log"
   return {"to_first_step_s": first_step, "total_s": time.perf_counter() - t0,
+          "cpu_to_first_step_s": cpu_to_first, "cpu_total_s": usage.ru_utime + usage.ru_stime,
           "phases": phases(timed), "compiles": compiles(log, wall0)}
+
+
+def _cpu_s(pid: int) -> float | None:
+  """CPU seconds (user and system, every thread) a live process has used."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      fields = f.read().rsplit(")", 1)[1].split()
+  except OSError:
+    return None
+  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _at(timed: list, start: str) -> float | None:
@@ -212,7 +226,10 @@ def tree_row(tree: Tree, first: dict, cold: list[dict], warm: list[dict], floor:
                     "cold": cold_s <= TARGET_COLD_S},
           "median_phases": {"cold": _medians(cold, "phases"), "warm": _medians(warm, "phases")},
           "median_compiles": {"cold": _medians(cold, "compiles"),
-                              "warm": _medians(warm, "compiles")}}
+                              "warm": _medians(warm, "compiles")},
+          "median_cpu_s": {c: {k: statistics.median(r[f"cpu_{k}_s"] or 0.0 for r in runs)
+                               for k in ("to_first_step", "total")}
+                           for c, runs in (("cold", cold), ("warm", warm))}}
 
 
 def _medians(runs: list[dict], key: str) -> dict:
@@ -231,10 +248,13 @@ def phase_table(report: dict) -> str:
   for t in trees:
     for cache in ("cold", "warm"):
       ph, co = t["median_phases"][cache], t["median_compiles"][cache]
+      cpu = t["median_cpu_s"][cache]
       rows.append([t["label"], cache, *(f"{ph[n]:.2f}" if n in ph else "-" for n in phase_names),
-                   *(f"{co[n]:.2f}" if n in co else "-" for n in programs)])
+                   *(f"{co[n]:.2f}" if n in co else "-" for n in programs),
+                   f"{cpu['to_first_step']:.2f}", f"{cpu['total']:.2f}"])
   return reports.markdown_table(["tree", "cache", *phase_names,
-                                 *(f"compile {n}" for n in programs)], rows)
+                                 *(f"compile {n}" for n in programs),
+                                 "CPU s to first step", "CPU s whole run"], rows)
 
 
 def chart(report: dict, path: Path) -> None:
