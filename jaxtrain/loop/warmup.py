@@ -31,27 +31,24 @@ class Ready:
 
 def side_by_side(programs: Programs, cfg: ml_collections.ConfigDict, corpus: Corpus, hooks: Hooks,
                  beside: Callable[[], Any] | None = None, time_samples: bool = False) -> Ready:
-  """Compiles `programs`' train step here while the pool compiles the rest, prepares the hooks
-  and runs `beside`; returns once all of it is done. `time_samples`: the samples are made once
-  too, to time them (a time budget's plan needs it)."""
+  """Compiles `programs`' train step here (unless compiled already) while the pool compiles the
+  rest, prepares the hooks and runs `beside`; returns once all of it is done. `time_samples`: the
+  samples are made once too, to time them (a time budget's plan needs it)."""
   sampling = jax.process_index() == 0 and samples.wanted(cfg.sample)  # process 0 samples
+  # Traced before the pool starts: tracing holds the GIL, which the pool's tracing and imports
+  # would share with it; XLA's compile, the longest part, then runs beside them without it.
+  lowered = None if isinstance(programs.train_step, jax.stages.Compiled) else \
+      programs.lower_train()
   with concurrent.futures.ThreadPoolExecutor(4) as pool:
     jobs = [pool.submit(compile_eval, programs), pool.submit(hooks.prepare),
             pool.submit(beside or (lambda: None))]
     if sampling:
       jobs.append(pool.submit(samples.warm, cfg.sample, cfg.model.seq_len, cfg.seed,
                               programs.abstract, corpus.val, corpus.tokenizer, time_samples))
-    train_step = compile_train(programs)
+    train_step = programs.train_step if lowered is None else lowered.compile()
     done = [job.result() for job in jobs]
   return Ready(dataclasses.replace(programs, train_step=train_step), done[2],
                done[3] if sampling else 0.0)
-
-
-def compile_train(programs: Programs) -> jax.stages.Compiled:
-  """The train step compiled, or as it was where it is compiled already."""
-  if isinstance(programs.train_step, jax.stages.Compiled):
-    return programs.train_step
-  return programs.compile_train()
 
 
 def compile_eval(programs: Programs) -> None:
