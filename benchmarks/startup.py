@@ -187,7 +187,7 @@ def compiles(log: Path, wall0: float) -> dict:
 BIG_PROGRAMS = ("train_step", "eval_step", "<lambda>", "_prefill", "_decode", "_all_finite")
 
 
-def _ours() -> list[int]:
+def ours() -> list[int]:
   """This process and the run it started (their CPU time is not background load)."""
   pid = os.getpid()
   try:
@@ -306,7 +306,19 @@ def markdown(report: dict) -> str:
       f"cold run left; times are to the first finished step, and the whole warm 1-step run "
       f"(process start to exit, checkpoint written) is given beside them. Targets: warm <= "
       f"{TARGET_WARM_OVER_FLOOR:g}x the import floor, cold <= {TARGET_COLD_S:g} s. first run "
-      "ever: also tokenizes the corpus.", ""])
+      "ever: also tokenizes the corpus.", "",
+      "## Where the time goes (medians, seconds)", "", phase_table(report), "",
+      "Phases, each from the line that ends the one before: to first line (python, the allocator's "
+      "re-exec, imports, config, platform); data and build (the token cache read, the programs "
+      "built, the summary); compiles (to \"starting a new run\": the train step's compile and what "
+      "runs beside it); first step (validation set placed, hooks started, the step run); first "
+      "evaluation (step 1's, with its eval step's compile where it was not done ahead); samples "
+      "(where kept); to exit (the save written, the loss plot, the exit). compile X: jax's own log "
+      "of X's compile, or of its read from the compile cache (several compiles of one program add "
+      "up; <lambda>: init and the checkpoint's checksums); small programs: every one-op program, "
+      "summed. CPU s: user and system seconds of the run's process (every thread), to its first "
+      "step and in all: the work done, which other processes' load does not stretch as it "
+      "stretches wall time.", ""])
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -344,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     for t in trees:
       print(f"{t.label}: first run ever (tokenize + compile): "
             f"{first[t.label]['to_first_step_s']:.2f} s to the first step", flush=True)
-    with common.LoadSampler(_ours) as sampler:
+    with common.LoadSampler(ours) as sampler:
       floors, cold, warm = measure(trees, args, extra)
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
