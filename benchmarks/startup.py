@@ -20,6 +20,7 @@ placed, the hooks started, the step run), the first evaluation (max_steps=1: the
 step 1, its eval step's compile where it was not compiled ahead) and the samples at the end (where
 a --config.sample.* argument keeps them: each run has none otherwise); and the seconds jax's log
 gives each program's compile (a cache hit: its read).
+--warm-extra gives the warm runs arguments of their own (a warm cache met by another max_steps).
 With --git-ref, that commit is checked out into a temporary `git worktree` and run from there
 (PYTHONPATH on that tree) in the same rounds, so that before and after meet the same load.
 Targets: warm <= 3x the import floor, cold <= 8 s. Writes startup.{json,md,png} to --out (default:
@@ -207,7 +208,8 @@ def measure(trees: list[Tree], args, extra: list[str]) -> tuple[list[float], dic
         floors.append(import_floor(trees[0].env))
         continue
       cold[item.label].append(time_to_first_step(item, args.config, f"cache{i}", f"c{i}", extra))
-      warm[item.label].append(time_to_first_step(item, args.config, f"cache{i}", f"w{i}", extra))
+      warm[item.label].append(time_to_first_step(item, args.config, f"cache{i}", f"w{i}",
+                                                 [*extra, *args.warm_extra.split()]))
     line = "; ".join(f"{t.label}: cold {cold[t.label][-1]['to_first_step_s']:.2f} s, warm "
                      f"{warm[t.label][-1]['to_first_step_s']:.2f} s" for t in trees)
     print(f"round {i + 1}/{args.runs}: import floor {floors[-1]:.2f} s; {line}", flush=True)
@@ -295,7 +297,8 @@ def markdown(report: dict) -> str:
       f"# Time to first step: {report['config']} ({report['timestamp']})", "",
       f"- {reports.cpu_line(m)}; python {m['python']}, jax {m['versions']['jax']}",
       f"- each run re-executes itself once to set up its allocator ({report['allocator']}); that "
-      f"is timed too; extra arguments: {' '.join(report['extra']) or 'none'}",
+      f"is timed too; extra arguments: {' '.join(report['extra']) or 'none'}"
+      + (f"; the warm runs' own: {report['warm_extra']}" if report.get("warm_extra") else ""),
       f"- import floor (`python -c \"{IMPORTS}\"`): median {floor['median_s']:.2f} s "
       f"({', '.join(f'{s:.2f}' for s in floor['runs_s'])})",
       f"- {report['runs']} alternating round(s); load: {reports.load_line(report['load'])}", "",
@@ -325,6 +328,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--config", default="configs/nano.py", help="relative to each tree's root")
   p.add_argument("--runs", type=int, default=5, help="rounds; each row is their median")
+  p.add_argument("--warm-extra", default="",
+                 help="--config.* arguments of the warm runs only, e.g. "
+                 "'--config.train.max_steps=2': a warm cache met by a run that differs")
   p.add_argument("--git-ref", default=None,
                  help="also time this commit, from a temporary git worktree, in the same rounds")
   p.add_argument("--out", default=None,
@@ -365,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
   floor = statistics.median(floors)
   report = {
       "benchmark": NAME, "timestamp": reports.timestamp(), "config": args.config, "extra": extra,
+      "warm_extra": args.warm_extra,
       "runs": args.runs, "git_ref": args.git_ref, "machine": reports.machine_info(),
       "allocator": allocator,
       "load": reports.load_record(loadavg_before, sampler, samples=True),
