@@ -167,9 +167,6 @@ class Plan:
   def final(self) -> int:
     return self.ends[-1][1]
 
-  def end_at(self, step: int) -> int:
-    return [end for start, end in self.ends if start <= step][-1]
-
   def save(self, workdir: Path) -> None:
     if jax.process_index() == 0:
       paths.write_json(workdir / PLAN_FILE, {"budget_s": self.budget_s, "ends": self.ends})

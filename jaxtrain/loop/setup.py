@@ -58,10 +58,9 @@ def prepare(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
   batches = lambda: mixture.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len,  # noqa: E731
                                            cfg.seed, jax.process_index(), jax.process_count())
   run_hooks = standard.for_run(cfg, workdir, hooks)
-  plan, t_compile = None, 0.0
+  plan, t_compile = None, time.time()  # a new run with a budget compiles from here on
   if cfg.train.time_budget:
     spent = budget.process_age_s if library_log else lambda: time.time() - t_start
-    t_compile = time.time()
     built, plan = _plan(cfg, built, corpus, run_hooks, workdir, out.print, spent, batches)
     cfg = budget.with_end(cfg, plan.final)  # the run's train.max_steps from here on
   signals.check()
@@ -77,7 +76,8 @@ def prepare(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
                             cfg.train.checkpoint_every)
   return Run(cfg=cfg, out=out, workdir=workdir, corpus=corpus, programs=built, saving=saving,
              feed=DeviceFeed(batches(), built.place), hooks=run_hooks, t_start=t_start, log=log,
-             plan=plan, tasks=eval_tasks, t_compile=t_compile, compiled=t_compile > 0)
+             plan=plan, tasks=eval_tasks, t_compile=t_compile,
+             compiled=isinstance(built.train_step, jax.stages.Compiled))
 
 
 def _plan(cfg: ml_collections.ConfigDict, built: programs.Programs, corpus, hooks, workdir,
@@ -97,7 +97,8 @@ def start(r: Run) -> tuple[TrainState, float]:
   """(state, training seconds so far), with the compiled train step put in `r.programs` and the
   best val loss so far in `r.saving`: init (or a restore) runs beside the compiles (warmup.py),
   or after them where a time budget's measurement compiled already."""
-  r.t_compile = r.t_compile or time.time()
+  if not r.compiled:
+    r.t_compile = time.time()
   latest = r.saving.ckpts.latest_step()
   if latest is None:
     init = r.programs.lower_init()  # traced here, compiled beside the train step
