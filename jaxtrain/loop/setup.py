@@ -88,7 +88,7 @@ def _plan(cfg: ml_collections.ConfigDict, built: programs.Programs, corpus, hook
     return built, budget.recorded(cfg, workdir)
   budget.check_left(cfg, spent())
   ready = warmup.side_by_side(built, cfg, corpus, hooks, built.init,  # the probe's own state
-                              time_samples=True)
+                              measure=True)
   budget.check_left(cfg, spent(), compiled=True)
   return ready.programs, budget.fit(cfg, ready, say, spent, batches)
 
