@@ -147,7 +147,7 @@ def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
   return "\n".join(lines)
 
 
-def _pyplot():
+def pyplot():
   import matplotlib
 
   matplotlib.use("Agg")
@@ -159,7 +159,7 @@ def _pyplot():
 def bar_chart(path: str | Path, values: dict[str, dict[str, float]], ylabel: str,
               title: str) -> None:
   """One panel per group (own y scale: shapes differ by orders of magnitude), one bar per series."""
-  plt = _pyplot()
+  plt = pyplot()
   groups = list(values)
   fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups) + 1, 3.6), squeeze=False)
   for ax, group in zip(axes[0], groups, strict=True):
@@ -178,7 +178,7 @@ def bar_chart(path: str | Path, values: dict[str, dict[str, float]], ylabel: str
 def line_chart(path: str | Path, lines: dict[str, list[tuple[list[float], list[float]]]],
                xlabel: str, ylabel: str) -> None:
   """One colour per name, one line per (xs, ys) of it (seeds), the name in the legend once."""
-  plt = _pyplot()
+  plt = pyplot()
   fig, ax = plt.subplots(figsize=(7, 4.5))
   for i, (name, curves) in enumerate(lines.items()):
     for j, (xs, ys) in enumerate(curves):

@@ -3,8 +3,10 @@
 The command lives in jaxtrain/tools/evaluate.py."""
 
 from jaxtrain.system import exiting
-from jaxtrain.tools.evaluate import main
 
 if __name__ == "__main__":
+  exiting.install()  # before jax is imported: the command ends without XLA's teardown
   exiting.quiet_broken_pipe()
+  from jaxtrain.tools.evaluate import main
+
   main()

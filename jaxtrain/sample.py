@@ -3,8 +3,10 @@
 The command lives in jaxtrain/tools/sample.py."""
 
 from jaxtrain.system import exiting
-from jaxtrain.tools.sample import main
 
 if __name__ == "__main__":
+  exiting.install()  # before jax is imported: the command ends without XLA's teardown
   exiting.quiet_broken_pipe()
+  from jaxtrain.tools.sample import main
+
   main()

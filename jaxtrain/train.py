@@ -154,19 +154,16 @@ def _signalled(stop: signals.GracefulStop, step: int) -> str | None:
 
 
 def _follow_plan(r: Run, p: Progress, state: TrainState) -> TrainState:
-  """train.time_budget: the loop's end is the plan's (the pace may move it), and the train step
-  is rebuilt where the schedule's end from this step on is not the one it was built for."""
+  """train.time_budget: the loop's end is the plan's (the pace may move it), and the state follows
+  the plan's schedule from this step on."""
   end = budget.moved_end(r.plan, p.step, r.workdir)
   if end is not None:
     p.end = p.meter.max_steps = end
     ending.record_end(r, end)
     r.out.print(f"time budget: train.max_steps={end} from step {p.step} (the loop's pace, "
-                f"{r.plan.pace_s * 1e3:.1f} ms/step, moved the end)")
-  rebuilt = budget.rebuilt(r.plan, p.step, r.cfg, r.programs, state, p.val.batches[0]
-                           if p.val.batches else None)
-  if rebuilt is not None:
-    r.programs, state = rebuilt
-  return state
+                f"{r.plan.pace_s * 1e3:.1f} ms/step, moved the end; the schedule decays to it "
+                "from where it is)")
+  return budget.on_schedule(r.plan, p.step, state)
 
 
 def _step(r: Run, p: Progress, state: TrainState) -> TrainState:

@@ -9,31 +9,52 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 
 
-def lr_schedule(optim, max_steps: int, peak: float | None = None) -> optax.Schedule:
+def schedule_args(optim, max_steps: int, offset: float = 0.0, rate: float = 1.0) -> np.ndarray:
+  """The numbers the compiled steps read the learning-rate schedule's end from, float32
+  [decay_start, per_step, offset, rate]: where the decay of a run of `max_steps` steps starts and
+  the share of it each step covers, and the step the schedule is at, `offset + rate * step` (0 and 1: the
+  step itself; a time budget whose end moved warps it, loop/budget.py). They reach the train step
+  as `TrainState.schedule`, an input rather than constants, so that one compiled step serves
+  every end. `optim`: the config's section or an `Optimizer`."""
+  warmup = optim.warmup_steps
+  decay_end = max(optim.decay_steps or max_steps, warmup + 1)
+  if optim.schedule == "wsd":
+    start = max(warmup, decay_end - optim.decay_fraction * decay_end)
+    span = max(decay_end - start, 1)
+  else:  # cosine (and constant, which reads neither)
+    start, span = warmup, decay_end - warmup
+  # The reciprocal, as XLA makes of a division by a constant: the same bits as a step that had
+  # the end compiled in.
+  return np.array([start, np.float32(1) / np.float32(span), offset, rate], np.float32)
+
+
+def lr_schedule(optim, max_steps: int, peak: float | None = None,
+                args: jax.Array | np.ndarray | None = None) -> optax.Schedule:
   """Linear warmup to `peak` (default `optim.lr`; step 0 already moves), then by
   `optim.schedule`: cosine decay to `peak * min_lr_ratio` at the end, "wsd" (constant, then a
   linear decay to it over the last `decay_fraction` of the steps) or "constant".
-  `optim`: the config's section or an `Optimizer`."""
+  `optim`: the config's section or an `Optimizer`; `args`: `schedule_args` (default: those of
+  `max_steps`), traced in a compiled step."""
   peak = optim.lr if peak is None else peak
   warmup, kind = optim.warmup_steps, optim.schedule
   end = peak * optim.min_lr_ratio
-  decay_end = max(optim.decay_steps or max_steps, warmup + 1)
-  decay_start = max(warmup, decay_end - optim.decay_fraction * decay_end)
+  args = schedule_args(optim, max_steps) if args is None else args
 
-  def schedule(step):
-    step = jnp.asarray(step, jnp.float32)
+  def schedule(count):
+    decay_start, per_step, offset, rate = args[0], args[1], args[2], args[3]
+    # 0 + 1 * count is count exactly: an unwarped schedule is the plain one, bit for bit.
+    step = offset + rate * jnp.asarray(count, jnp.float32)
     warm_lr = peak * (step + 1) / (warmup + 1)
     if kind == "constant":
       after = jnp.asarray(peak, jnp.float32)
-    elif kind == "wsd":
-      progress = jnp.clip((step - decay_start) / max(decay_end - decay_start, 1), 0.0, 1.0)
-      after = peak + (end - peak) * progress
     else:
-      progress = jnp.clip((step - warmup) / (decay_end - warmup), 0.0, 1.0)
-      after = end + 0.5 * (peak - end) * (1 + jnp.cos(jnp.pi * progress))
+      progress = jnp.clip((step - decay_start) * per_step, 0.0, 1.0)
+      after = peak + (end - peak) * progress if kind == "wsd" else \
+          end + 0.5 * (peak - end) * (1 + jnp.cos(jnp.pi * progress))
     return jnp.where(step < warmup, warm_lr, after)
 
   return schedule
@@ -97,11 +118,12 @@ class Optimizer:
   clip_per_group: bool = False
   z_loss: float = 0.0  # the loss that trains adds z_loss x mean(log Z^2) (core/steps.py)
 
-  def transformation(self) -> optax.GradientTransformation:
-    """The optimizer with its schedule and clipping, accumulated over grad_accum micro-batches."""
+  def transformation(self, schedule: jax.Array | None = None) -> optax.GradientTransformation:
+    """The optimizer with its schedule and clipping, accumulated over grad_accum micro-batches.
+    `schedule`: the schedule's `schedule_args` (default: those of `max_steps`)."""
     parts = [self._clip()] if self.clip_norm > 0 else []
-    parts.append(self._adamw(self.lr, self.weight_decay) if self.name == "adamw" else
-                 self._muon())
+    parts.append(self._adamw(self.lr, self.weight_decay, schedule) if self.name == "adamw" else
+                 self._muon(schedule))
     inner = optax.chain(*parts)
     # With loss scaling, gradients overflow now and then by design: such steps are dropped.
     skip = self.skip_nonfinite or self.loss_scaling
@@ -118,11 +140,12 @@ class Optimizer:
     # Each group by its own norm: a spike in one (often the embeddings) leaves the others' steps.
     return optax.partition({g: clip for g in GROUPS}, param_groups)
 
-  def _adamw(self, peak: float, weight_decay: float) -> optax.GradientTransformation:
-    return optax.adamw(lr_schedule(self, self.max_steps, peak), b1=self.b1, b2=self.b2,
+  def _adamw(self, peak: float, weight_decay: float,
+             schedule: jax.Array | None) -> optax.GradientTransformation:
+    return optax.adamw(lr_schedule(self, self.max_steps, peak, schedule), b1=self.b1, b2=self.b2,
                        eps=self.eps, weight_decay=weight_decay, mask=decay_mask)
 
-  def _muon(self) -> optax.GradientTransformation:
+  def _muon(self, schedule: jax.Array | None) -> optax.GradientTransformation:
     """Muon (orthogonalised Nesterov momentum) for the blocks' matrices; AdamW, each group at its
     own lr, for the embeddings, an untied head, and the norms' vectors (never decayed)."""
     matrix = optax.chain(
@@ -131,13 +154,14 @@ class Optimizer:
         optax.contrib.scale_by_muon(ns_steps=self.muon_ns_steps, beta=self.momentum,
                                     nesterov=True, weight_dimension_numbers=_matrix_dims),
         optax.add_decayed_weights(self.weight_decay),
-        optax.scale_by_learning_rate(lr_schedule(self, self.max_steps, self.matrix_lr)))
+        optax.scale_by_learning_rate(lr_schedule(self, self.max_steps, self.matrix_lr, schedule)))
     return optax.partition({
         "matrix": matrix,
-        "embedding": self._adamw(self.embedding_lr or self.lr, self.embedding_weight_decay),
+        "embedding": self._adamw(self.embedding_lr or self.lr, self.embedding_weight_decay,
+                                 schedule),
         "head": self._adamw(self.head_lr or self.lr, self.weight_decay
-                            if self.head_weight_decay < 0 else self.head_weight_decay),
-        "vector": self._adamw(self.lr, 0.0),
+                            if self.head_weight_decay < 0 else self.head_weight_decay, schedule),
+        "vector": self._adamw(self.lr, 0.0, schedule),
     }, param_groups)
 
 

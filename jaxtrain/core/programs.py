@@ -61,9 +61,12 @@ class Programs:
   def lower_init(self) -> jax.stages.Lowered:
     return self.init_arrays.lower()
 
+  def lower_train(self) -> jax.stages.Lowered:
+    return self.train_step.lower(self.abstract, self.batch_spec())
+
   def compile_train(self) -> jax.stages.Compiled:
     """The train step compiled now (a `Compiled` takes the same arguments)."""
-    return self.train_step.lower(self.abstract, self.batch_spec()).compile()
+    return self.lower_train().compile()
 
 
 def wants_deterministic_gpu_ops() -> bool:

@@ -33,6 +33,9 @@ class TrainState:
   step: jax.Array  # int32: optimizer steps taken (micro-batches / grad_accum)
   rng: jax.Array  # uint32[2]: raw key data for dropout
   loss_scale: jax.Array  # float32: the loss is multiplied by it before backprop (1 unless dynamic)
+  # float32[4]: where the lr schedule ends (optim.schedule_args). Not saved: a run's config and a
+  # time budget's plan give it again; states made from arrays get `optimizer.max_steps`'s.
+  schedule: jax.Array
   graphdef: nnx.GraphDef = struct.field(pytree_node=False)
   optimizer: optim.Optimizer = struct.field(pytree_node=False)
   model_cfg: model_lib.ModelConfig = struct.field(pytree_node=False)
@@ -41,7 +44,7 @@ class TrainState:
 
   @property
   def tx(self) -> optax.GradientTransformation:
-    return self.optimizer.transformation()
+    return self.optimizer.transformation(self.schedule)
 
   def model(self) -> model_lib.GPT:
     return nnx.merge(self.graphdef, self.params)
@@ -52,7 +55,11 @@ class TrainState:
             "loss_scale": self.loss_scale}
 
   def with_arrays(self, arrays: dict) -> "TrainState":
-    return self.replace(**arrays)
+    """A state of these arrays; from an abstract state, with the schedule of its own end."""
+    schedule = self.schedule
+    if isinstance(schedule, jax.ShapeDtypeStruct):
+      schedule = optim.schedule_args(self.optimizer, self.optimizer.max_steps)
+    return self.replace(**arrays, schedule=schedule)
 
   def trainable(self) -> Any:
     """The params the optimizer trains (and holds state for): LoRA's adapters, else all."""
@@ -79,7 +86,9 @@ def init_state(model_cfg: model_lib.ModelConfig, optimizer: optim.Optimizer, *,
   return TrainState(params=params,
                     opt_state=optimizer.transformation().init(lora_lib.trainable(params, lora)),
                     step=jnp.array(0, jnp.int32), rng=dropout_key,
-                    loss_scale=jnp.array(scale, jnp.float32), graphdef=graphdef,
+                    loss_scale=jnp.array(scale, jnp.float32),
+                    schedule=jnp.asarray(optim.schedule_args(optimizer, optimizer.max_steps)),
+                    graphdef=graphdef,
                     optimizer=optimizer, model_cfg=model_cfg,
                     dynamic_loss_scale=optimizer.loss_scaling, lora=lora)
 
@@ -158,7 +167,7 @@ def apply_gradients(state: TrainState, rng: jax.Array, loss: jax.Array,
     scale = jnp.clip(jnp.where(jnp.isfinite(grad_norm), scale * LOSS_SCALE_GROWTH, scale / 2),
                      1.0, 2.0**24)
   # The learning rate this step used, read with the loss: the log needs no device work of its own.
-  lr = optim.lr_schedule(state.optimizer, state.optimizer.max_steps)(state.step)
+  lr = optim.lr_schedule(state.optimizer, state.optimizer.max_steps, args=state.schedule)(state.step)
   metrics = {"loss": loss, "grad_norm": grad_norm, "skipped": optim.skipped_steps(opt_state),
              "loss_scale": scale, "lr": lr, **stats_lib.group_stats(trained, grads, new, stats)}
   return state.replace(params=lora_lib.combine(state.params, new), opt_state=opt_state,

@@ -7,9 +7,11 @@ Multiple-choice records (a context, a list of endings, the index of the right on
 accuracy of picking the ending with the highest log-likelihood per UTF-8 byte.
 """
 
+import concurrent.futures
 import math
 import time
 
+import jax
 import numpy as np
 
 from jaxtrain.checkpoints import load
@@ -48,12 +50,18 @@ def completion_scores(state, tok, pairs: list, normalize: str, max_new_tokens: i
   """Loss, bpb and exact match of prompt/completion pairs (line, prompt, completion)."""
   eot = np.array([tok.eot_id], np.int32)
   targets = [np.concatenate([np.asarray(tok.encode(c), np.int32), eot]) for _, _, c in pairs]
-  nats = -complete.score(state, [(complete.context_ids(state, tok, p), t)
-                                 for (_, p, _), t in zip(pairs, targets)])
   n_tokens = sum(len(t) for t in targets)
   n_bytes = sum(len(c.encode("utf-8")) for _, _, c in pairs)
   limit = max_new_tokens or max(len(t) for t in targets)
-  made = complete.complete(state, tok, [p for _, p, _ in pairs], limit, temperature=0.0)
+  make = lambda: complete.complete(state, tok, [p for _, p, _ in pairs], limit,  # noqa: E731
+                                   temperature=0.0)
+  # The greedy completions and the scores run different programs: on an accelerator each
+  # compiles beside the other; on a CPU, XLA's compile of each keeps the cores busy already.
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    making = pool.submit(make) if jax.devices()[0].platform != "cpu" else None
+    nats = -complete.score(state, [(complete.context_ids(state, tok, p), t)
+                                   for (_, p, _), t in zip(pairs, targets)])
+    made = making.result() if making else make()
   norm = NORMALIZE[normalize]
   right = [norm(m) == norm(c) for m, (_, _, c) in zip(made, pairs)]
   return {"loss": float(nats.sum() / n_tokens),

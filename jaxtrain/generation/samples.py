@@ -1,9 +1,11 @@
 """The samples at the end of a run: prompts from the validation text, continued, printed and
-appended to samples.txt. Text from a saved run: `python -m jaxtrain.sample` (tools/sample.py)."""
+appended to samples.txt; and their programs compiled ahead (`warm`), beside the run's first
+compile. Text from a saved run: `python -m jaxtrain.sample` (tools/sample.py)."""
 
 import time
 from pathlib import Path
 
+import jax
 import ml_collections
 import numpy as np
 
@@ -28,25 +30,54 @@ def prompts_from_text(tokens: np.ndarray, newline_id: int | None, n: int, length
   return np.stack(rows)
 
 
+def wanted(s: ml_collections.ConfigDict) -> bool:
+  return s.num_samples > 0 and s.max_new_tokens > 0
+
+
+def run_prompts(s: ml_collections.ConfigDict, seq_len: int, seed: int, val_tokens: np.ndarray,
+                tok) -> np.ndarray:
+  """The prompts of the `sample` section's samples: its `prompt`, or lines of the validation text."""
+  if s.prompt:
+    ids = np.asarray(tok.encode(s.prompt), np.int32)
+    return np.tile(fit.keep_last(ids, fit.room(seq_len, s.max_new_tokens)), (s.num_samples, 1))
+  return prompts_from_text(val_tokens, tokenizer_lib.newline_id(tok), s.num_samples,
+                           min(32, seq_len // 2), seed)
+
+
+def warm(s: ml_collections.ConfigDict, seq_len: int, seed: int, abstract: steps.TrainState,
+         val_tokens: np.ndarray, tok, timed: bool = False) -> float:
+  """Compiles the programs `write_samples` will run (the same shapes and settings; zeros for
+  params) by decoding a token; `timed`: then makes the samples once, and returns how long
+  they took, as they will at the end (else 0)."""
+  if not wanted(s):
+    return 0.0
+  prompts = run_prompts(s, seq_len, seed, val_tokens, tok)
+  zeros = jax.tree.map(lambda a: np.broadcast_to(np.zeros((), a.dtype), a.shape), abstract.params)
+  state = abstract.replace(params=zeros)
+  kwargs = dict(temperature=s.temperature, top_k=s.top_k, seed=seed)
+  # One token a chunk: the buffers have the shapes of the whole call's, one chunk decodes 1 token.
+  next(decode.stream(state, prompts, s.max_new_tokens, chunk=1, **kwargs))
+  if not timed:
+    return 0.0
+  t0 = time.perf_counter()
+  decode.generate(state, prompts, s.max_new_tokens, **kwargs)
+  return time.perf_counter() - t0
+
+
 def write_samples(s: ml_collections.ConfigDict, seq_len: int, seed: int, state: steps.TrainState,
                   val_tokens: np.ndarray, tok, workdir: Path, out) -> list[str]:
   """The `sample` section's samples at the end of a run: printed, appended to samples.txt."""
-  if s.num_samples == 0 or s.max_new_tokens == 0:
+  if not wanted(s):
     return []
   if s.prompt:
-    ids = np.asarray(tok.encode(s.prompt), np.int32)
-    note = fit.cut_line("sample.prompt", len(ids), "sample.max_new_tokens", s.max_new_tokens,
-                        seq_len)
+    note = fit.cut_line("sample.prompt", len(tok.encode(s.prompt)), "sample.max_new_tokens",
+                        s.max_new_tokens, seq_len)
     if note:
       out.print(note)
-    prompts = np.tile(fit.keep_last(ids, fit.room(seq_len, s.max_new_tokens)),
-                      (s.num_samples, 1))
-  else:
-    prompts = prompts_from_text(val_tokens, tokenizer_lib.newline_id(tok), s.num_samples,
-                                min(32, seq_len // 2), seed)
+  prompts = run_prompts(s, seq_len, seed, val_tokens, tok)
   t0 = time.time()
   ids = decode.generate(state, prompts, s.max_new_tokens, temperature=s.temperature,
-                 top_k=s.top_k, seed=seed)
+                        top_k=s.top_k, seed=seed)
   signals.check()  # a Ctrl-C that Python dropped while generating: nothing is written
   texts = [tok.decode(row[:len(p)]) + "\u2502" + tok.decode(row[len(p):])
            for row, p in zip(ids, prompts)]

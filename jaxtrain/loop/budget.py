@@ -1,17 +1,23 @@
 """`train.time_budget`: train for a given wall time rather than a step count.
 
-A new run measures itself first: it compiles its train step and times a few steps on random
-tokens (the speed does not depend on their values), then fixes its end (`fit`: the `Plan`) so
-that the steps, their evaluations and the end of the run (a second compile, samples) fit the
-budget, counted from the start of the process. The schedule (warmup, decay) then spans exactly
-those steps, and the chosen number is the run's `train.max_steps` (`with_end`) in config.json.
+A new run measures itself first (`fit`): once its train step, eval step and samples are compiled
+as the run runs them (loop/warmup.py), it times a few steps on random tokens (the speed does not
+depend on their values), an evaluation and a checkpoint save, then fixes its end (the `Plan`) so
+that what is left of the budget, counted from the start of the process, holds the steps with
+their share of evaluations and saves, and the end of the run (the last evaluation and save, the
+samples, the closing files). The train step reads the schedule's end as an input
+(`TrainState.schedule`) instead of having it compiled in, so the measured compile is the run's
+own: from a warm compile cache or a cold one, it is spent before the plan is made, and nothing
+compiles after it. A budget too short for one step is an error that says what the run needs.
 
 A probe of a few seconds misjudges a loop that runs for minutes (evaluations, saves, logging, a
 machine whose speed changes), so the run's first leg measures its own pace again at REFIT_AT of
 its steps; when that moves the end by more than TOLERANCE, the loop takes the new end
-(`moved_end`) and its train step is rebuilt for it (`rebuilt`). Each end and the step it took
-over at are recorded in budget.json; a resumed leg follows them, so it trains exactly as the
-uninterrupted run did.
+(`moved_end`). The schedule then goes on from where it is: the part of it that was left is
+warped onto the steps now left (`schedule_at`), so the learning rate decays smoothly to the new
+end instead of jumping to where a schedule for that end from the start would be. Each end and the
+step it took over at are recorded in budget.json; a resumed leg follows them, so it trains exactly
+as the uninterrupted run did.
 """
 
 import dataclasses
@@ -24,17 +30,18 @@ from pathlib import Path
 
 import jax
 import ml_collections
+import numpy as np
 
 from jaxtrain.checkpoints.store import Checkpoints
-from jaxtrain.core import programs as programs_lib
+from jaxtrain.core import optim
 from jaxtrain.core.steps import TrainState
 from jaxtrain.system import fmt, paths, runtime
+from jaxtrain.system.errors import ConfigError
 
 PLAN_FILE = "budget.json"
-REFIT_AT = (0.3, 0.7)  # fractions of the planned steps where the first leg measures its pace
-TOLERANCE = 0.02  # a new end within 2% of the planned one is not worth a compile
-EVAL_COST = 0.35  # a forward pass costs about a third of a forward and backward pass
-END_S = 2.0  # closing work besides sampling: the loss plot, the last save's wait
+REFIT_AT = (0.3, 0.5, 0.7, 0.85, 0.95)  # fractions of the steps where the first leg re-plans
+TOLERANCE = 0.02  # a new end within 2% of the planned one is not worth a change of schedule
+END_S = 0.7  # after the last evaluation, save and samples: files, the loss plot, the exit
 
 
 def process_age_s() -> float:
@@ -49,16 +56,28 @@ def process_age_s() -> float:
     return 0.0
 
 
-def measure(programs, batches: Iterator[dict], grad_accum: int, min_s: float = 2.0,
-            max_steps: int = 20) -> tuple[float, float, float]:
-  """(seconds to compile the train step, seconds per optimizer step, seconds a checkpoint save
-  holds the loop) of `programs` as the loop runs them: `batches` (host batches, an iterator of
-  the run's own kind) read, placed and stepped, each step's metrics read back, and the state
-  saved as the loop saves it. For a small model that host work is most of a step."""
-  t0 = time.perf_counter()
-  step = programs.compile_train()
-  compile_s = time.perf_counter() - t0
-  state = programs.init()
+@dataclasses.dataclass
+class Costs:
+  """What a run's parts cost, measured on its compiled programs."""
+
+  step_s: float  # one optimizer step, its batches read and placed, its metrics read back
+  eval_s: float  # one evaluation: train.eval_steps batches of the eval step
+  save_s: float  # what a checkpoint save holds the loop (the write goes on in the background)
+  last_save_s: float  # the last save, waited for until it is written
+  sample_s: float = 0.0  # the samples at the end
+
+  def close_s(self) -> float:
+    """After the last step: its evaluation, its save written, the samples, the closing work."""
+    return self.eval_s + self.last_save_s + self.sample_s + END_S
+
+
+def measure(programs, state: TrainState, batches: Iterator[dict], grad_accum: int,
+            eval_steps: int, min_s: float = 1.0, max_steps: int = 20) -> Costs:
+  """The `Costs` of `programs` (their steps compiled) as the loop runs them, from `state` (a new
+  one, used up): `batches` (host batches, an iterator of the run's own kind) read, placed and
+  stepped, each step's metrics read back, and the state evaluated and saved as the loop does. For
+  a small model that host work is most of a step."""
+  step = programs.train_step
 
   def one(state):
     for _ in range(grad_accum):
@@ -72,57 +91,81 @@ def measure(programs, batches: Iterator[dict], grad_accum: int, min_s: float = 2
     t = time.perf_counter()
     state = one(state)
     times.append(time.perf_counter() - t)
-  return compile_s, statistics.median(times), _save_s(state)
+  batch = programs.place(next(batches))
+  evals = []
+  for _ in range(3):
+    t = time.perf_counter()
+    jax.device_get(programs.eval_step(state, batch))
+    evals.append(time.perf_counter() - t)
+  return Costs(statistics.median(times), eval_steps * min(evals), *_save_s(state))
 
 
-def _save_s(state) -> float:
-  """What one checkpoint save costs the loop (the copy and checksums; the write is async): the
-  second of two saves, the first having compiled the checksums."""
+def _save_s(state) -> tuple[float, float]:
+  """(what a save holds the loop: the copy and checksums, the write being async; what it takes
+  until written): the second of two saves, the first having compiled the checksums."""
   with tempfile.TemporaryDirectory(prefix="jaxtrain-probe-") as tmp:
     ckpts = Checkpoints(tmp, keep=1)
     try:
-      took = []
       for step in (1, 2):
         t = time.perf_counter()
         ckpts.save(state.replace(step=step))
-        took.append(time.perf_counter() - t)
+        held = time.perf_counter() - t
     finally:
       ckpts.close()
-  return took[-1]
+      written = time.perf_counter() - t
+  return held, written
 
 
-def fit_steps(budget_s: float, spent_s: float, compile_s: float, step_s: float, train,
-              sample_s: float = 0.0, save_s: float = 0.0) -> int:
-  """The optimizer steps that fit what is left of the budget: each step with its share of the
-  evaluations (every `train.eval_every` steps, `eval_steps` forward passes of one micro-batch)
-  and of the checkpoint saves, then the real train step's compile and the end of the run."""
-  left = budget_s - spent_s - compile_s - END_S - sample_s
-  eval_per_step = EVAL_COST * train.eval_steps * step_s / train.grad_accum / train.eval_every
-  return max(1, int(left / (step_s + eval_per_step + save_s / train.checkpoint_every)))
+def fit_steps(left_s: float, costs: Costs, train) -> int:
+  """The optimizer steps that `left_s` seconds hold after the end of the run, each with its
+  share of the evaluations (every `train.eval_every` steps) and of the saves; 0 if none does."""
+  per_step = (costs.step_s + costs.eval_s / train.eval_every
+              + costs.save_s / train.checkpoint_every)
+  return max(0, int((left_s - costs.close_s()) / per_step))
+
+
+def check_left(cfg: ml_collections.ConfigDict, spent_s: float, compiled: bool = False) -> None:
+  """Before anything is compiled, and again once it is: a budget used up already is an error
+  (the compiles, cached, make a rerun start faster)."""
+  budget_s = fmt.parse_duration(cfg.train.time_budget)
+  if spent_s >= budget_s:
+    what = "starting up and compiling" if compiled else "starting up, before any compile,"
+    raise ConfigError("train.time_budget", f"{cfg.train.time_budget} is too short: {what} took "
+                      f"{fmt.duration(spent_s)} already",
+                      "pass a longer one" + (" (a rerun starts faster: the compiles are cached)"
+                                             if compiled else ""))
+
+
+def too_short(cfg: ml_collections.ConfigDict, spent_s: float, costs: Costs) -> ConfigError:
+  """A budget that holds no step: what it would take, in one line."""
+  need = spent_s + costs.step_s + costs.close_s()
+  return ConfigError(
+      "train.time_budget", f"{cfg.train.time_budget} is too short for this run: it needs at "
+      f"least {fmt.duration(need)} ({fmt.duration(spent_s)} to start and compile, "
+      f"{costs.step_s * 1e3:.0f} ms a step, {fmt.duration(costs.close_s())} to evaluate, save "
+      f"and sample at the end)", f"pass --config.train.time_budget={int(need * 1.2) + 1}s or "
+      "more (a rerun starts faster: the compiles are cached)")
 
 
 @dataclasses.dataclass
 class Plan:
   """The ends a time-budgeted run's schedule follows: from each step on, the `train.max_steps`
-  its learning rate was built for. `spent` is set in the leg that may move the end (a new run's
-  first); a resumed leg only follows the recorded ends."""
+  it decays to. `spent` is set in the leg that may move the end (a new run's first); a resumed
+  leg only follows the recorded ends."""
 
   budget_s: float
   ends: list[list[int]]  # [from_step, max_steps], ascending by step
   spent: Callable[[], float] | None = None  # seconds of the budget used so far
-  close_s: float = 0.0  # after the last step: its evaluation, samples, the closing work
-  compile_s: float = 0.0  # a switch's compile, as the leg's first compile took
+  close_s: float = 0.0  # after the last step: its evaluation and save, samples, closing work
   checked: int = 0  # how many of REFIT_AT this leg has measured at
   t_first: float | None = None  # when the leg's first step ended, and its number
   first_step: int = 0
   pace_s: float = 0.0  # seconds per step, as last measured
+  applied: int = 0  # how many ends the state's schedule follows (0: none yet)
 
   @property
   def final(self) -> int:
     return self.ends[-1][1]
-
-  def end_at(self, step: int) -> int:
-    return [end for start, end in self.ends if start <= step][-1]
 
   def save(self, workdir: Path) -> None:
     if jax.process_index() == 0:
@@ -136,30 +179,31 @@ def with_end(cfg: ml_collections.ConfigDict, max_steps: int) -> ml_collections.C
   return cfg
 
 
-def fit(cfg: ml_collections.ConfigDict, programs: programs_lib.Programs, devices: list,
-        workdir: Path, log: Callable[[str], None], spent: Callable[[], float],
-        batches: Callable[[], Iterator[dict]]) -> tuple[programs_lib.Programs, Plan]:
-  """`train.time_budget`: the plan of the steps that fit (measured by a new run; a resumed run
-  keeps the ends its first leg chose), and the programs built for its end."""
+def recorded(cfg: ml_collections.ConfigDict, workdir: Path) -> Plan:
+  """A resumed run's plan: the ends its first leg chose."""
+  saved = paths.read_json(workdir / PLAN_FILE) if (workdir / PLAN_FILE).exists() else None
+  max_steps = int(paths.read_json(workdir / "config.json")["train"]["max_steps"])
+  return Plan(fmt.parse_duration(cfg.train.time_budget),
+              saved["ends"] if saved else [[0, max_steps]])
+
+
+def fit(cfg: ml_collections.ConfigDict, ready, log: Callable[[str], None],
+        spent: Callable[[], float], batches: Callable[[], Iterator[dict]]) -> Plan:
+  """A new run's plan: the steps that fit, measured on `ready` (warmup.Ready: the programs
+  compiled, a new state beside them, the samples' cost). Every process takes process 0's."""
   budget_s = fmt.parse_duration(cfg.train.time_budget)
-  if paths.is_run(workdir):
-    saved = paths.read_json(workdir / PLAN_FILE) if (workdir / PLAN_FILE).exists() else None
-    max_steps = int(paths.read_json(workdir / "config.json")["train"]["max_steps"])
-    plan = Plan(budget_s, saved["ends"] if saved else [[0, max_steps]])
-  else:
-    compile_s, step_s, save_s = measure(programs, batches(), cfg.train.grad_accum)
-    sample_s = compile_s if cfg.sample.num_samples and cfg.sample.max_new_tokens else 0.0
-    spent_s = spent()
-    steps = fit_steps(budget_s, spent_s, compile_s, step_s, cfg.train, sample_s, save_s)
-    eval_s = EVAL_COST * cfg.train.eval_steps * step_s / cfg.train.grad_accum
-    plan = Plan(budget_s, [[0, steps]], spent, close_s=END_S + sample_s + eval_s,
-                compile_s=compile_s)
-    log(f"time budget {fmt.duration(budget_s)}: train.max_steps={steps} fit "
-        f"({step_s * 1e3:.1f} ms/step, {save_s * 1e3:.0f} ms/save and a {compile_s:.1f}s compile "
-        f"measured; {fmt.duration(spent_s)} spent so far)")
-  m = programs.model_cfg
-  return programs_lib.build(with_end(cfg, plan.final), m.vocab_size, devices,
-                            eot_id=m.eot_id), plan
+  t = cfg.train
+  costs = measure(ready.programs, ready.beside, batches(), t.grad_accum, t.eval_steps)
+  costs.sample_s = ready.sample_s
+  spent_s = spent()
+  steps = runtime.from_process_0(fit_steps(budget_s - spent_s, costs, t))
+  if steps < 1:
+    raise too_short(cfg, spent_s, costs)
+  log(f"time budget {fmt.duration(budget_s)}: train.max_steps={steps} fit "
+      f"({costs.step_s * 1e3:.1f} ms/step, {costs.eval_s:.2f}s/eval, {costs.save_s * 1e3:.0f} "
+      f"ms/save measured; {fmt.duration(costs.close_s())} to end the run; "
+      f"{fmt.duration(spent_s)} spent so far, compiles included)")
+  return Plan(budget_s, [[0, steps]], spent, close_s=costs.close_s())
 
 
 def new_end(plan: Plan, step: int, now: float) -> int | None:
@@ -174,7 +218,7 @@ def new_end(plan: Plan, step: int, now: float) -> int | None:
     return None
   plan.checked += 1
   plan.pace_s = (now - plan.t_first) / (step - plan.first_step)
-  left_s = plan.budget_s - plan.spent() - plan.close_s - plan.compile_s
+  left_s = plan.budget_s - plan.spent() - plan.close_s
   end = step + max(1, int(left_s / plan.pace_s))
   end = runtime.from_process_0(end)  # every process switches at the same step, to the same end
   return end if abs(end - plan.final) > TOLERANCE * plan.final else None
@@ -190,23 +234,26 @@ def moved_end(plan: Plan, step: int, workdir: Path) -> int | None:
   return end
 
 
-def rebuilt(plan: Plan, step: int, cfg: ml_collections.ConfigDict,
-            programs: programs_lib.Programs, state: TrainState,
-            eval_batch: dict | None) -> tuple[programs_lib.Programs, TrainState] | None:
-  """(programs with the train step compiled for the end the schedule follows from `step` on,
-  `state` in their layout) where that end is not the one `programs` were built for (a recorded
-  switch, or a new end); None otherwise. `eval_batch`: the eval step compiles now too, rather
-  than in the steps whose pace is measured."""
-  end = plan.end_at(step)
-  if end == programs.optimizer.max_steps:
-    return None
-  m, t0 = programs.model_cfg, time.perf_counter()
-  built = programs_lib.build(with_end(cfg, end), m.vocab_size, jax.devices(), eot_id=m.eot_id)
-  built = dataclasses.replace(built, train_step=built.compile_train())
-  state = built.abstract.with_arrays(state.arrays())
-  if eval_batch is not None:
-    jax.block_until_ready(built.eval_step(state, eval_batch))
-  plan.compile_s = time.perf_counter() - t0
-  if plan.t_first is not None:  # a one-off: the pace is the steps'
-    plan.t_first += plan.compile_s
-  return built, state
+def schedule_at(ends: list[list[int]], step: int, optimizer: optim.Optimizer) -> np.ndarray:
+  """The schedule's numbers (optim.schedule_args) at `step`: the first end's schedule, with each
+  later end that took over by `step` warping the step onto it. An end that takes over at step s
+  maps its steps s..end onto s..(the end before it), so the schedule goes on from where it was
+  and reaches its own end (fully decayed) at the new end; each warp is a straight line, and so is
+  every composition of them: offset + rate * step."""
+  offset, rate, before = 0.0, 1.0, ends[0][1]
+  for start, end in ends[1:]:
+    if start > step:
+      break
+    at = offset + rate * start  # where on the first end's schedule the new end takes over
+    rate *= (before - start) / (end - start)
+    offset, before = at - rate * start, end
+  return optim.schedule_args(optimizer, ends[0][1], offset, rate)
+
+
+def on_schedule(plan: Plan, step: int, state: TrainState) -> TrainState:
+  """`state` following the plan's schedule at `step` (a new one only where an end took over)."""
+  applied = sum(1 for start, _ in plan.ends if start <= step)
+  if applied == plan.applied:
+    return state
+  plan.applied = applied
+  return state.replace(schedule=schedule_at(plan.ends, step, state.optimizer))

@@ -1,10 +1,8 @@
 """How a run gets to its first step: the workdir checked and locked, the data read, the programs
-built (for a time budget's end), the hooks attached (`prepare`: the `Run`); then the state to train
-from, a new one or the newest intact checkpoint's, made beside the train step's compile (`start`);
-and what the loop carries through the leg (`progress`)."""
+built, the hooks attached, a time budget's end planned (`prepare`: the `Run`); then the state to
+train from, a new one or the newest intact checkpoint's, made beside the compiles (`start`,
+loop/warmup.py); and what the loop carries through the leg (`progress`)."""
 
-import concurrent.futures
-import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -21,7 +19,7 @@ from jaxtrain.core.steps import TrainState
 from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.data import tokenfiles, tokenizer
 from jaxtrain.evals import tasks, validation
-from jaxtrain.loop import budget, ending
+from jaxtrain.loop import budget, ending, warmup
 from jaxtrain.loop.feed import DeviceFeed
 from jaxtrain.loop.state import Progress, Run
 from jaxtrain.loop.step_metrics import NonFiniteGuard, Pending
@@ -36,7 +34,8 @@ from jaxtrain.trackers.hooks import Hook
 
 def prepare(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
             hooks: Sequence[Hook], t_start: float, library_log: bool, lock: WorkdirLock) -> Run:
-  """The run, up to its first compile (a time budget's probe compiles its own)."""
+  """The run, up to its first compile (a new run with a time budget measures itself on what it
+  compiles: it compiles here)."""
   is_main = jax.process_index() == 0
   out = Console(enabled=is_main and show_progress, headless=cfg.headless)
   eval_tasks = tasks.load(cfg)  # bad records stop the run before anything else is done
@@ -59,10 +58,11 @@ def prepare(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
   built = programs.build(cfg, vocab, devices, eot_id=corpus.tokenizer.eot_id)
   batches = lambda: corpus_lib.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len,  # noqa: E731
                                               cfg.seed, jax.process_index(), jax.process_count())
-  plan = None
+  run_hooks = standard.for_run(cfg, workdir, hooks)
+  plan, t_compile = None, time.time()  # a new run with a budget compiles from here on
   if cfg.train.time_budget:
     spent = budget.process_age_s if library_log else lambda: time.time() - t_start
-    built, plan = budget.fit(cfg, built, devices, workdir, out.print, spent, batches)
+    built, plan = _plan(cfg, built, corpus, run_hooks, workdir, out.print, spent, batches)
     cfg = budget.with_end(cfg, plan.final)  # the run's train.max_steps from here on
   signals.check()
   summary.describe(out, cfg, corpus, built)
@@ -76,26 +76,42 @@ def prepare(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
   saving = lifecycle.Saving(Checkpoints(str(workdir), cfg.train.keep_checkpoints), meta,
                             cfg.train.checkpoint_every)
   return Run(cfg=cfg, out=out, workdir=workdir, corpus=corpus, programs=built, saving=saving,
-             feed=DeviceFeed(batches(), built.place), hooks=standard.for_run(cfg, workdir, hooks),
-             t_start=t_start, log=log, plan=plan, tasks=eval_tasks)
+             feed=DeviceFeed(batches(), built.place), hooks=run_hooks, t_start=t_start, log=log,
+             plan=plan, tasks=eval_tasks, t_compile=t_compile,
+             compiled=isinstance(built.train_step, jax.stages.Compiled))
+
+
+def _plan(cfg: ml_collections.ConfigDict, built: programs.Programs, corpus, hooks, workdir,
+          say, spent, batches) -> tuple[programs.Programs, budget.Plan]:
+  """A time budget's plan: the ends a resumed run recorded; a new run's from a measurement of
+  the programs it runs, compiled (with the rest, side by side) before the plan is made."""
+  if paths.is_run(workdir):
+    return built, budget.recorded(cfg, workdir)
+  budget.check_left(cfg, spent())
+  ready = warmup.side_by_side(built, cfg, corpus, hooks, built.init,  # the probe's own state
+                              measure=True)
+  budget.check_left(cfg, spent(), compiled=True)
+  return ready.programs, budget.fit(cfg, ready, say, spent, batches)
 
 
 def start(r: Run) -> tuple[TrainState, float]:
   """(state, training seconds so far), with the compiled train step put in `r.programs` and the
-  best val loss so far in `r.saving`: init (or a restore) runs beside the train step's compile,
-  since XLA compiles and orbax reads without holding the GIL."""
-  r.t_compile = time.time()
+  best val loss so far in `r.saving`: init (or a restore) runs beside the compiles (warmup.py),
+  or after them where a time budget's measurement compiled already."""
+  if not r.compiled:
+    r.t_compile = time.time()
   latest = r.saving.ckpts.latest_step()
-  init = r.programs.lower_init() if latest is None else None  # traced here, compiled there
-  with concurrent.futures.ThreadPoolExecutor(1) as pool:
-    if init is None:
-      pending = pool.submit(_restore, r)
-    else:
-      pending = pool.submit(lambda: (r.programs.abstract.with_arrays(init.compile()()), 0.0,
-                                     math.inf))
-    train_step = r.programs.compile_train()
-    state, elapsed, best = pending.result()
-  r.programs = dataclasses.replace(r.programs, train_step=train_step)
+  if latest is None:
+    init = r.programs.lower_init()  # traced here, compiled beside the train step
+    begin = lambda: (r.programs.abstract.with_arrays(init.compile()()), 0.0, math.inf)  # noqa: E731
+  else:
+    begin = lambda: _restore(r)  # noqa: E731
+  if r.compiled:
+    state, elapsed, best = begin()
+  else:
+    ready = warmup.side_by_side(r.programs, r.cfg, r.corpus, r.hooks, begin)
+    r.programs, r.compiled = ready.programs, True
+    state, elapsed, best = ready.beside
   r.saving.best = lifecycle.BestVal(best)
   if latest is None and r.cfg.init_from:
     state = init_from.apply(r.cfg.init_from, state, r.programs, r.corpus.tokenizer, r.out.print)

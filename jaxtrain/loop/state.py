@@ -40,6 +40,7 @@ class Run:
   plan: Plan | None = None  # train.time_budget: the schedule's ends
   tasks: list[Task] = dataclasses.field(default_factory=list)  # train.eval_tasks' records
   t_compile: float = 0.0  # when compiling began: the first step's line counts from it
+  compiled: bool = False  # the steps are compiled (a time budget's measurement compiles them)
   phase: str = "compiling"  # what an interrupt outside the loop stopped (loop/ending.py)
   changes: tuple[str, ...] = ()  # harmless config changes since the checkpoint resumed from
 

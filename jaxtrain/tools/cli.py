@@ -158,6 +158,7 @@ def main(run: Callable[..., None], usage: str, module: str, *, args: bool = Fals
       runtime.enable_compile_cache()  # the second sample of a run compiles nothing
     try:
       run(argv[1:]) if args else run()
+      exiting.exit_now(0)  # a command that installed exiting's handler ends here, at once
     except UserError as e:
       fail(str(e), e.exit_code)
     except KeyboardInterrupt:

@@ -47,6 +47,11 @@ class Hook:
   Hooks run on every process; one that writes files checks `jax.process_index() == 0` itself.
   """
 
+  def prepare(self) -> None:
+    """Once, before `on_start`, in a thread beside the run's first compile: the place to import
+    what the hook needs (some libraries take seconds), so the first step does not wait for it.
+    An error here is ignored: `on_start` meets it again and reports it."""
+
   def on_start(self, run: RunView, step: int) -> None:
     """Before the first step of this leg: `run` is what setup prepared, `step` where training
     starts (0, or the step a resume restored)."""
@@ -76,6 +81,13 @@ class Hooks:
 
   def __init__(self, hooks: Sequence[Hook]):
     self.hooks = list(hooks)
+
+  def prepare(self) -> None:
+    for hook in self.hooks:
+      try:
+        hook.prepare()
+      except Exception:  # on_start, on the loop's thread, reports it
+        pass
 
   def start(self, run: RunView, step: int) -> None:
     for hook in self.hooks:

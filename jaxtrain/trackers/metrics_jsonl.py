@@ -5,6 +5,7 @@ goes; a resumed leg first drops the lines past the step it restored, which it tr
 TensorBoard's hook drops its events."""
 
 import json
+import sys
 from pathlib import Path
 
 import jax
@@ -34,6 +35,10 @@ class MetricsJsonl(Hook):
   def __init__(self):
     self.path: Path | None = None
 
+  def prepare(self) -> None:
+    if jax.process_index() == 0 and "matplotlib.pyplot" not in sys.modules:
+      _pyplot()  # for the loss plot at the end; a pyplot already imported keeps its backend here
+
   def on_start(self, run: RunView, step: int) -> None:
     if jax.process_index() != 0:
       return
@@ -54,16 +59,22 @@ class MetricsJsonl(Hook):
     self._write(record)
 
 
-def plot_losses(metrics_path: Path, png_path: Path) -> Path | None:
-  """Train and validation loss against step, with the learning rate below them, as a PNG next to
-  metrics.jsonl."""
-  if not metrics_path.exists():
-    return None
+def _pyplot():
+  """matplotlib's pyplot, drawing to files only."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
+  return plt
+
+
+def plot_losses(metrics_path: Path, png_path: Path) -> Path | None:
+  """Train and validation loss against step, with the learning rate below them, as a PNG next to
+  metrics.jsonl."""
+  if not metrics_path.exists():
+    return None
+  plt = _pyplot()
   fig = figure(paths.read_jsonl(metrics_path), png_path.parent.name)
   if fig is None:
     return None

@@ -72,6 +72,10 @@ class TensorBoard(Hook):
     self.flush_secs = flush_secs
     self.writer = None
 
+  def prepare(self) -> None:
+    if jax.process_index() == 0:  # seconds where torch is installed: tensorboardX imports it
+      import tensorboardX.proto.event_pb2  # noqa: F401
+
   def on_start(self, run: RunView, step: int) -> None:
     if jax.process_index() != 0:
       return

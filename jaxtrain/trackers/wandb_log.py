@@ -49,6 +49,10 @@ class WandB(Hook):
     self.run = None
     self.say = print
 
+  def prepare(self) -> None:
+    if jax.process_index() == 0:
+      import wandb  # noqa: F401
+
   def on_start(self, run: RunView, step: int) -> None:
     if jax.process_index() != 0:
       return

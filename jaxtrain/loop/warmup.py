@@ -1,0 +1,76 @@
+"""What a run compiles before its first step, side by side (`side_by_side`): the train step on the
+calling thread and, in a pool beside it, whatever setup does meanwhile (a new state's init, or a
+restore); on an accelerator also the eval step, the programs of the samples at the end (where the
+run samples) and the libraries the hooks import on first use. XLA compiles, orbax reads and much
+of an import run without the GIL, so there the first step waits for the slowest of them rather
+than for their sum, and neither the first evaluation nor the samples stop a run under way to
+compile (the first eval's compile cost an H100 run 7 s mid-run). On a CPU, whose cores the train
+step's compile keeps busy, those wait for the run to need them, as they did before, unless a time
+budget's measurement needs them first."""
+
+import concurrent.futures
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import ml_collections
+
+from jaxtrain.core.programs import Programs
+from jaxtrain.data.corpus import Corpus
+from jaxtrain.generation import samples
+from jaxtrain.trackers.hooks import Hooks
+
+
+@dataclasses.dataclass
+class Ready:
+  """What `side_by_side` made ready."""
+
+  programs: Programs  # the train step compiled (a `Compiled`), the eval step's compile cached
+  beside: Any  # what `beside` returned
+  sample_s: float  # what the samples at the end take, compiled (a `measure`ment; else 0)
+
+
+def side_by_side(programs: Programs, cfg: ml_collections.ConfigDict, corpus: Corpus, hooks: Hooks,
+                 beside: Callable[[], Any] | None = None, measure: bool = False) -> Ready:
+  """Compiles `programs`' train step here (unless compiled already) while a pool runs `beside`,
+  and with it, where that saves time (`extras_beside`), compiles the eval step and the samples'
+  programs and prepares the hooks; else these wait for the run to need them, or, for a
+  `measure`ment (a time budget's plan needs them compiled, and the samples timed), follow the
+  train step's compile here. Returns once all of it is done."""
+  sampling = jax.process_index() == 0 and samples.wanted(cfg.sample)  # process 0 samples
+  extras = [hooks.prepare, lambda: compile_eval(programs)]  # in the order the run needs them
+  if sampling:
+    extras.append(lambda: samples.warm(cfg.sample, cfg.model.seq_len, cfg.seed, programs.abstract,
+                                       corpus.val, corpus.tokenizer, measure))
+  parallel = extras_beside(programs)
+  # Traced before the pool starts: tracing holds the GIL, which the pool's tracing and imports
+  # would share with it; XLA's compile, the longest part, then runs beside them without it.
+  lowered = None if isinstance(programs.train_step, jax.stages.Compiled) else \
+      programs.lower_train()
+  with concurrent.futures.ThreadPoolExecutor(4 if parallel else 1) as pool:
+    jobs = [pool.submit(beside or (lambda: None))]
+    jobs += [pool.submit(job) for job in extras] if parallel else []
+    train_step = programs.train_step if lowered is None else lowered.compile()
+    done = [job.result() for job in jobs]
+  if measure and not parallel:
+    done += [job() for job in extras]
+  return Ready(dataclasses.replace(programs, train_step=train_step), done[0],
+               done[3] if sampling and len(done) > 3 else 0.0)
+
+
+def extras_beside(programs: Programs) -> bool:
+  """Whether compiles beside the train step's save time: on an accelerator, whose compile is
+  host work beside an idle device, yes. On a CPU, XLA's compile of the train step keeps the cores
+  busy itself (on 2 cores: 4.3 CPU seconds in 2.4 s), so compiles beside it only slow it down:
+  the train step, init and the eval step compiled at once took ~15% more CPU seconds than one
+  after another, and delayed the first step by seconds (benchmarks/results/)."""
+  return programs.mesh.devices.flat[0].platform != "cpu"
+
+
+def compile_eval(programs: Programs) -> None:
+  """The eval step compiled for states and batches placed as the run places them: its jitted
+  function then finds it in its cache at the first evaluation."""
+  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                       programs.abstract, programs.shardings)
+  programs.eval_step.lower(state, programs.batch_spec()).compile()
