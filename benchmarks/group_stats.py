@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 import common  # noqa: E402  (after the path above)
+import reports  # noqa: E402
 
 NAME = "group-stats"
 # (name, log.group_stats, train.log_every; None: the config's).
@@ -106,8 +107,7 @@ def main() -> None:
       print(f"round {r + 1}/{args.rounds}: " + ", ".join(
           f"{m} {times[m][-1] * 1e3:.1f} ms ({cpu_times[m][-1] * 1e3:.1f} ms CPU)" for m in names),
           flush=True)
-  load = {"loadavg_before": loadavg_before, "loadavg_after": os.getloadavg(),
-          "sampler": {"interval_s": sampler.interval_s, **sampler.summary()}}
+  load = reports.load_record(loadavg_before, sampler)
   results = {}
   for mode in names:
     results[mode] = {"metrics": built[mode][3], "xla_cost": built[mode][4]}
@@ -126,10 +126,10 @@ def _log_every(config: str) -> int:
 
 
 def _report(args, results: dict, load: dict, devices) -> None:
-  machine = common.machine_info()
-  out = Path(args.out) if args.out else common.results_dir(NAME)
+  machine = reports.machine_info()
+  out = Path(args.out) if args.out else reports.results_dir(NAME)
   out.mkdir(parents=True, exist_ok=True)
-  report = {"when": common.timestamp(), "config": args.config, "rounds": args.rounds,
+  report = {"when": reports.timestamp(), "config": args.config, "rounds": args.rounds,
             "steps_per_round": args.steps, "devices": [str(d) for d in devices],
             "results": results, "machine": machine, "load": load, "goal_pct": GOAL_PCT}
   (out / "group_stats.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -141,15 +141,15 @@ def _report(args, results: dict, load: dict, devices) -> None:
          for k in ("flops", "bytes accessed")]
       + ["-" if m == "none" else ("met" if r["cpu_overhead_pct_median"] < GOAL_PCT else "not met")]
       for m, r in results.items()]
-  table = common.markdown_table(["log.group_stats", "metrics per step", "wall ms per step (median)",
+  table = reports.markdown_table(["log.group_stats", "metrics per step", "wall ms per step (median)",
                                  "wall overhead", "CPU ms per step (median)", "CPU overhead",
                                  "XLA FLOPs", "XLA bytes accessed", f"goal < {GOAL_PCT:g}% (CPU)"],
                                 rows)
   md = (f"# Per-group statistics: cost in {Path(args.config).name}'s train step ({report['when']})\n\n"
-        f"- {common.cpu_line(machine)}; python {machine['python']}, jax {machine['versions']['jax']}\n"
+        f"- {reports.cpu_line(machine)}; python {machine['python']}, jax {machine['versions']['jax']}\n"
         f"- {len(devices)} XLA CPU device(s), as `python -m jaxtrain` splits this machine; "
         f"{args.rounds} interleaved rounds of {args.steps} steps per mode\n"
-        f"- load: {common.load_line(load)}\n\n{table}\n\n"
+        f"- load: {reports.load_line(load)}\n\n{table}\n\n"
         f"The step computes the statistics on every step; the loop reads them every "
         f"train.log_every steps (this config: {_log_every(args.config)}). "
         "Overhead: per round, each mode's seconds per step over none's in the same round; the "
@@ -158,7 +158,7 @@ def _report(args, results: dict, load: dict, devices) -> None:
         "only on log steps (not timed here). XLA FLOPs and bytes accessed: the compiled step's "
         "own cost analysis against none's.\n")
   (out / "group_stats.md").write_text(md)
-  common.bar_chart(str(out / "group_stats.png"),
+  reports.bar_chart(str(out / "group_stats.png"),
                    {what: {m: r[f"{what}_median_step_ms"] for m, r in results.items()}
                     for what in ("wall", "cpu")}, "median ms per step",
                    f"{Path(args.config).name}: train step by log.group_stats")
