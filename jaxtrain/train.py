@@ -39,7 +39,8 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
   `explicit`: dotted fields the user set (the CLI's overrides). With `init_from` a jaxtrain run,
   every model field neither in it nor changed from its default takes the source run's value.
   """
-  t_start = time.time()
+  # The CLI's run is its process: its wall time and start-up count from the process's start.
+  t_start = time.time() - (budget.process_age_s() if library_log else 0.0)
   workdir = Path(str(cfg.workdir)).expanduser()
   try:
     existed = workdir.exists()

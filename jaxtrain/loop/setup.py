@@ -61,7 +61,7 @@ def prepare(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
   run_hooks = standard.for_run(cfg, workdir, hooks)
   plan, t_compile = None, time.time()  # a new run with a budget compiles from here on
   if cfg.train.time_budget:
-    spent = budget.process_age_s if library_log else lambda: time.time() - t_start
+    spent = lambda: time.time() - t_start  # noqa: E731
     built, plan = _plan(cfg, built, corpus, run_hooks, workdir, out.print, spent, batches)
     cfg = budget.with_end(cfg, plan.final)  # the run's train.max_steps from here on
   signals.check()
