@@ -226,7 +226,8 @@ def markdown(report: dict) -> str:
   lines = [f"# The CPU policy on this CPU, and bfloat16 compute ({report['when']})", "",
            f"- {reports.cpu_line(m)}; jax {m['versions']['jax']}",
            f"- `core.cpu.cpu_kind()` here: {kind['name']} (large_step_flops "
-           f"{kind['large_step_flops']:.0e}, bf16_ynn {kind['bf16_ynn']}; {kind['measured']})",
+           f"{kind['large_step_flops']:.0e}, no_ynn_flops {kind.get('no_ynn_flops', 0):.0e}, "
+           f"bf16_ynn {kind['bf16_ynn']}; {kind['measured']})",
            f"- load: {reports.load_line(report['load'])}",
            f"- --best: `{report['args']['best']}`", "",
            f"## Train steps ({report['args']['rounds']} rounds of ~{report['args']['round_s']} s "

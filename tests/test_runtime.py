@@ -65,11 +65,12 @@ def test_a_batch_that_does_not_split_over_the_mesh_asked_for_is_one_line_exit_2(
 def test_every_step_schedules_for_memory_big_ones_also_compile_without_ynn_fusions():
   small, nano = (cpu.step_flops(loading.load_config(c)) for c in (SMALL, NANO))
   assert small > cpu.LARGE_CPU_STEP_FLOPS > nano
-  assert cpu.cpu_step_options(small) == {**LEAN, **NO_YNN}
-  assert cpu.cpu_step_options(nano) == LEAN
+  kind = cpu.CpuKind("a CPU with the default thresholds")
+  assert cpu.cpu_step_options(small, kind=kind) == {**LEAN, **NO_YNN}
+  assert cpu.cpu_step_options(nano, kind=kind) == LEAN
   # The user's own choice in XLA_FLAGS wins.
-  assert cpu.cpu_step_options(small, "--xla_cpu_experimental_ynn_fusion_type=DOT") == LEAN
-  assert cpu.cpu_step_options(nano, "--xla_cpu_scheduler_type=DEFAULT") == {}
+  assert cpu.cpu_step_options(small, "--xla_cpu_experimental_ynn_fusion_type=DOT", kind=kind) == LEAN
+  assert cpu.cpu_step_options(nano, "--xla_cpu_scheduler_type=DEFAULT", kind=kind) == {}
 
 
 def test_build_chooses_the_options_and_they_reach_the_compiled_step(monkeypatch):
@@ -84,6 +85,7 @@ def test_build_chooses_the_options_and_they_reach_the_compiled_step(monkeypatch)
 
 def test_build_takes_the_large_step_options_for_a_large_config(monkeypatch):
   monkeypatch.delenv("XLA_FLAGS", raising=False)
+  monkeypatch.setattr(cpu, "cpu_kind", lambda: cpu.CpuKind("a CPU with the default thresholds"))
   small = loading.load_config(SMALL)
   small.mesh.cpu_devices = 1
   p = programs.build(small, 256, jax.devices()[:1])  # nothing compiles until first use
@@ -147,11 +149,19 @@ def test_large_bfloat16_steps_keep_ynn_fusions_where_ynnpack_runs_bfloat16_faste
   small, nano = (cpu.step_flops(loading.load_config(c)) for c in (SMALL, NANO))
   zen5, no = cpu.CPU_KINDS["AuthenticAMD", 26, 2], cpu.CpuKind("x", bf16_ynn=False)
   assert cpu.cpu_step_options(small, dtype="bfloat16", kind=zen5) == LEAN
-  assert cpu.cpu_step_options(small, dtype="float32", kind=zen5) == {**LEAN, **NO_YNN}
+  assert cpu.cpu_step_options(small, dtype="float32", kind=no) == {**LEAN, **NO_YNN}
   assert cpu.cpu_step_options(small, dtype="bfloat16", kind=no) == {**LEAN, **NO_YNN}
   assert cpu.cpu_step_options(nano, dtype="bfloat16", kind=no) == LEAN  # small steps keep YNN
   # A kind's own threshold decides what is large.
-  assert cpu.cpu_step_options(nano, kind=cpu.CpuKind("x", large_step_flops=nano)) == {**LEAN, **NO_YNN}
+  assert cpu.cpu_step_options(nano, kind=cpu.CpuKind("x", no_ynn_flops=nano)) == {**LEAN, **NO_YNN}
+
+
+def test_zen5_keeps_ynn_fusions_for_float32_steps_of_every_size():
+  zen5 = cpu.CPU_KINDS["AuthenticAMD", 26, 2]
+  for flops in (1e9, 1.5e11, 5.8e11, 1e14):
+    assert cpu.cpu_step_options(flops, dtype="float32", kind=zen5) == LEAN
+  # Its matmul split is the measured default's: single-threaded below 1e11 per device.
+  assert zen5.large_step_flops == cpu.LARGE_CPU_STEP_FLOPS
 
 
 def test_the_probe_measures_once_per_cpu_model_and_jax_version(monkeypatch, tmp_path):

@@ -6,6 +6,7 @@ Measured on 2 cores: benchmarks/results/, docs/cpu-speed.md."""
 import dataclasses
 import functools
 import json
+import math
 import os
 import re
 import statistics
@@ -28,12 +29,15 @@ LARGE_CPU_STEP_FLOPS = 1e11
 class CpuKind:
   """The choices measured on one kind of CPU.
 
-  `large_step_flops`: see LARGE_CPU_STEP_FLOPS. `bf16_ynn`: whether bfloat16 matmuls run faster
-  through YNNPACK than through Eigen, so that a bfloat16 step keeps YNNPACK's fusions at every
-  size (None: never measured on this kind; `bf16_ynn_probe` measures it when it matters).
+  `large_step_flops`: below it per device, several CPU devices each run their matmuls on one
+  thread. `no_ynn_flops`: steps of at least this many FLOPs compile without YNNPACK's fusions
+  (math.inf: never). `bf16_ynn`: whether bfloat16 matmuls run faster through YNNPACK than
+  through Eigen, so that a bfloat16 step keeps YNNPACK's fusions at every size (None: never
+  measured on this kind; `bf16_ynn_probe` measures it when it matters).
   """
   name: str
   large_step_flops: float = LARGE_CPU_STEP_FLOPS
+  no_ynn_flops: float = LARGE_CPU_STEP_FLOPS
   bf16_ynn: bool | None = None
   measured: str = ""
 
@@ -48,11 +52,12 @@ CPU_KINDS = {
     # no XLA route reaches its AMX units, and Eigen's bf16 was not measured there.
     ("GenuineIntel", 6, 207): CpuKind("Intel Xeon 5th gen (Emerald Rapids)",
                                       measured="issue 39's matmuls: nothing new decided"),
-    # Matmuls: bf16 through YNNPACK 1.8-2.5x f32, through Eigen ~0.9x; a 1.5e11-FLOP bf16 step
-    # 0.88x with YNN fusions off. Zen 3's thresholds not contradicted beyond a busy machine's noise
-    # (benchmarks/results/2026-11-26-cpu_policy/README.md).
-    ("AuthenticAMD", 26, 2): CpuKind("AMD Zen 5 (EPYC Turin)", bf16_ynn=True,
-                                     measured="2026-11-26-cpu_matmul_routes, -cpu_policy"),
+    # Quiet, 2 cores: bf16 matmuls through YNNPACK 2.06x f32, through Eigen 0.77x; f32 steps
+    # with YNN fusions 1.11x (1.5e11 FLOPs) and 1.02x (5.8e11) those without, so they stay at
+    # every size; multi-threaded Eigen 1.00x for nano and at 1.5e11 (2026-11-27-cpu_policy).
+    ("AuthenticAMD", 26, 2): CpuKind("AMD Zen 5 (EPYC Turin)", no_ynn_flops=math.inf,
+                                     bf16_ynn=True,
+                                     measured="2026-11-27-cpu_matmul_routes, -cpu_policy"),
 }
 
 
@@ -153,17 +158,18 @@ def cpu_step_options(flops: float, xla_flags: str = "", dtype: str = "float32",
   computes in `dtype`, on a CPU of `kind` (default: this one).
 
   Every step: XLA's memory-optimizing scheduler (fewer buffers live at once, same results bit
-  for bit). Large steps also: matmuls through Eigen and their neighbours through XLA's own fused
-  kernels instead of YNNPACK fusions (faster there; slower compiles and no gain for small steps),
-  except bfloat16 steps on a CPU whose bfloat16 matmuls YNNPACK runs faster than Eigen (`bf16_ynn`;
-  measured once by `bf16_ynn_probe` where the kind's row does not say). An option the user put in
-  XLA_FLAGS wins.
+  for bit). Steps from the kind's `no_ynn_flops` on also: matmuls through Eigen and their
+  neighbours through XLA's own fused kernels instead of YNNPACK fusions (faster there on the CPUs
+  that have such a threshold; slower compiles and no gain for small steps), except bfloat16
+  steps on a CPU whose bfloat16 matmuls YNNPACK runs faster than Eigen (`bf16_ynn`; measured once
+  by `bf16_ynn_probe` where the kind's row does not say). An option the user put in XLA_FLAGS
+  wins.
   """
   kind = kind or cpu_kind()
   options = {}
   if "scheduler_type" not in xla_flags:
     options["xla_cpu_scheduler_type"] = "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
-  if flops >= kind.large_step_flops and "ynn_fusion_type" not in xla_flags:
+  if flops >= kind.no_ynn_flops and "ynn_fusion_type" not in xla_flags:
     keep_ynn = dtype == "bfloat16" and (kind.bf16_ynn if kind.bf16_ynn is not None
                                         else bf16_ynn_probe())
     if not keep_ynn:
