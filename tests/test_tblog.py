@@ -3,11 +3,8 @@ status.json."""
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
-from conftest import with_root_on_path
 from tensorboard.backend.event_processing import event_accumulator
 
 from jaxtrain import train
@@ -97,27 +94,3 @@ def test_memory_warns_once_when_the_host_runs_low():
   assert "1.00 GiB of 16.00 GiB RAM available" in warning
   assert "train.batch_size" in warning and "model.seq_len" in warning
   assert low.read()[2] is None  # said once
-
-
-_IMPORT = """
-import importlib.util, sys
-from jaxtrain.trackers import tensorboard_log
-tensorboard_log.import_tensorboardx()
-print("torch imported:", "torch" in sys.modules)
-import tensorboardX
-writer = tensorboardX.SummaryWriter(sys.argv[1])
-writer.add_scalar("train/loss", 1.5, 3)
-writer.close()
-if importlib.util.find_spec("torch"):  # the user's own torch still imports afterwards
-  import torch
-  print("torch", torch.__version__)
-"""
-
-
-def test_tensorboardx_comes_without_torch_and_still_writes(tmp_path):
-  proc = subprocess.run([sys.executable, "-c", _IMPORT, str(tmp_path)], capture_output=True,
-                        text=True, timeout=120, env=with_root_on_path())
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  assert "torch imported: False" in proc.stdout
-  scalars = _accumulator(tmp_path).Scalars("train/loss")
-  assert [(s.step, s.value) for s in scalars] == [(3, 1.5)]

@@ -11,7 +11,6 @@ it restored, as metrics.jsonl's hook does, so its curves continue without a seco
 import math
 import os
 import struct
-import sys
 import time
 from pathlib import Path
 
@@ -66,21 +65,6 @@ def _hparams(cfg) -> dict:
           for k, v in loading.flatten(cfg.to_dict()).items()}
 
 
-def import_tensorboardx() -> None:
-  """Imports tensorboardX without the PyTorch it imports where torch is installed (only to
-  accept torch tensors, which jaxtrain never gives it): ~1.2 s of every run's start. A torch
-  that is imported already stays; the block lasts only for this import."""
-  if "tensorboardX.writer" in sys.modules or "torch" in sys.modules:
-    import tensorboardX  # noqa: F401
-    return
-  sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX catches
-  try:
-    import tensorboardX  # noqa: F401
-  finally:
-    if sys.modules.get("torch", 0) is None:
-      del sys.modules["torch"]
-
-
 class TensorBoard(Hook):
   """Writes the run's event file (process 0 only)."""
 
@@ -89,13 +73,12 @@ class TensorBoard(Hook):
     self.writer = None
 
   def prepare(self) -> None:
-    if jax.process_index() == 0:
-      import_tensorboardx()
+    if jax.process_index() == 0:  # seconds where torch is installed: tensorboardX imports it
+      import tensorboardX.proto.event_pb2  # noqa: F401
 
   def on_start(self, run: RunView, step: int) -> None:
     if jax.process_index() != 0:
       return
-    import_tensorboardx()
     from tensorboardX import SummaryWriter, summary
     from tensorboardX.proto.event_pb2 import Event
 
