@@ -5,7 +5,6 @@ Measured on 2 cores: benchmarks/results/, docs/cpu-speed.md."""
 
 import dataclasses
 import functools
-import json
 import math
 import os
 import re
@@ -16,13 +15,13 @@ import jax
 import ml_collections
 
 from jaxtrain.core import model as model_lib
-from jaxtrain.system import allocator
-from jaxtrain.system.paths import cache_dir
+from jaxtrain.system import allocator, paths
 
 # CPU steps of at least this many FLOPs compile without YNNPACK fusions (matmuls through Eigen);
 # below it per device, several CPU devices each run their matmuls on one thread. Measured on
 # Zen 3 (benchmarks/results/2026-11-21-cpu-speed-work.md); every CPU kind met since keeps it.
 LARGE_CPU_STEP_FLOPS = 1e11
+PROBES_FILE = "cpu_probes.json"  # in the cache dir: `bf16_ynn_probe`'s results
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,12 +188,8 @@ def bf16_ynn_probe(n: int = 1024, repeats: int = 3) -> bool:
   """Whether an n^3 bfloat16 matmul (float32 accumulation) runs faster with YNNPACK's fusions
   than through Eigen on this CPU: ~1 s the first time on a CPU model and jax version, then read
   from the cache dir's cpu_probes.json."""
-  path, key = os.path.join(cache_dir(), "cpu_probes.json"), probe_key()
-  try:
-    with open(path) as f:
-      cached = json.load(f)
-  except (OSError, ValueError):
-    cached = {}
+  key = probe_key()
+  cached = paths.read_cache_json(PROBES_FILE)
   if isinstance(cached.get(key), dict) and "bf16_ynn" in cached[key]:
     return bool(cached[key]["bf16_ynn"])
   a = jax.numpy.ones((n, n), jax.numpy.bfloat16)
@@ -211,12 +206,5 @@ def bf16_ynn_probe(n: int = 1024, repeats: int = 3) -> bool:
     seconds[name] = statistics.median(times)
   cached[key] = {"bf16_ynn": seconds["ynn"] < seconds["eigen"], "seconds": seconds,
                  "time": time.time()}
-  try:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-      json.dump(cached, f)
-    os.replace(tmp, path)
-  except OSError:
-    pass  # a read-only cache only costs the probe again next time
+  paths.write_cache_json(PROBES_FILE, cached)
   return cached[key]["bf16_ynn"]

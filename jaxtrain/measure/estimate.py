@@ -14,7 +14,6 @@ a process measurably takes for init and one step.
 
 import dataclasses
 import hashlib
-import json
 import os
 import platform
 import statistics
@@ -25,8 +24,7 @@ import jax.numpy as jnp
 
 from jaxtrain.core import model as model_lib
 from jaxtrain.measure import memory
-from jaxtrain.system import fmt
-from jaxtrain.system.paths import cache_dir
+from jaxtrain.system import fmt, paths
 
 # Dense (no sparsity) tensor-core peaks in TFLOP/s from the vendors' datasheets; "float32" is
 # TF32 on Ampere and later, which is what XLA uses for float32 matmuls at default precision.
@@ -49,6 +47,7 @@ GPU_PEAK_TFLOPS = {
 # A measured peak is taken again after a week: what the key does not see (firmware, cooling, a
 # neighbour's steady load) drifts, and MFU is only as right as its peak.
 _PEAK_MAX_AGE_S = 7 * 24 * 3600
+PEAKS_FILE = "peaks.json"  # in the cache dir: `matmul_peak`'s measurements
 
 
 def published_peak(device_kind: str, dtype: str) -> float | None:
@@ -207,12 +206,7 @@ def matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5,
   device = jax.devices()[0]
   n = n or (2048 if device.platform == "cpu" else 8192)
   key = peak_key(device, dtype, n)
-  path = os.path.join(cache_dir(), "peaks.json")
-  try:
-    with open(path) as f:
-      cached = json.load(f)
-  except (OSError, ValueError):
-    cached = {}
+  cached = paths.read_cache_json(PEAKS_FILE)
   entry = cached.get(key)
   fresh = isinstance(entry, dict) and 0 <= time.time() - entry["time"] < _PEAK_MAX_AGE_S
   if fresh and entry["flops"] >= at_least:
@@ -222,14 +216,7 @@ def matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5,
     peak = max(peak, entry["flops"])
   cached[key] = {"flops": peak, "time": time.time()}
   _measured_here.add(key)
-  try:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-      json.dump(cached, f)
-    os.replace(tmp, path)
-  except OSError:
-    pass  # a read-only cache only costs a re-measurement next time
+  paths.write_cache_json(PEAKS_FILE, cached)
   return peak, None
 
 

@@ -34,6 +34,27 @@ def write_text(path: Path, text: str) -> None:
     raise
 
 
+def read_cache_json(name: str) -> dict:
+  """The cache dir's JSON file `name` (measurements kept between runs); {} where it is missing
+  or unreadable."""
+  try:
+    with open(os.path.join(cache_dir(), name)) as f:
+      data = json.load(f)
+  except (OSError, ValueError):
+    return {}
+  return data if isinstance(data, dict) else {}
+
+
+def write_cache_json(name: str, data: dict) -> None:
+  """`read_cache_json`'s file written whole (atomic); a read-only cache dir only costs the
+  measurement again next time."""
+  try:
+    os.makedirs(cache_dir(), exist_ok=True)
+    write_json(Path(cache_dir()) / name, data)
+  except OSError:
+    pass
+
+
 def read_json(path: Path):
   return json.loads(path.read_text())
 
