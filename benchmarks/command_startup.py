@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir, held = make_run(scratch, args.steps)
     commands = {"sample": ["jaxtrain.sample", f"--workdir={workdir}", "--prompt=abc"],
                 "eval": ["jaxtrain.eval", f"--workdir={workdir}", f"--data={held}"]}
-    with common.LoadSampler(startup.ours) as sampler:
+    with common.LoadSampler(common.ours) as sampler:
       results = measure(trees, commands, args, sampler)
   finally:
     shutil.rmtree(scratch, ignore_errors=True)

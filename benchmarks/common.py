@@ -169,6 +169,16 @@ def cpu_share(before: dict, after: dict) -> dict | None:
           "steal_pct": round(100 * (after["steal"] - before["steal"]) / dt, 1)}
 
 
+def ours() -> list[int]:
+  """This process and the processes it started (their CPU time is not background load)."""
+  pid = os.getpid()
+  try:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+      return [pid, *map(int, f.read().split())]
+  except OSError:
+    return [pid]
+
+
 class LoadSampler:
   """`cpu_share` of our `pids()` every `interval_s`, in a background thread, for the whole run.
 

@@ -188,16 +188,6 @@ def compiles(log: Path, wall0: float) -> dict:
 BIG_PROGRAMS = ("train_step", "eval_step", "<lambda>", "_prefill", "_decode", "_all_finite")
 
 
-def ours() -> list[int]:
-  """This process and the run it started (their CPU time is not background load)."""
-  pid = os.getpid()
-  try:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-      return [pid, *map(int, f.read().split())]
-  except OSError:
-    return [pid]
-
-
 def measure(trees: list[Tree], args, extra: list[str]) -> tuple[list[float], dict, dict]:
   """(import floors, {label: cold runs}, {label: warm runs}), in alternating rounds."""
   floors, cold, warm = [], {t.label: [] for t in trees}, {t.label: [] for t in trees}
@@ -362,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     for t in trees:
       print(f"{t.label}: first run ever (tokenize + compile): "
             f"{first[t.label]['to_first_step_s']:.2f} s to the first step", flush=True)
-    with common.LoadSampler(ours) as sampler:
+    with common.LoadSampler(common.ours) as sampler:
       floors, cold, warm = measure(trees, args, extra)
   finally:
     shutil.rmtree(scratch, ignore_errors=True)

@@ -43,16 +43,6 @@ PLAN = re.compile(r"time budget \S+: train\.max_steps=(\d+) fit .*?(\d+\.\d+)s s
 FIRST_STEP = re.compile(r"compiled and ran the first step in (\d+\.\d+)s")
 
 
-def _ours() -> list[int]:
-  """This process and the runs it started (their CPU time is not background load)."""
-  pid = os.getpid()
-  try:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-      return [pid, *map(int, f.read().split())]
-  except OSError:
-    return [pid]
-
-
 def command(config: str, workdir: Path, args, extra: list[str]) -> list[str]:
   data = [f"--config.data.path={args.data}"] if "shakespeare" in config and args.data else []
   return [sys.executable, "-m", "jaxtrain", f"--config={config}", "--jax_platforms=cpu",
@@ -221,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     for config in args.configs:
       tokenize(config, scratch, args, extra)
-    with common.LoadSampler(_ours) as sampler:
+    with common.LoadSampler(common.ours) as sampler:
       rows = measure(args, extra, scratch, sampler)
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
