@@ -35,10 +35,15 @@ def wanted(s: ml_collections.ConfigDict) -> bool:
 
 
 def run_prompts(s: ml_collections.ConfigDict, seq_len: int, seed: int, val_tokens: np.ndarray,
-                tok) -> np.ndarray:
-  """The prompts of the `sample` section's samples: its `prompt`, or lines of the validation text."""
+                tok, say=None) -> np.ndarray:
+  """The prompts of the `sample` section's samples: its `prompt`, or lines of the validation text.
+  `say`: where the line goes that says what of a long `prompt` was cut."""
   if s.prompt:
     ids = np.asarray(tok.encode(s.prompt), np.int32)
+    note = fit.cut_line("sample.prompt", len(ids), "sample.max_new_tokens", s.max_new_tokens,
+                        seq_len)
+    if note and say:
+      say(note)
     return np.tile(fit.keep_last(ids, fit.room(seq_len, s.max_new_tokens)), (s.num_samples, 1))
   return prompts_from_text(val_tokens, tokenizer_lib.newline_id(tok), s.num_samples,
                            min(32, seq_len // 2), seed)
@@ -69,12 +74,7 @@ def write_samples(s: ml_collections.ConfigDict, seq_len: int, seed: int, state: 
   """The `sample` section's samples at the end of a run: printed, appended to samples.txt."""
   if not wanted(s):
     return []
-  if s.prompt:
-    note = fit.cut_line("sample.prompt", len(tok.encode(s.prompt)), "sample.max_new_tokens",
-                        s.max_new_tokens, seq_len)
-    if note:
-      out.print(note)
-  prompts = run_prompts(s, seq_len, seed, val_tokens, tok)
+  prompts = run_prompts(s, seq_len, seed, val_tokens, tok, out.print)
   t0 = time.time()
   ids = decode.generate(state, prompts, s.max_new_tokens, temperature=s.temperature,
                         top_k=s.top_k, seed=seed)
