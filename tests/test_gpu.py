@@ -7,6 +7,7 @@ measured numbers each test prints).
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -168,7 +169,8 @@ def test_the_gpu_step_is_scatter_free_and_its_embedding_gradient_fast_for_any_id
   from jaxtrain.testing import tiny_config
   built = programs.build(tiny_config(**{"model.dtype": "bfloat16"}), 256, jax.devices()[:1])
   assert built.model_cfg.scatter_free
-  assert "scatter" not in built.compile_train().as_text()
+  # An HLO scatter instruction, not the word: the test's own name is in the ops' metadata.
+  assert not re.search(r"\bscatter\(", built.compile_train().as_text())
   n, vocab, width = 16 * 1024, 50304, 768
   g = jax.random.normal(jax.random.PRNGKey(0), (n, width), jnp.bfloat16)
   table = jnp.zeros((vocab, width))
