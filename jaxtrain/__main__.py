@@ -169,7 +169,8 @@ def main(argv: list[str]) -> None:
   except UserError as e:  # the run has finished or abandoned its checkpoint writes
     print("; ".join([f"error: {e}", *getattr(e, "__notes__", [])]), file=sys.stderr)
     exiting.exit_now(e.exit_code)
-  if result.stopped_by and 0 < result.step < cfg.train.max_steps:  # step 0: nothing to resume
+  end = cfg.train.max_steps if result.max_steps is None else result.max_steps  # a budget's end
+  if result.stopped_by and 0 < result.step < end:  # step 0: nothing to resume
     try:
       print(f"to resume: python -m jaxtrain {' '.join(sys.argv[1:])}", flush=True)
     except BrokenPipeError:  # stdout's reader left: the line above is the only one lost

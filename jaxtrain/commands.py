@@ -29,7 +29,7 @@ def chat() -> None:
   _run("jaxtrain.chat")
 
 
-def evaluate() -> None:
+def eval() -> None:  # named as its command, jaxtrain.eval
   _run("jaxtrain.eval")
 
 

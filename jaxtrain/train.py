@@ -1,31 +1,31 @@
 """The training loop: setup, restore or init, steps, finish. Side effects live here and in the
 modules it calls (files, console, checkpoints, signals); the steps themselves are pure.
 
-Per optimizer step: `grad_accum` micro-batches through the compiled train step, each on a batch
-already placed on the devices (loop/feed.py). Metrics stay on the device except on the steps
-that log, and a logged step's are read once the next step is queued, so the device never waits.
-Evaluation and checkpoints each say when they are due (evals/validation.py,
-checkpoints/lifecycle.py); a time budget's plan gives the loop its end (loop/budget.py). Hooks
-(trackers/) see every logged and evaluated record and can end a run, without changes to the loop.
+A run first resolves what it is (loop/resolution.py, as `--dry_run` does), holding its workdir
+from the moment it is checked (loop/workdir.py); setup then makes the `Run` and the state to train
+from (loop/setup.py). Per optimizer step: `grad_accum` micro-batches through the compiled train
+step, each on a batch already placed on the devices (loop/feed.py). Metrics stay on the device
+except on the steps that log, and a logged step's are read once the next step is queued, so the
+device never waits. Evaluation and checkpoints each say when they are due (evals/validation.py,
+checkpoints/lifecycle.py), and what else a step does is decided once (`_due`); a time budget's
+plan gives the loop its end (loop/budget.py). Hooks (trackers/) see every logged and evaluated
+record and can end a run, without changes to the loop.
 """
 
+import dataclasses
 import time
 from collections.abc import Collection
-from pathlib import Path
 
 import jax
 import ml_collections
 
-from jaxtrain.checkpoints import init_from
-from jaxtrain.config import validate
-from jaxtrain.core import cpu
 from jaxtrain.core.steps import TrainState
-from jaxtrain.loop import budget, ending, setup
+from jaxtrain.loop import budget, ending, resolution, setup
 from jaxtrain.loop.state import Progress, Run
-from jaxtrain.measure import summary
+from jaxtrain.loop.workdir import claimed, write_config
+from jaxtrain.measure import speed as speed_lib
 from jaxtrain.system import runtime, signals
-from jaxtrain.system.errors import UserError
-from jaxtrain.system.lock import WorkdirLock
+from jaxtrain.system.console import Console
 from jaxtrain.trackers.hooks import Hook, RunResult
 
 
@@ -41,69 +41,53 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
   """
   # The CLI's run is its process: its wall time and start-up count from the process's start.
   t_start = time.time() - (budget.process_age_s() if library_log else 0.0)
-  workdir = Path(str(cfg.workdir)).expanduser()
-  try:
-    existed = workdir.exists()
-    fresh = not existed or (workdir.is_dir() and not any(workdir.iterdir()))
-  except (OSError, ValueError):  # a name the file system refuses: validation names it below
-    existed, fresh = True, False
-  r, lock, result, started = None, WorkdirLock(), None, False  # the lock: taken in setup
-  try:
-    validate.validate(cfg)
-    cfg, taken = init_from.resolve(cfg, explicit)
-    validate.validate(cfg)
-    split = cpu.split_cpu(cfg)  # before jax starts its backends
-    platform = runtime.setup(cfg)
-    r = setup.prepare(cfg, platform, show_progress, hooks, t_start, library_log, lock)
-    if split:
-      r.out.print(split)
-    if taken:
-      r.out.print(f"init_from: from {cfg.init_from}, {', '.join(taken)}")
-    if cfg.train.time_budget and "train.max_steps" in explicit:
-      r.out.print(f"note: train.time_budget={cfg.train.time_budget} sets the steps; the given "
-                  "train.max_steps is not used (--config.train.time_budget=\"\" trains it)")
-    if r.log is not None:
-      r.log.start()
+  with claimed(cfg.workdir, library_log) as claim:
+    r = result = None
+    phase, max_steps = "preparing the run", None  # what an interrupt outside the loop stops
     try:
-      state, elapsed_before = setup.start(r)
-      started = True
-      result = _train(r, state, elapsed_before)
+      cfg, platform, notes = resolution.settle(cfg, explicit)
+      out = Console(enabled=jax.process_index() == 0 and show_progress, headless=cfg.headless)
+      resolved = resolution.resolve(cfg, platform, notes, out, claim.take)
+      r = setup.prepare(resolved, out, hooks, t_start)
+      if claim.log is not None:
+        claim.log.start()
+      phase, max_steps = "compiling", r.cfg.train.max_steps
+      r, state, elapsed_before = setup.start(r)
+      claim.started = True
+      if int(state.step) >= r.cfg.train.max_steps:
+        result = ending.already_done(r, int(state.step))
+      else:
+        signals.check()
+        p = setup.progress(r, state, elapsed_before)
+        r.hooks.start(r.view(), p.step)
+        phase = "training"
+        result = _loop(r, p, state)
     except KeyboardInterrupt as e:  # SIGINT or SIGTERM (signals.Terminated) outside the loop
-      result = ending.interrupted(e, r, r.workdir, t_start)
+      result = ending.interrupted(e, phase, claim.workdir, t_start, max_steps)
     finally:
-      r.saving.close()  # a save that was going well still completes, also on error
-      r.hooks.end(result)
-      lock.release()  # after the run's last write
-    if not started:
-      ending.remove_stub(workdir, existed, fresh and lock.was_held, r)
-    if r.log is not None and r.log.errors:
-      r.out.print(f"note: the libraries logged {r.log.errors} error(s); see {r.log.path}")
-    return result
-  except KeyboardInterrupt as e:  # while setting up: before the run has a Run
-    lock.release()
-    ending.remove_stub(workdir, existed, fresh and lock.was_held, r)
-    return ending.interrupted(e, None, workdir, t_start)
-  except BaseException as e:
-    lock.release()  # first: it removes its file, which the emptiness check below must not see
-    if r is not None and r.log is not None and r.log.errors:
-      e.add_note(f"the libraries' own messages are in {r.log.path}")
-    if isinstance(e, UserError) and not started:
-      ending.remove_stub(workdir, existed, fresh and lock.was_held, r)
-    raise
+      if r is not None:
+        r.saving.close()  # a save that was going well still completes, also on error
+        r.hooks.end(result)
+  return result
 
 
-def _train(r: Run, state: TrainState, elapsed_before: float) -> RunResult:
-  """This leg, from `state` to the run's end (or a stop)."""
-  if int(state.step) >= r.cfg.train.max_steps:
-    return ending.already_done(r, int(state.step))
-  signals.check()
-  p = setup.progress(r, state, elapsed_before)
-  r.hooks.start(r.view(), p.step)
-  return _loop(r, p, state)
+@dataclasses.dataclass(frozen=True)
+class Due:
+  """What a step does once it is trained and evaluated (`_due`)."""
+
+  signal: str | None  # the signal every process stops on at this step
+  hook: str | None  # a hook's reason to stop here
+  save: bool
+  read: bool  # its metrics read back and logged now
+  log_next: bool  # its line once the next step is queued
+
+  @property
+  def stop(self) -> bool:
+    return bool(self.signal or self.hook)
 
 
 def _loop(r: Run, p: Progress, state: TrainState) -> RunResult:
-  signal_stop = hook_stop = None
+  due = None
   with signals.GracefulStop() as stop, r.saving.peers_watched(lambda: p.step):
     _open(r, p, stop)
     while p.step < p.end:
@@ -113,34 +97,54 @@ def _loop(r: Run, p: Progress, state: TrainState) -> RunResult:
       r.hooks.step(p.step, state)
       if p.log_due is not None:  # the step before this one, now that this one is queued
         _log(r, p, p.log_due)
-      signal_stop = _signalled(stop, p.step)
-      evaluating = p.val.should_eval(p.step, p.end)
-      if evaluating or r.saving.should_save(p.step, p.end, stopping=bool(signal_stop)):
+      new_best = None
+      if p.val.should_eval(p.step, p.end):
+        _log(r, p, p.step)  # its line before its evaluation's, whose time its speed leaves out
+        new_best = r.saving.best.update(_validate(r, p, state))
+      due = _due(r, p, stop, new_best)
+      if due.read:
         _log(r, p, p.step)
-      elif p.step % r.cfg.train.log_every == 0:  # logged once the next step is queued
+      elif due.log_next:
         p.log_due = p.step
-      new_best = evaluating and r.saving.best.update(_evaluate(r, p, state))
-      hook_stop = None if signal_stop else r.hooks.stop_reason()
-      if hook_stop and p.pending.steps:  # the run's last step gets its line too
-        _log(r, p, p.step)
-      stopping = bool(signal_stop or hook_stop)
-      saving = r.saving.should_save(p.step, p.end, new_best=new_best, stopping=stopping)
-      if saving:
-        _save(r, p, state, evaluating, stop, stopping)
-      if stopping:
+      if due.save:
+        with stop.saving_now(), p.timeline.timing("checkpoints"):
+          r.saving.save(state, r.feed, None if new_best is None else p.last_val, p.elapsed())
+      if due.stop:
         break
-      if evaluating or saving:
+      if due.save or new_best is not None:
         p.meter.skip_time(time.perf_counter())  # eval and save time is not training time
     p.pending.read(r.out.print)
     r.out.close()
     with stop.saving_now(), p.timeline.timing("checkpoints"):
-      r.saving.finish(p.step)
-  return _end(r, p, state, signal_stop, hook_stop)
+      r.saving.finish(p.step)  # the last checkpoint written whole
+  return _end(r, p, state, due)
+
+
+def _due(r: Run, p: Progress, stop: signals.GracefulStop, new_best: bool | None) -> Due:
+  """What step `p.step` does once it is trained and evaluated (`new_best`: None where it was not
+  evaluated), decided here once:
+  - stop: on a signal every process got, else on a hook's reason (asked after the evaluation,
+    which early stopping reads); both are collectives, asked at every step;
+  - save: when the checkpoints' timing says (`Saving.should_save`: every `checkpoint_every` steps,
+    the loop's last step, a new best val loss, a stop);
+  - read: a step that saves reads its metrics first (as one that evaluates did before its
+    evaluation), so that the non-finite guard stops the run before a checkpoint of a step whose
+    loss was not finite is written, and its line (the run's last, where it stops) comes first;
+  - log_next: a step to log that need not be read now is read once the next step is queued, so
+    the device never waits for it.
+  """
+  signal = _signalled(stop, p.step)
+  hook = None if signal else r.hooks.stop_reason()
+  save = r.saving.should_save(p.step, p.end, new_best=bool(new_best),
+                              stopping=bool(signal or hook))
+  unread = bool(p.pending.steps)
+  return Due(signal, hook, save, read=save and unread,
+             log_next=unread and not save and p.step % r.cfg.train.log_every == 0)
 
 
 def _open(r: Run, p: Progress, stop: signals.GracefulStop) -> None:
   """The leg's training begins: a closed stdout (SIGPIPE) stops it as a signal would."""
-  r.phase, r.out.on_closed = "training", lambda: stop.request("SIGPIPE")
+  r.out.on_closed = lambda: stop.request("SIGPIPE")
   if r.out.closed:
     stop.request("SIGPIPE")
   r.out.start(p.end, p.step)
@@ -155,12 +159,15 @@ def _signalled(stop: signals.GracefulStop, step: int) -> str | None:
 
 
 def _follow_plan(r: Run, p: Progress, state: TrainState) -> TrainState:
-  """train.time_budget: the loop's end is the plan's (the pace may move it), and the state follows
-  the plan's schedule from this step on."""
+  """train.time_budget: the loop's end is the plan's (the pace may move it: the run's
+  train.max_steps from here on, in config.json and the checkpoints saved next), and the state
+  follows the plan's schedule from this step on."""
   end = budget.moved_end(r.plan, p.step, r.workdir)
   if end is not None:
     p.end = p.meter.max_steps = end
-    ending.record_end(r, end)
+    cfg = budget.with_end(r.cfg, end)
+    r.saving.set_config(cfg)
+    write_config(r.workdir, cfg)
     r.out.print(f"time budget: train.max_steps={end} from step {p.step} (the loop's pace, "
                 f"{r.plan.pace_s * 1e3:.1f} ms/step, moved the end; the schedule decays to it "
                 "from where it is)")
@@ -196,7 +203,7 @@ def _log(r: Run, p: Progress, step: int) -> None:
   speed = p.meter.read(step, time.perf_counter())
   if speed is not None and not p.speed_said:
     p.speed_said = True
-    r.out.print(summary.speed_line(speed, r.programs.model_cfg.dtype, p.end - step))
+    r.out.print(speed_lib.first_line(speed, r.programs.model_cfg.dtype, p.end - step))
   loss, lr, elapsed = p.pending.last_loss, p.pending.last_lr, p.elapsed()
   mem, mem_text, mem_warning = p.mem_watch.read()
   r.out.progress(step, p.end, loss, lr, speed.tokens_per_sec if speed else 0.0, elapsed,
@@ -210,30 +217,19 @@ def _log(r: Run, p: Progress, step: int) -> None:
                      **stats})
 
 
-def _evaluate(r: Run, p: Progress, state: TrainState) -> float:
+def _validate(r: Run, p: Progress, state: TrainState) -> float:
   """The evaluation of this step, to its hooks; returns its val loss."""
   with p.timeline.timing("eval"):
-    record = p.val.evaluate(r.programs, state, p.step, p.elapsed, r.out.print)
+    record = p.val.score(r.programs, state, p.step, p.elapsed, r.out.print)
   p.last_val = record["val_loss"]
   r.hooks.eval(p.step, record)
   return p.last_val
 
 
-def _save(r: Run, p: Progress, state: TrainState, evaluated: bool, stop: signals.GracefulStop,
-          last: bool) -> None:
-  """A checkpoint of this step (with its val loss where it was evaluated); waited for when it is
-  the run's last."""
-  with stop.saving_now(), p.timeline.timing("checkpoints"):
-    r.saving.save(state, r.feed, p.last_val if evaluated else None, p.elapsed())
-    if last:
-      r.saving.finish(p.step)
-
-
-def _end(r: Run, p: Progress, state: TrainState, signal_stop: str | None,
-         hook_stop: str | None) -> RunResult:
+def _end(r: Run, p: Progress, state: TrainState, due: Due | None) -> RunResult:
   speed = p.meter.last.tokens_per_sec if p.meter.last else None
-  if signal_stop:
-    return ending.stopped(r, p, signal_stop, speed)
-  if hook_stop:
-    r.out.print(f"stopped at step {p.step}: {hook_stop}")
+  if due is not None and due.signal:
+    return ending.stopped(r, p, due.signal, speed)
+  if due is not None and due.hook:
+    r.out.print(f"stopped at step {p.step}: {due.hook}")
   return ending.finish(r, p, state, speed)

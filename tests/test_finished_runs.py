@@ -18,6 +18,7 @@ import pytest
 from conftest import ROOT
 
 from jaxtrain.loop import ending
+from jaxtrain.loop.workdir import LEGS_FILE
 from jaxtrain.system import signals
 
 
@@ -70,7 +71,7 @@ def test_a_new_leg_with_other_settings_records_them(finished, tmp_path):
                         "--config.optim.matrix_lr=0.01"], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
   assert leg.returncode == 0, leg.stderr[-2000:]
-  legs = [json.loads(line) for line in (workdir / ending.LEGS_FILE).read_text().splitlines()]
+  legs = [json.loads(line) for line in (workdir / LEGS_FILE).read_text().splitlines()]
   assert [(x["start_step"], x["max_steps"]) for x in legs] == [(0, 6), (6, 7)]
   assert any("optim.matrix_lr" in c for c in legs[1]["changes"])
   assert json.loads((workdir / "config.json").read_text())["optim"]["matrix_lr"] == 0.01
@@ -110,14 +111,11 @@ def test_sigterm_before_the_first_step_is_one_line(corpus_file, tmp_path):
 
 
 def test_the_line_for_an_interrupt_while_sampling_says_training_finished(tmp_path, capsys):
-  class R:
-    phase = "sampling"
-
   t0 = time.time()
-  result = ending.interrupted(signals.Terminated(), R(), tmp_path, t0)
+  result = ending.interrupted(signals.Terminated(), "sampling", tmp_path, t0)
   line = capsys.readouterr().err.strip()
   assert line.startswith("SIGTERM while sampling: stopped; training had finished")
   assert result.stopped_by == "SIGTERM" and result.exit_code == 143  # the samples are missing
-  result = ending.interrupted(KeyboardInterrupt(), None, tmp_path, t0)
+  result = ending.interrupted(KeyboardInterrupt(), "preparing the run", tmp_path, t0)
   assert "SIGINT while preparing the run" in capsys.readouterr().err
   assert result.exit_code == 130

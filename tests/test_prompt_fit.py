@@ -110,14 +110,14 @@ def test_task_scores_in_a_run_say_what_they_left_out(run, tmp_path):
   state, tok = load.load(str(run))
   pairs = [(1, "ab", "cd"), (2, LONG, "x")]
   said = []
-  record = tasks.evaluate([tasks.Task("held", "held.jsonl", pairs, [], 2)], state, tok, said.append)
+  record = tasks.score([tasks.Task("held", "held.jsonl", pairs, [], 2)], state, tok, said.append)
   assert record["task/held/exact_match"] in (0.0, 1.0)
   assert " of 1 | loss " in said[0]
   assert said[0].endswith("; 1 of 2 records of held.jsonl do not fit the model's context "
                           "(model.seq_len=32) with their completion or endings (line 2): left out "
                           "of the scores")
   said.clear()
-  tasks.evaluate([tasks.Task("held", "held.jsonl", pairs[1:], [], 1)], state, tok, said.append)
+  tasks.score([tasks.Task("held", "held.jsonl", pairs[1:], [], 1)], state, tok, said.append)
   assert said[0].startswith("eval step 0 task held: nothing scored (")
 
 

@@ -14,7 +14,10 @@ import matplotlib.image
 import pytest
 from conftest import ROOT, run_cli
 
+import jaxtrain as jt
+from jaxtrain.loop import preview, resolution
 from jaxtrain.system.console import Console
+from jaxtrain.system.errors import UserError
 from jaxtrain.trackers import metrics_jsonl
 
 
@@ -116,3 +119,19 @@ def test_the_memory_estimate_names_the_containers_limit(corpus_file, tmp_path):
                    r"v[12] memory\.(max|limit_in_bytes)\)$", line), line
   warning = next(x for x in result.stdout.splitlines() if x.startswith("WARNING"))
   assert "container memory limit" in warning and "be killed (exit status 137)" in warning
+
+
+def test_a_check_in_the_resolution_refuses_the_run_and_the_dry_run_alike(tiny, monkeypatch):
+  """Both resolve a run the one way (loop/resolution.py): a check added there fires in both, and
+  the run's claim on its workdir leaves nothing behind."""
+  def describe_or_refuse(out, cfg, corpus, built):
+    if built.model_cfg.d_model < 64:
+      raise UserError(f"model.d_model={built.model_cfg.d_model}: refused by a new check")
+    return describe(out, cfg, corpus, built)
+
+  describe = resolution.describe
+  monkeypatch.setattr(resolution, "describe", describe_or_refuse)
+  for attempt in (preview.dry_run, lambda cfg: jt.run(cfg, show_progress=False)):
+    with pytest.raises(UserError, match="model.d_model=32: refused by a new check"):
+      attempt(tiny)
+    assert not Path(tiny.workdir).exists()

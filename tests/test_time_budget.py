@@ -2,10 +2,13 @@
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import jax
+import killharness as kh
 import numpy as np
 import pytest
 from conftest import ROOT
@@ -202,3 +205,18 @@ def test_a_budgeted_run_compiles_its_steps_once_before_it_measures(tiny, monkeyp
   assert names.count("jit(train_step)") == 1, compiles.seen
   late = {name for name, step in compiles.seen if step > 0}
   assert not late & {"jit(train_step)", "jit(eval_step)", "jit(_prefill)", "jit(_decode)"}, late
+
+
+@pytest.mark.slow
+def test_a_budgeted_run_stopped_past_the_unused_max_steps_says_how_to_resume(tmp_path, corpus_file):
+  """The budget sets the steps, so a stop past the given train.max_steps still leaves a run to
+  resume, and the command says how."""
+  run = kh.Run([*kh.cli_args(tmp_path / "run", corpus_file, 2), "--config.train.time_budget=10m"])
+  deadline = time.time() + 240
+  while not any(line.startswith("step      5/") for line in run.lines):
+    assert run.proc.poll() is None and time.time() < deadline, run.text()
+    time.sleep(0.05)
+  run.proc.send_signal(signal.SIGTERM)
+  assert run.wait(120) == 143, run.text()
+  stopped = int(run.text().split("SIGTERM: stopped at step ")[1].split(";")[0])
+  assert stopped > 2 and "\nto resume: python -m jaxtrain " in run.text(), run.text()

@@ -39,6 +39,18 @@ def _val_loss(metrics: dict) -> float:
   return metrics["val_loss"]
 
 
+def complete_steps(workdir: str | Path) -> list[int]:
+  """Steps whose checkpoint is whole in `workdir` as far as a listing tells (nothing is opened or
+  written): orbax gives a step's directory its number only once everything in it is written (a
+  failed save stays a temporary directory), and a damaged one set aside has a name that is not a
+  number."""
+  directory = Path(workdir).absolute() / "checkpoints"
+  if not directory.is_dir():
+    return []
+  return sorted(int(p.name) for p in directory.iterdir()
+                if p.name.isdigit() and (p / "state").is_dir() and (p / "meta").is_dir())
+
+
 class Checkpoints:
 
   def __init__(self, workdir: str, keep: int = 1, read_only: bool = False):
@@ -73,13 +85,7 @@ class Checkpoints:
     return list(self.manager.all_steps())
 
   def complete_steps(self) -> list[int]:
-    """Steps whose checkpoint is whole on disk as far as a listing tells: orbax gives a step's
-    directory its number only once everything in it is written (a failed save stays a
-    temporary directory), and a damaged one set aside has a name that is not a number."""
-    if not self.directory.is_dir():
-      return []
-    return sorted(int(p.name) for p in self.directory.iterdir()
-                  if p.name.isdigit() and (p / "state").is_dir() and (p / "meta").is_dir())
+    return complete_steps(self.directory.parent)
 
   def save(self, state: steps.TrainState, iterator: grain.DatasetIterator | None = None,
            meta: dict | None = None, val_loss: float | None = None) -> None:

@@ -94,13 +94,12 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   m = cfg.model
   mesh.check_devices(cfg.mesh, cfg.train.batch_size, devices, m.dtype)
   device_mesh = mesh.make_mesh(cfg.mesh, devices)
-  deterministic = bool(cfg.train.get("deterministic")) or wants_deterministic_gpu_ops()
+  deterministic = cfg.train.deterministic or wants_deterministic_gpu_ops()
   impl, why = attention.resolve_attention(m.attention, m.dtype, m.seq_len, m.n_heads,
                                           m.d_model // m.n_heads, devices[0].platform,
                                           deterministic)
   # Prompt/completion and chat records are documents that must not see each other in a window.
-  weighted = bool(cfg.data.get("prompt_field") and cfg.data.get("completion_field")) or \
-      bool(cfg.data.get("messages_field"))
+  weighted = bool(cfg.data.prompt_field and cfg.data.completion_field or cfg.data.messages_field)
   doc_mask = m.doc_mask or (weighted and eot_id >= 0)
   if doc_mask and not 0 <= eot_id < vocab_size:
     raise ValueError(f"model.doc_mask needs the tokenizer's end-of-text id, got eot_id={eot_id}")

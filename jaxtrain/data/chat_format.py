@@ -39,7 +39,7 @@ TEMPLATE = (  # each role's token written whole: transformers can tell it from m
 
 def is_chat(data: ml_collections.ConfigDict) -> bool:
   """Whether `data` (a config's data section) is chat records (only assistant turns in the loss)."""
-  return bool(data.get("messages_field"))
+  return bool(data.messages_field)
 
 
 class Special(str):

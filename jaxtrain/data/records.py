@@ -15,7 +15,7 @@ from jaxtrain.system.errors import UserError
 
 def is_records(data: ml_collections.ConfigDict) -> bool:
   """Whether `data` is prompt/completion records (only completions in the loss)."""
-  return bool(data.get("prompt_field") and data.get("completion_field"))
+  return bool(data.prompt_field and data.completion_field)
 
 
 def read_jsonl(path: str) -> list[tuple[int, dict]]:

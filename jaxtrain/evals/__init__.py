@@ -3,7 +3,7 @@
 `Validation.should_eval`), the task files of `train.eval_tasks` read and checked at setup and
 scored at each evaluation (`tasks`), and the task scores themselves (`scoring`: loss, bpb, exact
 match, multiple-choice accuracy of held-out records), also for `python -m jaxtrain.eval`
-(`score_run`, `table`; the command's flags are tools/evaluate.py's).
+(`score_run`, `table`; the command's flags are tools/eval.py's).
 
 May import: system, config, core, data, checkpoints, generation, measure.
 """

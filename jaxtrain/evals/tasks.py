@@ -96,7 +96,7 @@ def _on_one_device(state):
   return state.replace(params=jax.device_put(params, jax.local_devices()[0]))
 
 
-def evaluate(tasks: list[Task], state, tok, say=print) -> dict:
+def score(tasks: list[Task], state, tok, say=print) -> dict:
   """{task/<name>/<metric>: value} of `state` on every task, and one line a task through `say`.
   Every process takes part; process 0 scores (the others get {})."""
   state = _on_one_device(state)

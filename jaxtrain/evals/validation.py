@@ -37,7 +37,7 @@ class Validation:
     """Every `every` steps, and at the run's last step (`end`: the loop's train.max_steps)."""
     return step % self.every == 0 or step == end
 
-  def evaluate(self, programs: Programs, state: TrainState, step: int,
+  def score(self, programs: Programs, state: TrainState, step: int,
                elapsed_s: Callable[[], float], say: Callable[[str], None]) -> dict:
     """The evaluation record of `state` (at `step`), its lines said; `elapsed_s()`: the run's
     training seconds so far. Every process takes part."""
@@ -53,7 +53,7 @@ class Validation:
       record.update(by_source(programs, state, self.sources))
       say(source_line(step, record))
     if self.tasks:
-      record.update(tasks_lib.evaluate(self.tasks, state, self.tokenizer, say))
+      record.update(tasks_lib.score(self.tasks, state, self.tokenizer, say))
     return record
 
 

@@ -6,21 +6,14 @@ written in the workdir; the data is read (and tokenized into the shared cache, a
 
 import textwrap
 from collections.abc import Collection
-from pathlib import Path
 
 import jax
 import ml_collections
 
-from jaxtrain import __version__
-from jaxtrain.checkpoints import init_from
-from jaxtrain.checkpoints.store import Checkpoints
-from jaxtrain.config import defaults, loading, validate
-from jaxtrain.core import cpu, mesh, model, optim, programs
-from jaxtrain.data import corpus as corpus_lib
-from jaxtrain.data import tokenfiles, tokenizer
-from jaxtrain.evals import tasks
-from jaxtrain.measure import summary
-from jaxtrain.system import fmt, paths, runtime
+from jaxtrain.config import defaults, loading
+from jaxtrain.core import model, optim, programs
+from jaxtrain.loop import resolution
+from jaxtrain.system import fmt
 from jaxtrain.system.console import Console
 
 
@@ -81,51 +74,21 @@ def plan_lines(cfg: ml_collections.ConfigDict, built: programs.Programs, train_t
   return lines
 
 
-def _resume_step(workdir: Path) -> int:
-  """The newest complete checkpoint's step in `workdir` (0: none), read without a write."""
-  if not (workdir / "checkpoints").is_dir():
-    return 0
-  ckpts = Checkpoints(str(workdir), read_only=True)
-  try:
-    return max(ckpts.complete_steps(), default=0)
-  finally:
-    ckpts.close()
-
-
 def dry_run(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()) -> None:
-  """Prints what a run of `cfg` would do (process 0), as `python -m jaxtrain --dry_run` does."""
-  validate.validate(cfg)
-  cfg, taken = init_from.resolve(cfg, explicit)
-  validate.validate(cfg)
-  cpu.split_cpu(cfg)
-  platform = runtime.setup(cfg)
+  """Prints what a run of `cfg` would do (process 0), as `python -m jaxtrain --dry_run` does: the
+  run's own resolution (loop/resolution.py), without its claim on the workdir."""
+  cfg, platform, notes = resolution.settle(cfg, explicit)
   out = Console(enabled=jax.process_index() == 0, headless=True)
   for line in config_lines(cfg):
     out.print(line)
-  if taken:
-    out.print(f"init_from: from {cfg.init_from}, {', '.join(taken)}")
-  eval_tasks = tasks.load(cfg)
-  devices = jax.devices()
-  mesh.check_devices(cfg.mesh, cfg.train.batch_size, devices, cfg.model.dtype)
-  workdir = paths.check_workdir(cfg.workdir)
-  data_axis, fsdp_axis = mesh.mesh_shape(cfg.mesh, len(devices))
-  out.print(f"jaxtrain {__version__} | dry run | workdir {workdir} | {platform} x{len(devices)} "
-            f"(mesh data={data_axis} fsdp={fsdp_axis}) | jax {jax.__version__}")
-  corpus = corpus_lib.prepare(cfg.data, show_progress=False, log=out.print,
-                           vocab_size=cfg.model.vocab_size)
-  corpus_lib.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
-  tokenfiles.check_run(cfg, corpus.tokenizer)
-  vocab = tokenizer.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
-  built = programs.build(cfg, vocab, devices, eot_id=corpus.tokenizer.eot_id)
-  summary.describe(out, cfg, corpus, built)
-  tasks.describe(eval_tasks, cfg.train.eval_tasks_limit, out.print)
-  start = _resume_step(workdir)
-  if start >= cfg.train.max_steps and not cfg.train.time_budget:
-    out.print(f"resume: {workdir} holds a checkpoint of step {start}, at or past "
-              f"train.max_steps={cfg.train.max_steps}: a run would have nothing to train")
+  res = resolution.resolve(cfg, platform, notes, out)
+  start, t = res.resume_step, cfg.train
+  if start >= t.max_steps and not t.time_budget:
+    out.print(f"resume: {res.workdir} holds a checkpoint of step {start}, at or past "
+              f"train.max_steps={t.max_steps}: a run would have nothing to train")
   else:
     if start:
-      out.print(f"resume: a run would resume from the checkpoint of step {start} in {workdir}")
-    for line in plan_lines(cfg, built, len(corpus.train), start):
+      out.print(f"resume: a run would resume from the checkpoint of step {start} in {res.workdir}")
+    for line in plan_lines(cfg, res.programs, len(res.corpus.train), start):
       out.print(line)
-  out.print(f"dry run: nothing was compiled or trained, and nothing was written in {workdir}")
+  out.print(f"dry run: nothing was compiled or trained, and nothing was written in {res.workdir}")

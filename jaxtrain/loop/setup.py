@@ -1,8 +1,9 @@
-"""How a run gets to its first step: the workdir checked and locked, the data read, the programs
-built, the hooks attached, a time budget's end planned (`prepare`: the `Run`); then the state to
-train from, a new one or the newest intact checkpoint's, made beside the compiles (`start`,
-loop/warmup.py); and what the loop carries through the leg (`progress`)."""
+"""How a resolved run (loop/resolution.py) gets to its first step: its hooks attached, a time
+budget's end planned, a new run's files written, its checkpoints opened (`prepare`: the `Run`);
+then the state to train from, a new one or the newest intact checkpoint's, made beside the
+compiles (`start`, loop/warmup.py); and what the loop carries through the leg (`progress`)."""
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -13,49 +14,30 @@ import ml_collections
 from jaxtrain import __version__
 from jaxtrain.checkpoints import init_from, lifecycle
 from jaxtrain.checkpoints.store import Checkpoints
-from jaxtrain.core import mesh, programs
+from jaxtrain.core import programs
 from jaxtrain.core.model import flops_per_token
 from jaxtrain.core.steps import TrainState
 from jaxtrain.data import corpus as corpus_lib
-from jaxtrain.data import tokenfiles, tokenizer
-from jaxtrain.evals import tasks, validation
-from jaxtrain.loop import budget, ending, warmup
+from jaxtrain.evals import validation
+from jaxtrain.loop import budget, warmup
 from jaxtrain.loop.feed import DeviceFeed
+from jaxtrain.loop.resolution import Resolved
 from jaxtrain.loop.state import Progress, Run
 from jaxtrain.loop.step_metrics import NonFiniteGuard, Pending
-from jaxtrain.measure import estimate, summary
+from jaxtrain.loop.workdir import write_run_files
+from jaxtrain.measure import estimate
 from jaxtrain.measure.speed import Throughput
-from jaxtrain.system import allocator, paths, runtime, signals
-from jaxtrain.system.console import Console, LibraryLog
-from jaxtrain.system.lock import WorkdirLock, in_use_error
+from jaxtrain.system import paths, signals
+from jaxtrain.system.console import Console
 from jaxtrain.trackers import standard
 from jaxtrain.trackers.hooks import Hook
 
 
-def prepare(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
-            hooks: Sequence[Hook], t_start: float, library_log: bool, lock: WorkdirLock) -> Run:
-  """The run, up to its first compile (a new run with a time budget measures itself on what it
-  compiles: it compiles here)."""
-  is_main = jax.process_index() == 0
-  out = Console(enabled=is_main and show_progress, headless=cfg.headless)
-  eval_tasks = tasks.load(cfg)  # bad records stop the run before anything else is done
-  devices = jax.devices()
-  mesh.check_devices(cfg.mesh, cfg.train.batch_size, devices, cfg.model.dtype)
-  workdir = paths.check_workdir(cfg.workdir)
-  runtime.barrier("jaxtrain: workdir checked")  # every process looked before any writes
-  paths.create_workdir(workdir)
-  if runtime.any_process(not lock.acquire(workdir, is_main, out.print)):  # one run per workdir
-    raise in_use_error(workdir)
-  data_axis, fsdp_axis = mesh.mesh_shape(cfg.mesh, len(devices))
-  out.print(f"jaxtrain {__version__} | workdir {workdir} | {platform} x{len(devices)} "
-            f"(mesh data={data_axis} fsdp={fsdp_axis}) | jax {jax.__version__}"
-            + (f" | {allocator.in_use()} allocator" if platform == "cpu" else ""))
-  corpus = corpus_lib.prepare(cfg.data, show_progress=out.use_bar, log=out.print,
-                              vocab_size=cfg.model.vocab_size)
-  corpus_lib.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
-  tokenfiles.check_run(cfg, corpus.tokenizer)
-  vocab = tokenizer.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
-  built = programs.build(cfg, vocab, devices, eot_id=corpus.tokenizer.eot_id)
+def prepare(res: Resolved, out: Console, hooks: Sequence[Hook], t_start: float) -> Run:
+  """The run `res` resolved, up to its first compile: its hooks, a time budget's end planned (a
+  new run with a budget measures itself on what it compiles: it compiles here), a new run's files
+  written, its checkpoints opened, its batches."""
+  cfg, workdir, corpus, built = res.cfg, res.workdir, res.corpus, res.programs
   batches = lambda: corpus_lib.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len,  # noqa: E731
                                               cfg.seed, jax.process_index(), jax.process_count())
   run_hooks = standard.for_run(cfg, workdir, hooks)
@@ -65,20 +47,15 @@ def prepare(cfg: ml_collections.ConfigDict, platform: str, show_progress: bool,
     built, plan = _plan(cfg, built, corpus, run_hooks, workdir, out.print, spent, batches)
     cfg = budget.with_end(cfg, plan.final)  # the run's train.max_steps from here on
   signals.check()
-  summary.describe(out, cfg, corpus, built)
-  tasks.describe(eval_tasks, cfg.train.eval_tasks_limit, out.print)
   meta = {"jaxtrain_version": __version__, "data_fingerprint": corpus.fingerprint,
           "tokenizer": corpus.tokenizer.to_json(), "config": cfg.to_dict()}
-  if is_main and not (workdir / paths.RUN_FILE).exists():  # a new run: mark the directory first
-    ending.write_run_files(workdir, cfg, meta, corpus.tokenizer)
-  log = LibraryLog(workdir / "logs" / f"process_{jax.process_index()}.log") if library_log \
-      else None
+  if jax.process_index() == 0 and not (workdir / paths.RUN_FILE).exists():  # a new run
+    write_run_files(workdir, cfg, meta, corpus.tokenizer)
   saving = lifecycle.Saving(Checkpoints(str(workdir), cfg.train.keep_checkpoints), meta,
                             cfg.train.checkpoint_every)
   return Run(cfg=cfg, out=out, workdir=workdir, corpus=corpus, programs=built, saving=saving,
-             feed=DeviceFeed(batches(), built.place), hooks=run_hooks, t_start=t_start, log=log,
-             plan=plan, tasks=eval_tasks, t_compile=t_compile,
-             compiled=isinstance(built.train_step, jax.stages.Compiled))
+             feed=DeviceFeed(batches(), built.place), hooks=run_hooks, t_start=t_start,
+             plan=plan, tasks=res.tasks, t_compile=t_compile)
 
 
 def _plan(cfg: ml_collections.ConfigDict, built: programs.Programs, corpus, hooks, workdir,
@@ -94,24 +71,23 @@ def _plan(cfg: ml_collections.ConfigDict, built: programs.Programs, corpus, hook
   return ready.programs, budget.fit(cfg, ready, say, spent, batches)
 
 
-def start(r: Run) -> tuple[TrainState, float]:
-  """(state, training seconds so far), with the compiled train step put in `r.programs` and the
-  best val loss so far in `r.saving`: init (or a restore) runs beside the compiles (warmup.py),
-  or after them where a time budget's measurement compiled already."""
-  if not r.compiled:
-    r.t_compile = time.time()
+def start(r: Run) -> tuple[Run, TrainState, float]:
+  """(the run with its train step compiled, the state to train from, training seconds so far),
+  the best val loss so far put in `r.saving`: init (or a restore) runs beside the compiles
+  (warmup.py), or after them where a time budget's measurement compiled already."""
+  t_compile = r.t_compile if r.compiled else time.time()
   latest = r.saving.ckpts.latest_step()
   if latest is None:
     init = r.programs.lower_init()  # traced here, compiled beside the train step
-    begin = lambda: (r.programs.abstract.with_arrays(init.compile()()), 0.0, math.inf)  # noqa: E731
+    begin = lambda: (r.programs.abstract.with_arrays(init.compile()()), 0.0, math.inf, ())  # noqa: E731
   else:
     begin = lambda: _restore(r)  # noqa: E731
   if r.compiled:
-    state, elapsed, best = begin()
+    built, (state, elapsed, best, changes) = r.programs, begin()
   else:
     ready = warmup.side_by_side(r.programs, r.cfg, r.corpus, r.hooks, begin)
-    r.programs, r.compiled = ready.programs, True
-    state, elapsed, best = ready.beside
+    built, (state, elapsed, best, changes) = ready.programs, ready.beside
+  r = dataclasses.replace(r, programs=built, t_compile=t_compile)
   r.saving.best = lifecycle.BestVal(best)
   if latest is None and r.cfg.init_from:
     state = init_from.apply(r.cfg.init_from, state, r.programs, r.corpus.tokenizer, r.out.print)
@@ -121,16 +97,17 @@ def start(r: Run) -> tuple[TrainState, float]:
   # After a resume was found sound, this config is the run's from here on; a finished run
   # that has nothing to train keeps its files as they are.
   if jax.process_index() == 0 and latest is not None and step < r.cfg.train.max_steps:
-    ending.write_run_files(r.workdir, r.cfg, r.saving.meta, r.corpus.tokenizer, step, r.changes)
-  return state, elapsed
+    write_run_files(r.workdir, r.cfg, r.saving.meta, r.corpus.tokenizer, step, changes)
+  return r, state, elapsed
 
 
-def _restore(r: Run) -> tuple[TrainState, float, float]:
-  """The newest intact checkpoint that fits this config (damaged ones are set aside)."""
-  step, state, meta, r.changes = lifecycle.resume(r.saving.ckpts, r.programs, r.feed,
-                                                  r.saving.meta, r.cfg, r.out)
+def _restore(r: Run) -> tuple[TrainState, float, float, tuple[str, ...]]:
+  """(state, training seconds, best val loss, the harmless config changes since it) of the
+  newest intact checkpoint that fits this config (damaged ones are set aside)."""
+  step, state, meta, changes = lifecycle.resume(r.saving.ckpts, r.programs, r.feed,
+                                                r.saving.meta, r.cfg, r.out)
   r.out.print(f"resumed from checkpoint {r.saving.ckpts.directory / str(step)} at step {step}")
-  return state, meta.get("elapsed_s", 0.0), meta.get("best_val_loss") or math.inf
+  return state, meta.get("elapsed_s", 0.0), meta.get("best_val_loss") or math.inf, changes
 
 
 def progress(r: Run, state: TrainState, elapsed_before: float) -> Progress:

@@ -1,11 +1,13 @@
-"""The run's state as the loop sees it: what setup prepares (`Run`), and what the loop carries from
-step to step of a leg (`Progress`), with the loop's own end (`Progress.end`: train.max_steps, or
-the end a time budget's plan gives from step to step)."""
+"""The run's state as the loop sees it: what setup prepares (`Run`, not changed after), and what
+the loop carries from step to step of a leg (`Progress`, changed by the loop alone), with the
+loop's own end (`Progress.end`: train.max_steps, or the end a time budget's plan gives from step
+to step)."""
 
 import dataclasses
 import time
 from pathlib import Path
 
+import jax
 import ml_collections
 
 from jaxtrain.checkpoints.lifecycle import Saving
@@ -19,30 +21,32 @@ from jaxtrain.loop.step_metrics import Pending
 from jaxtrain.measure.memory import Watch
 from jaxtrain.measure.speed import Throughput
 from jaxtrain.measure.summary import Timeline
-from jaxtrain.system.console import Console, LibraryLog
+from jaxtrain.system.console import Console
 from jaxtrain.trackers.hooks import Hooks, RunView
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Run:
-  """What setup prepares for the loop; each part gets its own config section from here."""
+  """What setup prepares for the loop (loop/setup.py: `prepare`, then `start` with the train step
+  compiled); each part gets its own config section from here."""
 
   cfg: ml_collections.ConfigDict  # as the run started (a time budget's end: Progress.end)
   out: Console
   workdir: Path
   corpus: Corpus
-  programs: Programs  # rebuilt where a time budget's schedule changes its end
+  programs: Programs
   saving: Saving  # the checkpoints, and when they are written
   feed: DeviceFeed  # this process's rows of each micro-batch, placed ahead
   hooks: Hooks
   t_start: float
-  log: LibraryLog | None  # where the libraries' messages go, if not to the terminal
   plan: Plan | None = None  # train.time_budget: the schedule's ends
   tasks: list[Task] = dataclasses.field(default_factory=list)  # train.eval_tasks' records
   t_compile: float = 0.0  # when compiling began: the first step's line counts from it
-  compiled: bool = False  # the steps are compiled (a time budget's measurement compiles them)
-  phase: str = "compiling"  # what an interrupt outside the loop stopped (loop/ending.py)
-  changes: tuple[str, ...] = ()  # harmless config changes since the checkpoint resumed from
+
+  @property
+  def compiled(self) -> bool:
+    """The train step is compiled (a time budget's measurement compiles it in `prepare`)."""
+    return isinstance(self.programs.train_step, jax.stages.Compiled)
 
   def view(self) -> RunView:
     """What the hooks see of it."""

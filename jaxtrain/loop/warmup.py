@@ -38,25 +38,23 @@ def side_by_side(programs: Programs, cfg: ml_collections.ConfigDict, corpus: Cor
   programs and prepares the hooks; else these wait for the run to need them, or, for a
   `measure`ment (a time budget's plan needs them compiled, and the samples timed), follow the
   train step's compile here. Returns once all of it is done."""
-  sampling = jax.process_index() == 0 and samples.wanted(cfg.sample)  # process 0 samples
-  extras = [hooks.prepare, lambda: compile_eval(programs)]  # in the order the run needs them
-  if sampling:
-    extras.append(lambda: samples.warm(cfg.sample, cfg.model.seq_len, cfg.seed, programs.abstract,
-                                       corpus.val, corpus.tokenizer, measure))
+  extras = {"hooks": hooks.prepare, "eval": lambda: compile_eval(programs)}  # in the order needed
+  if jax.process_index() == 0 and samples.wanted(cfg.sample):  # process 0 samples
+    extras["samples"] = lambda: samples.warm(cfg.sample, cfg.model.seq_len, cfg.seed,
+                                             programs.abstract, corpus.val, corpus.tokenizer, measure)
   parallel = extras_beside(programs)
   # Traced before the pool starts: tracing holds the GIL, which the pool's tracing and imports
   # would share with it; XLA's compile, the longest part, then runs beside them without it.
   lowered = None if isinstance(programs.train_step, jax.stages.Compiled) else \
       programs.lower_train()
   with concurrent.futures.ThreadPoolExecutor(4 if parallel else 1) as pool:
-    jobs = [pool.submit(beside or (lambda: None))]
-    jobs += [pool.submit(job) for job in extras] if parallel else []
+    job = pool.submit(beside or (lambda: None))
+    jobs = {name: pool.submit(extra) for name, extra in extras.items()} if parallel else {}
     train_step = programs.train_step if lowered is None else lowered.compile()
-    done = [job.result() for job in jobs]
+    made, done = job.result(), {name: j.result() for name, j in jobs.items()}
   if measure and not parallel:
-    done += [job() for job in extras]
-  return Ready(dataclasses.replace(programs, train_step=train_step), done[0],
-               done[3] if sampling and len(done) > 3 else 0.0)
+    done = {name: extra() for name, extra in extras.items()}
+  return Ready(dataclasses.replace(programs, train_step=train_step), made, done.get("samples", 0.0))
 
 
 def extras_beside(programs: Programs) -> bool:

@@ -1,8 +1,8 @@
 """What a run costs and how fast it goes: the estimate before it starts (`estimate`: memory per
-device against what the machine has, and the devices' FLOP/s peak), the lines a run says about
-itself before its first step (`summary`: data, model, compute, memory; the first speed reading;
-at its end, where the time went), and what is measured as it trains (`speed`: tokens/s, MFU, ETA;
-`memory`: peak memory, the container's limit, and a warning when it runs low).
+device against what the machine has, and the devices' FLOP/s peak), what is measured as it
+trains (`speed`: tokens/s, MFU, ETA, and the first reading's line; `memory`: peak memory, the
+container's limit, and a warning when it runs low), and what a run says of itself at its end
+(`summary`: its best val loss, the tokens seen, where the time went).
 
 May import: system, config, core, data.
 """

@@ -1,9 +1,15 @@
 """How fast a run goes as it trains: tokens/s, FLOP/s against the devices' peak (MFU) and the time
 left, over the steps since the last reading; the time between steps (evaluating, saving) is left
-out. A plain object the loop updates; tests drive it directly."""
+out. A plain object the loop updates; tests drive it directly. `first_line`: the first reading's
+line, with the peak its MFU is measured against."""
 
 import dataclasses
 from collections.abc import Callable
+
+import jax
+
+from jaxtrain.measure import estimate
+from jaxtrain.system import fmt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,3 +57,11 @@ class Throughput:
     self.last = Speed(sec, tokens, flops, flops / self._peak_value if self._peak_value else None,
                       (self.max_steps - step) * sec)
     return self.last
+
+
+def first_line(speed: Speed, flops_dtype: str, steps_left: int) -> str:
+  """The first speed reading, with the peak its MFU is measured against."""
+  _, peak = estimate.peak_flops(jax.devices(), flops_dtype)
+  return (f"speed: {fmt.count(speed.tokens_per_sec)} tokens/s, "
+          f"{fmt.count(speed.flops_per_sec)}FLOP/s = {speed.mfu or 0:.1%} MFU (of {peak}); "
+          f"ETA for the remaining {steps_left} steps: {fmt.duration(speed.eta_s)}")

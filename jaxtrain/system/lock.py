@@ -163,32 +163,3 @@ def run_alive(workdir: Path, info: dict) -> bool:
   if info.get("host") == socket.gethostname() and isinstance(pid, int):
     return _alive(pid, info.get("started"))
   return False  # its host's kernel dropped the lock with the process
-
-
-class WorkdirLock:
-  """One run per workdir: process 0 holds workdir/.lock from setup until the run ends."""
-
-  def __init__(self):
-    self._lock: FileLock | None = None
-    self.was_held = False  # this run held the workdir: what is in it, a new run wrote
-
-  def acquire(self, workdir: Path, is_main: bool, log=print) -> bool:
-    """False if another run holds the workdir (only process 0 looks; the others return True)."""
-    if not is_main:
-      return True
-    lock = FileLock(workdir / WORKDIR_LOCK)
-    try:
-      if not lock.acquire():
-        return False
-    except OSError as e:  # the directory is writable (create_workdir checked): no flock there
-      log(f"note: cannot lock {lock.path} ({e.strerror}); a second run started into this "
-          "workdir would not be refused")
-      return True
-    self._lock = lock
-    self.was_held = True
-    return True
-
-  def release(self) -> None:
-    if self._lock is not None:
-      self._lock.release()
-      self._lock = None

@@ -1,0 +1,127 @@
+"""What a run of a config is, worked out without a write to its workdir: the config settled
+(validated, init_from's fields taken) and the platform set up for it (`settle`), then the tasks,
+the workdir checked, the data read, the programs built (nothing compiled) and said, and the step a
+run would resume from (`resolve`). A run (train.py) and `--dry_run` (loop/preview.py) both call
+both, so a check added here refuses the same config in both; only the run claims the workdir (the
+`claim` it passes), writes to it and attaches hooks."""
+
+import dataclasses
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+import jax
+import ml_collections
+
+from jaxtrain import __version__
+from jaxtrain.checkpoints import init_from, store
+from jaxtrain.config import validate
+from jaxtrain.core import cpu, lora, mesh, optim, programs
+from jaxtrain.core import model as model_lib
+from jaxtrain.data import corpus as corpus_lib
+from jaxtrain.data import tokenfiles, tokenizer
+from jaxtrain.evals import tasks as tasks_lib
+from jaxtrain.measure import estimate
+from jaxtrain.system import allocator, fmt, paths, runtime
+from jaxtrain.system.console import Console
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+  """A run of a config, as far as it goes without compiling or writing anything."""
+
+  cfg: ml_collections.ConfigDict  # settled: what the run trains
+  workdir: Path
+  tasks: list[tasks_lib.Task]  # train.eval_tasks' records
+  corpus: corpus_lib.Corpus
+  programs: programs.Programs  # built; nothing compiled yet
+  resume_step: int  # the newest complete checkpoint's step in the workdir (0: none)
+
+
+def settle(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()
+           ) -> tuple[ml_collections.ConfigDict, str, list[str]]:
+  """(the config the run trains, the platform, the lines that say what was decided): `cfg`
+  validated, init_from's model fields taken (`explicit`: the fields the user set), the CPU split
+  into devices (before jax starts its backends), the compile cache and the processes set up."""
+  validate.validate(cfg)
+  cfg, taken = init_from.resolve(cfg, explicit)
+  if taken:
+    validate.validate(cfg)  # the source run's values, in this config
+  notes = [cpu.split_cpu(cfg)]
+  platform = runtime.setup(cfg)
+  if taken:
+    notes.append(f"init_from: from {cfg.init_from}, {', '.join(taken)}")
+  if cfg.train.time_budget and "train.max_steps" in explicit:
+    notes.append(f"note: train.time_budget={cfg.train.time_budget} sets the steps; the given "
+                 "train.max_steps is not used (--config.train.time_budget=\"\" trains it)")
+  return cfg, platform, [note for note in notes if note]
+
+
+def resolve(cfg: ml_collections.ConfigDict, platform: str, notes: list[str], out: Console,
+            claim: Callable[[Path, Console], None] | None = None) -> Resolved:
+  """The run of the settled `cfg`, said on `out` as it is worked out. `claim(workdir, out)`: the
+  run's hold on the workdir, taken once it is checked and before the data is read (a second run
+  into a busy workdir stops there, before its header line); a dry run passes none."""
+  eval_tasks = tasks_lib.load(cfg)  # bad records stop the run before anything else is done
+  workdir = paths.check_workdir(cfg.workdir)
+  if claim is not None:
+    claim(workdir, out)
+  devices = jax.devices()
+  data_axis, fsdp_axis = mesh.mesh_shape(cfg.mesh, len(devices))
+  out.print(f"jaxtrain {__version__} | {'dry run | ' * (claim is None)}workdir {workdir} | "
+            f"{platform} x{len(devices)} (mesh data={data_axis} fsdp={fsdp_axis}) | jax "
+            f"{jax.__version__}" + (f" | {allocator.in_use()} allocator" if platform == "cpu" else ""))
+  for note in notes:
+    out.print(note)
+  corpus = corpus_lib.prepare(cfg.data, show_progress=out.use_bar, log=out.print,
+                              vocab_size=cfg.model.vocab_size)
+  corpus_lib.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
+  tokenfiles.check_run(cfg, corpus.tokenizer)
+  vocab = tokenizer.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
+  built = programs.build(cfg, vocab, devices, eot_id=corpus.tokenizer.eot_id)
+  describe(out, cfg, corpus, built)
+  tasks_lib.describe(eval_tasks, cfg.train.eval_tasks_limit, out.print)
+  return Resolved(cfg, workdir, eval_tasks, corpus, built,
+                  max(store.complete_steps(workdir), default=0))
+
+
+def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: corpus_lib.Corpus,
+             built: programs.Programs) -> None:
+  """What a run says before its first step: the data, the model, its compute and memory."""
+  tok, mc = corpus.tokenizer, built.model_cfg
+  where = corpus_lib.describe(cfg.data.mixture or cfg.data.path)
+  if corpus.about:  # token files
+    out.print(f"data: {where}: {corpus.about}")
+  else:
+    out.print(f"data: {where}: {corpus.n_files} file(s), {fmt.count(corpus.n_docs)} documents, "
+              f"{fmt.count(corpus.n_bytes)}B -> {fmt.count(len(corpus.tokens))} {tok.name} tokens "
+              f"(train {fmt.count(len(corpus.train))}, val {fmt.count(len(corpus.val))})")
+  if corpus.mask is not None and corpus_lib.is_chat(cfg.data):
+    out.print(f"data: chat records ({cfg.data.messages_field!r}): "
+              f"{fmt.count(int(corpus.mask.sum()))} of the tokens (assistant turns and their "
+              "end-of-turn tokens) count in the loss; records see only themselves")
+  elif corpus.mask is not None:
+    out.print(f"data: prompt/completion records ({cfg.data.prompt_field!r}, "
+              f"{cfg.data.completion_field!r}): {fmt.count(int(corpus.mask.sum()))} of the tokens "
+              "(completions and their end-of-text) count in the loss; records see only themselves")
+  for note in corpus.notes:
+    out.print(f"data: {note}")
+  k, B, T = cfg.train.grad_accum, cfg.train.batch_size, cfg.model.seq_len
+  abstract = built.abstract
+  n_params, n_trained = lora.count(abstract.params), lora.count(abstract.trainable())
+  adapters = abstract.lora
+  opt_flops = optim.flops_per_step(built.optimizer, abstract.trainable())
+  out.print(f"model: {fmt.count(n_params)} params, "
+            + (f"{fmt.count(n_trained)} of them trained (LoRA rank {adapters.rank}, alpha "
+               f"{adapters.alpha:g} on {','.join(adapters.targets)}), " if adapters else "") +
+            f"{fmt.count(model_lib.flops_per_token(mc))} train FLOPs/token"
+            + (f", {fmt.count(opt_flops)} optimizer FLOPs/step" if opt_flops else "")
+            + f", vocab {mc.vocab_size}, {B * k * T} tokens/step ({B} x {T} x {k} micro-batches)")
+  out.print(f"compute: {mc.dtype} (params and optimizer float32), attention {mc.attention} "
+            f"({built.attention_why})"
+            + (f"; XLA options {built.compiler_options}" if built.compiler_options else "")
+            + ("; one gradient all-reduce" if built.one_allreduce else ""))
+  line, warning = estimate.memory_report(mc, B, k, list(built.mesh.devices.flat),
+                                         built.mesh.shape["fsdp"], n_params, n_trained)
+  out.print(line)
+  if warning:
+    out.print(f"WARNING: {warning}")
