@@ -19,9 +19,15 @@ to itself; the background load is sampled and recorded.
         --run "recipe_adamw=configs/shakespeare_char.py --config.optim.name=adamw"
     python benchmarks/quality.py --data=../shared/data/tinyshakespeare.txt --seeds=3 \
         --budget_flops=nanogpt --run "recipe=configs/shakespeare_char.py"
+
+On a machine others share, `--lock=FILE` holds an exclusive flock on FILE around each run (and
+the matmul peak's measurement) alone, so that timed work of others' that takes the same lock
+waits for it, and it for theirs, without holding the machine for the whole grid.
 """
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -51,6 +57,20 @@ NANOGPT_ARGS = ["train.py", "config/train_shakespeare_char.py", "--device=cpu", 
                 f"--lr_decay_iters={NANOGPT['max_iters']}", "--dropout=0.0"]
 NANOGPT_NAME = "nanoGPT itself"
 PROBE_STEPS = 100
+
+
+@contextlib.contextmanager
+def held(lock: str | None):
+  """An exclusive flock on the file `lock` (None: none) while the block runs."""
+  if lock is None:
+    yield
+    return
+  with open(lock, "a") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def run_once(args: list[str], data: str | None, seed: int, workdir: Path) -> dict:
@@ -310,6 +330,8 @@ def main() -> None:
   ap.add_argument("--nanogpt", default=None, metavar="DIR",
                   help="also run nanoGPT's own CPU recipe from this karpathy/nanoGPT checkout, "
                        "interleaved with the others, for each seed")
+  ap.add_argument("--lock", default=None, metavar="FILE",
+                  help="hold an exclusive flock on FILE around each run (a shared machine)")
   ap.add_argument("--name", default="quality")
   ap.add_argument("--out", default=None, help="default: benchmarks/results/<date>-<name>")
   opts = ap.parse_args()
@@ -326,7 +348,8 @@ def main() -> None:
   data = opts.data and os.path.abspath(opts.data)
   flops = {name: nanogpt_flops() if name == NANOGPT_NAME else run_flops(args, data)
            for name, args in specs.items()}
-  peak = matmul_peak()
+  with held(opts.lock):
+    peak = matmul_peak()
   loadavg_before = os.getloadavg()
   with tempfile.TemporaryDirectory() as tmp, common.LoadSampler(lambda: list(CHILDREN)) as load:
     probes = set_budgets(specs, opts, data, flops, Path(tmp))
@@ -335,7 +358,8 @@ def main() -> None:
         if name == NANOGPT_NAME:  # its seed is its own (1337); repeats measure its time
           r = run_nanogpt(Path(opts.nanogpt).resolve(), out / f"nanogpt_{seed}.log")
         else:
-          r = run_once(args, data, seed, Path(tmp) / f"{name}-{seed}")
+          with held(opts.lock):
+            r = run_once(args, data, seed, Path(tmp) / f"{name}-{seed}")
         results[name].append(r)
         print(f"{name} seed {seed}: val {r['final_val']:.4f} (best {r['best_val']:.4f}) after "
               f"{r['steps']} steps, {_tflops(r, flops[name]):.2f} TFLOPs, in {r['wall_s']:.1f} s",
