@@ -14,24 +14,23 @@ val, valid or validation in the name), else the last `data.val_fraction` of the 
 name order. Every id must be below the vocabulary's size: a tokenizer.json's (`data.tokenizer`),
 else GPT-2's 50257 for llm.c shards, else `model.vocab_size`. That is checked once per file, in
 blocks, together with a sha256 of its ids, and cached by the file's path, size and modification
-time: the data's fingerprint is made of those hashes, so later starts read no ids at all.
+time (idscan.py): the data's fingerprint is made of those hashes, so later starts read no ids.
 """
 
-import concurrent.futures
 import dataclasses
 import hashlib
 import json
 import os
 import re
-import threading
 from pathlib import Path
 
 import ml_collections
 import numpy as np
 
+from jaxtrain.data import idscan
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.data.windows import Shards
-from jaxtrain.system import fmt, signals
+from jaxtrain.system import fmt
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.system.paths import cache_dir as default_cache_dir
 
@@ -43,8 +42,6 @@ _OTHER_LLMC = {20240522: "an llm.c evaluation file (HellaSwag or MMLU examples),
                20240801: "an llm.c Llama 3 shard (uint32 ids); only GPT-2 shards (version 1, "
                          "uint16 ids) are read"}
 _VAL_NAME = re.compile(r"(?:^|[^a-z0-9])(?:val|valid|validation)(?:[^a-z0-9]|$)")
-_BLOCK_BYTES = 32 << 20  # read, checked and hashed at a time, per file
-_SCAN_VERSION = 1
 
 
 @dataclasses.dataclass
@@ -56,14 +53,6 @@ class TokenFiles:
   n_files: int
   about: str  # the summary's data line
   notes: list[str]
-
-
-@dataclasses.dataclass
-class _File:
-  path: Path
-  format: str  # uint16 | llmc
-  offset: int  # bytes before the first id
-  n_ids: int
 
 
 def select(data: ml_collections.ConfigDict, files: list[Path]) -> tuple[list[Path], list[Path]] | None:
@@ -87,7 +76,7 @@ def prepare(data: ml_collections.ConfigDict, files: list[Path], left_out: list[P
   _refuse_records(data, files[0])
   found = _inspect_all(files, data.get("format", "auto"))
   tok = _tokenizer(data, found, vocab_size)
-  scans = _scan(found, Path(data.cache_dir or default_cache_dir()) / "tokenfiles", show_progress,
+  scans = idscan.scan(found, Path(data.cache_dir or default_cache_dir()) / "tokenfiles", show_progress,
                 log)
   for f, (largest, _) in zip(found, scans):
     if largest >= tok.vocab_size:
@@ -127,7 +116,7 @@ def _refuse_records(data: ml_collections.ConfigDict, example: Path) -> None:
                       "from, or leave data.tokenizer=byte (the default: ids without a tokenizer)")
 
 
-def _inspect_all(files: list[Path], form: str) -> list[_File]:
+def _inspect_all(files: list[Path], form: str) -> list[idscan.TokenFile]:
   found = [_inspect(f, form) for f in files]
   kinds = {f.format: f for f in found}
   if len(kinds) > 1:  # auto: some have llm.c's header and some do not
@@ -138,7 +127,7 @@ def _inspect_all(files: list[Path], form: str) -> list[_File]:
   return found
 
 
-def _inspect(path: Path, form: str) -> _File:
+def _inspect(path: Path, form: str) -> idscan.TokenFile:
   """The file's format and where its ids are; one line for a file that cannot be token ids."""
   try:
     size = path.stat().st_size
@@ -157,10 +146,10 @@ def _inspect(path: Path, form: str) -> _File:
     raise UserError(f"{path} holds {size} bytes, an odd number, so it is not uint16 token ids "
                     "(a flat .bin as nanoGPT writes); leave it out of --config.data.path, or pass "
                     "--config.data.format=text if it is text")
-  return _File(path, "uint16", 0, size // 2)
+  return idscan.TokenFile(path, "uint16", 0, size // 2)
 
 
-def _llmc(path: Path, head: bytes, size: int) -> _File:
+def _llmc(path: Path, head: bytes, size: int) -> idscan.TokenFile:
   magic = int.from_bytes(head[:4], "little", signed=True) if len(head) >= 4 else None
   if magic in _OTHER_LLMC:
     raise UserError(f"{path} is {_OTHER_LLMC[magic]}")
@@ -182,10 +171,10 @@ def _llmc(path: Path, head: bytes, size: int) -> _File:
     raise UserError(f"{path}: its llm.c header says {n} ids ({HEADER_BYTES + 2 * n} bytes with "
                     f"the header) but the file holds {size} bytes (cut off, or still being "
                     "written?); write it again or leave it out of --config.data.path")
-  return _File(path, "llmc", HEADER_BYTES, n)
+  return idscan.TokenFile(path, "llmc", HEADER_BYTES, n)
 
 
-def _tokenizer(data: ml_collections.ConfigDict, found: list[_File], vocab_size: int):
+def _tokenizer(data: ml_collections.ConfigDict, found: list[idscan.TokenFile], vocab_size: int):
   """What decodes the ids and how many there are: a tokenizer.json's, llm.c's GPT-2, or
   `model.vocab_size` with no text behind them."""
   if data.tokenizer not in tokenizer_lib.BUILTIN:
@@ -200,7 +189,7 @@ def _tokenizer(data: ml_collections.ConfigDict, found: list[_File], vocab_size: 
                     "nanoGPT's openwebtext> or --config.data.tokenizer=<the ids' tokenizer.json>")
 
 
-def _id_error(f: _File, largest: int, tok, data: ml_collections.ConfigDict) -> UserError:
+def _id_error(f: idscan.TokenFile, largest: int, tok, data: ml_collections.ConfigDict) -> UserError:
   problem = f"{f.path} holds token id {largest}, and the vocabulary has {tok.vocab_size} ids"
   tokenizer = "--config.data.tokenizer=<the tokenizer.json the ids come from>"
   if data.tokenizer not in tokenizer_lib.BUILTIN:
@@ -213,107 +202,14 @@ def _id_error(f: _File, largest: int, tok, data: ml_collections.ConfigDict) -> U
                    f"--config.model.vocab_size={largest + 1} (or more), or {tokenizer}")
 
 
-def _scan(found: list[_File], cache: Path, show_progress: bool, log) -> list[tuple[int, str]]:
-  """(largest id, sha256 of the ids) of each file: from the cache, else read in blocks on a few
-  threads (reading, numpy and hashlib let go of the GIL) and cached."""
-  from tqdm import tqdm
-
-  keys = [_cache_file(cache, f) for f in found]
-  results = [_cached(k, f) for k, f in zip(keys, found)]
-  todo = [i for i, r in enumerate(results) if r is None]
-  total = sum(2 * found[i].n_ids for i in todo)
-  if todo and not show_progress:
-    log(f"data: checking the ids of {len(todo)} token file(s), {fmt.nbytes(total)}, once "
-        "(then cached)")
-  with tqdm(total=total, unit="B", unit_scale=True, desc="checking ids", leave=False,
-            disable=not show_progress or not todo) as bar, \
-      concurrent.futures.ThreadPoolExecutor(max(1, min(len(todo), os.cpu_count() or 1, 8))) as pool:
-    lock = threading.Lock()
-
-    def progress(n: int) -> None:
-      with lock:
-        bar.update(n)
-
-    for i, r in zip(todo, pool.map(lambda i: _read_ids(found[i], progress), todo)):
-      results[i] = r
-  unwritable = None
-  for i in todo:
-    unwritable = unwritable or _store(keys[i], found[i], results[i])
-  if unwritable:
-    log(f"data: cannot cache the token files' check in {cache} ({unwritable}); it is done again "
-        "at every start (--config.data.cache_dir=<a writable directory> keeps it)")
-  return results
-
-
-def _read_ids(f: _File, progress) -> tuple[int, str]:
-  sha, largest, buf = hashlib.sha256(), 0, bytearray(_BLOCK_BYTES)
-  left = 2 * f.n_ids
-  try:
-    with open(f.path, "rb") as src:
-      src.seek(f.offset)
-      while left:
-        signals.check()
-        n = src.readinto(memoryview(buf)[:min(left, _BLOCK_BYTES)])
-        if not n:
-          raise UserError(f"{f.path} ended while it was read (it holds fewer ids than it did a "
-                          "moment ago); leave it out of --config.data.path or wait until it is "
-                          "written")
-        block = memoryview(buf)[:n]
-        sha.update(block)
-        largest = max(largest, int(np.frombuffer(block, "<u2").max()))
-        left -= n
-        progress(n)
-  except OSError as e:
-    raise UserError(f"cannot read {f.path} ({e.strerror}); fix it or leave it out of "
-                    "--config.data.path") from None
-  return largest, sha.hexdigest()
-
-
-def _cache_file(cache: Path, f: _File) -> Path:
-  name = f"{os.path.abspath(f.path)}\0{f.format}\0{f.offset}\0{f.n_ids}"
-  return cache / f"{hashlib.sha256(name.encode()).hexdigest()[:24]}.json"
-
-
-def _stamp(f: _File) -> dict:
-  st = f.path.stat()
-  return {"v": _SCAN_VERSION, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def _cached(key: Path, f: _File) -> tuple[int, str] | None:
-  try:
-    entry = json.loads(key.read_text())
-    if {k: entry.get(k) for k in ("v", "size", "mtime_ns")} == _stamp(f):
-      return int(entry["max_id"]), str(entry["sha256"])
-  except (OSError, ValueError, KeyError, TypeError, AttributeError):
-    pass
-  return None
-
-
-def _store(key: Path, f: _File, result: tuple[int, str]) -> str | None:
-  """Writes a cache entry (whole or not at all); what went wrong, if anything."""
-  tmp = key.with_name(f"{key.name}.tmp{os.getpid()}")
-  try:
-    key.parent.mkdir(parents=True, exist_ok=True)
-    tmp.write_text(json.dumps({**_stamp(f), "path": str(f.path), "max_id": result[0],
-                               "sha256": result[1]}))
-    os.replace(tmp, key)
-  except OSError as e:
-    try:
-      tmp.unlink(missing_ok=True)
-    except OSError:
-      pass
-    return e.strerror or str(e)
-  return None
-
-
 @dataclasses.dataclass
 class _Part:
-  file: _File
+  file: idscan.TokenFile
   start: int  # ids of the file, [start, stop)
   stop: int
 
 
-def _split(found: list[_File], val_fraction: float) -> tuple[list[_Part], list[_Part], str]:
+def _split(found: list[idscan.TokenFile], val_fraction: float) -> tuple[list[_Part], list[_Part], str]:
   """(training parts, validation parts, the rule that chose them, for the log)."""
   is_val = [bool(_VAL_NAME.search(f.path.stem.lower())) for f in found]
   if any(is_val):

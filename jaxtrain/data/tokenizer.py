@@ -5,38 +5,23 @@ Every tokenizer has an end-of-text token (`eot_id`) that the token stream puts a
 document, and writes itself as a Hugging Face `tokenizer.json` (`hf_json`) that
 `tokenizers.Tokenizer.from_file` loads, so any tool can decode a model's output. Byte and char
 encode with numpy (hundreds of MB/s); BPE and tokenizer.json files with `tokenizers`, batched
-over all cores, or, for byte-level BPE with GPT-2's pre-tokenizer (what `bpe` trains, and GPT-2's
-own file), with `tiktoken` on the same vocabulary: the same ids, about 5x faster (checked on a
-probe text when built; any difference falls back to `tokenizers`). Encoding never turns text that
-spells "<|endoftext|>" into the end-of-text token.
+over all cores, or, for byte-level BPE with GPT-2's pre-tokenizer, with `tiktoken` (byte_bpe.py).
+Encoding never turns text that spells "<|endoftext|>" into the end-of-text token.
 """
 
-import concurrent.futures
-import functools
 import hashlib
 import itertools
 import json
-import os
 from collections.abc import Iterable
 
 import numpy as np
 
+from jaxtrain.data import byte_bpe
 from jaxtrain.system.errors import ConfigError, UserError
 
 EOT = "<|endoftext|>"
 BUILTIN = ("byte", "char", "bpe")
 MIN_BPE_VOCAB = 257  # the 256 byte tokens and the end-of-text token
-# GPT-2's pre-tokenizer, the one `tokenizers`' ByteLevel(use_regex=True) applies.
-GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-_PROBE = "Hello, wörld! It's 2026: x_1 += 3.14159;\n\tdef f(a,  b):  return a**b  # ok?\n\n→ ü\r\n"
-
-
-@functools.cache
-def byte_chars() -> list[str]:
-  """The printable character byte-level BPE (GPT-2's scheme) writes for each byte value."""
-  keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
-  extra = iter(range(256, 512))
-  return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
 
 
 def _hf():
@@ -73,7 +58,7 @@ class ByteTokenizer:
     return {"name": self.name}
 
   def hf_json(self) -> str:
-    return _hf_json({c: i for i, c in enumerate(byte_chars()[:255])}, "byte")
+    return _hf_json({c: i for i, c in enumerate(byte_bpe.byte_chars()[:255])}, "byte")
 
 
 def codepoints(text: str) -> np.ndarray:
@@ -228,9 +213,10 @@ class HFTokenizer:
 
   def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
     if self._fast is None:
-      self._fast = _tiktoken(self) or False
+      slow = lambda text: self.tok.encode(text, add_special_tokens=False).ids  # noqa: E731
+      self._fast = byte_bpe.encoder(self._json, slow) or False
     if self._fast:
-      ids = _on_all_cores(self._fast.encode_ordinary, texts)
+      ids = byte_bpe.on_all_cores(self._fast.encode_ordinary, texts)
     else:  # on all cores too
       try:
         ids = [e.ids for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
@@ -263,45 +249,6 @@ class HFTokenizer:
 
   def hf_json(self) -> str:
     return self._json
-
-
-def _on_all_cores(encode, texts: list[str]) -> list[list[int]]:
-  """`encode` over `texts` in one thread per core, each over a contiguous share (tiktoken
-  releases the GIL; its own batch call pays a future per text, most of the time for short ones)."""
-  n = min(os.cpu_count() or 1, max(1, len(texts) // 16))
-  if n == 1:
-    return [encode(t) for t in texts]
-  bounds = np.linspace(0, len(texts), n + 1).astype(int)
-  with concurrent.futures.ThreadPoolExecutor(n) as pool:
-    shares = pool.map(lambda i: [encode(t) for t in texts[bounds[i]:bounds[i + 1]]], range(n))
-    return [ids for share in shares for ids in share]
-
-
-def _tiktoken(tok: HFTokenizer):
-  """tiktoken's encoder of `tok`'s vocabulary, if it is byte-level BPE with GPT-2's pre-tokenizer
-  and ids in merge order (tiktoken merges by id), and it encodes a probe text alike; else None."""
-  d = json.loads(tok.hf_json())
-  model, pre = d.get("model") or {}, d.get("pre_tokenizer") or {}
-  if model.get("type") != "BPE" or model.get("dropout") or d.get("normalizer") is not None or \
-      pre != {**pre, "type": "ByteLevel", "add_prefix_space": False, "use_regex": True}:
-    return None
-  index = {c: b for b, c in enumerate(byte_chars())}
-  added = {a["content"] for a in d.get("added_tokens") or []}
-  vocab = {piece: i for piece, i in (model.get("vocab") or {}).items() if piece not in added}
-  if not all(c in index for piece in vocab for c in piece):
-    return None
-  merged = [vocab.get("".join(m if isinstance(m, list) else m.split(" ", 1)))
-            for m in model.get("merges") or []]
-  if None in merged or merged != sorted(merged):
-    return None
-  import tiktoken
-
-  ranks = {bytes(index[c] for c in piece): i for piece, i in vocab.items()}
-  if len(ranks) != len(vocab) or sum(len(r) == 1 for r in ranks) != 256:
-    return None
-  fast = tiktoken.Encoding("jaxtrain", pat_str=GPT2_SPLIT, mergeable_ranks=ranks, special_tokens={})
-  slow = tok.tok.encode(_PROBE, add_special_tokens=False).ids
-  return fast if fast.encode_ordinary(_PROBE) == slow else None
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> HFTokenizer:
