@@ -87,7 +87,7 @@ class Due:
 
 
 def _loop(r: Run, p: Progress, state: TrainState) -> RunResult:
-  due = None
+  """The leg's steps, from `p.step` (before `p.end`: at least one) to its end or a stop."""
   with signals.GracefulStop() as stop, r.saving.peers_watched(lambda: p.step):
     _open(r, p, stop)
     while p.step < p.end:
@@ -226,10 +226,10 @@ def _validate(r: Run, p: Progress, state: TrainState) -> float:
   return p.last_val
 
 
-def _end(r: Run, p: Progress, state: TrainState, due: Due | None) -> RunResult:
+def _end(r: Run, p: Progress, state: TrainState, due: Due) -> RunResult:
   speed = p.meter.last.tokens_per_sec if p.meter.last else None
-  if due is not None and due.signal:
+  if due.signal:
     return ending.stopped(r, p, due.signal, speed)
-  if due is not None and due.hook:
+  if due.hook:
     r.out.print(f"stopped at step {p.step}: {due.hook}")
   return ending.finish(r, p, state, speed)

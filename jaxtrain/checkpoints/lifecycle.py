@@ -61,59 +61,45 @@ class Saving:
     return step % self.every == 0 or step == end or new_best or stopping
 
   def save(self, state: TrainState, iterator, val: float | None, elapsed: float) -> None:
-    save(self.ckpts, state, iterator, self.meta, val, self.best.value, elapsed)
+    """Starts an async save of `state` at its step, after checking it can be written whole."""
+    step = int(state.step)
+    if not bool(_all_finite(state.params)):
+      raise NonFiniteLoss(f"parameters became non-finite by step {step}: stopped without saving "
+                          "them; the last good checkpoint is kept. Lower --config.optim.lr")
+    size = sum(x.nbytes for x in jax.tree.leaves(state.arrays()))
+    free, needed = shutil.disk_usage(self.ckpts.directory).free, 1.1 * size + 2**20
+    if runtime.any_process(free < needed):  # before writing: the last checkpoint stays whole
+      raise UserError(f"not enough disk space for the checkpoint of step {step} in "
+                      f"{self.ckpts.directory} (needs ~{fmt.count(needed)}B, {fmt.count(free)}B "
+                      f"free); free some space, then run again to {_resume_hint(self.ckpts)}")
+    meta = dict(self.meta, elapsed_s=elapsed, best_val_loss=self.best.value)
+    _writing(self.ckpts, lambda: self.ckpts.save(state, iterator, meta, val_loss=val), step)
 
   def check(self, step: int) -> None:
-    check(self.ckpts, step)
+    """Raises, as one line, the error of a background write that failed."""
+    _writing(self.ckpts, self.ckpts.check, step)
 
   def finish(self, step: int) -> None:
-    finish(self.ckpts, step)
+    """Waits for pending writes; a failed one raises as one line."""
+    _writing(self.ckpts, self.ckpts.close, step)
 
   def close(self) -> None:
-    close(self.ckpts)
+    """On the way out of a run, also after an error: a write going well still completes; one
+    that failed was the error, or is reported by it."""
+    try:
+      self.ckpts.close()
+    except Exception:  # the previous checkpoint stays the latest complete one
+      pass
 
   def peers_watched(self, step: Callable[[], int]):
-    return peers_watched(self.ckpts, step)
+    """Around the training loop of a multi-process run: if another process is lost, this one ends
+    at once with one line naming it and the checkpoint a restart resumes from (`step()`: the step
+    the loop is at). It exits, since jax and orbax would otherwise wait for the lost process."""
+    return peers.watch_peers(step, lambda: _resume_hint(self.ckpts))
 
   def set_config(self, cfg: ml_collections.ConfigDict) -> None:
     """The run's config from here on (a time budget's new end), in the checkpoints saved next."""
     self.meta["config"] = cfg.to_dict()
-
-
-def save(ckpts: Checkpoints, state: TrainState, iterator, run_meta: dict, val: float | None,
-         best: float | None, elapsed: float) -> None:
-  """Starts an async save of `state` at its step, after checking it can be written whole."""
-  step = int(state.step)
-  if not bool(_all_finite(state.params)):
-    raise NonFiniteLoss(f"parameters became non-finite by step {step}: stopped without saving "
-                        "them; the last good checkpoint is kept. Lower --config.optim.lr")
-  size = sum(x.nbytes for x in jax.tree.leaves(state.arrays()))
-  free, needed = shutil.disk_usage(ckpts.directory).free, 1.1 * size + 2**20
-  if runtime.any_process(free < needed):  # before writing: the last checkpoint stays whole
-    raise UserError(f"not enough disk space for the checkpoint of step {step} in "
-                    f"{ckpts.directory} (needs ~{fmt.count(needed)}B, {fmt.count(free)}B free); "
-                    f"free some space, then run again to {_resume_hint(ckpts)}")
-  meta = dict(run_meta, elapsed_s=elapsed, best_val_loss=best)
-  _writing(ckpts, lambda: ckpts.save(state, iterator, meta, val_loss=val), step)
-
-
-def check(ckpts: Checkpoints, step: int) -> None:
-  """Raises, as one line, the error of a background write that failed."""
-  _writing(ckpts, ckpts.check, step)
-
-
-def finish(ckpts: Checkpoints, step: int) -> None:
-  """Waits for pending writes; a failed one raises as one line."""
-  _writing(ckpts, ckpts.close, step)
-
-
-def close(ckpts: Checkpoints) -> None:
-  """On the way out of a run, also after an error: a write going well still completes; one that
-  failed was the error, or is reported by it."""
-  try:
-    ckpts.close()
-  except Exception:  # the previous checkpoint stays the latest complete one
-    pass
 
 
 @jax.jit
@@ -198,10 +184,3 @@ def check_resumable(meta: dict, run_meta: dict, workdir: str,
   if harmless:
     notes.append(f"config changes since the checkpoint: {'; '.join(harmless)}")
   return notes
-
-
-def peers_watched(ckpts: Checkpoints, step):
-  """Around the training loop of a multi-process run: if another process is lost, this one ends
-  at once with one line naming it and the checkpoint a restart resumes from (`step()`: the step
-  the loop is at). It exits, since jax and orbax would otherwise wait for the lost process."""
-  return peers.watch_peers(step, lambda: _resume_hint(ckpts))
