@@ -119,10 +119,10 @@ def test_relative_links_resolve():
 
 def test_paths_and_names_the_docs_give_exist():
   """jaxtrain/loop/feed.py, jaxtrain.system.runtime.MAX_IN_FLIGHT and the like, in the docs, the
-  benchmarks' and notebooks' READMEs and the notebooks' text: a module that moved is named where
-  it is now."""
+  benchmarks' and notebooks' READMEs, the notebooks' text and pyproject.toml's comments: a module
+  that moved is named where it is now."""
   pages = {p: p.read_text() for p in [*DOCS, ROOT / "benchmarks" / "README.md",
-                                      ROOT / "notebooks" / "README.md"]}
+                                      ROOT / "notebooks" / "README.md", ROOT / "pyproject.toml"]}
   for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
     cells = json.loads(notebook.read_text())["cells"]
     pages[notebook] = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
