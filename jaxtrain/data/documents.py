@@ -7,7 +7,7 @@ format (`data.messages_field`, data/chat_format.py). `Documents` streams them as
 special token, whether a document ends there, whether its tokens count in the loss: a prompt's do
 not) without ever holding a whole file, with a progress bar in MB/s of the files read. pyarrow
 parses .jsonl and .parquet in blocks on all cores. Bad input is one line naming the file (and
-the line) and what to do.
+the line) and what to do. Where the stream splits into training and validation: heldout.py.
 """
 
 import codecs
@@ -15,14 +15,10 @@ import glob
 import json
 import os
 import sysconfig
-from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-
 from jaxtrain.data import chat_format
-from jaxtrain.data.tokenizer import codepoints
 from jaxtrain.system.errors import UserError
 
 CHUNK_BYTES = 8 << 20  # read from text files at a time
@@ -258,74 +254,6 @@ class Documents:
     if self.counter.count:
       notes.append(f"replaced {self.counter.count} byte(s) that are not UTF-8 with U+FFFD")
     return notes
-
-
-def survey(docs: Documents, want_chars: bool) -> tuple[np.ndarray, str]:
-  """(UTF-8 bytes of each document, the characters of the text if `want_chars`): one pass, again
-  if it found a text file binary only past its start (the later passes skip that file whole)."""
-  while True:
-    sizes, size, seen, pending, n_pending = array("q"), 0, set(), [], 0
-    for text, end, _ in docs("reading"):
-      if isinstance(text, chat_format.Special):  # a token, not text: no bytes, no characters
-        if end:
-          sizes.append(size)
-          size = 0
-        continue
-      size += len(text.encode("utf-8"))
-      if want_chars:
-        pending.append(text)
-        n_pending += len(text)
-        if n_pending > PIECE_CHARS:
-          seen.update(np.unique(codepoints("".join(pending))).tolist())
-          pending, n_pending = [], 0
-      if end:
-        sizes.append(size)
-        size = 0
-    if not docs.misread:
-      break
-  seen.update(np.unique(codepoints("".join(pending))).tolist())
-  return np.frombuffer(sizes, np.int64) if sizes else np.zeros(0, np.int64), \
-      "".join(map(chr, seen))
-
-
-def cut(sizes: np.ndarray, val_fraction: float) -> tuple[int, int]:
-  """Where training ends: (document d, byte offset o in it). The validation split is the
-  smallest tail of whole documents holding `val_fraction` of the bytes (o = 0), unless that tail
-  would be over twice as large: then the stream is cut inside the document at that byte."""
-  total = int(sizes.sum())
-  want = val_fraction * total
-  tail_bytes = np.cumsum(sizes[::-1])
-  k = int(np.searchsorted(tail_bytes, want)) + 1  # the fewest last documents that hold it
-  if k < len(sizes) and tail_bytes[k - 1] <= 2 * want:
-    return len(sizes) - k, 0
-  pos = min(total - 1, max(1, int(total - want)))
-  ends = np.cumsum(sizes)
-  d = int(np.searchsorted(ends, pos, side="right"))
-  return d, pos - (int(ends[d - 1]) if d else 0)
-
-
-def split(pieces, cut: tuple[int, int]):
-  """(text, ends_document, in_training, in_loss) for each piece; the piece at the cut splits in
-  two."""
-  doc, offset = 0, 0
-  for text, end, loss in pieces:
-    if doc != cut[0] or cut[1] == 0:
-      yield text, end, doc < cut[0], loss
-    elif isinstance(text, chat_format.Special):  # no bytes: in training while the cut is ahead
-      yield text, end, offset < cut[1], loss
-    else:
-      raw = text.encode("utf-8")
-      if offset + len(raw) <= cut[1]:
-        yield text, end, True, loss
-      elif offset >= cut[1]:
-        yield text, end, False, loss
-      else:
-        head = raw[:cut[1] - offset].decode("utf-8", errors="ignore")
-        yield head, False, True, loss
-        yield text[len(head):], end, False, loss
-      offset += len(raw)
-    if end:
-      doc, offset = doc + 1, 0
 
 
 def _short(e: Exception) -> str:

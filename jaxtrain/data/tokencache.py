@@ -20,7 +20,7 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 
-from jaxtrain.data import chat_format, documents
+from jaxtrain.data import chat_format, heldout
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.data.cache_entry import Entry
 from jaxtrain.data.chat_format import is_chat
@@ -144,11 +144,11 @@ def _survey(files: list[Path], data: ml_collections.ConfigDict, show_progress: b
                    data.get("messages_field", ""))
   if not show_progress:
     log(f"data: {doing} {len(files)} file(s), {docs.total / 1e6:.1f} MB, once (then cached)")
-  sizes, chars = documents.survey(docs, want_chars)
+  sizes, chars = heldout.survey(docs, want_chars)
   if not sizes.sum():
     raise UserError(f"{describe(data.path)} holds no text{_why_empty(docs, len(files))}; "
                     "point --config.data.path at non-empty text, .jsonl or .parquet files")
-  return docs, sizes, chars, documents.cut(sizes, data.val_fraction)
+  return docs, sizes, chars, heldout.cut(sizes, data.val_fraction)
 
 
 def _learned(data: ml_collections.ConfigDict, docs: Documents, sizes: np.ndarray, chars: str,
@@ -158,7 +158,7 @@ def _learned(data: ml_collections.ConfigDict, docs: Documents, sizes: np.ndarray
   if data.tokenizer == "bpe":
     log(f"data: training a {data.vocab_size}-token BPE vocabulary on the training split "
         f"({fmt.nbytes(int(sizes[:cut[0]].sum()) + cut[1])})")
-    pieces = itertools.takewhile(lambda p: p[2], documents.split(docs("BPE"), cut))
+    pieces = itertools.takewhile(lambda p: p[2], heldout.split(docs("BPE"), cut))
     return tokenizer_lib.train_bpe((p[0] for p in pieces if not isinstance(p[0], chat_format.Special)),
                                    data.vocab_size)
   if data.tokenizer == "char":
@@ -184,7 +184,7 @@ def _tokenize(files, data, entry: Entry, show_progress: bool, log, fixed=None) -
     with open(tmp, "wb") as out, \
         (open(tmp_mask, "wb") if records else contextlib.nullcontext()) as mask_out:
       writer = _Writer(tok, out, mask_out, chat_format.special_ids(tok) if is_chat(data) else None)
-      for piece in documents.split(docs("tokenizing"), cut):
+      for piece in heldout.split(docs("tokenizing"), cut):
         writer.add(*piece)
       writer.flush()
       for f in (out, mask_out) if records else (out,):
