@@ -6,10 +6,10 @@ from pathlib import Path
 import jax
 import pytest
 
-from jaxtrain.config import defaults, validate
+from jaxtrain.config import defaults, loading, validate
 from jaxtrain.core import mesh
 from jaxtrain.data import tokenizer
-from jaxtrain.system.errors import ConfigError
+from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
 
 BAD = [
@@ -116,3 +116,17 @@ def test_vocab_smaller_than_the_tokenizer_is_rejected():
 ], ids=str)
 def test_edges_that_work_are_accepted(overrides):
   validate.validate(tiny_config(**overrides))
+
+
+def test_a_saved_run_that_used_a_removed_field_is_refused_naming_its_patch():
+  """A field that left the tree (the config gate) cannot be dropped silently from a run trained
+  with it; a run that left it as today's behaviour reads as before."""
+  saved = tiny_config().to_dict()
+  saved["model"]["value_embeds"] = True
+  with pytest.raises(UserError, match=r"^this run was trained with model\.value_embeds=True, "
+                     r"which jaxtrain no longer has; `git apply benchmarks/results/"):
+    loading.from_saved(saved)
+  saved["model"]["value_embeds"] = False
+  assert loading.from_saved(saved).to_dict() == tiny_config().to_dict()
+  root = Path(__file__).resolve().parents[1]
+  assert [patch for _, patch in loading.REMOVED.values() if not (root / patch).is_file()] == []

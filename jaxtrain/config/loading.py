@@ -33,12 +33,25 @@ def field_names() -> list[str]:
   return schema.fields(default_config().to_dict())
 
 
+# Fields that left the tree (docs/config.md, the config gate): the value under which a saved run
+# trained what jaxtrain trains now, and the patch in the repository that brings the field back.
+REMOVED = {
+    "model.value_embeds": (False, "benchmarks/results/2026-11-24-quality-zen4/value_embeds.diff"),
+}
+
+
 def from_saved(saved: dict) -> ml_collections.ConfigDict:
   """A run's saved config (config.json, a checkpoint's metadata) on top of today's defaults: a run
-  saved before a field existed gets the field's default, which is what it trained with."""
+  saved before a field existed gets the field's default, which is what it trained with. One that
+  used a field since removed, as other than today's behaviour, is a UserError: it cannot be run,
+  resumed or read as it trained."""
   cfg = default_config()
-  defaults = flatten(cfg.to_dict())
-  override(cfg, **{k: v for k, v in flatten(saved).items() if k in defaults})
+  defaults, flat = flatten(cfg.to_dict()), flatten(saved)
+  for field, (same, patch) in REMOVED.items():
+    if flat.get(field, same) != same:
+      raise UserError(f"this run was trained with {field}={flat[field]!r}, which jaxtrain no "
+                      f"longer has; `git apply {patch}` (in jaxtrain's repository) brings it back")
+  override(cfg, **{k: v for k, v in flat.items() if k in defaults})
   return cfg
 
 
@@ -92,7 +105,7 @@ STATE_FIELDS = (
     "model.vocab_size", "model.norm", "model.pos", "model.mlp", "model.mlp_ratio",
     "model.tie_embeddings", "model.rope_theta", "data.tokenizer", "data.val_fraction",
     "train.grad_accum", "train.skip_nonfinite", "optim.loss_scaling", "model.n_kv_heads",
-    "model.qk_norm", "model.logit_softcap", "optim.name", "data.vocab_size", "model.doc_mask",
+    "model.qk_norm", "optim.name", "data.vocab_size", "model.doc_mask",
     "optim.clip_per_group", "finetune.lora_rank", "model.x0_mix",
     "model.canon",
 )
