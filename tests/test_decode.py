@@ -18,8 +18,7 @@ SWITCHES = {
     "rope-layernorm-gelu-untied": {"model.norm": "layernorm", "model.mlp": "gelu",
                                    "model.tie_embeddings": False},
     "learned-rmsnorm-swiglu-untied": {"model.pos": "learned", "model.tie_embeddings": False},
-    "gqa-qknorm-relu2-softcap": {"model.n_kv_heads": 2, "model.qk_norm": True,
-                                 "model.mlp": "relu2", "model.logit_softcap": 5.0},
+    "gqa-qknorm-relu2": {"model.n_kv_heads": 2, "model.qk_norm": True, "model.mlp": "relu2"},
     "x0-canon-gqa": {"model.x0_mix": True, "model.canon": 3, "model.n_kv_heads": 2,
                      "model.n_layers": 3},
 }
@@ -50,8 +49,7 @@ def test_cached_greedy_tokens_equal_uncached(name):
     np.testing.assert_array_equal(cached, plain)
 
 
-@pytest.mark.parametrize("switches", [{}, {"model.n_kv_heads": 1, "model.qk_norm": True,
-                                            "model.logit_softcap": 5.0},
+@pytest.mark.parametrize("switches", [{}, {"model.n_kv_heads": 1, "model.qk_norm": True},
                                       {"model.x0_mix": True, "model.canon": 4}])
 def test_cached_logits_match_the_model_forward(switches):
   state = _lively(init(tiny_config(**switches)))

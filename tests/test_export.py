@@ -100,8 +100,7 @@ def test_exported_tokenizers_give_jaxtrains_ids(tmp_path):
 
 
 @pytest.mark.parametrize("switch,value", [("norm", "layernorm"), ("qk_norm", True),
-                                          ("logit_softcap", 5.0), ("mlp", "relu2"), ("x0_mix", True),
-                                          ("canon", 4)])
+                                          ("mlp", "relu2"), ("x0_mix", True), ("canon", 4)])
 def test_a_layout_without_an_hf_equivalent_is_refused_naming_the_switch(switch, value, tmp_path):
   make_run(tmp_path / "run", tiny_config(**{f"model.{switch}": value}))
   with pytest.raises(UserError, match=rf"model\.{switch}={value}"):
@@ -167,15 +166,14 @@ def test_generate_stops_at_end_of_text_and_a_pipeline_warns_nothing(tmp_path, ca
 
 
 def test_every_blocker_of_an_export_is_named_in_one_line():
-  cfg = tiny_config(**{"model.qk_norm": True, "model.logit_softcap": 5.0, "model.mlp": "relu2"})
+  cfg = tiny_config(**{"model.qk_norm": True, "model.x0_mix": True, "model.mlp": "relu2"})
   with pytest.raises(UserError) as e:
     hf.architecture(jt.ModelConfig.from_config(cfg.model, 256))
   assert str(e.value) == (
       "this model has no exact Hugging Face equivalent: model.qk_norm=True (neither Llama nor "
-      "GPT-2 has it); model.logit_softcap=5.0 (neither Llama nor GPT-2 has it); model.mlp=relu2 "
-      "with model.pos=rope (Llama needs model.mlp=swiglu); export a model trained with "
-      "rope+rmsnorm+swiglu or learned+layernorm+gelu, without qk_norm, logit_softcap, x0_mix "
-      "and canon")
+      "GPT-2 has it); model.x0_mix=True (neither Llama nor GPT-2 has it); model.mlp=relu2 with "
+      "model.pos=rope (Llama needs model.mlp=swiglu); export a model trained with "
+      "rope+rmsnorm+swiglu or learned+layernorm+gelu, without qk_norm, x0_mix and canon")
 
 
 @pytest.mark.parametrize("arch", [hf.LLAMA, hf.GPT2])

@@ -64,7 +64,7 @@ def architecture(c: ModelConfig) -> str:
   arch, name, needs = (LLAMA, "Llama", (("norm", "rmsnorm"), ("mlp", "swiglu"))) \
       if c.pos == "rope" else (GPT2, "GPT-2", (("norm", "layernorm"), ("mlp", "gelu")))
   blockers = [f"model.{field}={getattr(c, field)} (neither Llama nor GPT-2 has it)"
-              for field, off in (("qk_norm", False), ("logit_softcap", 0.0), ("x0_mix", False),
+              for field, off in (("qk_norm", False), ("x0_mix", False),
                                  ("canon", 0))
               if getattr(c, field) != off]
   if c.pos != "rope" and c.kv_heads != c.n_heads:
@@ -75,7 +75,7 @@ def architecture(c: ModelConfig) -> str:
   if blockers:
     raise UserError(f"this model has no exact Hugging Face equivalent: {'; '.join(blockers)}; "
                     "export a model trained with rope+rmsnorm+swiglu or learned+layernorm+gelu, "
-                    "without qk_norm, logit_softcap, x0_mix and canon")
+                    "without qk_norm, x0_mix and canon")
   return arch
 
 

@@ -32,7 +32,7 @@ from jaxtrain.system.errors import UserError
 # (model.seq_len too with learned positions.) The others (dropout, dtype, attention, seq_len with
 # RoPE, ...) are free to change; unset, they also take the source's value.
 MATCH_FIELDS = ("n_layers", "n_heads", "d_model", "vocab_size", "norm", "pos", "mlp", "mlp_ratio",
-                "tie_embeddings", "rope_theta", "n_kv_heads", "qk_norm", "logit_softcap", "x0_mix",
+                "tie_embeddings", "rope_theta", "n_kv_heads", "qk_norm", "x0_mix",
                 "canon")
 
 

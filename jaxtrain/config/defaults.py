@@ -83,7 +83,6 @@ def _model() -> ml_collections.ConfigDict:
   model.attention = "auto"  # auto | xla | cudnn ("auto": cudnn on GPU when it applies)
   model.n_kv_heads = 0  # key/value heads; 0: n_heads; a divisor of n_heads: grouped-query
   model.qk_norm = False  # True: queries and keys scaled to unit RMS per head
-  model.logit_softcap = 0.0  # > 0: logits = cap * tanh(logits / cap); 0: off
   model.zero_init_out = False  # True: attention and MLP output projections start at zero
   model.doc_mask = False  # True: tokens attend only within their document (else packed)
   # Memory for compute: what each block keeps for the backward pass; none: everything, dots: its

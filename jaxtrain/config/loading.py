@@ -37,6 +37,7 @@ def field_names() -> list[str]:
 # trained what jaxtrain trains now, and the patch in the repository that brings the field back.
 REMOVED = {
     "model.value_embeds": (False, "benchmarks/results/2026-11-24-quality-zen4/value_embeds.diff"),
+    "model.logit_softcap": (0.0, "benchmarks/results/2026-11-28-config-gate/logit_softcap.diff"),
 }
 
 

@@ -149,9 +149,6 @@ def _validate_model(cfg: ml_collections.ConfigDict) -> None:
   _check(m.n_kv_heads == 0 or m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
          f"{m.n_kv_heads} does not divide model.n_heads={m.n_heads}",
          "pass a divisor of n_heads, or 0 for as many as n_heads")
-  _check(m.logit_softcap == 0 or m.logit_softcap >= 1e-3, "model.logit_softcap",
-         f"must be 0 (off) or at least 1e-3, got {m.logit_softcap}",
-         "pass --config.model.logit_softcap=15.0 (or 0 for none)")
   _check(0 < m.mlp_ratio <= 256, "model.mlp_ratio", f"must be in (0, 256], got {m.mlp_ratio}",
          "pass --config.model.mlp_ratio=4.0")
   _check(m.mlp == "swiglu" or int(m.mlp_ratio * m.d_model) >= 1, "model.mlp_ratio",

@@ -1,8 +1,8 @@
 """Decoder-only, pre-norm transformer in flax NNX, with no biases anywhere.
 
 Switches: RMSNorm or LayerNorm, RoPE or learned positions, SwiGLU, GELU or ReLU^2 MLP, tied or
-separate output embedding, grouped-query attention, QK-norm, logit soft-capping and zero-initialised
-output projections. Linear layers and attention use `ops`' backward passes (fast on CPU); on GPUs
+separate output embedding, grouped-query attention, QK-norm and zero-initialised output
+projections. Linear layers and attention use `ops`' backward passes (fast on CPU); on GPUs
 with 16-bit compute, attention can go to cuDNN's fused kernel. Token embeddings are `ops.embed`
 lookups, whose gradients sum in float32. Blocks can be rematerialized (REMAT).
 One forward pass serves training and generation: given a key-value cache (`kvcache`), the same
@@ -40,7 +40,6 @@ class ModelConfig:
   attention: str = "xla"  # "xla" (jaxtrain's, in XLA ops), "cudnn", or "auto" (see resolve_attention)
   n_kv_heads: int = 0  # 0: n_heads (multi-head attention); fewer: grouped-query attention
   qk_norm: bool = False
-  logit_softcap: float = 0.0  # 0: off
   zero_init_out: bool = False
   doc_mask: bool = False  # attention stays within documents, which end at eot_id
   eot_id: int = -1  # the tokenizer's end-of-text token
@@ -199,10 +198,6 @@ def rms_heads(x: jax.Array) -> jax.Array:
   return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)).astype(x.dtype)
 
 
-def softcap(logits: jax.Array, cap: float) -> jax.Array:
-  return cap * jnp.tanh(logits / cap) if cap > 0 else logits
-
-
 def _out_std(c: ModelConfig) -> float:
   """Projections back into the residual stream: zero (each block starts as the identity) or
   scaled down, since 2 residual branches per layer add up."""
@@ -348,10 +343,10 @@ class GPT(nnx.Module):
     return self.lm_head.kernel[...]
 
   def head(self, x_BTD: jax.Array, w_DV: jax.Array) -> jax.Array:
-    """float32 (soft-capped) logits of `x` through `w_DV`: inputs in the compute dtype, products
-    summed into float32 (never rounded to the compute dtype first)."""
+    """float32 logits of `x` through `w_DV`: inputs in the compute dtype, products summed into
+    float32 (never rounded to the compute dtype first)."""
     dtype = jnp.dtype(self.c.dtype)
-    return softcap(ops.dense_f32(x_BTD.astype(dtype), w_DV.astype(dtype)), self.c.logit_softcap)
+    return ops.dense_f32(x_BTD.astype(dtype), w_DV.astype(dtype))
 
 
 # What a block keeps for the backward pass: all; its matmul outputs; its input (all recomputed).
