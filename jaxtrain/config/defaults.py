@@ -139,7 +139,6 @@ def _optim() -> ml_collections.ConfigDict:
   optim.head_weight_decay = -1.0  # muon: AdamW decay of an untied head; -1: optim.weight_decay
   optim.z_loss = 0.0  # adds z_loss x mean(log Z^2) of the logits to the training loss; 0: off
   optim.clip_norm = 1.0  # gradient norm limit; 0 turns clipping off
-  optim.clip_per_group = False  # clip each group (matrix, embedding, head, vector) by its own norm
   optim.b1 = 0.9
   optim.b2 = 0.95
   optim.eps = 1e-8

@@ -38,6 +38,7 @@ def field_names() -> list[str]:
 REMOVED = {
     "model.value_embeds": (False, "benchmarks/results/2026-11-24-quality-zen4/value_embeds.diff"),
     "model.logit_softcap": (0.0, "benchmarks/results/2026-11-28-config-gate/logit_softcap.diff"),
+    "optim.clip_per_group": (False, "benchmarks/results/2026-11-28-config-gate/clip_per_group.diff"),
 }
 
 
@@ -107,7 +108,7 @@ STATE_FIELDS = (
     "model.tie_embeddings", "model.rope_theta", "data.tokenizer", "data.val_fraction",
     "train.grad_accum", "train.skip_nonfinite", "optim.loss_scaling", "model.n_kv_heads",
     "model.qk_norm", "optim.name", "data.vocab_size", "model.doc_mask",
-    "optim.clip_per_group", "finetune.lora_rank", "model.x0_mix",
+    "finetune.lora_rank", "model.x0_mix",
     "model.canon",
 )
 LORA_FIELDS = ("finetune.lora_alpha", "finetune.lora_targets")  # breaking where LoRA is on

@@ -69,9 +69,6 @@ def _matrix_dims(updates):
   return jax.tree.map(lambda _: optax.contrib.MuonDimensionNumbers(), updates)
 
 
-GROUPS = ("matrix", "embedding", "head", "vector")
-
-
 def param_groups(params) -> dict:
   """Each param's group for Muon: "embedding" (token and position embeddings), "head" (an
   untied output projection), "matrix" (the blocks' kernels) or "vector" (norm scales)."""
@@ -115,13 +112,12 @@ class Optimizer:
   muon_ns_steps: int = 5  # Newton-Schulz iterations of Muon's orthogonalization
   embedding_weight_decay: float = 0.0
   head_weight_decay: float = -1.0  # -1: weight_decay
-  clip_per_group: bool = False
   z_loss: float = 0.0  # the loss that trains adds z_loss x mean(log Z^2) (core/steps.py)
 
   def transformation(self, schedule: jax.Array | None = None) -> optax.GradientTransformation:
     """The optimizer with its schedule and clipping, accumulated over grad_accum micro-batches.
     `schedule`: the schedule's `schedule_args` (default: those of `max_steps`)."""
-    parts = [self._clip()] if self.clip_norm > 0 else []
+    parts = [optax.clip_by_global_norm(self.clip_norm)] if self.clip_norm > 0 else []
     parts.append(self._adamw(self.lr, self.weight_decay, schedule) if self.name == "adamw" else
                  self._muon(schedule))
     inner = optax.chain(*parts)
@@ -132,13 +128,6 @@ class Optimizer:
     # MultiSteps averages grad_accum micro-batch gradients, then applies one inner update.
     multi = optax.MultiSteps(inner, every_k_schedule=self.grad_accum)
     return skip_nonfinite_steps(multi) if skip else multi.gradient_transformation()
-
-  def _clip(self) -> optax.GradientTransformation:
-    clip = optax.clip_by_global_norm(self.clip_norm)
-    if not self.clip_per_group:
-      return clip
-    # Each group by its own norm: a spike in one (often the embeddings) leaves the others' steps.
-    return optax.partition({g: clip for g in GROUPS}, param_groups)
 
   def _adamw(self, peak: float, weight_decay: float,
              schedule: jax.Array | None) -> optax.GradientTransformation:
@@ -177,8 +166,7 @@ def make_optimizer(optim: ml_collections.ConfigDict, *, max_steps: int, grad_acc
                    embedding_lr=optim.embedding_lr, head_lr=optim.head_lr,
                    momentum=optim.momentum, muon_ns_steps=optim.muon_ns_steps,
                    embedding_weight_decay=optim.embedding_weight_decay,
-                   head_weight_decay=optim.head_weight_decay, clip_per_group=optim.clip_per_group,
-                   z_loss=optim.z_loss)
+                   head_weight_decay=optim.head_weight_decay, z_loss=optim.z_loss)
 
 
 def newton_schulz_flops(shape: tuple[int, ...], ns_steps: int) -> int:
