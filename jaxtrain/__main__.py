@@ -169,7 +169,8 @@ def main(argv: list[str]) -> None:
   except UserError as e:  # the run has finished or abandoned its checkpoint writes
     print("; ".join([f"error: {e}", *getattr(e, "__notes__", [])]), file=sys.stderr)
     exiting.exit_now(e.exit_code)
-  if result.stopped_by and 0 < result.step < cfg.train.max_steps:  # step 0: nothing to resume
+  # Step 0: nothing to resume; the last step: only where its evaluation was left.
+  if result.stopped_by and 0 < result.step and (result.step < cfg.train.max_steps or result.end_left):
     try:
       print(f"to resume: python -m jaxtrain {' '.join(sys.argv[1:])}", flush=True)
     except BrokenPipeError:  # stdout's reader left: the line above is the only one lost

@@ -20,6 +20,7 @@ from jaxtrain.checkpoints import init_from
 from jaxtrain.config import validate
 from jaxtrain.core import cpu
 from jaxtrain.core.steps import TrainState
+from jaxtrain.evals import validation
 from jaxtrain.loop import budget, ending, setup
 from jaxtrain.loop.state import Progress, Run
 from jaxtrain.measure import summary
@@ -94,7 +95,7 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
 
 def _train(r: Run, state: TrainState, elapsed_before: float) -> RunResult:
   """This leg, from `state` to the run's end (or a stop)."""
-  if int(state.step) >= r.cfg.train.max_steps:
+  if int(state.step) >= r.cfg.train.max_steps and not ending.end_left(r.workdir, int(state.step)):
     return ending.already_done(r, int(state.step))
   signals.check()
   p = setup.progress(r, state, elapsed_before)
@@ -106,6 +107,10 @@ def _loop(r: Run, p: Progress, state: TrainState) -> RunResult:
   signal_stop = hook_stop = None
   with signals.GracefulStop() as stop, r.saving.peers_watched(lambda: p.step):
     _open(r, p, stop)
+    if p.step >= p.end:  # stopped in its last evaluation: this leg makes it, then the samples
+      r.out.print(f"step {p.step} is the run's last; making its evaluation, then the samples")
+      _evaluate(r, p, state, stop)
+      signal_stop = _signalled(stop, p.step)
     while p.step < p.end:
       if r.plan is not None:  # the schedule's end from this step on
         state = _follow_plan(r, p, state)
@@ -119,14 +124,17 @@ def _loop(r: Run, p: Progress, state: TrainState) -> RunResult:
         _log(r, p, p.step)
       elif p.step % r.cfg.train.log_every == 0:  # logged once the next step is queued
         p.log_due = p.step
-      new_best = evaluating and r.saving.best.update(_evaluate(r, p, state))
+      val = _evaluate(r, p, state, stop) if evaluating else None
+      if evaluating and not signal_stop:  # a signal during the evaluation stops the run here
+        signal_stop = _stop_asked(stop)
+      new_best = val is not None and r.saving.best.update(val)
       hook_stop = None if signal_stop else r.hooks.stop_reason()
       if hook_stop and p.pending.steps:  # the run's last step gets its line too
         _log(r, p, p.step)
       stopping = bool(signal_stop or hook_stop)
       saving = r.saving.should_save(p.step, p.end, new_best=new_best, stopping=stopping)
       if saving:
-        _save(r, p, state, evaluating, stop, stopping)
+        _save(r, p, state, val is not None, stop, stopping)
       if stopping:
         break
       if evaluating or saving:
@@ -152,6 +160,11 @@ def _signalled(stop: signals.GracefulStop, step: int) -> str | None:
   if runtime.any_process(stop.requested is not None) or runtime.preempted(step):
     return stop.requested or "SIGTERM"
   return None
+
+
+def _stop_asked(stop: signals.GracefulStop) -> str | None:
+  """The signal one of the processes caught since `_signalled` asked (a collective)."""
+  return (stop.requested or "SIGTERM") if runtime.any_process(stop.requested is not None) else None
 
 
 def _follow_plan(r: Run, p: Progress, state: TrainState) -> TrainState:
@@ -210,10 +223,15 @@ def _log(r: Run, p: Progress, step: int) -> None:
                      **stats})
 
 
-def _evaluate(r: Run, p: Progress, state: TrainState) -> float:
-  """The evaluation of this step, to its hooks; returns its val loss."""
-  with p.timeline.timing("eval"):
-    record = p.val.evaluate(r.programs, state, p.step, p.elapsed, r.out.print)
+def _evaluate(r: Run, p: Progress, state: TrainState, stop: signals.GracefulStop) -> float | None:
+  """The evaluation of this step, to its hooks; returns its val loss, or None where a signal
+  stopped it part way (it then has no record)."""
+  asked = lambda: runtime.any_process(stop.requested is not None)  # noqa: E731
+  with p.timeline.timing("eval"), stop.evaluating_now():
+    try:
+      record = p.val.evaluate(r.programs, state, p.step, p.elapsed, r.out.print, asked)
+    except validation.Stopped:
+      return None
   p.last_val = record["val_loss"]
   r.hooks.eval(p.step, record)
   return p.last_val

@@ -32,6 +32,7 @@ import numpy as np
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.data.windows import Shards
 from jaxtrain.system import fmt, signals
+from jaxtrain.system.console import Ticker
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.system.paths import cache_dir as default_cache_dir
 
@@ -229,10 +230,13 @@ def _scan(found: list[_File], cache: Path, show_progress: bool, log) -> list[tup
             disable=not show_progress or not todo) as bar, \
       concurrent.futures.ThreadPoolExecutor(max(1, min(len(todo), os.cpu_count() or 1, 8))) as pool:
     lock = threading.Lock()
+    ticker = Ticker(log, "data: checking ids", total) if not show_progress else None
 
     def progress(n: int) -> None:
       with lock:
         bar.update(n)
+        if ticker is not None:
+          ticker.update(n)
 
     for i, r in zip(todo, pool.map(lambda i: _read_ids(found[i], progress), todo)):
       results[i] = r
