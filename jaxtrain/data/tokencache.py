@@ -107,7 +107,7 @@ def _cache_key(files: list[Path], data: ml_collections.ConfigDict, fixed=None) -
   tok = data.tokenizer
   if fixed is not None:
     tok = hashlib.sha256(json.dumps(fixed.to_json(), sort_keys=True).encode()).hexdigest()
-  elif tok not in tokenizer_lib.BUILTIN:  # a tokenizer.json: its content
+  elif tok not in tokenizer_lib.BUILTIN + tokenizer_lib.NAMED:  # a tokenizer.json: its content
     try:
       tok = hashlib.sha256(Path(tok).expanduser().read_bytes()).hexdigest()
     except OSError as e:
@@ -305,9 +305,9 @@ LARGE_CHAR_VOCAB = 1024  # more characters than this: a note says what they cost
 def _vocab_notes(tok) -> list[str]:
   if not isinstance(tok, tokenizer_lib.CharTokenizer) or tok.vocab_size <= LARGE_CHAR_VOCAB:
     return []
-  return [f"the char tokenizer found {tok.vocab_size - 1:,} different characters, most of them "
-          "rare: the embedding and the head (vocabulary x model.d_model each) then hold most of a "
-          "small model's params; --config.data.tokenizer=byte (256 ids) or bpe keeps them small"]
+  return [f"the char tokenizer found {tok.vocab_size - 1:,} different characters: the embedding "
+          "and the head (vocabulary x model.d_model each) then hold most of a small model's "
+          "params; --config.data.tokenizer=byte (256 ids) or bpe keeps them small"]
 
 
 def _tokenize(files, data, entry: "Entry", show_progress: bool, log, fixed=None) -> dict:

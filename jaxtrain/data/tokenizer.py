@@ -1,42 +1,30 @@
 """Tokenizers: bytes, characters, byte-level BPE (trained on the corpus), a tokenizer.json, or
 token ids as they are (`IdsTokenizer`: token files read without a tokenizer.json).
 
-Every tokenizer has an end-of-text token (`eot_id`) that the token stream puts after each
-document, and writes itself as a Hugging Face `tokenizer.json` (`hf_json`) that
-`tokenizers.Tokenizer.from_file` loads, so any tool can decode a model's output. Byte and char
-encode with numpy (hundreds of MB/s); BPE and tokenizer.json files with `tokenizers`, batched
-over all cores, or, for byte-level BPE with GPT-2's pre-tokenizer (what `bpe` trains, and GPT-2's
-own file), with `tiktoken` on the same vocabulary: the same ids, about 5x faster (checked on a
-probe text when built; any difference falls back to `tokenizers`). Encoding never turns text that
+Every tokenizer but nanoGPT's characters (meta.pkl's) and bare ids has an end-of-text token
+(`eot_id`) that the token stream puts after each document, and each writes itself as a Hugging
+Face `tokenizer.json` (`hf_json`) that `tokenizers.Tokenizer.from_file` loads, so any tool can
+decode a model's output. Byte and char encode with numpy (hundreds of MB/s); BPE and
+tokenizer.json files with `tokenizers`, batched over all cores, or, for byte-level BPE with GPT-2's
+pre-tokenizer (what `bpe` trains, and GPT-2's own file), with `tiktoken` on the same vocabulary
+(bpe_tiktoken.py). GPT-2's own tokenizer is had by name (`gpt2`). Encoding never turns text that
 spells "<|endoftext|>" into the end-of-text token.
 """
 
-import concurrent.futures
-import functools
 import hashlib
 import itertools
 import json
-import os
 from collections.abc import Iterable
 
 import numpy as np
 
+from jaxtrain.data import bpe_tiktoken
+from jaxtrain.data.bpe_tiktoken import byte_chars
 from jaxtrain.system.errors import ConfigError, UserError
 
 EOT = "<|endoftext|>"
 BUILTIN = ("byte", "char", "bpe")
 MIN_BPE_VOCAB = 257  # the 256 byte tokens and the end-of-text token
-# GPT-2's pre-tokenizer, the one `tokenizers`' ByteLevel(use_regex=True) applies.
-GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-_PROBE = "Hello, wörld! It's 2026: x_1 += 3.14159;\n\tdef f(a,  b):  return a**b  # ok?\n\n→ ü\r\n"
-
-
-@functools.cache
-def byte_chars() -> list[str]:
-  """The printable character byte-level BPE (GPT-2's scheme) writes for each byte value."""
-  keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
-  extra = iter(range(256, 512))
-  return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
 
 
 def _hf():
@@ -82,44 +70,50 @@ def codepoints(text: str) -> np.ndarray:
 
 
 class CharTokenizer:
-  """One token per Unicode character of the corpus, ids in code point order; end-of-text last."""
+  """One token per Unicode character of the corpus, ids in code point order; end-of-text last.
+  `ordered`: the ids are the order of `chars` as given (nanoGPT's meta.pkl); `end_of_text`
+  False: there is none (eot_id -1), as in nanoGPT's character data."""
 
   name = "char"
 
-  def __init__(self, chars: str):
-    self.chars = "".join(sorted(set(chars)))
-    self.eot_id = len(self.chars)
-    self.vocab_size = len(self.chars) + 1
-    self._codepoints = np.array([ord(ch) for ch in self.chars], dtype=np.uint32)
+  def __init__(self, chars: str, end_of_text: bool = True, ordered: bool = False):
+    self.chars = chars if ordered else "".join(sorted(set(chars)))
+    self.eot_id = len(self.chars) if end_of_text else -1
+    self.vocab_size = len(self.chars) + end_of_text
+    cps = np.array([ord(ch) for ch in self.chars], dtype=np.uint32)
+    self._ids = np.argsort(cps, kind="stable")  # ids by code point
+    self._codepoints = cps[self._ids]
     self.dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
 
   def encode(self, text: str) -> np.ndarray:
     cps = codepoints(text)
-    ids = np.minimum(np.searchsorted(self._codepoints, cps), max(len(self.chars) - 1, 0))
-    unknown = self._codepoints[ids] != cps if len(self.chars) else np.ones(len(cps), bool)
+    at = np.minimum(np.searchsorted(self._codepoints, cps), max(len(self.chars) - 1, 0))
+    unknown = self._codepoints[at] != cps if len(self.chars) else np.ones(len(cps), bool)
     if unknown.any():
       ch = chr(int(cps[np.argmax(unknown)]))
       raise UserError(f"character {ch!r} is not in this run's char vocabulary "
                       f"({len(self.chars)} characters); use only characters from the training text")
-    return ids.astype(self.dtype)
+    return self._ids[at].astype(self.dtype) if len(self.chars) else at.astype(self.dtype)
 
   def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
     return [self.encode(t) for t in texts]
 
   def decode(self, ids) -> str:
-    return "".join(self.chars[i] if i < self.eot_id else EOT for i in np.asarray(ids).tolist())
+    n = len(self.chars)
+    return "".join(self.chars[i] if i < n else EOT for i in np.asarray(ids).tolist())
 
   def token_bytes(self) -> np.ndarray:
-    return np.array([len(c.encode()) for c in self.chars] + [0], np.int64)
+    return np.array([len(c.encode()) for c in self.chars] + [0] * (self.eot_id >= 0), np.int64)
 
   def to_json(self) -> dict:
-    return {"name": self.name, "chars": self.chars}
+    return {"name": self.name, "chars": self.chars, **({} if self.eot_id >= 0 else
+                                                       {"end_of_text": False})}
 
   def hf_json(self) -> str:
-    return _hf_json({c: i for i, c in enumerate(self.chars)}, "char")
+    return _hf_json({c: i for i, c in enumerate(self.chars)}, "char", self.eot_id >= 0)
 
 
-def _hf_json(vocab: dict[str, int], kind: str) -> str:
+def _hf_json(vocab: dict[str, int], kind: str, end_of_text: bool = True) -> str:
   """A tokenizer.json equivalent to the byte or char tokenizer, end-of-text token last."""
   t = _hf()
   if kind == "byte":
@@ -130,7 +124,8 @@ def _hf_json(vocab: dict[str, int], kind: str) -> str:
     tok = t.Tokenizer(t.models.WordLevel(vocab=vocab or {"\0": 0}, unk_token=None))
     tok.pre_tokenizer = t.pre_tokenizers.Split(t.Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = t.decoders.Fuse()
-  tok.add_special_tokens([t.AddedToken(EOT, special=True)])
+  if end_of_text:
+    tok.add_special_tokens([t.AddedToken(EOT, special=True)])
   return tok.to_str()
 
 
@@ -193,13 +188,26 @@ def _ids_tokenizer(d: dict) -> IdsTokenizer | None:
   return IdsTokenizer(len(vocab), eot)
 
 
+def _chars_without_end(d: dict) -> CharTokenizer | None:
+  """The CharTokenizer without end-of-text whose `hf_json()` is `d` (HFTokenizer would add one)."""
+  model = d.get("model") or {}
+  vocab = model.get("vocab")
+  if model.get("type") != "WordLevel" or d.get("added_tokens") or not isinstance(vocab, dict) \
+      or (d.get("pre_tokenizer") or {}).get("type") != "Split" or sorted(vocab.values()) != \
+      list(range(len(vocab))) or not all(len(c) == 1 for c in vocab):
+    return None
+  return CharTokenizer("".join(sorted(vocab, key=vocab.get)), end_of_text=False, ordered=True)
+
+
 def from_text(text: str):
-  """The tokenizer of a tokenizer.json's text (an IdsTokenizer's own file: that again)."""
+  """The tokenizer of a tokenizer.json's text (an IdsTokenizer's own file, or a CharTokenizer's
+  without end-of-text: that again)."""
   try:
-    ids = _ids_tokenizer(json.loads(text))
+    d = json.loads(text)
+    own = _ids_tokenizer(d) or _chars_without_end(d)
   except (ValueError, AttributeError):
-    ids = None  # not JSON (HFTokenizer says so) or not a JSON object
-  return ids or HFTokenizer(text)
+    own = None  # not JSON (HFTokenizer says so) or not a JSON object
+  return own or HFTokenizer(text)
 
 
 class HFTokenizer:
@@ -228,9 +236,9 @@ class HFTokenizer:
 
   def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
     if self._fast is None:
-      self._fast = _tiktoken(self) or False
+      self._fast = bpe_tiktoken.encoder(self._json, self._slow_ids) or False
     if self._fast:
-      ids = _on_all_cores(self._fast.encode_ordinary, texts)
+      ids = bpe_tiktoken.on_all_cores(self._fast.encode_ordinary, texts)
     else:  # on all cores too
       try:
         ids = [e.ids for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
@@ -241,6 +249,9 @@ class HFTokenizer:
     lengths = [len(i) for i in ids]
     flat = np.fromiter(itertools.chain.from_iterable(ids), self.dtype, count=sum(lengths))
     return np.split(flat, np.cumsum(lengths)[:-1])
+
+  def _slow_ids(self, text: str) -> list[int]:
+    return self.tok.encode(text, add_special_tokens=False).ids
 
   def decode(self, ids) -> str:
     return self.tok.decode(np.asarray(ids).tolist(), skip_special_tokens=False)
@@ -265,45 +276,6 @@ class HFTokenizer:
     return self._json
 
 
-def _on_all_cores(encode, texts: list[str]) -> list[list[int]]:
-  """`encode` over `texts` in one thread per core, each over a contiguous share (tiktoken
-  releases the GIL; its own batch call pays a future per text, most of the time for short ones)."""
-  n = min(os.cpu_count() or 1, max(1, len(texts) // 16))
-  if n == 1:
-    return [encode(t) for t in texts]
-  bounds = np.linspace(0, len(texts), n + 1).astype(int)
-  with concurrent.futures.ThreadPoolExecutor(n) as pool:
-    shares = pool.map(lambda i: [encode(t) for t in texts[bounds[i]:bounds[i + 1]]], range(n))
-    return [ids for share in shares for ids in share]
-
-
-def _tiktoken(tok: HFTokenizer):
-  """tiktoken's encoder of `tok`'s vocabulary, if it is byte-level BPE with GPT-2's pre-tokenizer
-  and ids in merge order (tiktoken merges by id), and it encodes a probe text alike; else None."""
-  d = json.loads(tok.hf_json())
-  model, pre = d.get("model") or {}, d.get("pre_tokenizer") or {}
-  if model.get("type") != "BPE" or model.get("dropout") or d.get("normalizer") is not None or \
-      pre != {**pre, "type": "ByteLevel", "add_prefix_space": False, "use_regex": True}:
-    return None
-  index = {c: b for b, c in enumerate(byte_chars())}
-  added = {a["content"] for a in d.get("added_tokens") or []}
-  vocab = {piece: i for piece, i in (model.get("vocab") or {}).items() if piece not in added}
-  if not all(c in index for piece in vocab for c in piece):
-    return None
-  merged = [vocab.get("".join(m if isinstance(m, list) else m.split(" ", 1)))
-            for m in model.get("merges") or []]
-  if None in merged or merged != sorted(merged):
-    return None
-  import tiktoken
-
-  ranks = {bytes(index[c] for c in piece): i for piece, i in vocab.items()}
-  if len(ranks) != len(vocab) or sum(len(r) == 1 for r in ranks) != 256:
-    return None
-  fast = tiktoken.Encoding("jaxtrain", pat_str=GPT2_SPLIT, mergeable_ranks=ranks, special_tokens={})
-  slow = tok.tok.encode(_PROBE, add_special_tokens=False).ids
-  return fast if fast.encode_ordinary(_PROBE) == slow else None
-
-
 def train_bpe(texts: Iterable[str], vocab_size: int) -> HFTokenizer:
   """Byte-level BPE (GPT-2's pre-tokenizer) with `vocab_size` tokens, end-of-text first."""
   t = _hf()
@@ -316,8 +288,14 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> HFTokenizer:
   return HFTokenizer(tok.to_str(), name="bpe")
 
 
+NAMED = ("gpt2",)  # data.tokenizer names a tokenizer to fetch rather than learn or read
+
+
 def read_file(path: str) -> HFTokenizer:
-  """The tokenizer.json at `path`; a one-line UserError if it does not load."""
+  """The tokenizer.json at `path` (or GPT-2's, for "gpt2"); a one-line UserError if it does not
+  load."""
+  if path == "gpt2":
+    return HFTokenizer(bpe_tiktoken.gpt2_json(), name="gpt2")
   try:
     with open(path, encoding="utf-8") as f:
       return from_text(f.read())
@@ -360,7 +338,9 @@ def newline_id(tokenizer) -> int | None:
 
 def from_json(d: dict):
   """A byte or char tokenizer from its `to_json()`."""
-  return ByteTokenizer() if d["name"] == "byte" else CharTokenizer(d["chars"])
+  if d["name"] == "byte":
+    return ByteTokenizer()
+  return CharTokenizer(d["chars"], d.get("end_of_text", True), ordered=True)
 
 
 def from_cache(meta: dict):

@@ -109,7 +109,8 @@ def write_tokenizer(tok, target: Path) -> None:
   tokens jaxtrain trains on and chats with (data/chat_format.py)."""
   (target / "tokenizer.json").write_text(tok.hf_json(), encoding="utf-8")
   bos = tokenizer_lib.bos_id(tok)
-  special = {"eos_token": tokenizer_lib.EOT, "pad_token": tokenizer_lib.EOT,
+  ends = tok.eot_id >= 0  # nanoGPT's characters and bare ids may have no end-of-text token
+  special = {**({"eos_token": tokenizer_lib.EOT, "pad_token": tokenizer_lib.EOT} if ends else {}),
              **({"bos_token": tok.decode([bos])} if bos is not None else {})}
   paths.write_json(target / "tokenizer_config.json", {
       "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 10**9,
