@@ -161,3 +161,26 @@ def test_a_char_vocabulary_of_thousands_of_symbols_gets_a_note(tmp_path):
           "embedding and the head (vocabulary x model.d_model each) then hold most of a small "
           "model's params; --config.data.tokenizer=byte (256 ids) or bpe keeps them small"
           ) in result.stdout.splitlines()
+
+
+def test_the_dry_run_gives_the_time_here_and_warns_of_many_epochs(corpus_file, tmp_path):
+  result = run_cli(*kh.cli_args(tmp_path / "run", corpus_file, 20000), "--dry_run")
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.splitlines()
+  plan = next(x for x in lines if x.startswith("plan: 20000 steps"))
+  epochs = float(plan.split(" epochs of the train split")[0].rsplit("(", 1)[1])
+  assert epochs > 30
+  assert (f"warning: plan: {epochs:.0f} epochs: the model sees each training token that many "
+          "times and learns the text by heart (val loss rises again); give it more data "
+          "(--config.data.path) or fewer steps (--config.train.max_steps)") in lines
+  flops = float(plan.split(" FLOPs (")[0].rsplit(", ", 1)[1])
+  time_line = next(x for x in lines if x.startswith("time: about "))
+  assert " of training steps here, at 40% MFU (what the recipes reach) of " in time_line
+  assert "float32 matmul measured on this cpu" in time_line
+  peak = time_line.split(" of ")[2].split("FLOP/s")[0]  # e.g. 198.29G
+  seconds = flops / (0.4 * float(peak[:-1]) * {"G": 1e9, "T": 1e12, "M": 1e6}[peak[-1]])
+  said = time_line.split("about ")[1].split(" of training")[0]
+  assert said.endswith(("s", "m")) and (seconds < 60) == said.endswith("s") and "h" not in said
+  assert not (tmp_path / "run").exists()
+  short = run_cli(*kh.cli_args(tmp_path / "run", corpus_file, 4), "--dry_run")
+  assert not any(x.startswith("warning: plan:") for x in short.stdout.splitlines())

@@ -27,9 +27,10 @@ from jaxtrain.system.console import Ticker
 from jaxtrain.system.errors import UserError
 
 CHUNK_BYTES = 8 << 20  # read from text files at a time
-# A text file with this share of its bytes not UTF-8 (Latin-1 text, say) gets a warning with the
-# fix; fewer (a stray byte) only a note. Training goes on either way, on U+FFFD where they were.
-NOT_UTF8_WARN = 0.01
+# A text file (of NOT_UTF8_MIN_BYTES or more) with this share of its bytes not UTF-8 (Latin-1
+# text, say) gets a warning with the fix; fewer (a stray byte, or the few encoding tests among the
+# standard library's files) only a note. Training goes on either way, on U+FFFD where they were.
+NOT_UTF8_WARN, NOT_UTF8_MIN_BYTES = 0.01, 4096
 PIECE_CHARS = 1 << 18  # text files are cut into pieces about this long, at line ends
 _BLOCK_BYTES = 16 << 20  # .jsonl bytes parsed at a time
 _PARQUET_ROWS = 8192
@@ -269,13 +270,17 @@ class Documents:
                       "--config.data.format=uint16 or llmc)" if ids else ""))
     if self.counter.count:
       notes.append(f"replaced {self.counter.count} byte(s) that are not UTF-8 with U+FFFD")
-    for f, n in self.not_utf8.items():
-      size = f.stat().st_size
-      if n >= NOT_UTF8_WARN * size:
-        notes.append(f"warning: {n / size:.1%} of the bytes of {f} ({n:,} of {size:,}) are not "
-                     "UTF-8 and became U+FFFD, so the model learns that instead of its letters; "
-                     f"if it is Latin-1, convert it first: iconv -f latin1 -t utf-8 {f} > "
-                     f"{f.with_name(f.stem + '.utf8' + f.suffix)}")
+    sizes = {f: f.stat().st_size for f in self.not_utf8}
+    wrong = [f for f, n in self.not_utf8.items() if sizes[f] >= NOT_UTF8_MIN_BYTES
+             and n >= NOT_UTF8_WARN * sizes[f]]
+    for f in wrong[:3]:
+      n, size = self.not_utf8[f], sizes[f]
+      notes.append(f"warning: {n / size:.1%} of the bytes of {f} ({n:,} of {size:,}) are not "
+                   "UTF-8 and became U+FFFD, so the model learns that instead of its letters; "
+                   f"if it is Latin-1, convert it first: iconv -f latin1 -t utf-8 {f} > "
+                   f"{f.with_name(f.stem + '.utf8' + f.suffix)}")
+    if len(wrong) > 3:
+      notes.append(f"warning: {len(wrong) - 3} more file(s) are not UTF-8 either, e.g. {wrong[3]}")
     return notes
 
 

@@ -31,7 +31,7 @@ from jaxtrain.system.console import Ticker
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.system.lock import FileLock, describe_holder, is_held
 
-_CACHE_VERSION = 2
+_CACHE_VERSION = 3  # 3: notes warn of text that is not UTF-8, and of large char vocabularies
 _BATCH_CHARS = 4 << 20  # text encoded per call: BPE spreads a batch over all cores
 
 
