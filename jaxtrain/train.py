@@ -212,8 +212,8 @@ def _log(r: Run, p: Progress, step: int) -> None:
     r.out.print(summary.speed_line(speed, r.programs.model_cfg.dtype, p.end - step))
   loss, lr, elapsed = p.pending.last_loss, p.pending.last_lr, p.elapsed()
   mem, mem_text, mem_warning = p.mem_watch.read()
-  r.out.progress(step, p.end, loss, lr, speed.tokens_per_sec if speed else 0.0, elapsed,
-                 speed.eta_s if speed else 0.0, mem_text, p.last_val)
+  r.out.progress(step, p.end, loss, lr, speed.tokens_per_sec if speed else None, elapsed,
+                 speed.eta_s if speed else None, mem_text, p.last_val)
   if mem_warning:
     r.out.print(mem_warning)
   r.saving.check(step)  # a background write that failed is reported now

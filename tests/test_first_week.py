@@ -6,6 +6,7 @@ file, a char vocabulary of thousands of symbols."""
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from conftest import ROOT, run_cli
 
 from jaxtrain.data import bpe_tiktoken, meta_pkl
 from jaxtrain.data import tokenizer as tokenizer_lib
+from jaxtrain.system import invocation
 from jaxtrain.system.errors import UserError
 
 
@@ -184,3 +186,42 @@ def test_the_dry_run_gives_the_time_here_and_warns_of_many_epochs(corpus_file, t
   assert not (tmp_path / "run").exists()
   short = run_cli(*kh.cli_args(tmp_path / "run", corpus_file, 4), "--dry_run")
   assert not any(x.startswith("warning: plan:") for x in short.stdout.splitlines())
+
+
+def test_a_command_is_named_as_the_user_started_it():
+  assert invocation.command("jaxtrain", ["/usr/bin/python3", "/venv/bin/jaxtrain", "--help"]) \
+      == "jaxtrain"
+  assert invocation.command("jaxtrain.sample", ["python", "/venv/bin/jaxtrain-export"]) \
+      == "jaxtrain-sample"  # the console scripts come together
+  assert invocation.command("jaxtrain", ["python", "-m", "jaxtrain", "--help"]) \
+      == "python -m jaxtrain"
+  assert invocation.command("jaxtrain.export", ["python", "-X", "dev", "-mjaxtrain.export"]) \
+      == "python -m jaxtrain.export"
+  assert invocation.command("jaxtrain", ["python", "my_script.py"]) == "python -m jaxtrain"
+  assert invocation.command("jaxtrain", ["python", "-c", "..."]) == "python -m jaxtrain"
+
+
+@pytest.mark.slow
+def test_the_installed_command_names_itself_in_help_hints_and_the_resume_line(corpus_file,
+                                                                               tmp_path):
+  script = Path(sys.executable).parent / "jaxtrain"
+  if not script.is_file():
+    pytest.skip("jaxtrain is not installed in this environment (pip install -e .)")
+  shown = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+  assert shown.stdout.startswith("usage: jaxtrain --config=FILE ")
+  defaults = shown.stdout.split("Every field with its default: ")[1].split()[0]
+  assert Path(defaults).is_file()
+  wrong = subprocess.run([str(script), "--config=nano", "--max_steps=5"], capture_output=True,
+                         text=True, timeout=120)
+  assert wrong.returncode == 2 and wrong.stderr.startswith(
+      "error: --max_steps is not a flag of jaxtrain; config fields are set as")
+  args = kh.cli_args(tmp_path / "run", corpus_file, 500)
+  proc = subprocess.Popen([str(script), *args], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+  for line in proc.stdout:
+    if line.startswith("compiled and ran the first step"):
+      proc.send_signal(signal.SIGINT)
+      break
+  out, _ = proc.communicate(timeout=120)
+  assert proc.returncode == 130
+  assert out.splitlines()[-1] == f"to resume: jaxtrain {' '.join(args)}"

@@ -139,10 +139,15 @@ def test_a_fresh_install_of_the_wheel_trains_outside_the_checkout(wheel, tmp_pat
   assert str(ROOT) not in path and sys.prefix not in path, path  # not the checkout, nor its venv
   recipes = Path(module_file).parent / "recipes"
   for help_command in ([python, "-m", "jaxtrain", "--help"], ["jaxtrain", "--help"]):
-    assert f"Recipes, in {recipes}: " in " ".join(run(*help_command).stdout.split())
+    shown = run(*help_command).stdout
+    assert f"Recipes, in {recipes}: " in " ".join(shown.split())
+    # Each speaks of itself as it was started, and names a file the install has.
+    assert shown.startswith(f"usage: {' '.join(help_command[:-1]).replace(python, 'python')} ")
+    defaults = shown.split("Every field with its default: ")[1].split()[0]
+    assert defaults.startswith(str(venv)) and Path(defaults).is_file(), defaults
   start = time.perf_counter()
   for script in sorted(_commands()):
-    assert "usage:" in run(script, "--help").stdout, script
+    assert run(script, "--help").stdout.startswith(f"usage: {script} "), script
   took["each command's --help"] = time.perf_counter() - start
 
   start = time.perf_counter()

@@ -51,10 +51,12 @@ def finish(r: Run, p: Progress, state: TrainState, speed: float | None) -> RunRe
     params = runtime.host_copy(state.params)  # every process takes part; process 0 samples
     is_main = jax.process_index() == 0
     r.phase = "sampling"
-    with p.timeline.timing("samples"):
+    # Counted as samples only where some are drawn: the time line never shows samples for none.
+    with p.timeline.timing("samples" if r.cfg.sample.num_samples else "loss plot"):
       texts = samples.write_samples(
           r.cfg.sample, r.cfg.model.seq_len, r.cfg.seed, state.replace(params=params),
           r.corpus.val, r.corpus.tokenizer, r.workdir, r.out) if is_main else []
+    with p.timeline.timing("loss plot"):
       if is_main:
         png = metrics_jsonl.plot_losses(r.workdir / metrics_jsonl.FILE, r.workdir / "loss.png")
         if png:

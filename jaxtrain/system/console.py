@@ -111,21 +111,25 @@ class Console:
 
       self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
-  def progress(self, step: int, total: int, loss: float, lr: float, tokens_per_sec: float,
-               elapsed: float, eta: float, memory: str = "", val: float | None = None) -> None:
+  def progress(self, step: int, total: int, loss: float, lr: float, tokens_per_sec: float | None,
+               elapsed: float, eta: float | None, memory: str = "",
+               val: float | None = None) -> None:
     """The progress line (or bar) of a logged step; `val`: the latest val loss, once there is
-    one, beside the train loss, so that overfitting shows without scrolling back."""
+    one, beside the train loss, so that overfitting shows without scrolling back. No speed (None)
+    before a step was timed: then no tok/s and no eta are shown, rather than 0."""
     loss_text = f"loss {loss:.4f}" + ("" if val is None else f" | val {val:.4f}")
+    speed = "" if tokens_per_sec is None else f"{fmt.count(tokens_per_sec)} tok/s"
     if self.bar is not None:
       self.bar.total = total  # a time budget's plan may move the end
       self.bar.update(step - self.bar.n)
-      self.bar.set_postfix_str(f"{loss_text.replace(' |', '')} lr {lr:.2e} "
-                               f"{fmt.count(tokens_per_sec)} tok/s"
-                               + (f" {memory}" if memory else ""), refresh=False)
+      self.bar.set_postfix_str(" ".join(filter(None, [loss_text.replace(" |", ""),
+                                                      f"lr {lr:.2e}", speed, memory])),
+                               refresh=False)
     else:
-      self.print(f"step {step:>6}/{total} | {loss_text} | lr {lr:.2e} | "
-                 f"{fmt.count(tokens_per_sec)} tok/s | elapsed {fmt.duration(elapsed)} | "
-                 f"eta {fmt.duration(eta)}" + (f" | {memory}" if memory else ""))
+      parts = [f"step {step:>6}/{total}", loss_text, f"lr {lr:.2e}", speed,
+               f"elapsed {fmt.duration(elapsed)}",
+               "" if eta is None or step >= total else f"eta {fmt.duration(eta)}", memory]
+      self.print(" | ".join(filter(None, parts)))
 
   def close(self) -> None:
     if self.bar is not None:

@@ -21,10 +21,11 @@ from jaxtrain.checkpoints import hf, load
 from jaxtrain.core import lora
 from jaxtrain.data import chat_format
 from jaxtrain.data import tokenizer as tokenizer_lib
-from jaxtrain.system import paths
+from jaxtrain.system import invocation, paths
 from jaxtrain.system.errors import UserError
 
-USAGE = ("usage: python -m jaxtrain.export --workdir=runs/nano --out=hf/nano [--step=latest|best|N]\n"
+_COMMAND = invocation.command("jaxtrain.export")
+USAGE = (f"usage: {_COMMAND} --workdir=runs/nano --out=hf/nano [--step=latest|best|N]\n"
          "A run's model as a Hugging Face transformers directory.")
 WRITTEN = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
            "generation_config.json")  # and hf.MODELING_FILE for a model of jaxtrain's own class
