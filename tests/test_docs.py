@@ -155,6 +155,8 @@ def tiny(command: str) -> str:
   if re.match(r"(python -m jaxtrain(\.sweep)?|jaxtrain(-sweep)?) ", command):
     extra = {f"config.{k}": v for k, v in TINY.items() if f"--config.{k}=" not in command}
     extra["config.train.max_steps"] = 6 if "--config.train.max_steps=" in command else 3
+    if "examples/finetune/" in command:  # its records are longer than TINY's window
+      extra["config.model.seq_len"] = 96
     if "--config.train.time_budget=" in command:
       extra["config.train.time_budget"] = "15s"
   elif command.startswith(("python -m jaxtrain.sample ", "python -m jaxtrain.chat ",
@@ -216,6 +218,7 @@ def _token_files(sandbox: Path, text: str) -> None:
   dev/data/fineweb10B) write them."""
   import numpy as np
 
+  text += "\nROMEO: a line as Shakespeare's text has them.\n"  # for the docs' prompt
   chars = sorted(set(text))
   ids = np.array([chars.index(c) for c in text], np.uint16)
   nano = sandbox / "data" / "shakespeare_char"

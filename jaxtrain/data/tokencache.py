@@ -299,17 +299,6 @@ def _learned(data: ml_collections.ConfigDict, docs: Documents, sizes: np.ndarray
   return tokenizer_lib.ByteTokenizer()
 
 
-LARGE_CHAR_VOCAB = 1024  # more characters than this: a note says what they cost
-
-
-def _vocab_notes(tok) -> list[str]:
-  if not isinstance(tok, tokenizer_lib.CharTokenizer) or tok.vocab_size <= LARGE_CHAR_VOCAB:
-    return []
-  return [f"the char tokenizer found {tok.vocab_size - 1:,} different characters: the embedding "
-          "and the head (vocabulary x model.d_model each) then hold most of a small model's "
-          "params; --config.data.tokenizer=byte (256 ids) or bpe keeps them small"]
-
-
 def _tokenize(files, data, entry: "Entry", show_progress: bool, log, fixed=None) -> dict:
   """Writes the cache entry (the tokens, then the .json that marks them complete); its meta.
   Bad input is found by the first pass, before anything is written."""
@@ -345,7 +334,7 @@ def _tokenize(files, data, entry: "Entry", show_progress: bool, log, fixed=None)
             "n_tokens": writer.n_tokens, "n_train": writer.n_train,
             "fingerprint": writer.sha.hexdigest(), "n_files": len(files) - len(docs.binary),
             "n_bytes": int(sizes.sum()), "n_docs": int((sizes > 0).sum()),
-            "notes": docs.notes() + _vocab_notes(tok),
+            "notes": docs.notes() + tokenizer_lib.vocab_notes(tok),
             "source": describe(data.path), "masked": records}
     if isinstance(tok, tokenizer_lib.HFTokenizer):
       meta["tokenizer_json"] = tok.hf_json()

@@ -113,6 +113,18 @@ class CharTokenizer:
     return _hf_json({c: i for i, c in enumerate(self.chars)}, "char", self.eot_id >= 0)
 
 
+LARGE_CHAR_VOCAB = 1024  # more characters than this: a note says what they cost
+
+
+def vocab_notes(tok) -> list[str]:
+  """A note for the log where a char vocabulary is large enough to weigh on a small model."""
+  if not isinstance(tok, CharTokenizer) or tok.vocab_size <= LARGE_CHAR_VOCAB:
+    return []
+  return [f"the char tokenizer found {len(tok.chars):,} different characters: the embedding "
+          "and the head (vocabulary x model.d_model each) then hold most of a small model's "
+          "params; --config.data.tokenizer=byte (256 ids) or bpe keeps them small"]
+
+
 def _hf_json(vocab: dict[str, int], kind: str, end_of_text: bool = True) -> str:
   """A tokenizer.json equivalent to the byte or char tokenizer, end-of-text token last."""
   t = _hf()
