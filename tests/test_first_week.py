@@ -82,6 +82,9 @@ def test_meta_pkl_gives_characters_ids_or_one_line_never_running_code(tmp_path):
   # Written and read back as a workdir's tokenizer.json: the same (no end-of-text is added).
   back = tokenizer_lib.from_text(tok.hf_json())
   assert back.vocab_size == 6 and back.eot_id == -1 and back.decode([5, 0]) == "c\n"
+  # Given as data.tokenizer for text, the same file gets the end-of-text a document needs.
+  (tmp_path / "chars.json").write_text(tok.hf_json())
+  assert tokenizer_lib.read_file(str(tmp_path / "chars.json")).eot_id == 6
   # Characters not in code point order keep their ids.
   path.write_bytes(pickle.dumps({"vocab_size": 3, "itos": ["z", "a", "m"]}))
   assert meta_pkl.tokenizer(path)[0].encode("amz").tolist() == [1, 2, 0]

@@ -211,12 +211,13 @@ def _chars_without_end(d: dict) -> CharTokenizer | None:
   return CharTokenizer("".join(sorted(vocab, key=vocab.get)), end_of_text=False, ordered=True)
 
 
-def from_text(text: str):
+def from_text(text: str, chars_without_end: bool = True):
   """The tokenizer of a tokenizer.json's text (an IdsTokenizer's own file, or a CharTokenizer's
-  without end-of-text: that again)."""
+  without end-of-text where `chars_without_end`: that again; a tokenizer.json given for text
+  gets an end-of-text token, which a document needs)."""
   try:
     d = json.loads(text)
-    own = _ids_tokenizer(d) or _chars_without_end(d)
+    own = _ids_tokenizer(d) or (_chars_without_end(d) if chars_without_end else None)
   except (ValueError, AttributeError):
     own = None  # not JSON (HFTokenizer says so) or not a JSON object
   return own or HFTokenizer(text)
@@ -310,7 +311,7 @@ def read_file(path: str) -> HFTokenizer:
     return HFTokenizer(bpe_tiktoken.gpt2_json(), name="gpt2")
   try:
     with open(path, encoding="utf-8") as f:
-      return from_text(f.read())
+      return from_text(f.read(), chars_without_end=False)
   except (OSError, UnicodeDecodeError, ValueError) as e:
     why = getattr(e, "strerror", None) or str(e)
     raise ConfigError("data.tokenizer", f"{path} is not a tokenizer.json that loads ({why})",
