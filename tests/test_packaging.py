@@ -92,7 +92,10 @@ def test_no_module_imports_a_test_only_package_at_import_time():
   test_only = {"torch", "transformers", "pytest", "hypothesis", "nbclient", "nbformat",
                "ipykernel", "tensorboard", "wandb", "ruff", "setuptools"}
   found = []
-  for path in sorted((ROOT / "jaxtrain").rglob("*.py")):
+  # Written into exports as their modeling file (transformers loads it there); jaxtrain never
+  # imports it.
+  written_only = {ROOT / "jaxtrain" / "checkpoints" / "hf_modeling.py"}
+  for path in sorted(set((ROOT / "jaxtrain").rglob("*.py")) - written_only):
     for node in ast.parse(path.read_text()).body:  # module level only
       names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
           [node.module or ""] if isinstance(node, ast.ImportFrom) else []
