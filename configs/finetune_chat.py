@@ -1,6 +1,6 @@
 """finetune_chat: teach a model to chat from chat records (.jsonl or .parquet).
 
-python -m jaxtrain --config=configs/finetune_chat.py --config.data.path=chats.jsonl \
+python -m jaxtrain --config=configs/finetune_chat.py --config.data.path=examples/finetune/chats.jsonl \
     [--config.init_from=runs/nano]
 python -m jaxtrain.chat --workdir=runs/chat
 python -m jaxtrain.export --workdir=runs/chat --out=hf/chat

@@ -2,9 +2,9 @@
 low-rank adapters beside the attention projections train, the model's own params stay as they are.
 
 python -m jaxtrain.export --workdir=runs/nano --out=hf/nano   # or any Llama/GPT-2 directory
-python -m jaxtrain --config=configs/finetune_lora.py --config.data.path=train.jsonl \
+python -m jaxtrain --config=configs/finetune_lora.py --config.data.path=examples/finetune/routes.jsonl \
     [--config.init_from=hf/nano|runs/nano]
-python -m jaxtrain.eval --workdir=runs/lora --data=test.jsonl
+python -m jaxtrain.eval --workdir=runs/lora --data=examples/finetune/held_out.jsonl
 python -m jaxtrain.export --workdir=runs/lora --out=hf/lora   # adapters merged: a plain model
 
 The model fields come from the source (the Hugging Face config.json, or the run's config.json);

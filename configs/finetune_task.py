@@ -1,13 +1,13 @@
 """finetune_task: teach a model a task from prompt/completion records (.jsonl or .parquet).
 
-python -m jaxtrain --config=configs/finetune_task.py --config.data.path=train.jsonl \
+python -m jaxtrain --config=configs/finetune_task.py --config.data.path=examples/finetune/routes.jsonl \
     [--config.init_from=runs/nano]
-python -m jaxtrain.sample --workdir=runs/task --prompts=test.jsonl --temperature=0
-python -m jaxtrain.eval --workdir=runs/task --data=test.jsonl --out=runs/task/eval.json
+python -m jaxtrain.sample --workdir=runs/task --prompts=examples/finetune/prompts.jsonl --temperature=0
+python -m jaxtrain.eval --workdir=runs/task --data=examples/finetune/held_out.jsonl --out=runs/task/eval.json
 
-With --config.train.eval_tasks=test.jsonl the same task scores (task/test/exact_match, ...) come
-at every evaluation of the run, and --config.train.early_stop_metric=task/test/exact_match stops
-it once exact match stops rising.
+With --config.train.eval_tasks=examples/finetune/held_out.jsonl the same task scores
+(task/held_out/exact_match, ...) come at every evaluation of the run, and
+--config.train.early_stop_metric=task/held_out/exact_match stops it once exact match stops rising.
 
 Each record `{"prompt": ..., "completion": ...}` is one document: its prompt, its completion and
 an end-of-text token. Only the completions (and their end-of-text) count in the loss and in

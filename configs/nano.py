@@ -8,8 +8,8 @@ trained for more steps beat 2 x 128 and 5 layers at the same FLOPs
 blocks' matrices, warmup then a straight decay to zero, an untied head, output projections that
 start at zero. A BPE vocabulary learns more per FLOP still (--config.data.tokenizer=bpe
 --config.data.vocab_size=1024), at the cost of training it first. It keeps the
-Llama layout (RMSNorm, RoPE, SwiGLU, no QK-norm), so `python -m jaxtrain.export` can write it
-for Hugging Face transformers.
+Llama layout (RMSNorm, RoPE, SwiGLU, no QK-norm), so `python -m jaxtrain.export` writes it as
+transformers' own LlamaForCausalLM.
 """
 
 from jaxtrain.config import default_config

@@ -1,5 +1,6 @@
 """`python -m jaxtrain --config=configs/nano.py [--config.a.b=v ...] [--jax_platforms=cpu]`."""
 
+import shlex
 import sys
 import textwrap
 
@@ -16,7 +17,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from jaxtrain import train  # noqa: E402
 from jaxtrain.config import defaults, loading, schema  # noqa: E402
-from jaxtrain.system import signals  # noqa: E402
+from jaxtrain.system import invocation, signals  # noqa: E402
 from jaxtrain.system.errors import UserError  # noqa: E402
 from jaxtrain.tools import cli  # noqa: E402
 from jaxtrain.tools.cli import fail  # noqa: E402
@@ -27,7 +28,7 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved config, the m
                              "the plan of the run, without training or writing to the workdir.")
 
 
-HELP = """usage: python -m jaxtrain --config=FILE [--config.SECTION.FIELD=VALUE ...] [--jax_platforms=cpu]
+HELP = """usage: {command} --config=FILE [--config.SECTION.FIELD=VALUE ...] [--jax_platforms=cpu]
 
 Trains the model FILE describes in its workdir, resuming from the workdir's newest checkpoint.
 
@@ -39,7 +40,8 @@ flags:
   --jax_platforms=cpu|cuda|tpu  where to run (default: a GPU or TPU when there is one, else cpu)
   --help                        this list; --helpfull: every flag of absl and JAX as well
 
-SECTION: {sections}. Every field with its default: jaxtrain/config/defaults.py
+SECTION: {sections}.
+Every field with its default: {defaults} (--dry_run prints a config's fields)
 {recipes}"""
 
 
@@ -49,7 +51,8 @@ def _help() -> str:
   recipes = (f"Recipes, in {shipped}: {', '.join(cli.recipe_names())}" if shipped else
              "Recipes: none here; the configs/ folder of the jaxtrain repository holds them")
   recipes = textwrap.fill(recipes, 100, break_long_words=False, break_on_hyphens=False)  # paths whole
-  return HELP.format(recipes=recipes, sections=", ".join(sections))
+  return HELP.format(recipes=recipes, sections=", ".join(sections), command=invocation.command(),
+                     defaults=defaults.__file__)  # the installed file, in a wheel too
 
 
 def _config_value(argv: list[str]) -> tuple[int, str | None]:
@@ -89,7 +92,7 @@ def _field_as_flag(argv: list[str]) -> str | None:
       if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
         value = argv[i + 1]  # `--max_steps 5`
       shown = " or ".join(f"--config.{f}={value or '...'}" for f in matches)
-      return (f"--{name} is not a flag of python -m jaxtrain; config fields are set as "
+      return (f"--{name} is not a flag of {invocation.command()}; config fields are set as "
               f"--config.SECTION.FIELD=VALUE: did you mean {shown}?")
   return None
 
@@ -170,9 +173,10 @@ def main(argv: list[str]) -> None:
     print("; ".join([f"error: {e}", *getattr(e, "__notes__", [])]), file=sys.stderr)
     exiting.exit_now(e.exit_code)
   end = cfg.train.max_steps if result.max_steps is None else result.max_steps  # a budget's end
-  if result.stopped_by and 0 < result.step < end:  # step 0: nothing to resume
+  # Step 0: nothing to resume; the last step: only where its evaluation was left.
+  if result.stopped_by and 0 < result.step and (result.step < end or result.end_left):
     try:
-      print(f"to resume: python -m jaxtrain {' '.join(sys.argv[1:])}", flush=True)
+      print(f"to resume: {invocation.command()} {shlex.join(sys.argv[1:])}", flush=True)
     except BrokenPipeError:  # stdout's reader left: the line above is the only one lost
       pass
   exiting.exit_now(result.exit_code)

@@ -20,6 +20,7 @@ import jax
 import ml_collections
 
 from jaxtrain.core.steps import TrainState
+from jaxtrain.evals import validation
 from jaxtrain.loop import budget, ending, resolution, setup
 from jaxtrain.loop.state import Progress, Run
 from jaxtrain.loop.workdir import claimed, write_config
@@ -54,7 +55,8 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
       phase, max_steps = "compiling", r.cfg.train.max_steps
       r, state, elapsed_before = setup.start(r)
       claim.started = True
-      if int(state.step) >= r.cfg.train.max_steps:
+      if int(state.step) >= r.cfg.train.max_steps and not ending.end_left(r.workdir,
+                                                                           int(state.step)):
         result = ending.already_done(r, int(state.step))
       else:
         signals.check()
@@ -90,6 +92,11 @@ def _loop(r: Run, p: Progress, state: TrainState) -> RunResult:
   """The leg's steps, from `p.step` (before `p.end`: at least one) to its end or a stop."""
   with signals.GracefulStop() as stop, r.saving.peers_watched(lambda: p.step):
     _open(r, p, stop)
+    due = Due(None, None, save=False, read=False, log_next=False)
+    if p.step >= p.end:  # stopped in its last evaluation: this leg makes it, then the samples
+      r.out.print(f"step {p.step} is the run's last; making its evaluation, then the samples")
+      _validate(r, p, state, stop)
+      due = Due(_signalled(stop, p.step), None, save=False, read=False, log_next=False)
     while p.step < p.end:
       if r.plan is not None:  # the schedule's end from this step on
         state = _follow_plan(r, p, state)
@@ -100,7 +107,8 @@ def _loop(r: Run, p: Progress, state: TrainState) -> RunResult:
       new_best = None
       if p.val.should_eval(p.step, p.end):
         _log(r, p, p.step)  # its line before its evaluation's, whose time its speed leaves out
-        new_best = r.saving.best.update(_validate(r, p, state))
+        val = _validate(r, p, state, stop)  # None: a signal stopped it (`_due` stops the run)
+        new_best = None if val is None else r.saving.best.update(val)
       due = _due(r, p, stop, new_best)
       if due.read:
         _log(r, p, p.step)
@@ -206,8 +214,8 @@ def _log(r: Run, p: Progress, step: int) -> None:
     r.out.print(speed_lib.first_line(speed, r.programs.model_cfg.dtype, p.end - step))
   loss, lr, elapsed = p.pending.last_loss, p.pending.last_lr, p.elapsed()
   mem, mem_text, mem_warning = p.mem_watch.read()
-  r.out.progress(step, p.end, loss, lr, speed.tokens_per_sec if speed else 0.0, elapsed,
-                 speed.eta_s if speed else 0.0, mem_text, p.last_val)
+  r.out.progress(step, p.end, loss, lr, speed.tokens_per_sec if speed else None, elapsed,
+                 speed.eta_s if speed else None, mem_text, p.last_val)
   if mem_warning:
     r.out.print(mem_warning)
   r.saving.check(step)  # a background write that failed is reported now
@@ -217,10 +225,15 @@ def _log(r: Run, p: Progress, step: int) -> None:
                      **stats})
 
 
-def _validate(r: Run, p: Progress, state: TrainState) -> float:
-  """The evaluation of this step, to its hooks; returns its val loss."""
-  with p.timeline.timing("eval"):
-    record = p.val.score(r.programs, state, p.step, p.elapsed, r.out.print)
+def _validate(r: Run, p: Progress, state: TrainState, stop: signals.GracefulStop) -> float | None:
+  """The evaluation of this step, to its hooks; returns its val loss, or None where a signal
+  stopped it part way (it then has no record)."""
+  asked = lambda: runtime.any_process(stop.requested is not None)  # noqa: E731
+  with p.timeline.timing("eval"), stop.evaluating_now():
+    try:
+      record = p.val.score(r.programs, state, p.step, p.elapsed, r.out.print, asked)
+    except validation.Stopped:
+      return None
   p.last_val = record["val_loss"]
   r.hooks.eval(p.step, record)
   return p.last_val

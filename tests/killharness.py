@@ -68,6 +68,47 @@ class Run:
     return "\n".join(self.lines)
 
 
+class Proc:
+  """`python -m jaxtrain ARGS` with stdout and stderr collected line by line."""
+
+  def __init__(self, args: list[str], module: str = "jaxtrain", env: dict | None = None):
+    env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+    self.proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    self.out: list[str] = []
+    self.err: list[str] = []
+    self._readers = [threading.Thread(target=self._read, args=(s, lines), daemon=True)
+                     for s, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+    for t in self._readers:
+      t.start()
+
+  @staticmethod
+  def _read(stream, lines: list[str]) -> None:
+    for line in stream:
+      lines.append(line.rstrip("\n"))
+
+  def wait_for(self, predicate, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+      assert self.proc.poll() is None, f"exited {self.proc.returncode}: {self.out[-5:]} {self.err}"
+      assert time.time() < deadline, f"timed out: {self.out[-5:]} {self.err}"
+      time.sleep(0.002)
+
+  def finish(self, timeout: float = 60) -> int:
+    try:
+      code = self.proc.wait(timeout)
+    finally:
+      if self.proc.poll() is None:
+        self.proc.kill()
+        self.proc.wait()
+    for t in self._readers:
+      t.join(5)
+    return code
+
+  def first_step(self) -> bool:
+    return any(x.startswith("compiled and ran the first step") for x in self.out)
+
+
 def complete(args: list[str], timeout: float = 300) -> Run:
   run = Run(args)
   code = run.wait(timeout)

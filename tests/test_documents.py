@@ -247,7 +247,7 @@ def test_a_vocab_size_below_the_byte_alphabet_is_refused_up_front(tmp_path):
                      r"byte-level BPE \(256 byte tokens \+ end-of-text\); pass"):
     validate.validate(cfg)
   cfg.data.vocab_size, cfg.data.tokenizer = 4096, "bpee"
-  with pytest.raises(ConfigError, match="^config.data.tokenizer: 'bpee' is not byte, char, bpe or a "
+  with pytest.raises(ConfigError, match="^config.data.tokenizer: 'bpee' is not byte, char, bpe, gpt2 or a "
                      "tokenizer.json file"):
     validate.validate(cfg)
 

@@ -18,9 +18,10 @@ from jaxtrain.checkpoints import hf, init_from, store
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system import paths
 from jaxtrain.system.errors import UserError
-from jaxtrain.testing import init, tiny_config
+from jaxtrain.testing import tiny_config
 from jaxtrain.tools import export
 
+ROOT = Path(__file__).resolve().parents[1]
 torch = pytest.importorskip("torch", reason="the test extra installs torch (CPU)")
 transformers = pytest.importorskip("transformers")
 
@@ -36,7 +37,8 @@ def make_run(directory: Path, cfg, tok=None, noise: float = 0.3) -> jt.TrainStat
   """A run's workdir as training leaves it (run.json, tokenizer.json, a checkpoint with its
   config), holding a fresh state with noise on its params so that every weight matters."""
   tok = tok or tokenizer_lib.ByteTokenizer()
-  state = init(cfg, tok.vocab_size)
+  state = jt.build(cfg, cfg.model.vocab_size or tok.vocab_size, jax.devices()[:1],
+                   eot_id=tok.eot_id).init()
   rng = np.random.default_rng(0)
   state = state.replace(params=jax.tree.map(
       lambda x: np.asarray(x) + rng.normal(0, noise, x.shape).astype(np.float32),
@@ -99,13 +101,81 @@ def test_exported_tokenizers_give_jaxtrains_ids(tmp_path):
     assert hf_tok.decode(ids) == text
 
 
+def _check_own_class(out: Path, state, tokens: np.ndarray) -> None:
+  """`out` is JaxtrainForCausalLM with its code beside it; transformers (trust_remote_code, no
+  network) gives jaxtrain's logits, generates, and init_from reads the export back exactly."""
+  config = paths.read_json(out / "config.json")
+  assert config["architectures"] == [hf.CUSTOM] and (out / hf.MODELING_FILE).is_file()
+  model = transformers.AutoModelForCausalLM.from_pretrained(str(out), trust_remote_code=True)
+  assert type(model).__name__ == hf.CUSTOM
+  with torch.no_grad():
+    theirs = model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+  ours = np.asarray(state.model()(tokens))
+  assert np.abs(ours).max() > 1.0
+  np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
+  ids = model.generate(torch.tensor(tokens[:1, :3]), max_new_tokens=4, do_sample=False)
+  assert ids.shape == (1, 7)
+  flat, _ = init_from.load_flat(str(out), state.model_cfg, None)
+  jt.assert_trees_equal(hf.fill(state.params, flat, "x"), jax.device_get(state.params))
+
+
 @pytest.mark.parametrize("switch,value", [("norm", "layernorm"), ("qk_norm", True),
                                           ("mlp", "relu2"), ("x0_mix", True), ("canon", 4)])
-def test_a_layout_without_an_hf_equivalent_is_refused_naming_the_switch(switch, value, tmp_path):
-  make_run(tmp_path / "run", tiny_config(**{f"model.{switch}": value}))
-  with pytest.raises(UserError, match=rf"model\.{switch}={value}"):
+def test_a_layout_without_a_transformers_class_exports_with_its_own_code(switch, value, tmp_path):
+  cfg = tiny_config(**{f"model.{switch}": value})
+  state = make_run(tmp_path / "run", cfg)
+  out = export.export(str(tmp_path / "run"), str(tmp_path / "hf"))
+  _check_own_class(out, state, np.random.default_rng(1).integers(0, 256, (2, cfg.model.seq_len)))
+  assert set(p.name for p in out.iterdir()) == {*export.WRITTEN, hf.MODELING_FILE}
+  line = export.written_line(out, "hf")
+  assert line.startswith(f"wrote {hf.CUSTOM} (") and f"model.{switch}={value}" in line
+  assert line.endswith("from_pretrained('hf', trust_remote_code=True)")
+
+
+def test_document_masks_and_a_learned_position_model_of_its_own_class(tmp_path):
+  cfg = tiny_config(**{"model.doc_mask": True, "model.canon": 3, "model.pos": "learned",
+                       "model.n_kv_heads": 1})
+  tok = tokenizer_lib.ByteTokenizer()
+  state = make_run(tmp_path / "run", cfg, tok)
+  rng = np.random.default_rng(0)
+  out = export.export(str(tmp_path / "run"), str(tmp_path / "hf"))
+  tokens = rng.integers(0, 255, (2, cfg.model.seq_len))
+  tokens[:, [3, 9]] = tok.eot_id  # three documents in each row
+  _check_own_class(out, state, tokens)
+
+
+@pytest.mark.parametrize("recipe", sorted(p.stem for p in (ROOT / "configs").glob("*.py")))
+def test_every_recipes_model_exports_to_transformers_with_equal_logits(recipe, tmp_path):
+  from jaxtrain.config import loading
+
+  model = loading.load_config(str(ROOT / "configs" / f"{recipe}.py")).model
+  # The recipe's switches, at a size a test holds.
+  cfg = tiny_config(**{f"model.{k}": v for k, v in model.items()
+                       if k not in ("n_layers", "n_heads", "d_model", "seq_len", "vocab_size",
+                                    "dtype", "attention", "remat", "n_kv_heads")})
+  state = make_run(tmp_path / "run", cfg)
+  out = export.export(str(tmp_path / "run"), str(tmp_path / "hf"))
+  tokens = np.random.default_rng(1).integers(0, 256, (2, cfg.model.seq_len))
+  if hf.blockers(state.model_cfg):
+    _check_own_class(out, state, tokens)
+  else:
+    np.testing.assert_allclose(torch_logits(out, tokens), np.asarray(state.model()(tokens)),
+                               atol=1e-4, rtol=0)
+
+
+def test_an_export_never_overwrites_and_leaves_nothing_half_written(tmp_path):
+  make_run(tmp_path / "run", tiny_config())
+  out = export.export(str(tmp_path / "run"), str(tmp_path / "hf"))
+  before = {p.name: p.read_bytes() for p in out.iterdir()}
+  with pytest.raises(UserError) as e:
     export.export(str(tmp_path / "run"), str(tmp_path / "hf"))
-  assert not (tmp_path / "hf").exists()  # refused before anything was written
+  assert str(e.value) == (f"--out={tmp_path / 'hf'} holds an earlier export; pass --out=<a new "
+                          f"or empty directory>, or remove {tmp_path / 'hf'} first: nothing is "
+                          "overwritten")
+  assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+  (tmp_path / "empty").mkdir()
+  assert export.export(str(tmp_path / "run"), str(tmp_path / "empty")).is_dir()
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "hf", "run"]  # no temporary left
 
 
 def test_the_export_carries_end_of_text_in_every_file(tmp_path):
@@ -165,15 +235,11 @@ def test_generate_stops_at_end_of_text_and_a_pipeline_warns_nothing(tmp_path, ca
   assert [str(w.message) for w in caught] == [] and seen.getvalue() == ""
 
 
-def test_every_blocker_of_an_export_is_named_in_one_line():
+def test_every_switch_without_a_transformers_class_is_named():
   cfg = tiny_config(**{"model.qk_norm": True, "model.x0_mix": True, "model.mlp": "relu2"})
-  with pytest.raises(UserError) as e:
-    hf.architecture(jt.ModelConfig.from_config(cfg.model, 256))
-  assert str(e.value) == (
-      "this model has no exact Hugging Face equivalent: model.qk_norm=True (neither Llama nor "
-      "GPT-2 has it); model.x0_mix=True (neither Llama nor GPT-2 has it); model.mlp=relu2 with "
-      "model.pos=rope (Llama needs model.mlp=swiglu); export a model trained with "
-      "rope+rmsnorm+swiglu or learned+layernorm+gelu, without qk_norm, x0_mix and canon")
+  assert hf.blockers(jt.ModelConfig.from_config(cfg.model, 256)) == [
+      "model.qk_norm=True", "model.x0_mix=True",
+      "model.mlp=relu2 with model.pos=rope (Llama has model.mlp=swiglu)"]
 
 
 @pytest.mark.parametrize("arch", [hf.LLAMA, hf.GPT2])

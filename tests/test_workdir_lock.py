@@ -6,8 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import killharness as kh
@@ -20,47 +18,6 @@ from jaxtrain.system import lock, paths
 from jaxtrain.system.errors import UserError
 
 
-class _Proc:
-  """`python -m jaxtrain ARGS` with stdout and stderr collected line by line."""
-
-  def __init__(self, args: list[str]):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    self.proc = subprocess.Popen([sys.executable, "-m", "jaxtrain", *args], cwd=ROOT, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    self.out: list[str] = []
-    self.err: list[str] = []
-    self._readers = [threading.Thread(target=self._read, args=(s, lines), daemon=True)
-                     for s, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
-    for t in self._readers:
-      t.start()
-
-  @staticmethod
-  def _read(stream, lines: list[str]) -> None:
-    for line in stream:
-      lines.append(line.rstrip("\n"))
-
-  def wait_for(self, predicate, timeout: float = 60) -> None:
-    deadline = time.time() + timeout
-    while not predicate():
-      assert self.proc.poll() is None, f"exited {self.proc.returncode}: {self.out[-5:]} {self.err}"
-      assert time.time() < deadline, f"timed out: {self.out[-5:]} {self.err}"
-      time.sleep(0.002)
-
-  def finish(self, timeout: float = 60) -> int:
-    try:
-      code = self.proc.wait(timeout)
-    finally:
-      if self.proc.poll() is None:
-        self.proc.kill()
-        self.proc.wait()
-    for t in self._readers:
-      t.join(5)
-    return code
-
-  def first_step(self) -> bool:
-    return any(x.startswith("compiled and ran the first step") for x in self.out)
-
-
 def _checkpoints(workdir: Path) -> list[int]:
   ckpts = workdir / "checkpoints"
   return sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) if ckpts.is_dir() else []
@@ -69,7 +26,7 @@ def _checkpoints(workdir: Path) -> list[int]:
 def test_a_second_run_into_a_live_workdir_exits_2_and_changes_nothing(corpus_file, tmp_path):
   workdir = tmp_path / "run"
   args = kh.cli_args(workdir, corpus_file, 100_000)
-  first = _Proc(args)
+  first = kh.Proc(args)
   try:
     first.wait_for(first.first_step)
     marks = {name: (workdir / name).stat().st_mtime_ns
@@ -97,7 +54,7 @@ def test_a_second_run_into_a_live_workdir_exits_2_and_changes_nothing(corpus_fil
 
 def test_a_killed_run_leaves_no_stale_lock(corpus_file, tmp_path):
   workdir = tmp_path / "run"
-  first = _Proc(kh.cli_args(workdir, corpus_file, 1000))
+  first = kh.Proc(kh.cli_args(workdir, corpus_file, 1000))
   try:
     first.wait_for(lambda: len(_checkpoints(workdir)) >= 1)
   finally:
@@ -162,7 +119,7 @@ def _cache_files(tmp_path: Path) -> list[str]:
 
 def test_tokenizing_killed_midway_leaves_no_trusted_cache(big_corpus, tmp_path):
   args = _tokenizing_args(tmp_path, big_corpus)
-  first = _Proc(args)
+  first = kh.Proc(args)
   try:
     first.wait_for(_writing_tokens(tmp_path))
   finally:
@@ -175,7 +132,7 @@ def test_tokenizing_killed_midway_leaves_no_trusted_cache(big_corpus, tmp_path):
 
 
 def test_ctrl_c_during_tokenizing_exits_130_with_one_line(big_corpus, tmp_path):
-  first = _Proc(_tokenizing_args(tmp_path, big_corpus))
+  first = kh.Proc(_tokenizing_args(tmp_path, big_corpus))
   first.wait_for(_writing_tokens(tmp_path))
   first.proc.send_signal(signal.SIGSTOP)  # held mid-tokenizing, however busy the machine is
   try:

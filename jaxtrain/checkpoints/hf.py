@@ -1,9 +1,11 @@
 """jaxtrain's params under Hugging Face transformers' names, both ways: the mapping that export
 writes and `init_from` reads.
 
-Two layouts have an exact equivalent: RoPE + RMSNorm + SwiGLU is `LlamaForCausalLM` (the same
-rotate-half RoPE, so no permutation of q and k), learned positions + LayerNorm + GELU is
-`GPT2LMHeadModel` (with zero biases: jaxtrain's layers have none). Torch's Linear stores
+Two layouts have an exact transformers class: RoPE + RMSNorm + SwiGLU is `LlamaForCausalLM` (the
+same rotate-half RoPE, so no permutation of q and k), learned positions + LayerNorm + GELU is
+`GPT2LMHeadModel` (with zero biases: jaxtrain's layers have none). Every other model (QK-norm,
+ReLU^2, x0-mix, convolutions, soft-capped logits, ...) is `JaxtrainForCausalLM`, whose code
+(hf_modeling.py) the export writes beside the weights, which keep jaxtrain's names. Torch's Linear stores
 [out, in], jaxtrain's kernels [in, out]; GPT-2's Conv1D stores [in, out] as jaxtrain does.
 Params here are flat: {"blocks/0/attn/qkv/kernel": array} (`flatten`).
 """
@@ -18,6 +20,12 @@ from jaxtrain.core.model import ModelConfig
 from jaxtrain.system.errors import UserError
 
 LLAMA, GPT2 = "LlamaForCausalLM", "GPT2LMHeadModel"
+CUSTOM = "JaxtrainForCausalLM"  # hf_modeling.py, written into the export as MODELING_FILE
+MODELING_FILE = "modeling_jaxtrain.py"
+# The ModelConfig fields that hf_modeling.JaxtrainConfig takes (with mlp_hidden, derived).
+CUSTOM_FIELDS = ("vocab_size", "n_layers", "n_heads", "d_model", "seq_len", "norm", "pos", "mlp",
+                 "tie_embeddings", "rope_theta", "n_kv_heads", "qk_norm",
+                 "x0_mix", "canon", "doc_mask", "eot_id")
 EPS = 1e-5  # jaxtrain's norms' epsilon
 
 
@@ -59,24 +67,25 @@ def fill(template, flat: dict[str, np.ndarray], source: str):
   return jax.tree_util.tree_map_with_path(take, template)
 
 
-def architecture(c: ModelConfig) -> str:
-  """LLAMA or GPT2; a model with no exact equivalent is refused, naming every switch in the way."""
-  arch, name, needs = (LLAMA, "Llama", (("norm", "rmsnorm"), ("mlp", "swiglu"))) \
-      if c.pos == "rope" else (GPT2, "GPT-2", (("norm", "layernorm"), ("mlp", "gelu")))
-  blockers = [f"model.{field}={getattr(c, field)} (neither Llama nor GPT-2 has it)"
-              for field, off in (("qk_norm", False), ("x0_mix", False),
-                                 ("canon", 0))
-              if getattr(c, field) != off]
+def blockers(c: ModelConfig) -> list[str]:
+  """The switches of `c` that neither Llama nor GPT-2 has (empty: one of them is exact)."""
+  name, needs = ("Llama", (("norm", "rmsnorm"), ("mlp", "swiglu"))) if c.pos == "rope" else \
+      ("GPT-2", (("norm", "layernorm"), ("mlp", "gelu")))
+  found = [f"model.{field}={getattr(c, field)}" for field, off in
+           (("qk_norm", False), ("x0_mix", False), ("canon", 0))
+           if getattr(c, field) != off]
   if c.pos != "rope" and c.kv_heads != c.n_heads:
-    blockers.append(f"model.n_kv_heads={c.n_kv_heads} with model.pos=learned (GPT-2 has no "
-                    "grouped-query attention)")
-  blockers += [f"model.{field}={getattr(c, field)} with model.pos={c.pos} ({name} needs "
-               f"model.{field}={want})" for field, want in needs if getattr(c, field) != want]
-  if blockers:
-    raise UserError(f"this model has no exact Hugging Face equivalent: {'; '.join(blockers)}; "
-                    "export a model trained with rope+rmsnorm+swiglu or learned+layernorm+gelu, "
-                    "without qk_norm, x0_mix and canon")
-  return arch
+    found.append(f"model.n_kv_heads={c.n_kv_heads} with model.pos=learned")
+  found += [f"model.{field}={getattr(c, field)} with model.pos={c.pos} ({name} has "
+            f"model.{field}={want})" for field, want in needs if getattr(c, field) != want]
+  return found
+
+
+def architecture(c: ModelConfig) -> str:
+  """LLAMA or GPT2 where one computes what `c` does; else CUSTOM, jaxtrain's own modeling file."""
+  if blockers(c):
+    return CUSTOM
+  return LLAMA if c.pos == "rope" else GPT2
 
 
 def hf_config(c: ModelConfig, eos_id: int | None, bos_id: int | None = None) -> dict:
@@ -85,7 +94,14 @@ def hf_config(c: ModelConfig, eos_id: int | None, bos_id: int | None = None) -> 
   common = {"vocab_size": c.vocab_size, "tie_word_embeddings": c.tie_embeddings,
             "bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": None,
             "dtype": "float32"}
-  if architecture(c) == LLAMA:
+  arch = architecture(c)
+  if arch == CUSTOM:
+    return {"architectures": [CUSTOM], "model_type": "jaxtrain",
+            "auto_map": {"AutoConfig": f"{MODELING_FILE[:-3]}.JaxtrainConfig",
+                         "AutoModelForCausalLM": f"{MODELING_FILE[:-3]}.{CUSTOM}"},
+            **{f: getattr(c, f) for f in CUSTOM_FIELDS}, "mlp_hidden": c.mlp_hidden,
+            **common, "tie_word_embeddings": False, "use_cache": False}
+  if arch == LLAMA:
     return {"architectures": [LLAMA], "model_type": "llama", "hidden_size": c.d_model,
             "intermediate_size": c.mlp_hidden, "num_hidden_layers": c.n_layers,
             "num_attention_heads": c.n_heads, "num_key_value_heads": c.kv_heads,
@@ -154,6 +170,8 @@ def _biases(arch: str, n_layers: int) -> list[str]:
 def to_hf(flat: dict[str, np.ndarray], c: ModelConfig) -> dict[str, np.ndarray]:
   """jaxtrain's flat params -> HF's state dict (float32, contiguous)."""
   arch = architecture(c)
+  if arch == CUSTOM:  # jaxtrain's own names and layouts
+    return {name.replace("/", "."): np.ascontiguousarray(x, np.float32) for name, x in flat.items()}
   out = {}
   for hf_name, jt_name, cols, transposed in _names(arch, c):
     x = np.asarray(flat[jt_name], np.float32)
@@ -168,6 +186,11 @@ def to_hf(flat: dict[str, np.ndarray], c: ModelConfig) -> dict[str, np.ndarray]:
 def model_fields(hf_cfg: dict) -> dict:
   """The model.* fields of jaxtrain's config that an HF config.json fixes (for checks)."""
   arch = (hf_cfg.get("architectures") or [None])[0]
+  if arch == CUSTOM:
+    fields = {f: hf_cfg[f] for f in CUSTOM_FIELDS if f not in ("vocab_size", "seq_len", "doc_mask",
+                                                               "eot_id", "n_kv_heads")}
+    return {**fields, "mlp_hidden": hf_cfg["mlp_hidden"],
+            "kv_heads": hf_cfg.get("n_kv_heads") or hf_cfg["n_heads"]}
   tied = bool(hf_cfg.get("tie_word_embeddings", arch == GPT2))
   if arch == LLAMA:
     rope = hf_cfg.get("rope_parameters") or {}
@@ -181,8 +204,8 @@ def model_fields(hf_cfg: dict) -> dict:
     return {"pos": "learned", "norm": "layernorm", "mlp": "gelu", "n_heads": hf_cfg["n_head"],
             "n_layers": hf_cfg["n_layer"], "d_model": d, "mlp_hidden": hf_cfg.get("n_inner") or 4 * d,
             "tie_embeddings": tied}
-  raise UserError(f"init_from: the Hugging Face model is a {arch}; jaxtrain reads {LLAMA} and "
-                  f"{GPT2} only")
+  raise UserError(f"init_from: the Hugging Face model is a {arch}; jaxtrain reads {LLAMA}, "
+                  f"{GPT2} and its own exports ({CUSTOM})")
 
 
 def from_hf(hf_cfg: dict, tensors: dict[str, np.ndarray], c: ModelConfig,
@@ -190,15 +213,21 @@ def from_hf(hf_cfg: dict, tensors: dict[str, np.ndarray], c: ModelConfig,
   """HF's state dict -> jaxtrain's flat params for a model of config `c`; a model that does not
   fit `c` is refused with one line naming the field or the tensor."""
   fields = model_fields(hf_cfg)
-  architecture(c)  # this config's own switches must have an HF form
   mine = {"pos": c.pos, "norm": c.norm, "mlp": c.mlp, "n_heads": c.n_heads, "n_layers": c.n_layers,
           "d_model": c.d_model, "tie_embeddings": c.tie_embeddings, "rope_theta": c.rope_theta,
-          "kv_heads": c.kv_heads}
+          "kv_heads": c.kv_heads, "qk_norm": c.qk_norm,
+          "x0_mix": c.x0_mix, "canon": c.canon}
   for field, theirs in fields.items():
     if field in mine and mine[field] != theirs:
       name = "n_kv_heads" if field == "kv_heads" else field
       raise UserError(f"init_from: {source} has model.{name}={theirs}, this config "
                       f"{mine[field]}; pass --config.model.{name}={theirs}")
+  for field in ("qk_norm", "x0_mix", "canon"):  # Llama and GPT-2 have none
+    if field not in fields and mine[field] != getattr(ModelConfig, field):
+      raise UserError(f"init_from: {source} is a {hf_cfg['architectures'][0]}, which has no "
+                      f"model.{field}; pass --config.model.{field}={getattr(ModelConfig, field)}")
+  if hf_cfg["architectures"][0] == CUSTOM:  # jaxtrain's own names: fill() checks each shape
+    return {name.replace(".", "/"): np.asarray(x, np.float32) for name, x in tensors.items()}
   arch = LLAMA if c.pos == "rope" else GPT2
   known = {hf for hf, *_ in _names(arch, c)}
   known |= set(_biases(arch, c.n_layers))

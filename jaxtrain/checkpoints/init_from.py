@@ -69,7 +69,8 @@ def _hf_model(source: Path, ours: dict) -> dict | None:
     hf_cfg = json.loads((source / "config.json").read_text(encoding="utf-8"))
     fields = hf.model_fields(hf_cfg)
     theirs = {**ours, **{f: fields[f] for f in ("pos", "norm", "mlp", "n_heads", "n_layers",
-                                                  "d_model", "tie_embeddings", "rope_theta")
+                                                  "d_model", "tie_embeddings", "rope_theta",
+                                                  "qk_norm", "x0_mix", "canon")
                          if f in fields}}
     kv = fields.get("kv_heads", fields["n_heads"])
     theirs["n_kv_heads"] = 0 if kv == fields["n_heads"] else kv

@@ -14,7 +14,7 @@ from jaxtrain.config import loading
 from jaxtrain.core import programs as programs_lib
 from jaxtrain.core import steps
 from jaxtrain.data import tokenizer as tokenizer_lib
-from jaxtrain.system import lock, paths
+from jaxtrain.system import invocation, lock, paths
 from jaxtrain.system.errors import UserError
 
 
@@ -133,7 +133,7 @@ def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
 
     if step is None:
       if ckpts.latest_step() is None:
-        raise UserError(f"no checkpoint in {ckpts.directory}; train first (python -m jaxtrain)")
+        raise UserError(f"no checkpoint in {ckpts.directory}; train first ({invocation.command()})")
       live = lock.is_held(Path(workdir) / lock.WORKDIR_LOCK)
       return recover.newest_intact(ckpts, read, lambda line: print(line, file=sys.stderr),
                                    using="loading", fresh="nothing to load", collective=False,

@@ -19,7 +19,7 @@ OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd", "constant")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION = ("auto", "xla", "cudnn")
-TOKENIZERS = ("byte", "char", "bpe")  # or the path of a tokenizer.json
+TOKENIZERS = ("byte", "char", "bpe", "gpt2")  # or the path of a tokenizer.json
 DATA_FORMATS = ("auto", "text", "uint16", "llmc")
 LOSS_SCALING = ("auto", "dynamic", "off")
 REMATS = ("none", "dots", "full")
@@ -164,7 +164,7 @@ def _data() -> ml_collections.ConfigDict:
   # Set: chat records (.jsonl/.parquet), this field a list of {"role", "content"} messages, in the
   # chat format of jaxtrain/data/chat_format.py; only assistant turns count in the loss. "": off.
   data.messages_field = ""
-  data.tokenizer = "byte"  # byte | char | bpe (trained on the corpus) | a tokenizer.json path
+  data.tokenizer = "byte"  # byte | char | bpe (trained on the corpus) | gpt2 | a tokenizer.json path
   data.vocab_size = 4096  # tokens of the bpe vocabulary, end-of-text included (>= 257)
   data.val_fraction = 0.1  # the last part of the token stream is held out for validation
   data.cache_dir = ""  # tokenized corpora; "": $JAXTRAIN_CACHE or ~/.cache/jaxtrain

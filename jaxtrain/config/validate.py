@@ -267,8 +267,9 @@ def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
            if not os.path.exists(path) else f"{path} is a directory, not a file",
            "pass the path of an existing tokenizer.json (or --config.data.tokenizer=bpe, byte, char)")
   _check(d.tokenizer in defaults.TOKENIZERS or os.path.isfile(path),
-         "data.tokenizer", f"{_show(d.tokenizer)} is not byte, char, bpe or a tokenizer.json file",
-         "pass --config.data.tokenizer=bpe (or byte, char, or the path of a tokenizer.json)")
+         "data.tokenizer", f"{_show(d.tokenizer)} is not byte, char, bpe, gpt2 or a tokenizer.json "
+         "file", "pass --config.data.tokenizer=bpe (or byte, char, gpt2, or the path of a "
+         "tokenizer.json)")
   _check(d.text_field != "", "data.text_field", "is empty", "pass --config.data.text_field=text")
   _validate_format(d)
   _check(not (d.messages_field and (d.prompt_field or d.completion_field)), "data.messages_field",

@@ -1,8 +1,9 @@
 """Text in, token batches out. The one entry for what a run needs is `corpus`: `prepare` (text, token
 files or a weighted mixture, as one `Corpus`), `check_lengths`, `train_iterator`, `eval_sets`,
 `eval_weights`, `loss_scope`. Behind it: reading documents (`documents`: files, jsonl, parquet; the
-held-out split of their stream: `heldout`), tokenizers (`tokenizer`; GPT-2's byte-level BPE scheme
-and its tiktoken encoder: `byte_bpe`), the token cache that tokenizes a text corpus once
+held-out split of their stream: `heldout`), tokenizers (`tokenizer`; byte-level BPE between
+`tokenizers` and tiktoken, GPT-2's by name: `bpe_tiktoken`; nanoGPT's meta.pkl read as data:
+`meta_pkl`), the token cache that tokenizes a text corpus once
 (`tokencache`; an entry on disk: `cache_entry`), token files read in place, ids already
 (`tokenfiles`: nanoGPT's flat .bin, llm.c's shards; their ids checked once: `idscan`), the batches
 of windows (`windows`), the rows of a weighted mixture (`mixture`: source names, the schedule, the

@@ -15,13 +15,18 @@ import glob
 import json
 import os
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from jaxtrain.data import chat_format
+from jaxtrain.system.console import Ticker
 from jaxtrain.system.errors import UserError
 
 CHUNK_BYTES = 8 << 20  # read from text files at a time
+# A text file (of NOT_UTF8_MIN_BYTES or more) with this share of its bytes not UTF-8 (Latin-1
+# text, say) gets a warning with the fix; fewer (a stray byte, or the few encoding tests among the
+# standard library's files) only a note. Training goes on either way, on U+FFFD where they were.
+NOT_UTF8_WARN, NOT_UTF8_MIN_BYTES = 0.01, 4096
 PIECE_CHARS = 1 << 18  # text files are cut into pieces about this long, at line ends
 _BLOCK_BYTES = 16 << 20  # .jsonl bytes parsed at a time
 _PARQUET_ROWS = 8192
@@ -102,14 +107,17 @@ class Documents:
   fatal when they are all there is)."""
 
   def __init__(self, files: list[Path], path: str, text_field: str, show_progress: bool,
-               prompt_field: str = "", completion_field: str = "", messages_field: str = ""):
-    self.files, self.path, self.show_progress = files, path, show_progress
+               prompt_field: str = "", completion_field: str = "", messages_field: str = "",
+               log: Callable[[str], None] | None = None):
+    # Without a bar, `log` gets progress lines (system/console.py's Ticker).
+    self.files, self.path, self.show_progress, self.log = files, path, show_progress, log
     # Prompt/completion records: the prompt's pieces are out of the loss, the completion's in.
     self.fields = (prompt_field, completion_field) if prompt_field else \
         (messages_field,) if messages_field else (text_field,)
     self.chat = bool(messages_field)
     self.total = sum(f.stat().st_size for f in files)
     self.counter = _Counter()
+    self.not_utf8: dict[Path, int] = {}  # bytes replaced with U+FFFD, by file (text files)
     self.binary: list[Path] = []
     self.misread = False  # this pass yielded part of a file that then turned out binary
 
@@ -117,9 +125,11 @@ class Documents:
     """(text, ends_document, in_loss) pieces in order; the bar shows the bytes of the files read."""
     from tqdm import tqdm  # the terminal bar: tqdm.auto would want ipywidgets in notebooks
 
-    self.counter.count, self.misread = 0, False
+    self.counter.count, self.misread, self.not_utf8 = 0, False, {}
     with tqdm(total=self.total, unit="B", unit_scale=True, desc=desc,
-              disable=not self.show_progress, leave=False) as bar:
+              disable=not self.show_progress, leave=False) as tqdm_bar:
+      bar = tqdm_bar if self.show_progress or self.log is None else \
+          Ticker(self.log, f"data: {desc}", self.total)
       for f in self.files:
         if f in self.binary:
           continue
@@ -133,7 +143,10 @@ class Documents:
                 "prompt/completion records (data.prompt_field, data.completion_field)"
             raise UserError(f"{f} is a text file; {what} come from .jsonl or .parquet files only")
           else:
+            before = self.counter.count
             yield from ((text, end, True) for text, end in self._text(f, bar))
+            if self.counter.count > before:
+              self.not_utf8[f] = self.counter.count - before
         except _Binary as e:
           self.misread |= e.args[1]
           if len(self.files) == 1:
@@ -253,6 +266,17 @@ class Documents:
                       "--config.data.format=uint16 or llmc)" if ids else ""))
     if self.counter.count:
       notes.append(f"replaced {self.counter.count} byte(s) that are not UTF-8 with U+FFFD")
+    sizes = {f: f.stat().st_size for f in self.not_utf8}
+    wrong = [f for f, n in self.not_utf8.items() if sizes[f] >= NOT_UTF8_MIN_BYTES
+             and n >= NOT_UTF8_WARN * sizes[f]]
+    for f in wrong[:3]:
+      n, size = self.not_utf8[f], sizes[f]
+      notes.append(f"warning: {n / size:.1%} of the bytes of {f} ({n:,} of {size:,}) are not "
+                   "UTF-8 and became U+FFFD, so the model learns that instead of its letters; "
+                   f"if it is Latin-1, convert it first: iconv -f latin1 -t utf-8 {f} > "
+                   f"{f.with_name(f.stem + '.utf8' + f.suffix)}")
+    if len(wrong) > 3:
+      notes.append(f"warning: {len(wrong) - 3} more file(s) are not UTF-8 either, e.g. {wrong[3]}")
     return notes
 
 

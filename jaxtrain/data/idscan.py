@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxtrain.system import fmt, paths, signals
+from jaxtrain.system.console import Ticker
 from jaxtrain.system.errors import UserError
 
 _BLOCK_BYTES = 32 << 20  # read, checked and hashed at a time, per file
@@ -45,10 +46,13 @@ def scan(found: list[TokenFile], cache: Path, show_progress: bool, log) -> list[
             disable=not show_progress or not todo) as bar, \
       concurrent.futures.ThreadPoolExecutor(max(1, min(len(todo), os.cpu_count() or 1, 8))) as pool:
     lock = threading.Lock()
+    ticker = Ticker(log, "data: checking ids", total) if not show_progress else None
 
     def progress(n: int) -> None:
       with lock:
         bar.update(n)
+        if ticker is not None:
+          ticker.update(n)
 
     for i, r in zip(todo, pool.map(lambda i: _read_ids(found[i], progress), todo)):
       results[i] = r

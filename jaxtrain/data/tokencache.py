@@ -12,7 +12,6 @@ learned once. How an entry is written and trusted on disk: cache_entry.py.
 import contextlib
 import dataclasses
 import hashlib
-import itertools
 import json
 import os
 from pathlib import Path
@@ -27,9 +26,10 @@ from jaxtrain.data.chat_format import is_chat
 from jaxtrain.data.documents import Documents, describe
 from jaxtrain.data.records import is_records
 from jaxtrain.system import fmt, paths, signals
+from jaxtrain.system.console import Ticker
 from jaxtrain.system.errors import ConfigError, UserError
 
-_CACHE_VERSION = 2
+_CACHE_VERSION = 3  # 3: notes warn of text that is not UTF-8, and of large char vocabularies
 _BATCH_CHARS = 4 << 20  # text encoded per call: BPE spreads a batch over all cores
 
 
@@ -105,7 +105,7 @@ def _cache_key(files: list[Path], data: ml_collections.ConfigDict, fixed=None) -
   tok = data.tokenizer
   if fixed is not None:
     tok = hashlib.sha256(json.dumps(fixed.to_json(), sort_keys=True).encode()).hexdigest()
-  elif tok not in tokenizer_lib.BUILTIN:  # a tokenizer.json: its content
+  elif tok not in tokenizer_lib.BUILTIN + tokenizer_lib.NAMED:  # a tokenizer.json: its content
     try:
       tok = hashlib.sha256(Path(tok).expanduser().read_bytes()).hexdigest()
     except OSError as e:
@@ -141,7 +141,7 @@ def _survey(files: list[Path], data: ml_collections.ConfigDict, show_progress: b
   cut: one pass over the text, which finds bad input before anything is written."""
   docs = Documents(files, data.path, data.text_field, show_progress,
                    data.get("prompt_field", ""), data.get("completion_field", ""),
-                   data.get("messages_field", ""))
+                   data.get("messages_field", ""), log)
   if not show_progress:
     log(f"data: {doing} {len(files)} file(s), {docs.total / 1e6:.1f} MB, once (then cached)")
   sizes, chars = heldout.survey(docs, want_chars)
@@ -158,9 +158,27 @@ def _learned(data: ml_collections.ConfigDict, docs: Documents, sizes: np.ndarray
   if data.tokenizer == "bpe":
     log(f"data: training a {data.vocab_size}-token BPE vocabulary on the training split "
         f"({fmt.nbytes(int(sizes[:cut[0]].sum()) + cut[1])})")
-    pieces = itertools.takewhile(lambda p: p[2], heldout.split(docs("BPE"), cut))
-    return tokenizer_lib.train_bpe((p[0] for p in pieces if not isinstance(p[0], chat_format.Special)),
-                                   data.vocab_size)
+    read = []  # set once the text is read: the merges are being computed
+
+    def texts():
+      for text, _, train, _ in heldout.split(docs("BPE"), cut):
+        signals.check()  # stopping (the main thread raised): no more text
+        if not train:
+          break
+        if not isinstance(text, chat_format.Special):
+          yield text
+      read.append(True)
+
+    said = []
+
+    def waiting(seconds: float) -> None:  # every Ticker.FIRST_S; a line every Ticker.EVERY_S
+      if read and (not said or seconds - said[-1] >= Ticker.EVERY_S):
+        said.append(seconds)
+        log(f"data: BPE: computing the merges, {fmt.duration(seconds)} so far")
+
+    # In a thread of its own: a signal stops the run at once, not when the merges are done.
+    return signals.interruptible(tokenizer_lib.train_bpe, texts(), data.vocab_size,
+                                 waiting=waiting, every_s=Ticker.FIRST_S)
   if data.tokenizer == "char":
     return tokenizer_lib.CharTokenizer(chars)
   return tokenizer_lib.ByteTokenizer()
@@ -200,7 +218,8 @@ def _tokenize(files, data, entry: Entry, show_progress: bool, log, fixed=None) -
     meta = {"tokenizer": tok.to_json(), "dtype": np.dtype(tok.dtype).name,
             "n_tokens": writer.n_tokens, "n_train": writer.n_train,
             "fingerprint": writer.sha.hexdigest(), "n_files": len(files) - len(docs.binary),
-            "n_bytes": int(sizes.sum()), "n_docs": int((sizes > 0).sum()), "notes": docs.notes(),
+            "n_bytes": int(sizes.sum()), "n_docs": int((sizes > 0).sum()),
+            "notes": docs.notes() + tokenizer_lib.vocab_notes(tok),
             "source": describe(data.path), "masked": records}
     if isinstance(tok, tokenizer_lib.HFTokenizer):
       meta["tokenizer_json"] = tok.hf_json()

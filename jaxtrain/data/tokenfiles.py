@@ -11,8 +11,9 @@ every file as that format.
 
 Validation is the files whose names say so (nanoGPT's `val.bin`, llm.c's `*_val_*`: the word
 val, valid or validation in the name), else the last `data.val_fraction` of the ids, files in
-name order. Every id must be below the vocabulary's size: a tokenizer.json's (`data.tokenizer`),
-else GPT-2's 50257 for llm.c shards, else `model.vocab_size`. That is checked once per file, in
+name order. Every id must be below the vocabulary's size: a tokenizer.json's (`data.tokenizer`,
+or `gpt2` for GPT-2's), else GPT-2's 50257 for llm.c shards, else nanoGPT's meta.pkl beside flat
+files (meta_pkl.py: its characters decode the ids), else `model.vocab_size`. That is checked once per file, in
 blocks, together with a sha256 of its ids, and cached by the file's path, size and modification
 time (idscan.py): the data's fingerprint is made of those hashes, so later starts read no ids.
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 
-from jaxtrain.data import idscan
+from jaxtrain.data import idscan, meta_pkl
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.data.windows import Shards
 from jaxtrain.system import fmt
@@ -75,7 +76,8 @@ def prepare(data: ml_collections.ConfigDict, files: list[Path], left_out: list[P
   `vocab_size`: model.vocab_size (0: from the tokenizer), the vocabulary of flat files."""
   _refuse_records(data, files[0])
   found = _inspect_all(files, data.get("format", "auto"))
-  tok = _tokenizer(data, found, vocab_size)
+  notes = []
+  tok = _tokenizer(data, found, vocab_size, notes)
   scans = idscan.scan(found, Path(data.cache_dir or default_cache_dir()) / "tokenfiles", show_progress,
                 log)
   for f, (largest, _) in zip(found, scans):
@@ -87,13 +89,13 @@ def prepare(data: ml_collections.ConfigDict, files: list[Path], left_out: list[P
   # What the ids are and which of them train: not where the files are, nor their names.
   key = [[split, p.file.format, p.start, p.stop, sha[id(p.file)]]
          for split, parts in (("train", train), ("val", val)) for p in parts]
-  notes = []
   if left_out:
     notes.append(f"read the {len(files)} .bin file(s) as token ids and left out {len(left_out)} "
                  f"other file(s), e.g. {left_out[0].name} (--config.data.format=text reads text)")
   if isinstance(tok, tokenizer_lib.IdsTokenizer):
+    gpt2 = "gpt2 (GPT-2's ids) or " if tok.vocab_size == GPT2_VOCAB else ""
     notes.append("no tokenizer: samples show token ids and there is no val_bpb "
-                 "(--config.data.tokenizer=<the tokenizer.json of the ids> decodes them)")
+                 f"(--config.data.tokenizer={gpt2}<the tokenizer.json of the ids> decodes them)")
   tokens = Shards(_arrays([*train, *val]))
   kind = "llm.c shards" if found[0].format == "llmc" else "flat uint16 ids"
   vocab = "" if isinstance(tok, tokenizer_lib.IdsTokenizer) else f" ({tok.name})"
@@ -110,7 +112,9 @@ def _refuse_records(data: ml_collections.ConfigDict, example: Path) -> None:
       raise ConfigError(f"data.{field}", f"is set, but data.path holds token ids ({example.name}), "
                         "not records", f"pass --config.data.{field}= (empty) for token files, or "
                         "point data.path at .jsonl or .parquet records")
-  if data.tokenizer in ("char", "bpe"):
+  # char over nanoGPT's character ids: meta.pkl beside them gives the characters.
+  if data.tokenizer == "bpe" or (data.tokenizer == "char" and not (example.parent /
+                                                                    meta_pkl.NAME).is_file()):
     raise ConfigError("data.tokenizer", f"{data.tokenizer} is learned from text, but data.path "
                       f"holds token ids ({example.name})", "pass the tokenizer.json the ids come "
                       "from, or leave data.tokenizer=byte (the default: ids without a tokenizer)")
@@ -174,19 +178,27 @@ def _llmc(path: Path, head: bytes, size: int) -> idscan.TokenFile:
   return idscan.TokenFile(path, "llmc", HEADER_BYTES, n)
 
 
-def _tokenizer(data: ml_collections.ConfigDict, found: list[idscan.TokenFile], vocab_size: int):
-  """What decodes the ids and how many there are: a tokenizer.json's, llm.c's GPT-2, or
-  `model.vocab_size` with no text behind them."""
+def _tokenizer(data: ml_collections.ConfigDict, found: list[idscan.TokenFile], vocab_size: int,
+               notes: list[str]):
+  """What decodes the ids and how many there are: a tokenizer.json's (or GPT-2's by name),
+  llm.c's GPT-2, nanoGPT's meta.pkl beside flat files, or `model.vocab_size` with no text behind
+  them."""
   if data.tokenizer not in tokenizer_lib.BUILTIN:
     return tokenizer_lib.read_file(os.path.expanduser(data.tokenizer))
   if found[0].format == "llmc":
     return tokenizer_lib.IdsTokenizer(GPT2_VOCAB, GPT2_EOT)
+  meta = found[0].path.parent / meta_pkl.NAME
+  if meta.is_file():
+    tok, note = meta_pkl.tokenizer(meta)
+    notes.append(note)
+    return tok
   if vocab_size:
     return tokenizer_lib.IdsTokenizer(vocab_size)
   raise ConfigError("model.vocab_size", f"is 0 (from the tokenizer), and flat token files "
-                    f"({found[0].path.name}) do not say how many ids there are", "pass "
-                    "--config.model.vocab_size=<above every id: 50257 for GPT-2's, as in "
-                    "nanoGPT's openwebtext> or --config.data.tokenizer=<the ids' tokenizer.json>")
+                    f"({found[0].path.name}) do not say how many ids there are (nanoGPT's "
+                    f"{meta_pkl.NAME} is not beside them)", "pass --config.data.tokenizer=gpt2 "
+                    "for GPT-2's ids (nanoGPT's openwebtext), or --config.model.vocab_size=<above "
+                    "every id>, or --config.data.tokenizer=<the ids' tokenizer.json>")
 
 
 def _id_error(f: idscan.TokenFile, largest: int, tok, data: ml_collections.ConfigDict) -> UserError:
@@ -242,13 +254,13 @@ def _arrays(parts: list[_Part]) -> list[np.ndarray]:
 def check_run(cfg: ml_collections.ConfigDict, tok) -> None:
   """What a run would ask of token ids without a tokenizer (text, bytes, document ends) is refused
   in one line before any work, not met at the end of the run."""
-  if not isinstance(tok, tokenizer_lib.IdsTokenizer):
-    return
   fix = "pass --config.data.tokenizer=<the tokenizer.json the ids come from>"
   if cfg.model.doc_mask and tok.eot_id < 0:
     raise ConfigError("model.doc_mask", "needs the end-of-text id that ends each document, and "
                       "flat token files do not say which it is", f"{fix}, or "
                       "--config.model.doc_mask=False")
+  if not isinstance(tok, tokenizer_lib.IdsTokenizer):
+    return
   if cfg.train.eval_tasks:
     raise ConfigError("train.eval_tasks", "scores text, and this run's token ids have no "
                       "tokenizer", f"{fix}, or --config.train.eval_tasks= (empty)")

@@ -1,12 +1,14 @@
 """Tokenizers: bytes, characters, byte-level BPE (trained on the corpus), a tokenizer.json, or
 token ids as they are (`IdsTokenizer`: token files read without a tokenizer.json).
 
-Every tokenizer has an end-of-text token (`eot_id`) that the token stream puts after each
-document, and writes itself as a Hugging Face `tokenizer.json` (`hf_json`) that
-`tokenizers.Tokenizer.from_file` loads, so any tool can decode a model's output. Byte and char
-encode with numpy (hundreds of MB/s); BPE and tokenizer.json files with `tokenizers`, batched
-over all cores, or, for byte-level BPE with GPT-2's pre-tokenizer, with `tiktoken` (byte_bpe.py).
-Encoding never turns text that spells "<|endoftext|>" into the end-of-text token.
+Every tokenizer but nanoGPT's characters (meta.pkl's) and bare ids has an end-of-text token
+(`eot_id`) that the token stream puts after each document, and each writes itself as a Hugging
+Face `tokenizer.json` (`hf_json`) that `tokenizers.Tokenizer.from_file` loads, so any tool can
+decode a model's output. Byte and char encode with numpy (hundreds of MB/s); BPE and
+tokenizer.json files with `tokenizers`, batched over all cores, or, for byte-level BPE with GPT-2's
+pre-tokenizer (what `bpe` trains, and GPT-2's own file), with `tiktoken` on the same vocabulary
+(bpe_tiktoken.py). GPT-2's own tokenizer is had by name (`gpt2`). Encoding never turns text that
+spells "<|endoftext|>" into the end-of-text token.
 """
 
 import hashlib
@@ -16,7 +18,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from jaxtrain.data import byte_bpe
+from jaxtrain.data import bpe_tiktoken
+from jaxtrain.data.bpe_tiktoken import byte_chars
 from jaxtrain.system.errors import ConfigError, UserError
 
 EOT = "<|endoftext|>"
@@ -58,7 +61,7 @@ class ByteTokenizer:
     return {"name": self.name}
 
   def hf_json(self) -> str:
-    return _hf_json({c: i for i, c in enumerate(byte_bpe.byte_chars()[:255])}, "byte")
+    return _hf_json({c: i for i, c in enumerate(byte_chars()[:255])}, "byte")
 
 
 def codepoints(text: str) -> np.ndarray:
@@ -67,44 +70,62 @@ def codepoints(text: str) -> np.ndarray:
 
 
 class CharTokenizer:
-  """One token per Unicode character of the corpus, ids in code point order; end-of-text last."""
+  """One token per Unicode character of the corpus, ids in code point order; end-of-text last.
+  `ordered`: the ids are the order of `chars` as given (nanoGPT's meta.pkl); `end_of_text`
+  False: there is none (eot_id -1), as in nanoGPT's character data."""
 
   name = "char"
 
-  def __init__(self, chars: str):
-    self.chars = "".join(sorted(set(chars)))
-    self.eot_id = len(self.chars)
-    self.vocab_size = len(self.chars) + 1
-    self._codepoints = np.array([ord(ch) for ch in self.chars], dtype=np.uint32)
+  def __init__(self, chars: str, end_of_text: bool = True, ordered: bool = False):
+    self.chars = chars if ordered else "".join(sorted(set(chars)))
+    self.eot_id = len(self.chars) if end_of_text else -1
+    self.vocab_size = len(self.chars) + end_of_text
+    cps = np.array([ord(ch) for ch in self.chars], dtype=np.uint32)
+    self._ids = np.argsort(cps, kind="stable")  # ids by code point
+    self._codepoints = cps[self._ids]
     self.dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
 
   def encode(self, text: str) -> np.ndarray:
     cps = codepoints(text)
-    ids = np.minimum(np.searchsorted(self._codepoints, cps), max(len(self.chars) - 1, 0))
-    unknown = self._codepoints[ids] != cps if len(self.chars) else np.ones(len(cps), bool)
+    at = np.minimum(np.searchsorted(self._codepoints, cps), max(len(self.chars) - 1, 0))
+    unknown = self._codepoints[at] != cps if len(self.chars) else np.ones(len(cps), bool)
     if unknown.any():
       ch = chr(int(cps[np.argmax(unknown)]))
       raise UserError(f"character {ch!r} is not in this run's char vocabulary "
                       f"({len(self.chars)} characters); use only characters from the training text")
-    return ids.astype(self.dtype)
+    return self._ids[at].astype(self.dtype) if len(self.chars) else at.astype(self.dtype)
 
   def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
     return [self.encode(t) for t in texts]
 
   def decode(self, ids) -> str:
-    return "".join(self.chars[i] if i < self.eot_id else EOT for i in np.asarray(ids).tolist())
+    n = len(self.chars)
+    return "".join(self.chars[i] if i < n else EOT for i in np.asarray(ids).tolist())
 
   def token_bytes(self) -> np.ndarray:
-    return np.array([len(c.encode()) for c in self.chars] + [0], np.int64)
+    return np.array([len(c.encode()) for c in self.chars] + [0] * (self.eot_id >= 0), np.int64)
 
   def to_json(self) -> dict:
-    return {"name": self.name, "chars": self.chars}
+    return {"name": self.name, "chars": self.chars, **({} if self.eot_id >= 0 else
+                                                       {"end_of_text": False})}
 
   def hf_json(self) -> str:
-    return _hf_json({c: i for i, c in enumerate(self.chars)}, "char")
+    return _hf_json({c: i for i, c in enumerate(self.chars)}, "char", self.eot_id >= 0)
 
 
-def _hf_json(vocab: dict[str, int], kind: str) -> str:
+LARGE_CHAR_VOCAB = 1024  # more characters than this: a note says what they cost
+
+
+def vocab_notes(tok) -> list[str]:
+  """A note for the log where a char vocabulary is large enough to weigh on a small model."""
+  if not isinstance(tok, CharTokenizer) or tok.vocab_size <= LARGE_CHAR_VOCAB:
+    return []
+  return [f"the char tokenizer found {len(tok.chars):,} different characters: the embedding "
+          "and the head (vocabulary x model.d_model each) then hold most of a small model's "
+          "params; --config.data.tokenizer=byte (256 ids) or bpe keeps them small"]
+
+
+def _hf_json(vocab: dict[str, int], kind: str, end_of_text: bool = True) -> str:
   """A tokenizer.json equivalent to the byte or char tokenizer, end-of-text token last."""
   t = _hf()
   if kind == "byte":
@@ -115,7 +136,8 @@ def _hf_json(vocab: dict[str, int], kind: str) -> str:
     tok = t.Tokenizer(t.models.WordLevel(vocab=vocab or {"\0": 0}, unk_token=None))
     tok.pre_tokenizer = t.pre_tokenizers.Split(t.Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = t.decoders.Fuse()
-  tok.add_special_tokens([t.AddedToken(EOT, special=True)])
+  if end_of_text:
+    tok.add_special_tokens([t.AddedToken(EOT, special=True)])
   return tok.to_str()
 
 
@@ -178,13 +200,27 @@ def _ids_tokenizer(d: dict) -> IdsTokenizer | None:
   return IdsTokenizer(len(vocab), eot)
 
 
-def from_text(text: str):
-  """The tokenizer of a tokenizer.json's text (an IdsTokenizer's own file: that again)."""
+def _chars_without_end(d: dict) -> CharTokenizer | None:
+  """The CharTokenizer without end-of-text whose `hf_json()` is `d` (HFTokenizer would add one)."""
+  model = d.get("model") or {}
+  vocab = model.get("vocab")
+  if model.get("type") != "WordLevel" or d.get("added_tokens") or not isinstance(vocab, dict) \
+      or (d.get("pre_tokenizer") or {}).get("type") != "Split" or sorted(vocab.values()) != \
+      list(range(len(vocab))) or not all(len(c) == 1 for c in vocab):
+    return None
+  return CharTokenizer("".join(sorted(vocab, key=vocab.get)), end_of_text=False, ordered=True)
+
+
+def from_text(text: str, chars_without_end: bool = True):
+  """The tokenizer of a tokenizer.json's text (an IdsTokenizer's own file, or a CharTokenizer's
+  without end-of-text where `chars_without_end`: that again; a tokenizer.json given for text
+  gets an end-of-text token, which a document needs)."""
   try:
-    ids = _ids_tokenizer(json.loads(text))
+    d = json.loads(text)
+    own = _ids_tokenizer(d) or (_chars_without_end(d) if chars_without_end else None)
   except (ValueError, AttributeError):
-    ids = None  # not JSON (HFTokenizer says so) or not a JSON object
-  return ids or HFTokenizer(text)
+    own = None  # not JSON (HFTokenizer says so) or not a JSON object
+  return own or HFTokenizer(text)
 
 
 class HFTokenizer:
@@ -213,10 +249,9 @@ class HFTokenizer:
 
   def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
     if self._fast is None:
-      slow = lambda text: self.tok.encode(text, add_special_tokens=False).ids  # noqa: E731
-      self._fast = byte_bpe.encoder(self._json, slow) or False
+      self._fast = bpe_tiktoken.encoder(self._json, self._slow_ids) or False
     if self._fast:
-      ids = byte_bpe.on_all_cores(self._fast.encode_ordinary, texts)
+      ids = bpe_tiktoken.on_all_cores(self._fast.encode_ordinary, texts)
     else:  # on all cores too
       try:
         ids = [e.ids for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
@@ -227,6 +262,9 @@ class HFTokenizer:
     lengths = [len(i) for i in ids]
     flat = np.fromiter(itertools.chain.from_iterable(ids), self.dtype, count=sum(lengths))
     return np.split(flat, np.cumsum(lengths)[:-1])
+
+  def _slow_ids(self, text: str) -> list[int]:
+    return self.tok.encode(text, add_special_tokens=False).ids
 
   def decode(self, ids) -> str:
     return self.tok.decode(np.asarray(ids).tolist(), skip_special_tokens=False)
@@ -263,11 +301,17 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> HFTokenizer:
   return HFTokenizer(tok.to_str(), name="bpe")
 
 
+NAMED = ("gpt2",)  # data.tokenizer names a tokenizer to fetch rather than learn or read
+
+
 def read_file(path: str) -> HFTokenizer:
-  """The tokenizer.json at `path`; a one-line UserError if it does not load."""
+  """The tokenizer.json at `path` (or GPT-2's, for "gpt2"); a one-line UserError if it does not
+  load."""
+  if path == "gpt2":
+    return HFTokenizer(bpe_tiktoken.gpt2_json(), name="gpt2")
   try:
     with open(path, encoding="utf-8") as f:
-      return from_text(f.read())
+      return from_text(f.read(), chars_without_end=False)
   except (OSError, UnicodeDecodeError, ValueError) as e:
     why = getattr(e, "strerror", None) or str(e)
     raise ConfigError("data.tokenizer", f"{path} is not a tokenizer.json that loads ({why})",
@@ -307,7 +351,9 @@ def newline_id(tokenizer) -> int | None:
 
 def from_json(d: dict):
   """A byte or char tokenizer from its `to_json()`."""
-  return ByteTokenizer() if d["name"] == "byte" else CharTokenizer(d["chars"])
+  if d["name"] == "byte":
+    return ByteTokenizer()
+  return CharTokenizer(d["chars"], d.get("end_of_text", True), ordered=True)
 
 
 def from_cache(meta: dict):

@@ -96,14 +96,21 @@ def _on_one_device(state):
   return state.replace(params=jax.device_put(params, jax.local_devices()[0]))
 
 
-def score(tasks: list[Task], state, tok, say=print) -> dict:
+class Stopped(Exception):
+  """An evaluation given up part way because the run is stopping (a signal): it has no record."""
+
+
+def score(tasks: list[Task], state, tok, say=print, stopping=lambda: False) -> dict:
   """{task/<name>/<metric>: value} of `state` on every task, and one line a task through `say`.
-  Every process takes part; process 0 scores (the others get {})."""
+  Every process takes part; process 0 scores (the others get {}). `stopping()` is asked before
+  each task; True raises `Stopped`."""
   state = _on_one_device(state)
   if jax.process_index() != 0:
     return {}
   record = {}
   for task in tasks:
+    if stopping():
+      raise Stopped
     t0 = time.time()
     s = scoring.scores(state, tok, task.pairs, task.choices)
     record.update({f"task/{task.name}/{k}": s[k] for k in defaults.TASK_METRICS if s[k] is not None})

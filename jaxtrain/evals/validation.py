@@ -19,6 +19,12 @@ from jaxtrain.data.corpus import EvalSet
 from jaxtrain.evals import tasks as tasks_lib
 from jaxtrain.system import runtime
 
+Stopped = tasks_lib.Stopped  # an evaluation given up part way: the run is stopping
+
+
+def _never() -> bool:
+  return False
+
 
 @dataclasses.dataclass
 class Validation:
@@ -38,10 +44,12 @@ class Validation:
     return step % self.every == 0 or step == end
 
   def score(self, programs: Programs, state: TrainState, step: int,
-               elapsed_s: Callable[[], float], say: Callable[[str], None]) -> dict:
+            elapsed_s: Callable[[], float], say: Callable[[str], None],
+            stopping: Callable[[], bool] = _never) -> dict:
     """The evaluation record of `state` (at `step`), its lines said; `elapsed_s()`: the run's
-    training seconds so far. Every process takes part."""
-    val = weighted_loss(programs, state, self.batches, self.weights)
+    training seconds so far. Every process takes part. `stopping()` is asked between batches (a
+    collective where there are several processes); True raises `Stopped`."""
+    val = weighted_loss(programs, state, self.batches, self.weights, stopping)
     ppl = math.exp(min(val, 50))
     on = f" on {self.scope}" if self.scope and self.weights is not None else ""
     bpb = {} if math.isnan(self.bpb) else {"val_bpb": val * self.bpb}  # nan: token ids, no bytes
@@ -50,10 +58,12 @@ class Validation:
     record = {"step": step, "val_loss": val, "val_ppl": ppl, **bpb,
               "elapsed_s": round(elapsed_s(), 3)}
     if self.sources:
-      record.update(by_source(programs, state, self.sources))
+      record.update(by_source(programs, state, self.sources, stopping))
       say(source_line(step, record))
     if self.tasks:
-      record.update(tasks_lib.score(self.tasks, state, self.tokenizer, say))
+      # Process 0 alone scores the tasks: a collective `stopping` would wait for the others.
+      alone = stopping if jax.process_count() == 1 else _never
+      record.update(tasks_lib.score(self.tasks, state, self.tokenizer, say, alone))
     return record
 
 
@@ -72,10 +82,12 @@ def prepare(cfg: ml_collections.ConfigDict, data: corpus.Corpus, place: Callable
 
 
 def weighted_loss(programs: Programs, state: TrainState, batches: list[dict],
-                  weights: np.ndarray | None = None) -> float:
+                  weights: np.ndarray | None = None, stopping: Callable[[], bool] = _never) -> float:
   """The mean loss over `batches`; with `weights` (targets per batch), per target."""
   losses = []
   for batch in batches:
+    if stopping():
+      raise tasks_lib.Stopped
     losses.append(programs.eval_step(state, batch)["loss"])
     runtime.throttle(losses)
   losses = np.asarray(jax.device_get(losses))
@@ -83,11 +95,12 @@ def weighted_loss(programs: Programs, state: TrainState, batches: list[dict],
                else (losses * weights).sum() / max(weights.sum(), 1.0))
 
 
-def by_source(programs: Programs, state: TrainState, sets: list[EvalSet]) -> dict:
+def by_source(programs: Programs, state: TrainState, sets: list[EvalSet],
+              stopping: Callable[[], bool] = _never) -> dict:
   """{"val/<name>/loss": mean loss over the set's batches, "val/<name>/bpb": in bits per byte}."""
   record = {}
   for s in sets:
-    loss = weighted_loss(programs, state, s.batches)
+    loss = weighted_loss(programs, state, s.batches, stopping=stopping)
     record[f"val/{s.name}/loss"] = loss
     record[f"val/{s.name}/bpb"] = loss * s.bpb
   return record

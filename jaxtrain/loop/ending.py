@@ -22,10 +22,12 @@ def finish(r: Run, p: Progress, state: TrainState, speed: float | None) -> RunRe
   try:
     params = runtime.host_copy(state.params)  # every process takes part; process 0 samples
     is_main = jax.process_index() == 0
-    with p.timeline.timing("samples"):
+    # Counted as samples only where some are drawn: the time line never shows samples for none.
+    with p.timeline.timing("samples" if r.cfg.sample.num_samples else "loss plot"):
       texts = samples.write_samples(
           r.cfg.sample, r.cfg.model.seq_len, r.cfg.seed, state.replace(params=params),
           r.corpus.val, r.corpus.tokenizer, r.workdir, r.out) if is_main else []
+    with p.timeline.timing("loss plot"):
       if is_main:
         png = metrics_jsonl.plot_losses(r.workdir / metrics_jsonl.FILE, r.workdir / "loss.png")
         if png:
@@ -42,12 +44,27 @@ def finish(r: Run, p: Progress, state: TrainState, speed: float | None) -> RunRe
 
 def stopped(r: Run, p: Progress, by: str, speed: float | None) -> RunResult:
   """A run the loop stopped on a signal (its own, or another process's: every process of the
-  run exits with the same status), saved at the step it stopped at."""
+  run exits with the same status), saved at the step it stopped at. At its last step, the
+  signal came before the last evaluation was complete: a restart makes it, and the samples."""
+  end_left = p.step >= p.end
+  again = ("Run the same command again for the last evaluation and the samples." if end_left
+           else "Run the same command again to resume.")
   r.out.print(f"{by}: stopped at step {p.step}; checkpoint saved in "
-              f"{r.saving.ckpts.directory / str(p.step)}. Run the same command again to resume.")
+              f"{r.saving.ckpts.directory / str(p.step)}. {again}")
   _summary(r, p, time.time() - r.t_start)
   return RunResult(str(r.workdir), p.step, p.pending.last_loss, p.last_val, speed,
-                   time.time() - r.t_start, [], by, signals.EXIT_CODES[by], p.end)
+                   time.time() - r.t_start, [], by, signals.EXIT_CODES[by], p.end, end_left)
+
+
+def end_left(workdir: Path, step: int) -> bool:
+  """Whether the run in `workdir` was stopped at `step`, its last, before its last evaluation
+  (status.json says so): a restart then makes that evaluation and the samples."""
+  try:
+    info = paths.read_json(workdir / paths.STATUS_FILE)
+  except (OSError, ValueError):
+    return False
+  return isinstance(info, dict) and info.get("state") == "stopped" and bool(info.get("end_left")) \
+      and info.get("step") == step
 
 
 def _summary(r: Run, p: Progress, wall: float) -> None:

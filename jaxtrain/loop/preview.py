@@ -13,8 +13,14 @@ import ml_collections
 from jaxtrain.config import defaults, loading
 from jaxtrain.core import model, optim, programs
 from jaxtrain.loop import resolution
+from jaxtrain.measure import estimate
 from jaxtrain.system import fmt
 from jaxtrain.system.console import Console
+
+MANY_EPOCHS = 30  # more passes over the training split than this: the plan warns
+# Model FLOPs utilization the recipes reach (about 40% on a 2-core Zen 4 and on an H200, in
+# benchmarks/results/): the dry run's time. A small model on a GPU reaches less.
+REALISTIC_MFU = 0.4
 
 
 def config_lines(cfg: ml_collections.ConfigDict, width: int = 100) -> list[str]:
@@ -71,7 +77,21 @@ def plan_lines(cfg: ml_collections.ConfigDict, built: programs.Programs, train_t
   if cfg.sample.num_samples:
     lines.append(f"samples: {cfg.sample.num_samples} of {cfg.sample.max_new_tokens} tokens at "
                  "the end")
+  if train_tokens and tokens / train_tokens > MANY_EPOCHS:
+    lines.append(f"warning: plan: {tokens / train_tokens:.0f} epochs: the model sees each training "
+                 "token that many times and learns the text by heart (val loss rises again); "
+                 "give it more data (--config.data.path) or fewer steps (--config.train.max_steps)")
   return lines
+
+
+def time_lines(flops: float, devices: list, dtype: str) -> list[str]:
+  """The plan's FLOPs as time on these devices: at REALISTIC_MFU of their peak (a known GPU's
+  datasheet, else this machine's measured matmul peak, from the cache)."""
+  peak, source = estimate.peak_flops(devices, dtype)
+  seconds = flops / (peak * REALISTIC_MFU)
+  return [f"time: about {fmt.duration(seconds)} of training steps here, at {REALISTIC_MFU:.0%} MFU "
+          f"(what the recipes reach) of {source}; start-up, compiles, evaluations and "
+          "checkpoints come on top"]
 
 
 def dry_run(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()) -> None:
@@ -91,4 +111,11 @@ def dry_run(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()) -> N
       out.print(f"resume: a run would resume from the checkpoint of step {start} in {res.workdir}")
     for line in plan_lines(cfg, res.programs, len(res.corpus.train), start):
       out.print(line)
+    if not t.time_budget:
+      built = res.programs
+      flops = (t.max_steps - start) * (
+          t.batch_size * t.grad_accum * cfg.model.seq_len * model.flops_per_token(built.model_cfg)
+          + optim.flops_per_step(built.optimizer, built.abstract.trainable()))
+      for line in time_lines(flops, list(built.mesh.devices.flat), built.model_cfg.dtype):
+        out.print(line)
   out.print(f"dry run: nothing was compiled or trained, and nothing was written in {res.workdir}")

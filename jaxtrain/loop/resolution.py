@@ -104,7 +104,8 @@ def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: corpus_lib.Co
               f"{cfg.data.completion_field!r}): {fmt.count(int(corpus.mask.sum()))} of the tokens "
               "(completions and their end-of-text) count in the loss; records see only themselves")
   for note in corpus.notes:
-    out.print(f"data: {note}")
+    out.print(f"warning: data: {note.removeprefix('warning: ')}" if note.startswith("warning: ")
+              else f"data: {note}")
   k, B, T = cfg.train.grad_accum, cfg.train.batch_size, cfg.model.seq_len
   abstract = built.abstract
   n_params, n_trained = lora.count(abstract.params), lora.count(abstract.trainable())

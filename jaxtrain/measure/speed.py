@@ -63,5 +63,6 @@ def first_line(speed: Speed, flops_dtype: str, steps_left: int) -> str:
   """The first speed reading, with the peak its MFU is measured against."""
   _, peak = estimate.peak_flops(jax.devices(), flops_dtype)
   return (f"speed: {fmt.count(speed.tokens_per_sec)} tokens/s, "
-          f"{fmt.count(speed.flops_per_sec)}FLOP/s = {speed.mfu or 0:.1%} MFU (of {peak}); "
-          f"ETA for the remaining {steps_left} steps: {fmt.duration(speed.eta_s)}")
+          f"{fmt.count(speed.flops_per_sec)}FLOP/s = {speed.mfu or 0:.1%} MFU (of {peak})"
+          + (f"; ETA for the remaining {steps_left} steps: {fmt.duration(speed.eta_s)}"
+             if steps_left > 0 else ""))

@@ -4,6 +4,7 @@ libraries' own messages kept in a file, out of the way of those lines."""
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -110,23 +111,49 @@ class Console:
 
       self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
-  def progress(self, step: int, total: int, loss: float, lr: float, tokens_per_sec: float,
-               elapsed: float, eta: float, memory: str = "", val: float | None = None) -> None:
+  def progress(self, step: int, total: int, loss: float, lr: float, tokens_per_sec: float | None,
+               elapsed: float, eta: float | None, memory: str = "",
+               val: float | None = None) -> None:
     """The progress line (or bar) of a logged step; `val`: the latest val loss, once there is
-    one, beside the train loss, so that overfitting shows without scrolling back."""
+    one, beside the train loss, so that overfitting shows without scrolling back. No speed (None)
+    before a step was timed: then no tok/s and no eta are shown, rather than 0."""
     loss_text = f"loss {loss:.4f}" + ("" if val is None else f" | val {val:.4f}")
+    speed = "" if tokens_per_sec is None else f"{fmt.count(tokens_per_sec)} tok/s"
     if self.bar is not None:
       self.bar.total = total  # a time budget's plan may move the end
       self.bar.update(step - self.bar.n)
-      self.bar.set_postfix_str(f"{loss_text.replace(' |', '')} lr {lr:.2e} "
-                               f"{fmt.count(tokens_per_sec)} tok/s"
-                               + (f" {memory}" if memory else ""), refresh=False)
+      self.bar.set_postfix_str(" ".join(filter(None, [loss_text.replace(" |", ""),
+                                                      f"lr {lr:.2e}", speed, memory])),
+                               refresh=False)
     else:
-      self.print(f"step {step:>6}/{total} | {loss_text} | lr {lr:.2e} | "
-                 f"{fmt.count(tokens_per_sec)} tok/s | elapsed {fmt.duration(elapsed)} | "
-                 f"eta {fmt.duration(eta)}" + (f" | {memory}" if memory else ""))
+      parts = [f"step {step:>6}/{total}", loss_text, f"lr {lr:.2e}", speed,
+               f"elapsed {fmt.duration(elapsed)}",
+               "" if eta is None or step >= total else f"eta {fmt.duration(eta)}", memory]
+      self.print(" | ".join(filter(None, parts)))
 
   def close(self) -> None:
     if self.bar is not None:
       self.bar.close()
       self.bar = None
+
+
+class Ticker:
+  """Progress as plain lines, for work of more than a few seconds where no bar shows it (output
+  to a file, `headless`): `update(n)` as a tqdm bar takes it; a line after FIRST_S seconds, then
+  every EVERY_S, e.g. `data: tokenizing: 45.1 MB of 157.2 MB (29%), 12.0s`."""
+
+  FIRST_S, EVERY_S = 5.0, 15.0
+
+  def __init__(self, log: Callable[[str], None], what: str, total: int):
+    self.log, self.what, self.total, self.done = log, what, total, 0
+    self.t0 = time.monotonic()
+    self.next = self.t0 + self.FIRST_S
+
+  def update(self, n: int) -> None:
+    self.done += n
+    now = time.monotonic()
+    if now >= self.next:
+      self.next = now + self.EVERY_S
+      share = f" ({self.done / self.total:.0%})" if self.total else ""
+      self.log(f"{self.what}: {fmt.nbytes(self.done)} of {fmt.nbytes(self.total)}{share}, "
+               f"{fmt.duration(now - self.t0)}")

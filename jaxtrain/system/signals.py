@@ -1,12 +1,13 @@
 """SIGTERM and SIGINT become a request to stop after the current optimizer step and save.
 
-Slurm sends SIGTERM before preemption; people press Ctrl-C. Either way the loop finishes its step,
-writes a checkpoint and exits with 128 + the signal's number, as a shell reports a command a signal
-ended (`EXIT_CODES`): a run stopped before its end is never status 0, so `train && export` does
-not export a half-trained model, and a script can still tell "stopped, resumable" (130, 141, 143)
-from an error (1-4). Signals that arrive while that checkpoint is being written are
-acknowledged and ignored, so a second Ctrl-C cannot cut the save short (a SIGKILL still can,
-and orbax's write-then-rename leaves the previous checkpoint as the latest complete one).
+Slurm sends SIGTERM before preemption; people press Ctrl-C. Either way the loop finishes its step
+(an evaluation under way is given up between two of its batches), writes a checkpoint and exits
+with 128 + the signal's number, as a shell reports a command a signal ended (`EXIT_CODES`): a run
+stopped before its end is never status 0, so `train && export` does not export a half-trained
+model, and a script can still tell "stopped, resumable" (130, 141, 143) from an error (1-4).
+Signals that arrive while that checkpoint is being written are acknowledged and ignored, so a
+second Ctrl-C cannot cut the save short (a SIGKILL still can, and orbax's write-then-rename leaves
+the previous checkpoint as the latest complete one).
 
 Outside the loop (reading data, compiling, sampling at the end) there is no step to finish: Ctrl-C
 raises KeyboardInterrupt as usual, and the command makes SIGTERM raise `Terminated`, a kind of
@@ -14,13 +15,17 @@ KeyboardInterrupt, so both unwind through the same clean-up and end in one line.
 exception raised inside a finalizer or a gc callback (JAX registers one), so a signal that lands
 there would be lost: the command's handlers also remember it, and `check()`, called where work
 goes on in long stretches (tokenizing, before the loop, after generating samples), raises it
-again.
+again. Python runs signal handlers on the main thread between bytecodes, so a call into native
+code that runs for minutes (training a BPE vocabulary) would hold a signal until it returns:
+`interruptible` runs such a call in a thread of its own while the main thread waits, ready.
 """
 
 import contextlib
 import signal
 import sys
 import threading
+import time
+from collections.abc import Callable
 
 EXIT_CODES = {"SIGINT": 130, "SIGPIPE": 141, "SIGTERM": 143}  # 128 + the signal's number
 
@@ -67,6 +72,37 @@ def handled() -> None:
   _pending = None
 
 
+def interruptible(fn: Callable, *args, waiting: Callable[[float], None] | None = None,
+                  every_s: float = 15.0):
+  """`fn(*args)`, run in a daemon thread while this thread (the main one) waits for it, so a signal
+  is raised here at once however long `fn` stays in native code; the process then ends without
+  waiting for `fn`. `waiting(seconds so far)` is called every `every_s` seconds meanwhile (a
+  progress line). Elsewhere than on the main thread, `fn(*args)` as it is."""
+  if threading.current_thread() is not threading.main_thread():
+    return fn(*args)
+  outcome = {}
+
+  def run() -> None:
+    try:
+      outcome["value"] = fn(*args)
+    except BaseException as e:  # raised again on the main thread
+      outcome["error"] = e
+
+  worker = threading.Thread(target=run, name="jaxtrain-interruptible", daemon=True)
+  t0 = time.monotonic()
+  worker.start()
+  said = 0
+  while worker.is_alive():
+    worker.join(0.1)  # a signal's handler runs (and raises) while this waits
+    check()
+    if waiting is not None and (time.monotonic() - t0) // every_s > said:
+      said += 1
+      waiting(time.monotonic() - t0)
+  if "error" in outcome:
+    raise outcome["error"]
+  return outcome["value"]
+
+
 def name_of(interrupt: KeyboardInterrupt) -> str:
   return "SIGTERM" if isinstance(interrupt, Terminated) else "SIGINT"
 
@@ -76,6 +112,7 @@ class GracefulStop:
   def __init__(self):
     self.requested: str | None = None  # "SIGTERM" or "SIGINT" once one arrives
     self.saving = False
+    self.evaluating = False  # an evaluation asks `requested` between its batches and gives up
     self._previous = {}
 
   def __enter__(self) -> "GracefulStop":
@@ -95,6 +132,8 @@ class GracefulStop:
     if self.saving:
       message = ("a checkpoint is being written; stopping as soon as it is complete" if first
                  else "still writing the checkpoint; it finishes in a moment")
+    elif first and self.evaluating:
+      message = "stopping the evaluation, then saving a checkpoint and stopping"
     elif first:
       message = "finishing this step, then saving a checkpoint and stopping"
     else:
@@ -113,6 +152,15 @@ class GracefulStop:
       yield
     finally:
       self.saving = False
+
+  @contextlib.contextmanager
+  def evaluating_now(self):
+    """An evaluation runs in this block: a signal gives it up (it has no record)."""
+    self.evaluating = True
+    try:
+      yield
+    finally:
+      self.evaluating = False
 
   @property
   def exit_code(self) -> int:

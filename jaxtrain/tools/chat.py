@@ -16,11 +16,13 @@ from absl import flags
 from jaxtrain.checkpoints import load
 from jaxtrain.data import chat_format
 from jaxtrain.generation import fit, reply
+from jaxtrain.system import invocation
 from jaxtrain.system.errors import UserError
 from jaxtrain.tools import cli
 from jaxtrain.tools.sample import read_prompt
 
-USAGE = ("usage: python -m jaxtrain.chat --workdir=runs/chat [--system=TEXT] [flags]\n"
+_COMMAND = invocation.command("jaxtrain.chat")
+USAGE = (f"usage: {_COMMAND} --workdir=runs/chat [--system=TEXT] [flags]\n"
          "Talk with a run trained on chat records: one message a line on stdin, the replies on "
          "stdout.")
 

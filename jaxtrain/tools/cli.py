@@ -10,7 +10,7 @@ from typing import NoReturn
 
 from absl import flags
 
-from jaxtrain.system import exiting
+from jaxtrain.system import exiting, signals
 from jaxtrain.system.errors import UserError
 
 
@@ -156,14 +156,16 @@ def main(run: Callable[..., None], usage: str, module: str, *, args: bool = Fals
       from jaxtrain.system import runtime
 
       runtime.enable_compile_cache()  # the second sample of a run compiles nothing
+    signals.raise_on_signals()  # SIGTERM too ends in one clean exit; a dropped signal is kept
     try:
       run(argv[1:]) if args else run()
+      signals.check()  # one that Python dropped (in a gc callback) still ends the command as one
       exiting.exit_now(0)  # a command that installed exiting's handler ends here, at once
     except UserError as e:
       fail(str(e), e.exit_code)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
       print("", file=sys.stderr)
-      sys.exit(130)
+      sys.exit(signals.EXIT_CODES[signals.name_of(e)])
 
   def parse(argv: list[str]) -> list[str]:
     show_help_if_asked(argv, usage, [*before, *flag_rows(module, values), *after],

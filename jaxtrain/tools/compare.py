@@ -19,11 +19,12 @@ from pathlib import Path
 from absl import flags
 
 from jaxtrain.config import defaults
-from jaxtrain.system import fmt
+from jaxtrain.system import fmt, invocation
 from jaxtrain.system.errors import UserError
 from jaxtrain.tools import cli, runs
 
-USAGE = ("usage: python -m jaxtrain.compare RUN... [--out=DIR] [--by=METRIC]\n"
+_COMMAND = invocation.command("jaxtrain.compare")
+USAGE = (f"usage: {_COMMAND} RUN... [--out=DIR] [--by=METRIC]\n"
          "Runs side by side, best first: the config fields that differ, losses, task "
          "accuracies, speed and time.")
 RUN_HELP = ("RUN", "A run's directory, a glob of them, or a directory of runs (a sweep's root).")
@@ -286,7 +287,7 @@ def define_flags() -> None:
 def run(patterns: list[str]) -> None:
   f = flags.FLAGS
   if not patterns:
-    raise UserError("no runs given; usage: python -m jaxtrain.compare RUN... [--out=DIR] (RUN: a "
+    raise UserError(f"no runs given; usage: {_COMMAND} RUN... [--out=DIR] (RUN: a "
                     "run's directory, a glob, or a directory of runs such as a sweep's root)")
   compare(patterns, Path(f.out).expanduser() if f.out else None, by=f.by or None)
 

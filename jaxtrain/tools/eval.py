@@ -16,7 +16,7 @@ from pathlib import Path
 from absl import flags
 
 from jaxtrain.evals import scoring
-from jaxtrain.system import paths
+from jaxtrain.system import invocation, paths
 from jaxtrain.system.errors import UserError
 from jaxtrain.tools import cli
 
@@ -59,7 +59,8 @@ def run() -> None:
     print(f"results: {f.out}", file=sys.stderr)
 
 
-USAGE = ("usage: python -m jaxtrain.eval --workdir=runs/task --data=FILE.jsonl [flags]\n"
+_COMMAND = invocation.command("jaxtrain.eval")
+USAGE = (f"usage: {_COMMAND} --workdir=runs/task --data=FILE.jsonl [flags]\n"
          "Task scores of a trained run on held-out records: loss and bpb on completions, exact "
          "match of greedy completions, multiple-choice accuracy.")
 

@@ -1,12 +1,17 @@
 """`python -m jaxtrain.export --workdir=runs/nano --out=hf/nano [--step=latest|best|N]`: a run's
 model as a Hugging Face transformers directory (config.json, model.safetensors, tokenizer.json),
-loadable with `transformers.AutoModelForCausalLM.from_pretrained(out)`. The mapping: hf.py.
+loadable with `transformers.AutoModelForCausalLM.from_pretrained(out)`: a Llama or GPT-2 where
+one computes what the model does, else jaxtrain's own class, whose code the directory holds
+(modeling_jaxtrain.py, loaded with `trust_remote_code=True`). The mapping: hf.py. The directory
+is written whole under a temporary name and then renamed: an export stopped halfway leaves
+nothing at `out`, and an existing non-empty `out` is refused, never overwritten.
 A run trained on chat records also gets its chat format as a chat template (tokenizer_config.json)
 and generation that stops at the end of the assistant's turn. A LoRA run's adapters are merged into
 its kernels (W + alpha/r A B): the directory is an ordinary model."""
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -16,23 +21,40 @@ from jaxtrain.checkpoints import hf, load
 from jaxtrain.core import lora
 from jaxtrain.data import chat_format
 from jaxtrain.data import tokenizer as tokenizer_lib
-from jaxtrain.system import paths
+from jaxtrain.system import invocation, paths
 from jaxtrain.system.errors import UserError
 
-USAGE = ("usage: python -m jaxtrain.export --workdir=runs/nano --out=hf/nano [--step=latest|best|N]\n"
+_COMMAND = invocation.command("jaxtrain.export")
+USAGE = (f"usage: {_COMMAND} --workdir=runs/nano --out=hf/nano [--step=latest|best|N]\n"
          "A run's model as a Hugging Face transformers directory.")
 WRITTEN = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-           "generation_config.json")
+           "generation_config.json")  # and hf.MODELING_FILE for a model of jaxtrain's own class
 
 
 def export(workdir: str, out: str, step: str = "latest") -> Path:
-  """Writes the model of `workdir`'s checkpoint `step` into directory `out`; returns it."""
+  """Writes the model of `workdir`'s checkpoint `step` into directory `out` (new or empty);
+  returns it."""
   state, tok = load.load(workdir, step)
   c = state.model_cfg
   # Token ids from flat files without a tokenizer may have no end-of-text id (-1): none, then.
   eos, bos = (tok.eot_id if tok.eot_id >= 0 else None), tokenizer_lib.bos_id(tok)
-  config = hf.hf_config(c, eos, bos)  # before anything is written: no equivalent is refused
+  config = hf.hf_config(c, eos, bos)
   target = _target(out)
+  building = target.with_name(f".{target.name}.tmp{os.getpid()}")
+  try:
+    building.mkdir()
+    _write(building, state, tok, config, workdir, eos, bos)
+    os.replace(building, target)  # onto a missing or empty directory: all at once
+  except OSError as e:
+    raise UserError(f"cannot write --out={target} ({e.strerror}); pass a directory you can "
+                    "write to, with room") from None
+  finally:
+    shutil.rmtree(building, ignore_errors=True)
+  return target
+
+
+def _write(target: Path, state, tok, config: dict, workdir: str, eos, bos) -> None:
+  c = state.model_cfg
   # LoRA adapters folded into their kernels: an ordinary model of the same layout.
   tensors = hf.to_hf(hf.flatten(lora.merged(state.params, state.lora)), c)
   from safetensors.numpy import save_file
@@ -43,6 +65,8 @@ def export(workdir: str, out: str, step: str = "latest") -> Path:
   (target / "model.safetensors").chmod(0o666 & ~_umask())
   paths.write_json(target / "config.json", {**config, "jaxtrain": {
       "workdir": str(Path(workdir).absolute()), "step": int(state.step)}})
+  if config["architectures"][0] == hf.CUSTOM:  # the model's own code, loaded with trust_remote_code
+    shutil.copyfile(Path(hf.__file__).with_name("hf_modeling.py"), target / hf.MODELING_FILE)
   # max_new_tokens, not max_length (transformers warns when a call's max_new_tokens meets one);
   # half the trained length, so that a plain call with a short prompt stays within it (GPT-2's
   # learned positions end there). pad is eos, as transformers would set it, with a warning.
@@ -52,7 +76,6 @@ def export(workdir: str, out: str, step: str = "latest") -> Path:
       "eos_token_id": [turns[chat_format.END], eos] if turns else eos, "pad_token_id": eos,
       **({"bos_token_id": bos} if bos is not None else {})})
   write_tokenizer(tok, target)
-  return target
 
 
 def _umask() -> int:
@@ -62,20 +85,20 @@ def _umask() -> int:
 
 
 def _target(out: str) -> Path:
-  """`out`, created; refused if it holds files an export did not write (nothing is overwritten
-  but an earlier export)."""
-  path = Path(out).expanduser()
+  """`out` as a path whose parent exists; refused if it is a file or a directory with anything
+  in it (an earlier export included: nothing is overwritten)."""
+  path = Path(out).expanduser().absolute()
   if path.exists() and not path.is_dir():
-    raise UserError(f"--out={path} is a file; pass --out=<a new or empty directory>")
-  if path.is_dir():
-    others = sorted(p.name for p in path.iterdir() if p.name not in WRITTEN)
-    if others:
-      raise UserError(f"--out={path} holds other files ({', '.join(others[:3])}); pass "
-                      "--out=<a new or empty directory> so nothing there is overwritten")
+    raise UserError(f"--out={out} is a file; pass --out=<a new or empty directory>")
+  if path.is_dir() and any(path.iterdir()):
+    held = sorted(p.name for p in path.iterdir())
+    what = "an earlier export" if "config.json" in held else f"other files ({', '.join(held[:3])})"
+    raise UserError(f"--out={out} holds {what}; pass --out=<a new or empty directory>, or "
+                    f"remove {out} first: nothing is overwritten")
   try:
-    path.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
   except OSError as e:
-    raise UserError(f"cannot create --out={path} ({e.strerror}); pass a directory you can "
+    raise UserError(f"cannot create --out={out} ({e.strerror}); pass a directory you can "
                     "write to") from None
   return path
 
@@ -87,12 +110,34 @@ def write_tokenizer(tok, target: Path) -> None:
   tokens jaxtrain trains on and chats with (data/chat_format.py)."""
   (target / "tokenizer.json").write_text(tok.hf_json(), encoding="utf-8")
   bos = tokenizer_lib.bos_id(tok)
-  special = {"eos_token": tokenizer_lib.EOT, "pad_token": tokenizer_lib.EOT,
+  ends = tok.eot_id >= 0  # nanoGPT's characters and bare ids may have no end-of-text token
+  special = {**({"eos_token": tokenizer_lib.EOT, "pad_token": tokenizer_lib.EOT} if ends else {}),
              **({"bos_token": tok.decode([bos])} if bos is not None else {})}
   paths.write_json(target / "tokenizer_config.json", {
       "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 10**9,
       "clean_up_tokenization_spaces": False, **special, "jaxtrain_tokenizer": tok.to_json(),
       **({"chat_template": chat_format.TEMPLATE} if chat_format.special_ids(tok) else {})})
+
+
+def written_line(target: Path, out: str) -> str:
+  """What was written and how transformers loads it."""
+  config = json.loads((target / "config.json").read_text())
+  arch = config["architectures"][0]
+  n = sum(int(np.prod(x.shape)) for x in hf.read_dir(target)[1].values())
+  if arch != hf.CUSTOM:
+    return (f"wrote {arch} ({n:,} numbers) to {out}; load it with "
+            f"transformers.AutoModelForCausalLM.from_pretrained({out!r})")
+  return (f"wrote {arch} ({n:,} numbers) to {out}, with its code ({hf.MODELING_FILE}: no "
+          "transformers class has "
+          f"{', '.join(b.split(' ')[0] for b in hf.blockers(_model_cfg(config)))}); load it with "
+          f"transformers.AutoModelForCausalLM.from_pretrained({out!r}, trust_remote_code=True)")
+
+
+def _model_cfg(config: dict):
+  from jaxtrain.core.model import ModelConfig
+
+  fields = {f: config[f] for f in hf.CUSTOM_FIELDS}
+  return ModelConfig(**fields)
 
 
 def main() -> None:
@@ -109,9 +154,6 @@ def main() -> None:
     if not f.workdir or not f.out:
       raise UserError("pass --workdir=<the workdir of a run> and --out=<a new directory>")
     target = export(f.workdir, f.out, f.step)
-    arch = json.loads((target / "config.json").read_text())["architectures"][0]
-    n = sum(int(np.prod(x.shape)) for x in hf.read_dir(target)[1].values())
-    print(f"wrote {arch} ({n:,} numbers) to {target}; load it with "
-          f"transformers.AutoModelForCausalLM.from_pretrained({str(target)!r})", file=sys.stderr)
+    print(written_line(target, f.out), file=sys.stderr)
 
   cli.main(run, USAGE, __name__)

@@ -19,12 +19,13 @@ from jaxtrain.checkpoints import load
 from jaxtrain.data import records
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.generation import complete, decode, fit
-from jaxtrain.system import paths
+from jaxtrain.system import invocation, paths
 from jaxtrain.system.errors import UserError
 from jaxtrain.tools import cli
 
 CHUNK = 8  # tokens per compiled call: how often the text on the screen grows
-USAGE = ("usage: python -m jaxtrain.sample --workdir=runs/nano [--prompt=TEXT|@FILE] [flags]\n"
+_COMMAND = invocation.command("jaxtrain.sample")
+USAGE = (f"usage: {_COMMAND} --workdir=runs/nano [--prompt=TEXT|@FILE] [flags]\n"
          "Text from a saved run, printed as it is made.")
 
 

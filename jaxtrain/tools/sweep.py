@@ -25,11 +25,12 @@ from pathlib import Path
 from absl import flags
 
 from jaxtrain.config import defaults, loading, schema, validate
-from jaxtrain.system import fmt, paths
+from jaxtrain.system import fmt, invocation, paths
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.tools import cli, compare, runs
 
-USAGE = ("usage: python -m jaxtrain.sweep --config=F --sweep=field=v1,v2 [--sweep=...] --root=DIR "
+_COMMAND = invocation.command("jaxtrain.sweep")
+USAGE = (f"usage: {_COMMAND} --config=F --sweep=field=v1,v2 [--sweep=...] --root=DIR "
          "[--parallel=N] [--config.x=y ...] (see --help)")
 VALUES = {"config": "FILE", "sweep": "FIELD=V1,V2", "root": "DIR"}  # what --help shows
 PASSED_ON = (("--config.FIELD=V", "A setting for every run of the sweep."),

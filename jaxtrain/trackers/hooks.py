@@ -39,6 +39,7 @@ class RunResult:
   stopped_by: str | None = None  # "SIGTERM", "SIGINT" or "SIGPIPE" when a signal ended it early
   exit_code: int = 0  # the command's: 128 + the signal's number where one stopped it (130, 141, 143)
   max_steps: int | None = None  # the run's last step: train.max_steps, or a time budget's end
+  end_left: bool = False  # stopped at its last step before its last evaluation: a restart makes it
 
 
 class Hook:

@@ -78,9 +78,9 @@ class Status(Hook):
       self.info["state"] = "failed"  # at the last step it logged
     else:
       self.info["max_steps"] = result.max_steps or self.info["max_steps"]  # a time budget's end
-      unfinished = result.stopped_by and result.step < self.info["max_steps"]
+      unfinished = result.stopped_by and (result.step < self.info["max_steps"] or result.end_left)
       self.info.update(state="stopped" if unfinished else "finished", step=result.step,
-                       stopped_by=result.stopped_by)
+                       stopped_by=result.stopped_by, end_left=result.end_left)
     self.info["ended"] = time.time()
     paths.write_json(self.path, self.info)
 
