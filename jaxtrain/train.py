@@ -20,7 +20,7 @@ from jaxtrain.checkpoints import init_from
 from jaxtrain.config import validate
 from jaxtrain.core import cpu
 from jaxtrain.core.steps import TrainState
-from jaxtrain.loop import budget, ending, setup
+from jaxtrain.loop import autosize, budget, ending, setup
 from jaxtrain.loop.state import Progress, Run
 from jaxtrain.measure import summary
 from jaxtrain.system import runtime, signals
@@ -52,6 +52,10 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
     validate.validate(cfg)
     cfg, taken = init_from.resolve(cfg, explicit)
     validate.validate(cfg)
+    say = print if show_progress else lambda line: None
+    cfg, chosen = autosize.resolve(cfg, explicit, say=say, t_start=t_start)  # before jax starts
+    for line in chosen:
+      say(line)
     split = cpu.split_cpu(cfg)  # before jax starts its backends
     platform = runtime.setup(cfg)
     r = setup.prepare(cfg, platform, show_progress, hooks, t_start, library_log, lock)

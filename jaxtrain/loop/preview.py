@@ -19,6 +19,7 @@ from jaxtrain.core import cpu, mesh, model, optim, programs
 from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.data import tokenfiles, tokenizer
 from jaxtrain.evals import tasks
+from jaxtrain.loop import autosize
 from jaxtrain.measure import summary
 from jaxtrain.system import fmt, paths, runtime
 from jaxtrain.system.console import Console
@@ -97,10 +98,11 @@ def dry_run(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()) -> N
   validate.validate(cfg)
   cfg, taken = init_from.resolve(cfg, explicit)
   validate.validate(cfg)
+  cfg, chosen = autosize.resolve(cfg, explicit)  # the run's own choice (it probes once if needed)
   cpu.split_cpu(cfg)
   platform = runtime.setup(cfg)
   out = Console(enabled=jax.process_index() == 0, headless=True)
-  for line in config_lines(cfg):
+  for line in config_lines(cfg) + chosen:
     out.print(line)
   if taken:
     out.print(f"init_from: from {cfg.init_from}, {', '.join(taken)}")
