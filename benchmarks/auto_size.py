@@ -46,6 +46,7 @@ from jaxtrain.system import fmt  # noqa: E402
 NAME = "auto_size"
 SHAPES = "2x64,2x96,2x128,3x128,4x192,6x256"  # layers x width; heads of 32 below 192, else 64
 AUTO = "auto"
+PROBED: list[str] = []  # the corpora whose speed probe this process ran
 
 
 def heads(d: int) -> int:
@@ -131,6 +132,26 @@ def _outcome(workdir: Path, out: list[str]) -> dict:
           "epochs": tokens / _count(train[1]) if train else None}
 
 
+def probe(data: str, args) -> None:
+  """The speed probe of the auto pick's architecture, under the lock, before any auto run: a dry
+  run with model.size=auto measures it into --cache (once; later runs read it)."""
+  cmd = [sys.executable, "-m", "jaxtrain", *run_args(AUTO, "1m", data, args), "--dry_run",
+         "--jax_platforms=cpu", f"--config.workdir={tempfile.mkdtemp(prefix='auto-size-')}/run"]
+  lock = open(args.lock, "a") if args.lock else None
+  try:
+    if lock:
+      fcntl.flock(lock, fcntl.LOCK_EX)
+    t = time.perf_counter()
+    res = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, JAXTRAIN_CACHE=str(args.cache)),
+                         capture_output=True, text=True)
+  finally:
+    if lock:
+      lock.close()
+  said = [line for line in res.stdout.splitlines() if "model.size=auto" in line]
+  reports.log(f"probe and dry run: {time.perf_counter() - t:.1f} s, exit {res.returncode}; "
+              + " | ".join(said[:2]) + res.stderr[-1000:])
+
+
 def runs_file(args) -> Path:
   return Path(args.out) / "runs.jsonl"
 
@@ -151,6 +172,9 @@ def grid(args) -> None:
       for shape in shapes:
         if (corpus, budget, shape) in have:
           continue
+        if shape == AUTO and not PROBED:
+          PROBED.append(corpus)
+          probe(data, args)
         row = one_run(shape, budget, corpus, data, args)
         with runs_file(args).open("a") as f:
           f.write(json.dumps(row) + "\n")

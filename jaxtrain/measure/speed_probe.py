@@ -79,7 +79,7 @@ def fit(rows: list[dict], muon_ns_steps: int) -> size_rule.SpeedModel:
   layers = np.array([r["layers"] for r in rows], float)
   compiles = np.array([r["compile_s"] for r in rows], float)
   slope, intercept = np.polyfit(layers, compiles, 1)
-  slope, intercept = max(slope, 0.0), max(intercept, 0.0)
+  slope, intercept = max(float(slope), 0.0), max(float(intercept), 0.0)
   return size_rule.SpeedModel(tuple(float(c) for c in coef / scale),
                               RUN_FIXED_S + COMPILE_FACTOR * intercept, COMPILE_FACTOR * slope,
                               OVERHEAD, muon_ns_steps)
@@ -91,16 +91,35 @@ def speed_model(cfg: ml_collections.ConfigDict, vocab: int, platform: str,
   key = cache_key(cfg, platform)
   cached = paths.read_cache_json(SPEED_FILE)
   ns = cfg.optim.muon_ns_steps if cfg.optim.name == "muon" else 0
-  if isinstance(cached.get(key), dict) and "rows" in cached[key]:
-    return fit(cached[key]["rows"], ns)
+  entry = cached.get(key)
+  if isinstance(entry, dict) and "rows" in entry:
+    fitted = entry.get("model")
+    if isinstance(fitted, dict) and fitted.get("constants") == _constants():
+      return size_rule.SpeedModel(tuple(fitted["coef"]), fitted["fixed_s"],
+                                  fitted["compile_per_layer_s"], OVERHEAD, ns)
+    return _keep(key, entry["rows"], ns)
   say(f"model.size=auto: measuring this machine's speed for {len(PROBES)} shapes (once: cached "
       f"in {os.path.join(paths.cache_dir(), SPEED_FILE)})")
   t = time.perf_counter()
   rows = run_probe(cfg, vocab, platform)
+  return _keep(key, rows, ns, seconds=round(time.perf_counter() - t, 1))
+
+
+def _constants() -> list[float]:
+  return [RUN_FIXED_S, COMPILE_FACTOR, OVERHEAD]
+
+
+def _keep(key: str, rows: list[dict], ns: int, **more) -> size_rule.SpeedModel:
+  """The speed model of `rows`, cached with them (a run reads the fit without refitting)."""
+  model = fit(rows, ns)
   cached = paths.read_cache_json(SPEED_FILE)
-  cached[key] = {"rows": rows, "time": time.time(), "seconds": round(time.perf_counter() - t, 1)}
+  entry = cached.get(key) if isinstance(cached.get(key), dict) else {"time": time.time()}
+  cached[key] = {**entry, **more, "rows": rows,
+                 "model": {"coef": list(model.coef), "fixed_s": model.fixed_s,
+                           "compile_per_layer_s": model.compile_per_layer_s,
+                           "constants": _constants()}}
   paths.write_cache_json(SPEED_FILE, cached)
-  return fit(rows, ns)
+  return model
 
 
 def run_probe(cfg: ml_collections.ConfigDict, vocab: int, platform: str,
