@@ -53,9 +53,15 @@ def heads(d: int) -> int:
   return d // 32 if d < 192 else d // 64
 
 
+def fixed_steps(budget: str) -> int | None:
+  """A "budget" of N steps ("1400steps"): a fit point, not timed (run under the shared lock)."""
+  return int(budget.removesuffix("steps")) if budget.endswith("steps") else None
+
+
 def run_args(shape: str, budget: str, data: str, args) -> list[str]:
-  base = [f"--config={args.config}", f"--config.data.path={data}",
-          f"--config.train.time_budget={budget}", *args.extra]
+  steps = fixed_steps(budget)
+  length = f"--config.train.max_steps={steps}" if steps else f"--config.train.time_budget={budget}"
+  base = [f"--config={args.config}", f"--config.data.path={data}", length, *args.extra]
   if shape == AUTO:
     return [*base, "--config.model.size=auto"]
   layers, width = map(int, shape.split("x"))
@@ -75,7 +81,7 @@ def one_run(shape: str, budget: str, corpus: str, data: str, args) -> dict:
   lock = open(args.lock, "a") if args.lock else None
   try:
     if lock:
-      fcntl.flock(lock, fcntl.LOCK_EX)
+      fcntl.flock(lock, fcntl.LOCK_SH if fixed_steps(budget) else fcntl.LOCK_EX)
     load_before = os.getloadavg()[0]
     with common.LoadSampler(common.ours) as sampler:
       t0 = time.perf_counter()
@@ -87,7 +93,8 @@ def one_run(shape: str, budget: str, corpus: str, data: str, args) -> dict:
   finally:
     if lock:
       lock.close()
-  row = {"corpus": corpus, "data": data, "budget": budget, "budget_s": fmt.parse_duration(budget),
+  row = {"corpus": corpus, "data": data, "budget": budget,
+         "budget_s": None if fixed_steps(budget) else fmt.parse_duration(budget),
          "shape": shape, "exit": proc.returncode, "wall_s": round(wall, 2),
          "loadavg_before": round(load_before, 2), "load": sampler.summary()["all"],
          "time": reports.timestamp(), "command": " ".join(cmd[1:]),
@@ -188,7 +195,8 @@ def summary(rows: list[dict]) -> list[dict]:
   """Per corpus and budget: the grid's best hand shape against the auto pick."""
   out = []
   for corpus in dict.fromkeys(r["corpus"] for r in rows):
-    for budget in dict.fromkeys(r["budget"] for r in rows if r["corpus"] == corpus):
+    for budget in dict.fromkeys(r["budget"] for r in rows if r["corpus"] == corpus
+                                and r["budget_s"]):
       here = [r for r in rows if (r["corpus"], r["budget"]) == (corpus, budget)
               and r["exit"] == 0 and r.get("val_bpb")]
       grid_rows = [r for r in here if r["shape"] != AUTO]
@@ -217,8 +225,9 @@ def markdown(rows: list[dict], table: list[dict], machine: dict) -> str:
     auto = next((r for r in rows if (r["corpus"], r["budget"], r["shape"]) ==
                  (s["corpus"], s["budget"], AUTO) and r["exit"] == 0), None)
     gap = f"{100 * s['gap']:+.2f}%" if s["gap"] is not None else "-"
+    num = lambda x: f"{x:.4f}" if x else "-"
     lines.append(f"| {s['corpus']} | {s['budget']} | {_pick(auto) if auto else '-'} | "
-                 f"{s['auto_bpb'] or '-'} | {s['best'] or '-'} | {s['best_bpb'] or '-'} | {gap} "
+                 f"{num(s['auto_bpb'])} | {s['best'] or '-'} | {num(s['best_bpb'])} | {gap} "
                  f"| {s['shapes']} |")
   lines += ["", "Every run (others: the other processes' share of the machine during it):", "",
             "| corpus | budget | shape | params | steps | tokens | epochs | val bpb | val loss | "
@@ -241,7 +250,8 @@ def chart(rows: list[dict], path: Path) -> None:
   corpora = list(dict.fromkeys(r["corpus"] for r in rows))
   fig, axes = plt.subplots(1, len(corpora), figsize=(6 * len(corpora), 4.5), squeeze=False)
   for ax, corpus in zip(axes[0], corpora):
-    mine = [r for r in rows if r["corpus"] == corpus and r["exit"] == 0 and r.get("val_bpb")]
+    mine = [r for r in rows if r["corpus"] == corpus and r["exit"] == 0 and r.get("val_bpb")
+            and r["budget_s"]]
     for i, shape in enumerate(dict.fromkeys(r["shape"] for r in mine)):
       pts = sorted((r["budget_s"] / 60, r["val_bpb"]) for r in mine if r["shape"] == shape)
       ax.plot(*zip(*pts), marker="o", label=shape, color="black" if shape == AUTO else f"C{i}",

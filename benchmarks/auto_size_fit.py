@@ -29,6 +29,26 @@ from jaxtrain.core import model as model_lib  # noqa: E402
 from jaxtrain.measure import size_rule  # noqa: E402
 
 NAMES = ("e", "a", "alpha", "b", "beta", "r")
+RESULTS = ROOT / "benchmarks/results"
+# Runs of the same recipe (configs/shakespeare_char.py, z-loss) on Tiny Shakespeare kept from
+# earlier work, each seed a point: (folder/quality.json, run, layers, width, heads).
+EARLIER = (("2026-11-24-quality-zen4-zloss/side_by_side", "recipe", 2, 96, 3),
+           ("2026-11-27-side_by_side-zen5-nanogpt-time", "recipe_60s", 2, 96, 3),
+           ("2026-11-27-side_by_side-zen5-nanogpt-time-65s", "recipe_65s", 2, 96, 3),
+           ("2026-11-24-quality-zen4-zloss/context_layers", "z_l3", 3, 96, 3))
+SHAKESPEARE_TRAIN = 1_003_854  # tokens of the train split (chars; the last 10% validate)
+
+
+def earlier_runs() -> list[dict]:
+  """EARLIER as runs.jsonl rows (steps of 24 x 128 tokens)."""
+  rows = []
+  for folder, name, layers, width, heads in EARLIER:
+    for r in json.loads((RESULTS / folder / "quality.json").read_text())["runs"][name]["results"]:
+      rows.append({"corpus": "shakespeare", "budget": f"{folder}:{name}", "shape": f"{layers}x{width}",
+                   "exit": 0, "val_bpb": r["final_bpb"], "layers": layers, "width": width,
+                   "n_heads": heads, "seq_len": 128, "tokens": r["steps"] * 24 * 128,
+                   "train_tokens": SHAKESPEARE_TRAIN, "vocab": 66})
+  return rows
 
 
 def points(runs: list[dict], corpora: set[str]) -> list[dict]:
@@ -61,7 +81,9 @@ def fit(pts: list[dict]) -> tuple[size_rule.LossLaw, float]:
     pred = np.array([law.bpb(*x) for x in zip(n, d, u)])
     return np.log(np.maximum(pred, 1e-9)) - np.log(y)
 
-  lower, upper = [0.0, 0.0, 0.05, 0.0, 0.05, 0.5], [3.0, 1e4, 1.5, 1e4, 1.5, 100.0]
+  # Bounds: E near the entropy of English text per byte (~1 bit); exponents as published fits
+  # found them (0.2-0.8: Hoffmann et al., Muennighoff et al.); repeats worth 1-30 epochs.
+  lower, upper = [0.5, 0.0, 0.15, 0.0, 0.15, 1.0], [2.0, 1e5, 0.8, 1e5, 0.8, 30.0]
   best = None
   for e, alpha, beta, r in itertools.product((0.8, 1.2), (0.2, 0.4), (0.2, 0.4), (2.0, 10.0)):
     start = [e, 10.0, alpha, 10.0, beta, r]
@@ -79,10 +101,13 @@ def main() -> None:
   p.add_argument("--runs", default=str(ROOT / "benchmarks/results/2026-11-28-auto_size-zen4/runs.jsonl"))
   p.add_argument("--corpora", default="shakespeare", help="comma list: the corpora fitted on")
   p.add_argument("--budgets", default="", help="comma list: only these budgets (default: all)")
+  p.add_argument("--earlier", action="store_true", help="add the recipe's earlier runs (EARLIER)")
   args = p.parse_args()
   runs = [json.loads(x) for x in Path(args.runs).read_text().splitlines()]
   if args.budgets:
     runs = [r for r in runs if r["budget"] in args.budgets.split(",")]
+  if args.earlier:
+    runs += earlier_runs()
   pts = points(runs, set(args.corpora.split(",")))
   law, cost = fit(pts)
   loo = []
@@ -95,6 +120,7 @@ def main() -> None:
   rounded = {k: float(f"{v:.4g}") for k, v in dataclasses.asdict(law).items()}
   out = Path(args.runs).with_name("fit.json")
   out.write_text(json.dumps({"law": rounded, "cost": cost, "corpora": args.corpora,
+                             "earlier": args.earlier,
                              "budgets": args.budgets or "all", "points": pts,
                              "leave_one_out_rel_error": [round(x, 4) for x in loo],
                              "loo_rms": float(np.sqrt(np.mean(np.square(loo))))}, indent=1) + "\n")

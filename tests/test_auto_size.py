@@ -4,6 +4,7 @@ config.json and a resumed run keeps it; given fields are kept; conflicts are one
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -163,17 +164,18 @@ def test_a_run_writes_its_choice_and_a_resume_keeps_it(tiny, tmp_path, monkeypat
   fresh = tiny.copy_and_resolve_references()
   fresh.workdir = str(tmp_path / "fresh")
   chosen, _ = autosize.resolve(fresh, explicit)
-  assert (chosen.model.n_layers, chosen.model.d_model, chosen.model.n_heads) != shape  # it would choose otherwise
+  # Where it would choose otherwise:
+  assert (chosen.model.n_layers, chosen.model.d_model, chosen.model.n_heads) != shape
 
 
 def test_a_given_field_is_kept_and_an_impossible_one_is_an_error(tiny, monkeypatch):
   monkeypatch.setattr(speed_probe, "speed_model", lambda *a, **k: SPEED)
   tiny.model.size, tiny.train.time_budget = "auto", "10m"
   tiny.model.n_layers = 3
-  cfg, lines = autosize.resolve(tiny, ("model.n_layers",), t_start=__import__("time").time())
+  cfg, lines = autosize.resolve(tiny, ("model.n_layers",), t_start=time.time())
   assert cfg.model.n_layers == 3 and "kept as given: model.n_layers" in lines[0]
   assert cfg.model.seq_len == autosize.CONTEXT and cfg.train.batch_size == autosize.BATCH
   tiny.model.n_heads = 7
   with pytest.raises(ConfigError, match="config.model.size: is auto, but no candidate shape has "
                      "model.n_layers=3, model.n_heads=7"):
-    autosize.resolve(tiny, ("model.n_layers", "model.n_heads"), t_start=0.0 + __import__("time").time())
+    autosize.resolve(tiny, ("model.n_layers", "model.n_heads"), t_start=time.time())

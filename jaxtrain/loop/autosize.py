@@ -54,6 +54,9 @@ def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = (), on: 
   workdir = Path(str(cfg.workdir)).expanduser()
   if paths.is_run(workdir) and (workdir / "config.json").is_file():
     return _recorded(cfg, workdir, explicit)
+  if all(f in explicit for f in size_rule.SHAPE_FIELDS):
+    return cfg, ["model.size=auto: the shape is given in full on the command line "
+                 f"({', '.join(size_rule.SHAPE_FIELDS)}): nothing to choose"]
   corpus = corpus_lib.prepare(cfg.data, show_progress=show_progress, log=say,
                               vocab_size=cfg.model.vocab_size)
   vocab = tokenizer.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
