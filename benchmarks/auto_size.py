@@ -101,6 +101,10 @@ def one_run(shape: str, budget: str, corpus: str, data: str, args) -> dict:
          "choice": [line for line in out if line.startswith(("model.size=auto", "  "))][:12],
          "error": next((line for line in out if line.startswith("error:")), None)}
   row.update(_outcome(workdir, out))
+  said = re.search(r"^model\.size=auto: .*?params, (\S+) tokens = .*?predicted val ([\d.]+)",
+                   "\n".join(out), re.M)
+  if said:  # what the rule predicted, against what the run then trained and reached
+    row.update(predicted_tokens=_count(said[1]), predicted_bpb=float(said[2]))
   row["timing"] = [line for line in out if line.startswith(("time budget", "time:"))]
   if proc.returncode:
     row["tail"] = out[-15:]
@@ -288,7 +292,10 @@ def main() -> None:
                  help="JAXTRAIN_CACHE of the runs: token cache and speed probe")
   p.add_argument("--out", default=str(reports.results_dir(f"{NAME}-zen4")))
   p.add_argument("--report", action="store_true", help="only write the report from runs.jsonl")
+  p.add_argument("--probe-only", action="store_true", help="only the speed probe (into --cache)")
   args, args.extra = p.parse_known_args()
+  if args.probe_only:
+    return probe(args.data[0].partition("=")[2], args)
   if not args.report:
     grid(args)
   report(args)

@@ -70,7 +70,7 @@ class LossLaw:
 
 # Fitted by benchmarks/auto_size_fit.py to benchmarks/results/2026-11-28-auto_size-zen4/runs.jsonl
 # (fit.json there); tests/test_auto_size.py checks that the fit gives these.
-LAW = LossLaw(e=1.0, a=30.0, alpha=0.35, b=60.0, beta=0.3, r=5.0)
+LAW = LossLaw(e=1.855, a=57.95, alpha=0.4778, b=1328.0, beta=0.5915, r=30.0)
 
 
 def features(base: model_lib.ModelConfig, shape: Shape, muon_ns_steps: int) -> tuple:
