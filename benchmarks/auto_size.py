@@ -176,6 +176,8 @@ def grid(args) -> None:
   """Every corpus x budget x shape not in runs.jsonl yet: the hand shapes, then the auto pick."""
   have = {(r["corpus"], r["budget"], r["shape"]) for r in done(args) if r["exit"] == 0}
   shapes = ([] if args.auto_only else args.shapes.split(",")) + ([] if args.no_auto else [AUTO])
+  if args.auto_first:
+    shapes = sorted(shapes, key=lambda s: s != AUTO)
   Path(args.out).mkdir(parents=True, exist_ok=True)
   for budget in args.budgets.split(","):
     for spec in args.data:
@@ -287,6 +289,7 @@ def main() -> None:
   p.add_argument("--config", default="configs/shakespeare_char.py")
   p.add_argument("--auto-only", action="store_true", help="the auto pick alone")
   p.add_argument("--no-auto", action="store_true", help="the hand shapes alone")
+  p.add_argument("--auto-first", action="store_true", help="the auto pick before the hand shapes")
   p.add_argument("--lock", default="", help="hold this file's exclusive lock through each run")
   p.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "jaxtrain-auto-size"),
                  help="JAXTRAIN_CACHE of the runs: token cache and speed probe")
