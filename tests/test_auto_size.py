@@ -4,6 +4,7 @@ config.json and a resumed run keeps it; given fields are kept; conflicts are one
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -81,11 +82,19 @@ def test_the_speed_fit_recovers_the_model_the_times_came_from():
   assert fitted.compile_per_layer_s == pytest.approx(0.5 * speed_probe.COMPILE_FACTOR)
 
 
-@pytest.mark.skipif(not FIT.exists(), reason="no fit in benchmarks/results yet")
-def test_the_law_is_the_one_fitted_to_the_results():
-  fitted = json.loads(FIT.read_text())["law"]
-  for name, value in fitted.items():
+def test_the_law_is_the_one_fitted_to_the_measured_runs():
+  # fit.json keeps the points the law was fitted to (each a run in runs.jsonl or an earlier
+  # result); fitting them again gives the constants the rule uses.
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  import auto_size_fit
+
+  saved = json.loads(FIT.read_text())
+  for name, value in saved["law"].items():
     assert getattr(size_rule.LAW, name) == pytest.approx(value, rel=1e-3), name
+  law, _ = auto_size_fit.fit(saved["points"])
+  for pt in saved["points"]:
+    assert law.bpb(pt["n"], pt["d"], pt["u"]) == pytest.approx(
+        size_rule.LAW.bpb(pt["n"], pt["d"], pt["u"]), rel=2e-3)
 
 
 @pytest.mark.parametrize("args,message", [
