@@ -167,12 +167,12 @@ def test_a_run_writes_its_choice_and_a_resume_keeps_it(tiny, tmp_path, monkeypat
   assert saved["model"]["seq_len"] == 32 and saved["train"]["batch_size"] == 8  # kept as given
   assert shape[1] <= 128
   monkeypatch.setattr(speed_probe, "speed_model", lambda *a, **k: fast)
-  again, lines = autosize.resolve(tiny, explicit)
+  again, lines = autosize.resolve(tiny, explicit, t_start=time.time())
   assert (again.model.n_layers, again.model.d_model, again.model.n_heads) == shape
   assert "never chooses again" in lines[0]
   fresh = tiny.copy_and_resolve_references()
   fresh.workdir = str(tmp_path / "fresh")
-  chosen, _ = autosize.resolve(fresh, explicit)
+  chosen, _ = autosize.resolve(fresh, explicit, t_start=time.time())
   # Where it would choose otherwise:
   assert (chosen.model.n_layers, chosen.model.d_model, chosen.model.n_heads) != shape
 
