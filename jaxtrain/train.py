@@ -46,7 +46,8 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
     r = result = None
     phase, max_steps = "preparing the run", None  # what an interrupt outside the loop stops
     try:
-      cfg, platform, notes = resolution.settle(cfg, explicit)
+      cfg, platform, notes = resolution.settle(
+          cfg, explicit, say=print if show_progress else lambda line: None, t_start=t_start)
       out = Console(enabled=jax.process_index() == 0 and show_progress, headless=cfg.headless)
       resolved = resolution.resolve(cfg, platform, notes, out, claim.take)
       r = setup.prepare(resolved, out, hooks, t_start)

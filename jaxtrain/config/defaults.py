@@ -19,6 +19,7 @@ OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd", "constant")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION = ("auto", "xla", "cudnn")
+SIZES = ("", "auto")
 TOKENIZERS = ("byte", "char", "bpe", "gpt2")  # or the path of a tokenizer.json
 DATA_FORMATS = ("auto", "text", "uint16", "llmc")
 LOSS_SCALING = ("auto", "dynamic", "off")
@@ -67,6 +68,10 @@ def _finetune() -> ml_collections.ConfigDict:
 
 def _model() -> ml_collections.ConfigDict:
   model = ml_collections.ConfigDict()
+  # "auto": with train.time_budget, depth, width, heads, context, batch and learning rates are
+  # chosen for the budget, this machine's speed and the corpus (loop/autosize.py); fields given on
+  # the command line are kept. "": the model as set.
+  model.size = ""
   model.n_layers = 4
   model.n_heads = 4
   model.d_model = 128

@@ -105,6 +105,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
          "pass --config.workdir=<directory for this run>")
   _positive_int(cfg, "seed", minimum=0)
   _validate_model(cfg)
+  _validate_size(cfg)
   _validate_finetune(cfg)
   _validate_train_optim(cfg)
   _validate_sizes(cfg)
@@ -121,6 +122,22 @@ def _validate_log(cfg: ml_collections.ConfigDict) -> None:
   _check(project.strip() != "" and len(project) <= 128 and not any(c in project for c in "/\\#?%:"),
          "log.wandb_project", f"{_show(project)} is not a W&B project name (1-128 characters, none "
          "of / \\ # ? % :)", "pass e.g. --config.log.wandb_project=jaxtrain")
+
+
+def _validate_size(cfg: ml_collections.ConfigDict) -> None:
+  """model.size=auto chooses a new model for a time budget, on one process."""
+  _check(cfg.model.size in defaults.SIZES, "model.size", f"{_show(cfg.model.size)} is not auto "
+         "or empty", 'pass --config.model.size=auto, or "" for the shape as set')
+  if cfg.model.size != "auto":
+    return
+  for bad, problem, fix in (
+      (not cfg.train.time_budget, "is auto, which needs train.time_budget (the model is chosen "
+       "for it)", "pass e.g. --config.train.time_budget=5m"),
+      (cfg.init_from.strip(), f"is auto (a new model), but init_from={cfg.init_from!r} gives "
+       "the model", "leave model.size empty to train the init_from model"),
+      (cfg.distributed.num_processes > 1, "is auto, which chooses on one process",
+       "pass the shape a one-process --dry_run chooses (model.n_layers, d_model, n_heads)")):
+    _check(not bad, "model.size", problem, fix)
 
 
 def _validate_model(cfg: ml_collections.ConfigDict) -> None:

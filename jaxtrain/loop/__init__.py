@@ -6,7 +6,8 @@ carries from step to step, `Progress`), the way to the first step (`setup`: hook
 plan, checkpoints; init or restore beside the compiles, `warmup`: what compiles before the first
 step, side by side), the batches placed on the devices ahead of the steps (`feed`), the steps'
 metrics left on the device until a log line reads them (`step_metrics`: and the non-finite guard),
-the end a time budget gives (`budget`), how a run ends (`ending`: the result, the samples, a
+the end a time budget gives (`budget`) and the model chosen for it with
+`model.size=auto` (`autosize`), how a run ends (`ending`: the result, the samples, a
 signal's one line, the closing summary), and what a run would do, shown without running it
 (`preview`: `--dry_run`).
 

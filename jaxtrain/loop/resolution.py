@@ -20,6 +20,7 @@ from jaxtrain.core import model as model_lib
 from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.data import tokenfiles, tokenizer
 from jaxtrain.evals import tasks as tasks_lib
+from jaxtrain.loop import autosize
 from jaxtrain.measure import estimate
 from jaxtrain.system import allocator, fmt, paths, runtime
 from jaxtrain.system.console import Console
@@ -37,16 +38,20 @@ class Resolved:
   resume_step: int  # the newest complete checkpoint's step in the workdir (0: none)
 
 
-def settle(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()
+def settle(cfg: ml_collections.ConfigDict, explicit: Collection[str] = (),
+           say: Callable[[str], None] = print, t_start: float | None = None
            ) -> tuple[ml_collections.ConfigDict, str, list[str]]:
   """(the config the run trains, the platform, the lines that say what was decided): `cfg`
   validated, init_from's model fields taken (`explicit`: the fields the user set), the CPU split
-  into devices (before jax starts its backends), the compile cache and the processes set up."""
+  into devices (before jax starts its backends), the compile cache and the processes set up.
+  With model.size=auto, the shape is chosen first (its probe's progress on `say`; `t_start`: when
+  the budget's clock started)."""
   validate.validate(cfg)
   cfg, taken = init_from.resolve(cfg, explicit)
   if taken:
     validate.validate(cfg)  # the source run's values, in this config
-  notes = [cpu.split_cpu(cfg)]
+  cfg, chosen = autosize.resolve(cfg, explicit, say=say, t_start=t_start)  # before jax starts
+  notes = [cpu.split_cpu(cfg), *chosen]
   platform = runtime.setup(cfg)
   if taken:
     notes.append(f"init_from: from {cfg.init_from}, {', '.join(taken)}")

@@ -1,0 +1,190 @@
+"""model.size=auto: the rule is a pure function of the budget, the measured speed, the corpus and
+fitted constants (tested without timing); a run says what it chose and why, writes it into
+config.json and a resumed run keeps it; given fields are kept; conflicts are one error line."""
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+import jaxtrain as jt
+from jaxtrain.core import model as model_lib
+from jaxtrain.loop import autosize
+from jaxtrain.measure import size_rule, speed_probe
+from jaxtrain.system.errors import ConfigError
+from jaxtrain.trackers.hooks import Hook
+
+ROOT = Path(__file__).resolve().parents[1]
+FIT = ROOT / "benchmarks/results/2026-11-28-auto_size-zen4/fit.json"
+BASE = model_lib.ModelConfig(vocab_size=66, n_layers=2, n_heads=3, d_model=96, seq_len=128,
+                             mlp="relu2", tie_embeddings=False, canon=4, x0_mix=True)
+# Seconds a step: 20 ms, plus 1 ms a layer, plus FLOPs at 40 GFLOP/s (model) and 100 (Muon).
+SPEED = size_rule.SpeedModel((0.02, 0.001, 1 / 40e9, 1 / 100e9, 0.0), fixed_s=5.0,
+                             compile_per_layer_s=1.0)
+
+
+def _pick(budget_s: float, unique: int, speed=SPEED, fixed=None) -> size_rule.Option:
+  shapes = size_rule.candidates(fixed or {}, 128, 24)
+  return size_rule.choose(size_rule.options(BASE, shapes, speed, budget_s, unique))[0]
+
+
+def test_candidates_keep_given_fields_and_stay_in_the_aspect_band():
+  free = size_rule.candidates({}, 128, 24)
+  assert free and all(32 <= s.d_model / s.n_layers <= 64 for s in free)
+  assert all(s.d_model // s.n_heads in (32, 64) for s in free)
+  given = size_rule.candidates({"model.n_layers": 3, "train.batch_size": 8}, 128, 24)
+  assert {s.n_layers for s in given} == {3} and {s.batch_size for s in given} == {8}
+  assert len(given) == len(size_rule.WIDTHS)  # a given depth drops the band: every width
+  assert size_rule.candidates({"model.n_heads": 7}, 128, 24) == []  # no width splits in 7
+
+
+def test_repeated_tokens_are_worth_less_with_each_epoch():
+  law = size_rule.LossLaw(e=1.0, a=10.0, alpha=0.3, b=10.0, beta=0.3, r=5.0)
+  u = 1e6
+  assert law.effective_tokens(0.5e6, u) == 0.5e6  # the first epoch is all new
+  worth = [law.effective_tokens(k * u, u) - law.effective_tokens((k - 1) * u, u)
+           for k in range(2, 30)]
+  assert all(a > b > 0 for a, b in zip(worth, worth[1:]))
+  assert law.effective_tokens(1e12, u) <= (1 + law.r) * u
+
+
+def test_a_longer_budget_picks_a_larger_model_and_a_smaller_text_more_params_per_token():
+  picks = [_pick(s, 1_000_000) for s in (60, 180, 600, 3600)]
+  params = [p.params for p in picks]
+  assert params == sorted(params) and params[0] < params[-1]
+  assert all(p.tokens > 0 and math.isclose(p.epochs, p.tokens / 1e6) for p in picks)
+  # Ten times the text at the same budget: no fewer tokens per parameter.
+  small, large = _pick(600, 300_000), _pick(600, 30_000_000)
+  assert small.tokens / small.params <= large.tokens / large.params
+
+
+def test_within_the_flat_valley_the_smaller_model_wins():
+  shapes = size_rule.candidates({}, 128, 24)
+  opts = size_rule.options(BASE, shapes, SPEED, 600, 1_000_000)
+  pick, near = size_rule.choose(opts)
+  best = min(o.bpb for o in opts)
+  assert pick.bpb <= best * (1 + size_rule.FLAT)
+  assert not any(o.params < pick.params and o.bpb <= best * (1 + size_rule.FLAT) for o in opts)
+  assert [o.params < pick.params for o in near] in ([True, False], [True], [False])
+
+
+def test_the_speed_fit_recovers_the_model_the_times_came_from():
+  shapes = [size_rule.Shape(n, d, d // 32, 128, 24) for n, d in speed_probe.PROBES]
+  rows = [{"features": size_rule.features(BASE, s, 5), "step_s": SPEED.step_s(BASE, s),
+           "layers": s.n_layers, "compile_s": 2.0 + 0.5 * s.n_layers} for s in shapes]
+  fitted = speed_probe.fit(rows, 5)
+  for s in size_rule.candidates({}, 128, 24):
+    assert fitted.step_s(BASE, s) == pytest.approx(SPEED.step_s(BASE, s), rel=0.05)
+  assert fitted.compile_per_layer_s == pytest.approx(0.5 * speed_probe.COMPILE_FACTOR)
+
+
+def test_the_law_is_the_one_fitted_to_the_measured_runs():
+  # fit.json keeps the points the law was fitted to (each a run in runs.jsonl or an earlier
+  # result); fitting them again gives the constants the rule uses.
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  import auto_size_fit
+
+  saved = json.loads(FIT.read_text())
+  for name, value in saved["law"].items():
+    assert getattr(size_rule.LAW, name) == pytest.approx(value, rel=1e-3), name
+  law, _ = auto_size_fit.fit(saved["points"])
+  for pt in saved["points"]:
+    assert law.bpb(pt["n"], pt["d"], pt["u"]) == pytest.approx(
+        size_rule.LAW.bpb(pt["n"], pt["d"], pt["u"]), rel=2e-3)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--config.model.size=auto"], "config.model.size: is auto, which needs train.time_budget"),
+    (["--config.model.size=big"], "config.model.size: 'big' is not auto or empty"),
+    (["--config.model.size=auto", "--config.train.time_budget=1m", "--config.init_from=runs/x"],
+     "config.model.size: is auto (a new model), but init_from='runs/x' gives the model"),
+])
+def test_a_conflict_is_one_error_line(args, message, tmp_path, corpus_file):
+  res = run_cli("--config=configs/shakespeare_char.py", f"--config.data.path={corpus_file}",
+                f"--config.workdir={tmp_path / 'run'}", *args)
+  assert res.returncode == 2, res.stderr[-2000:]
+  errors = [line for line in res.stderr.splitlines() if line.strip()]
+  assert len(errors) == 1 and errors[0].startswith(f"error: {message}"), res.stderr
+  assert not (tmp_path / "run").exists()
+
+
+def _seed_speed(cache: Path, corpus_file: Path, speed_rows: list[dict]) -> None:
+  """The cache dir's probe rows for configs/shakespeare_char.py on this machine, as a probe
+  writes them (the choice reads them instead of probing)."""
+  cfg = jt.load_config(str(ROOT / "configs/shakespeare_char.py"))
+  key = speed_probe.cache_key(cfg, "cpu")
+  cache.mkdir(parents=True, exist_ok=True)
+  (cache / speed_probe.SPEED_FILE).write_text(json.dumps({key: {"rows": speed_rows}}))
+
+
+def _rows(speed: size_rule.SpeedModel) -> list[dict]:
+  shapes = [size_rule.Shape(n, d, d // 32, 128, 24) for n, d in speed_probe.PROBES]
+  return [{"features": size_rule.features(BASE, s, 5), "step_s": speed.step_s(BASE, s),
+           "layers": s.n_layers, "compile_s": 1.0} for s in shapes]
+
+
+def test_the_dry_run_says_what_it_would_choose_and_why(tmp_path, corpus_file):
+  cache = tmp_path / "cache"
+  _seed_speed(cache, corpus_file, _rows(SPEED))
+  res = run_cli("--config=configs/shakespeare_char.py", f"--config.data.path={corpus_file}",
+                f"--config.workdir={tmp_path / 'run'}", "--config.model.size=auto",
+                "--config.train.time_budget=10m", "--dry_run", env={"JAXTRAIN_CACHE": str(cache)})
+  assert res.returncode == 0, res.stderr[-2000:]
+  said = [line for line in res.stdout.splitlines() if "model.size=auto" in line
+          or line.startswith("  rejected")]
+  assert said[0].startswith("model.size=auto: ") and "params" in said[0] and "epochs" in said[0]
+  assert "predicted val" in said[0] and len(said) >= 2 and "predicted val" in said[1]
+  assert not (tmp_path / "run").exists()
+
+
+class _StopAt(Hook):
+  def __init__(self, step: int):
+    self.at = step
+
+  def on_step(self, step, state):
+    self.at_now = step
+
+  def stop_reason(self):
+    return "test stop" if getattr(self, "at_now", 0) >= self.at else None
+
+
+def test_a_run_writes_its_choice_and_a_resume_keeps_it(tiny, tmp_path, monkeypatch):
+  # Small context and batch given (kept), depth and width chosen. A machine this slow trains only
+  # small candidates; a resume on a machine 1000x faster keeps the choice.
+  slow = size_rule.SpeedModel((0.05, 0.01, 1 / 2e8, 1 / 2e8, 0.0), 20.0, 0.1)
+  fast = size_rule.SpeedModel((5e-5, 1e-5, 1 / 1e12, 1 / 1e12, 0.0), 1.0, 0.1)
+  tiny.model.size, tiny.train.time_budget, tiny.sample.num_samples = "auto", "30s", 0
+  explicit = ("model.seq_len", "train.batch_size")
+  monkeypatch.setattr(speed_probe, "speed_model", lambda *a, **k: slow)
+  first = jt.run(tiny, show_progress=False, explicit=explicit, hooks=(_StopAt(2),))
+  saved = json.loads((tmp_path / "run" / "config.json").read_text())
+  shape = (saved["model"]["n_layers"], saved["model"]["d_model"], saved["model"]["n_heads"])
+  assert first.step == 2 and saved["model"]["size"] == "auto"
+  assert saved["model"]["seq_len"] == 32 and saved["train"]["batch_size"] == 8  # kept as given
+  assert shape[1] <= 128
+  monkeypatch.setattr(speed_probe, "speed_model", lambda *a, **k: fast)
+  again, lines = autosize.resolve(tiny, explicit, t_start=time.time())
+  assert (again.model.n_layers, again.model.d_model, again.model.n_heads) == shape
+  assert "never chooses again" in lines[0]
+  fresh = tiny.copy_and_resolve_references()
+  fresh.workdir = str(tmp_path / "fresh")
+  chosen, _ = autosize.resolve(fresh, explicit, t_start=time.time())
+  # Where it would choose otherwise:
+  assert (chosen.model.n_layers, chosen.model.d_model, chosen.model.n_heads) != shape
+
+
+def test_a_given_field_is_kept_and_an_impossible_one_is_an_error(tiny, monkeypatch):
+  monkeypatch.setattr(speed_probe, "speed_model", lambda *a, **k: SPEED)
+  tiny.model.size, tiny.train.time_budget = "auto", "10m"
+  tiny.model.n_layers = 3
+  cfg, lines = autosize.resolve(tiny, ("model.n_layers",), t_start=time.time())
+  assert cfg.model.n_layers == 3 and "kept as given: model.n_layers" in lines[0]
+  assert cfg.model.seq_len == autosize.CONTEXT and cfg.train.batch_size == autosize.BATCH
+  tiny.model.n_heads = 7
+  with pytest.raises(ConfigError, match="config.model.size: is auto, but no candidate shape has "
+                     "model.n_layers=3, model.n_heads=7"):
+    autosize.resolve(tiny, ("model.n_layers", "model.n_heads"), t_start=time.time())
