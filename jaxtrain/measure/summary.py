@@ -73,7 +73,7 @@ class Timeline:
   """Where a start of a run spends its wall time: seconds per phase, added as each ends. The
   training steps are the rest, so the parts add up to the wall time."""
 
-  PHASES = ("start-up", "compile", "train", "eval", "checkpoints", "samples")
+  PHASES = ("start-up", "compile", "train", "eval", "checkpoints", "samples", "plot")
 
   def __init__(self):
     self.seconds = dict.fromkeys(self.PHASES, 0.0)
@@ -93,7 +93,7 @@ class Timeline:
     """`time: 1m05s = start-up 3.2s + compile 5.1s + train 50.0s + eval 4.0s + ...`: start-up is
     reading the data and building the programs; compile includes the first step (and init or
     restore); eval and checkpoints include their own compile and the wait for their writes;
-    samples include the loss plot."""
+    plot: what the loss plot, drawn beside the samples, took past them."""
     parts = dict(self.seconds, train=0.0)
     parts["train"] = max(wall - sum(parts.values()), 0.0)
     shown = " + ".join(f"{name} {fmt.duration(parts[name])}" for name in self.PHASES
