@@ -155,7 +155,7 @@ def summary_phases(result: dict) -> dict:
     m = TIME_LINE.match(line)
     if m:
       parts = dict(p.rsplit(" ", 1) for p in m.group(2).split(" + "))
-      out = {name: fmt.parse_duration(value) for name, value in parts.items()}
+      out = {name: fmt.parse_duration(value) or 0.0 for name, value in parts.items()}
       out["exit"] = round(result["wall_s"] - at(result["lines"], "time: "), 3)
       return out
   return {}

@@ -15,8 +15,9 @@ Three parts (`--parts`, default all), each side run as a user runs it, one comma
   iterations), each from a fresh HOME: val loss, wall time, each side's phases (jaxtrain's own
   `time:` line), peak RSS.
 - steps: `--steps` steps at nanoGPT's CPU shape (4 x 128, T 64, B 12:
-  configs/shakespeare_char_nanogpt.py) and of nano, against as many of nanoGPT's iterations:
-  tokens/s (median of the logged steps; nanoGPT's from its own iteration times) and peak RSS.
+  configs/shakespeare_char_nanogpt.py) and of nano, each from a fresh HOME and again (its peak
+  RSS without the compile's), against as many of nanoGPT's iterations: tokens/s (median of the
+  logged steps; nanoGPT's from its own iteration times) and peak RSS.
 Every run's peak RSS is its process's own (`wait4`). With --git-ref, that commit runs too (from a
 temporary `git worktree`), in the same rounds. Writes whole_command.{json,md,png} to --out
 (default: benchmarks/results/<date>-whole_command-<CPU kind>/, e.g. ...-zen4).
@@ -145,7 +146,8 @@ def recipe(trees: list[cr.Tree], args, sampler, scratch: Path) -> dict:
 
 
 def steps(trees: list[cr.Tree], args, sampler, scratch: Path) -> dict:
-  """--steps steps at nanoGPT's shape and of nano, and as many nanoGPT iterations."""
+  """--steps steps at nanoGPT's shape and of nano, from a fresh HOME (cold) and again (warm:
+  no compile, whose memory the cold run's peak RSS holds), and as many nanoGPT iterations."""
   out = {"jaxtrain": {t.label: {} for t in trees}, "nanogpt": None}
   n = args.steps
   if args.nanogpt:
@@ -154,10 +156,12 @@ def steps(trees: list[cr.Tree], args, sampler, scratch: Path) -> dict:
                                             [f"--max_iters={n}"]))
   for tree in trees:
     for config in (E_SHAPE, "configs/nano.py"):
-      sampler.label = f"{tree.label} {config} steps"
       extra = [f"--config.train.max_steps={n}", f"--config.train.eval_every={n}"]
-      out["jaxtrain"][tree.label][config] = keep_lines(run_jaxtrain(
-          tree, config, tree.scratch / f"steps-{Path(config).stem}", "run", args, extra))
+      home = tree.scratch / f"steps-{Path(config).stem}"
+      for cache in ("cold", "warm"):
+        sampler.label = f"{tree.label} {config} steps {cache}"
+        out["jaxtrain"][tree.label].setdefault(config, {})[cache] = keep_lines(
+            run_jaxtrain(tree, config, home, cache, args, extra))
   return out
 
 
