@@ -77,11 +77,6 @@ def test_window_restarts_from_its_last_half():
     assert keep <= n - start <= T or n < keep
   traced = [int(decode.window_start(np.int32(n), T, keep)) for n in range(1, 20)]
   assert traced == starts
-  # Where the host hands a restart to the prefill: the first n whose window starts anew.
-  restarts = [n for n in range(2, 40)
-              if decode.window_start(n, T, keep) != decode.window_start(n - 1, T, keep)]
-  assert [decode.next_restart(n, T, keep) for n in range(1, 30)] == \
-      [min(m for m in restarts if m >= n) for n in range(1, 30)]
 
 
 def test_sampling_is_seeded_chunking_changes_nothing_and_filters_cut():

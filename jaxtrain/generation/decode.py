@@ -59,34 +59,29 @@ def pick(logits_BV: jax.Array, key: jax.Array, temperature: float, top_k: int,
   return jax.random.categorical(key, logits_BV, axis=-1)
 
 
-def next_restart(n: int, seq_len: int, keep: int) -> int:
-  """The first m >= n at which the window restarts (`window_start(m) != window_start(m - 1)`)."""
-  first = seq_len + 1
-  if n <= first:
-    return first
-  period = seq_len - keep + 1
-  return first + -(-(n - first) // period) * period
-
-
-def _pick_and_write(buf_BL, cache, n, logits_BV, key, temperature: float, top_k: int,
-                    top_p: float):
-  """Token n drawn from its logits and written to the buffer: the carry of the next token."""
-  key, sub = jax.random.split(key)
-  next_B = pick(logits_BV, sub, temperature, top_k, top_p).astype(buf_BL.dtype)
-  buf_BL = jax.lax.dynamic_update_slice_in_dim(buf_BL, next_B[:, None], n, axis=1)
-  return buf_BL, cache, n + 1, key
-
-
-def _logits_at(model, buf_BL, n, start, cache, *, use_cache: bool):
-  """The logits for token n (the model knows buf[:, :n], its window starts at `start`, as it did
-  for token n - 1), and the cache with token n - 1 in it."""
+def _logits_at(model, buf_BL, n, start, cache, *, use_cache: bool, keep: int):
+  """The logits for token n (the model knows buf[:, :n], its window starts at `start`), and the
+  cache with token n - 1 (or the restarted window) in it."""
+  c = model.c
+  T = c.seq_len
   if not use_cache:  # the whole window, padded: the model is causal, so padding is never seen
-    window_BT = jax.lax.dynamic_slice_in_dim(buf_BL, start, model.c.seq_len, axis=1)
+    window_BT = jax.lax.dynamic_slice_in_dim(buf_BL, start, T, axis=1)
     logits_BTV = model(window_BT)
     return jax.lax.dynamic_index_in_dim(logits_BTV, n - 1 - start, axis=1, keepdims=False), cache
-  last_B1 = jax.lax.dynamic_slice_in_dim(buf_BL, n - 1, 1, axis=1)
-  logits_B1V, cache = model(last_B1, cache=cache, pos=n - 1 - start)
-  return logits_B1V[:, 0], cache
+
+  def restart(cache):
+    window_BK = jax.lax.dynamic_slice_in_dim(buf_BL, start, keep, axis=1)
+    logits_BKV, cache = model(window_BK, cache=cache, pos=jnp.int32(0))
+    return logits_BKV[:, -1], cache
+
+  def step(cache):
+    last_B1 = jax.lax.dynamic_slice_in_dim(buf_BL, n - 1, 1, axis=1)
+    logits_B1V, cache = model(last_B1, cache=cache, pos=n - 1 - start)
+    return logits_B1V[:, 0], cache
+
+  # A window that started anew (n - start == keep then) runs through whole, as a prefill.
+  restarted = start != window_start(n - 1, T, keep)
+  return jax.lax.cond(restarted, restart, step, cache)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "use_cache", "keep", "temperature",
@@ -94,35 +89,41 @@ def _logits_at(model, buf_BL, n, start, cache, *, use_cache: bool):
                    donate_argnames=("carry",))
 def _decode(params, graphdef, carry, n_steps, *, use_cache: bool, keep: int,
             temperature: float, top_k: int, top_p: float):
-  """`n_steps` tokens (traced: one compile for any count), none of them where the window
-  restarts (`_prefill` makes those): each runs the token before it through the model, then is
-  drawn and written to the buffer."""
+  """`n_steps` tokens (traced: one compile for any count): each is drawn from the carried logits,
+  written to the buffer, then run through the model for the next logits."""
   model = nnx.merge(graphdef, params)
+  T = model.c.seq_len
 
   def body(_, carry):
-    buf_BL, cache, n, key = carry
-    start = window_start(n, model.c.seq_len, keep)
-    logits_BV, cache = _logits_at(model, buf_BL, n, start, cache, use_cache=use_cache)
-    return _pick_and_write(buf_BL, cache, n, logits_BV, key, temperature, top_k, top_p)
+    buf_BL, cache, n, logits_BV, key = carry
+    key, sub = jax.random.split(key)
+    next_B = pick(logits_BV, sub, temperature, top_k, top_p).astype(buf_BL.dtype)
+    buf_BL = jax.lax.dynamic_update_slice_in_dim(buf_BL, next_B[:, None], n, axis=1)
+    n = n + 1
+    start = window_start(n, T, keep)
+    logits_BV, cache = _logits_at(model, buf_BL, n, start, cache, use_cache=use_cache, keep=keep)
+    return buf_BL, cache, n, logits_BV, key
 
   return jax.lax.fori_loop(0, n_steps, body, carry)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "width", "temperature", "top_k",
-                                             "top_p"),
-                   donate_argnames=("buf_BL",))
-def _prefill(params, graphdef, buf_BL, n, key, start, *, width: int, temperature: float,
-             top_k: int, top_p: float):
-  """A window through the model at once, from a fresh cache: the prompt's, or one that restarts
-  (buf[:, start:n], padded to `width`, so that prompts of similar lengths and every restart share
-  one compile); then token n drawn and written. The padding's keys and values in the cache are
-  never seen: each later token writes its own at its position before attending up to it."""
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _prefill(params, graphdef, window_BW, length):
+  """The logits for the token after the prompt's window (its first `length` tokens: the rest is
+  padding, so that prompts of similar lengths share a compile), and the cache holding it. The
+  padding's keys and values in the cache are never seen: each later token writes its own at its
+  position before attending up to it."""
   model = nnx.merge(graphdef, params)
-  window_BW = jax.lax.dynamic_slice_in_dim(buf_BL, start, width, axis=1)
   logits_BWV, cache = model(window_BW, cache=kvcache.empty(model.c, window_BW.shape[0]),
-                            pos=jnp.int32(0))
-  logits_BV = jax.lax.dynamic_index_in_dim(logits_BWV, n - 1 - start, axis=1, keepdims=False)
-  return _pick_and_write(buf_BL, cache, n, logits_BV, key, temperature, top_k, top_p)
+                             pos=jnp.int32(0))
+  return jax.lax.dynamic_index_in_dim(logits_BWV, length - 1, axis=1, keepdims=False), cache
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "keep"))
+def _prefill_uncached(params, graphdef, buf_BL, n, *, keep: int):
+  model = nnx.merge(graphdef, params)
+  start = window_start(n, model.c.seq_len, keep)
+  return _logits_at(model, buf_BL, n, start, None, use_cache=False, keep=keep)[0]
 
 
 def stream(state, prompts_BP: np.ndarray, n_new: int, *,
@@ -141,30 +142,27 @@ def stream(state, prompts_BP: np.ndarray, n_new: int, *,
     return
   T, keep = c.seq_len, keep_length(c.seq_len)
   chunk = n_new if chunk <= 0 else min(chunk, n_new)
-  # Room for every token, and for a whole window past the last one (no-cache path); rounded up,
-  # so that a few lengths share one compile.
-  buf_BL = np.zeros((B, _bucket(P + n_new + T, 256)), np.int32)
+  n_chunks = -(-n_new // chunk)
+  # Room for every chunk in full, and for a whole window past the last token (no-cache path);
+  # rounded up, so that a few lengths share one compile.
+  buf_BL = np.zeros((B, _bucket(P + n_chunks * chunk + T, 256)), np.int32)
   buf_BL[:, :P] = prompts_BP
-  sampling = dict(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
-  width = min(T, _bucket(max(P - window_start(P, T, keep), keep), 8))
-  carry = (jnp.asarray(buf_BL), None, jnp.int32(P), jax.random.PRNGKey(seed))
-  n = P
-  for done in range(0, n_new, chunk):
+  if use_cache:
+    start = window_start(P, T, keep)
+    window_BW = np.zeros((B, min(T, _bucket(P - start, 8))), np.int32)
+    window_BW[:, :P - start] = buf_BL[:, start:P]
+    logits_BV, cache = _prefill(params, graphdef, jnp.asarray(window_BW), jnp.int32(P - start))
+  else:
+    logits_BV, cache = _prefill_uncached(params, graphdef, jnp.asarray(buf_BL), jnp.int32(P),
+                                         keep=keep), None
+  carry = (jnp.asarray(buf_BL), cache, jnp.int32(P), logits_BV, jax.random.PRNGKey(seed))
+  done = 0
+  for _ in range(n_chunks):
+    carry = _decode(params, graphdef, carry, jnp.int32(chunk), use_cache=use_cache, keep=keep,
+                    temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
     take = min(chunk, n_new - done)
-    while n < P + done + take:
-      if use_cache and (n == P or next_restart(n, T, keep) == n):  # a window through at once
-        buf, _, n_dev, key = carry
-        carry = _prefill(params, graphdef, buf, n_dev, key, jnp.int32(window_start(n, T, keep)),
-                         width=width, **sampling)
-        n += 1
-        continue
-      steps = P + done + take - n
-      if use_cache:
-        steps = min(steps, next_restart(n, T, keep) - n)
-      carry = _decode(params, graphdef, carry, jnp.int32(steps), use_cache=use_cache, keep=keep,
-                      **sampling)
-      n += steps
     yield np.asarray(carry[0][:, P + done:P + done + take])
+    done += take
 
 
 def _bucket(n: int, smallest: int) -> int:

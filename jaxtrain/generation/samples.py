@@ -60,11 +60,8 @@ def warm(s: ml_collections.ConfigDict, seq_len: int, seed: int, abstract: steps.
   zeros = jax.tree.map(lambda a: np.broadcast_to(np.zeros((), a.dtype), a.shape), abstract.params)
   state = abstract.replace(params=zeros)
   kwargs = dict(temperature=s.temperature, top_k=s.top_k, seed=seed)
-  # One token a chunk: the buffers have the shapes of the whole call's; the first token is the
-  # prompt's prefill, the second the decode loop's.
-  tokens = decode.stream(state, prompts, s.max_new_tokens, chunk=1, **kwargs)
-  next(tokens)
-  next(tokens, None)
+  # One token a chunk: the buffers have the shapes of the whole call's, one chunk decodes 1 token.
+  next(decode.stream(state, prompts, s.max_new_tokens, chunk=1, **kwargs))
   if not timed:
     return 0.0
   t0 = time.perf_counter()
