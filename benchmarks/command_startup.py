@@ -8,7 +8,7 @@ The run: nano's shape trained for --steps on prompt/completion records (three le
 then a pattern the key decides; tests/test_finetune.py's task), made once by this checkout. The
 commands: `jaxtrain.sample --prompt=... ` (the default 256 new tokens, one sample) and
 `jaxtrain.eval --data=` 48 held-out records of the same task (loss, bpb, greedy exact match).
-Each tree runs in its own `git worktree` (startup.py's); the machine's load is sampled throughout.
+Each tree runs in its own `git worktree` (command_runs.py); the machine's load is sampled throughout.
 Writes command_startup.{json,md} to --out (default: benchmarks/results/<date>-command-startup/).
 """
 
@@ -26,10 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
-import common  # noqa: E402  (after the path above)
+import command_runs as cr  # noqa: E402  (after the path above)
+import common  # noqa: E402
 import numpy as np  # noqa: E402
 import reports  # noqa: E402
-import startup  # noqa: E402
 
 NAME = "command-startup"
 KEYS, NOISE = "abcdefgh", "stuvwxyz"
@@ -62,7 +62,7 @@ def make_run(scratch: Path, steps: int) -> tuple[Path, Path]:
   return workdir, scratch / "held.jsonl"
 
 
-def timed(tree: startup.Tree, argv: list[str], cache: Path) -> dict:
+def timed(tree: cr.Tree, argv: list[str], cache: Path) -> dict:
   """One command of `tree`, spawn to exit: wall and CPU seconds."""
   env = dict(tree.env, JAXTRAIN_CACHE=str(cache), JAX_COMPILATION_CACHE_DIR=str(cache / "xla"))
   t0 = time.perf_counter()
@@ -127,10 +127,10 @@ def main(argv: list[str] | None = None) -> int:
   scratch = Path(tempfile.mkdtemp(prefix="jaxtrain-command-startup-"))
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
-  trees = [startup.this_checkout(env, scratch)]
+  trees = [cr.this_checkout(env, scratch)]
   try:
     if args.git_ref:
-      trees.append(startup.add_worktree(args.git_ref, env, scratch))
+      trees.append(cr.add_worktree(args.git_ref, env, scratch))
     workdir, held = make_run(scratch, args.steps)
     commands = {"sample": ["jaxtrain.sample", f"--workdir={workdir}", "--prompt=abc"],
                 "eval": ["jaxtrain.eval", f"--workdir={workdir}", f"--data={held}"]}
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
     if args.git_ref:
-      startup.git("worktree", "prune")
+      cr.git("worktree", "prune")
   report = {"benchmark": NAME, "timestamp": reports.timestamp(), "runs": args.runs,
             "machine": reports.machine_info(),
             "trees": [{"label": t.label, "commit": t.commit} for t in trees],

@@ -47,6 +47,13 @@ CASES = {
     "shakespeare_char": ("configs/shakespeare_char.py", {}, 65, {
         "f32 policy": ("float32", None), "bf16 policy": ("bfloat16", None),
         "bf16 +best": ("bfloat16", "best"), "f32 +best": ("float32", "best")}),
+    # nanoGPT's CPU shape (4 x 128, T 64, B 12), on the devices the policy splits it into and
+    # on one device with every core's threads.
+    "e_shape": ("configs/shakespeare_char_nanogpt.py", {}, 65, {
+        "f32 policy": ("float32", None), "f32 multi-threaded Eigen": ("float32", MT_EIGEN),
+        "f32 YNN fusions off": ("float32", NO_YNN), "f32 +best": ("float32", "best")}),
+    "e_shape_1_device": ("configs/shakespeare_char_nanogpt.py", {"mesh.cpu_devices": 1}, 65, {
+        "f32 policy": ("float32", None), "f32 YNN fusions off": ("float32", NO_YNN)}),
     # small.py's model at batch 8: 1.5e11 FLOPs a step, just over LARGE_CPU_STEP_FLOPS.
     "mid": ("configs/small.py", {"train.batch_size": 8}, 256, {
         "f32 policy": ("float32", None), "f32 YNN fusions on": ("float32", "ynn on"),

@@ -101,6 +101,17 @@ def cpu_name(m: dict) -> str:
           f"{m.get('cpu_family_model_stepping', '?')})")
 
 
+# (vendor's family, model) -> the short name a result folder carries, for the CPU kinds met so far
+CPU_TAGS = {("25", "1"): "zen3", ("25", "17"): "zen4", ("26", "2"): "zen5",
+            ("6", "207"): "emerald-rapids"}
+
+
+def cpu_tag(m: dict) -> str:
+  """The CPU kind in a result folder's name: zen4, or family25-model17 for a kind not met yet."""
+  family, model = m.get("cpu_family_model_stepping", "?/?/?").split("/")[:2]
+  return CPU_TAGS.get((family, model), f"family{family}-model{model}")
+
+
 def machine_name(m: dict, gpu: str | None = None) -> str:
   """What a chart title calls the machine: the GPU if one ran, else the CPU and its cores."""
   return gpu or f"{m['cpu_model']} ({m['cores_available']} cores)"

@@ -53,6 +53,7 @@ def test_train_evaluate_checkpoint_sample_then_resume(corpus_file, tmp_path):
   time_line = lines[done + 2]
   wall = float(lines[done].split("| wall ")[1].split("s |")[0])
   parts = dict(p.rsplit(" ", 1) for p in time_line.split(" = ")[1].split(" + "))
+  # (the loss plot is drawn beside the samples: only what it took past them is its own part)
   assert time_line.startswith(f"time: {wall:.1f}s = start-up ") and list(parts)[:6] == [
       "start-up", "compile", "train", "eval", "checkpoints", "samples"], time_line
   assert list(parts)[6:] in ([], ["loss plot"]), time_line

@@ -61,6 +61,26 @@ def test_muon_learns_and_its_matrix_updates_are_orthogonal():
   assert np.mean(losses[-5:]) < losses[0] - 0.5, losses
 
 
+def test_muons_looped_newton_schulz_equals_optaxs_unrolled_one():
+  """The loop gives optax's updates bit for bit, and its state the same layout (checkpoints)."""
+  import optax
+
+  rng = np.random.default_rng(0)
+  params = {"a": jnp.asarray(rng.normal(size=(96, 288)), jnp.float32),
+            "b": jnp.asarray(rng.normal(size=(256, 96)), jnp.float32)}
+  unrolled = optax.contrib.scale_by_muon(ns_steps=5, beta=0.95, nesterov=True,
+                                         weight_dimension_numbers=optim._matrix_dims)
+  looped = optim.scale_by_muon(5, 0.95)
+  s_unrolled, s_looped = unrolled.init(params), looped.init(params)
+  assert jax.tree.structure(s_unrolled) == jax.tree.structure(s_looped)
+  assert [x.shape for x in jax.tree.leaves(s_unrolled)] == [x.shape for x in jax.tree.leaves(s_looped)]
+  for _ in range(3):
+    grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+    u_unrolled, s_unrolled = jax.jit(unrolled.update)(grads, s_unrolled)
+    u_looped, s_looped = jax.jit(looped.update)(grads, s_looped)
+    assert_trees_equal((u_looped, s_looped), (u_unrolled, s_unrolled))
+
+
 def test_muon_accumulation_equals_one_big_batch():
   big = tiny_config(**{"optim.name": "muon", "train.batch_size": 8})
   small = tiny_config(**{"optim.name": "muon", "train.batch_size": 4, "train.grad_accum": 2})

@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from jaxtrain import train
 from jaxtrain.measure import memory
 from jaxtrain.system import paths
-from jaxtrain.trackers import tensorboard_log
+from jaxtrain.trackers import tensorboard_log, tfevents
 
 
 def _accumulator(workdir, purge: bool = True) -> event_accumulator.EventAccumulator:
@@ -74,15 +74,51 @@ def test_tags_name_their_section():
 
 
 def test_a_record_cut_short_by_a_kill_is_left_out(tmp_path):
-  from tensorboardX import SummaryWriter
+  writer = tfevents.EventWriter(tmp_path)
+  for step in range(3):
+    writer.write(tfevents.event(step, tfevents.scalar("x", step)))
+  writer.close()
+  whole = tfevents.read_records(writer.path)
+  assert [tfevents.parse(r)[:2] for r in whole] == [(0, True), (0, False), (1, False), (2, False)]
+  writer.path.write_bytes(writer.path.read_bytes()[:-5])
+  assert tfevents.read_records(writer.path) == whole[:-1]
 
-  with SummaryWriter(str(tmp_path)) as w:
-    for step in range(3):
-      w.add_scalar("x", step, step)
-  path = next(tmp_path.glob(tensorboard_log.EVENT_FILES))
-  whole = tensorboard_log.read_records(path)
-  path.write_bytes(path.read_bytes()[:-5])
-  assert tensorboard_log.read_records(path) == whole[:-1]
+
+def test_events_read_back_with_tensorboards_own_protos(tmp_path):
+  """What the writer encodes by hand is what TensorBoard's protos decode, checksums included."""
+  from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+  from tensorboard.compat.proto.event_pb2 import Event
+  from tensorboard.plugins.hparams import plugin_data_pb2
+
+  writer = tfevents.EventWriter(tmp_path)
+  writer.write(tfevents.event(7, tfevents.scalar("train/loss", 2.5), wall_time=100.25))
+  writer.write(tfevents.event(7, tfevents.text("samples", "caf\u00e9 \u2502 ok")))
+  for summary in tfevents.hparams({"optim.lr": 0.01, "model.qk_norm": True, "data.path": "x.txt",
+                                   "train.max_steps": 300}, ["val/loss"]):
+    writer.write(tfevents.event(7, summary))
+  writer.close()
+  # tensorboard's reader checks each record's CRC-32C
+  events = [Event.FromString(r) for r in RawEventFileLoader(str(writer.path)).Load()]
+  assert events[0].file_version == "brain.Event:2"
+  scalar, text, *hp = events[1:]
+  assert (scalar.step, scalar.wall_time, scalar.summary.value[0].tag) == (7, 100.25, "train/loss")
+  assert scalar.summary.value[0].simple_value == 2.5
+  assert text.summary.value[0].tag == "samples/text_summary"
+  assert text.summary.value[0].metadata.plugin_data.plugin_name == "text"
+  assert text.summary.value[0].tensor.string_val[0].decode() == "caf\u00e9 \u2502 ok"
+  assert [e.summary.value[0].tag for e in hp] == list(tfevents.HPARAMS_TAGS)
+  data = [plugin_data_pb2.HParamsPluginData.FromString(e.summary.value[0].metadata.plugin_data
+                                                       .content) for e in hp]
+  assert [i.name for i in data[0].experiment.hparam_infos] == ["optim.lr", "model.qk_norm",
+                                                               "data.path", "train.max_steps"]
+  assert data[0].experiment.metric_infos[0].name.tag == "val/loss"
+  values = data[1].session_start_info.hparams
+  assert values["optim.lr"].number_value == 0.01 and values["model.qk_norm"].bool_value
+  assert values["data.path"].string_value == "x.txt"
+  assert values["train.max_steps"].number_value == 300
+  assert data[2].session_end_info.status == 1  # STATUS_SUCCESS
+  assert [tfevents.parse(r) for r in tfevents.read_records(writer.path)][1] == \
+      (7, False, ["train/loss"])
 
 
 def test_memory_warns_once_when_the_host_runs_low():

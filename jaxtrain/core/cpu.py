@@ -45,8 +45,12 @@ class CpuKind:
 CPU_KINDS = {
     ("AuthenticAMD", 25, 1): CpuKind("AMD Zen 3 (EPYC Milan)",
                                      measured="2026-11-21-cpu-speed-work.md: the thresholds"),
-    ("AuthenticAMD", 25, 17): CpuKind("AMD Zen 4 (EPYC Genoa)",
-                                      measured="Zen 3's thresholds, not measured again"),
+    # 2 cores, steps in rotating rounds (others ~1% of the machine): f32 steps with YNN fusions
+    # 1.04x (1.5e11 FLOPs) and 1.00x (5.8e11) those without, so they stay at every size; bf16 at
+    # 1.5e11 0.95x with them off; multi-threaded Eigen 0.98x for nano, 1.02x at nanoGPT's shape
+    # (within the rounds' spread) (2026-11-28-cpu_policy-zen4).
+    ("AuthenticAMD", 25, 17): CpuKind("AMD Zen 4 (EPYC Genoa)", no_ynn_flops=math.inf,
+                                      bf16_ynn=True, measured="2026-11-28-cpu_policy-zen4"),
     # jax bf16 at most 202 GFLOP/s under every XLA option against f32's 188 (2048^3, 2 threads):
     # no XLA route reaches its AMX units, and Eigen's bf16 was not measured there.
     ("GenuineIntel", 6, 207): CpuKind("Intel Xeon 5th gen (Emerald Rapids)",

@@ -1,6 +1,7 @@
 """How a run ends: its result (`RunResult`), the samples, loss plot and closing lines of a finished
 run, and the one line for a run stopped by a signal, in the loop or outside it."""
 
+import concurrent.futures
 import sys
 import time
 from pathlib import Path
@@ -22,16 +23,19 @@ def finish(r: Run, p: Progress, state: TrainState, speed: float | None) -> RunRe
   try:
     params = runtime.host_copy(state.params)  # every process takes part; process 0 samples
     is_main = jax.process_index() == 0
-    # Counted as samples only where some are drawn: the time line never shows samples for none.
-    with p.timeline.timing("samples" if r.cfg.sample.num_samples else "loss plot"):
-      texts = samples.write_samples(
-          r.cfg.sample, r.cfg.model.seq_len, r.cfg.seed, state.replace(params=params),
-          r.corpus.val, r.corpus.tokenizer, r.workdir, r.out) if is_main else []
-    with p.timeline.timing("loss plot"):
-      if is_main:
-        png = metrics_jsonl.plot_losses(r.workdir / metrics_jsonl.FILE, r.workdir / "loss.png")
-        if png:
-          r.out.print(f"loss curves: {png}")
+    # The plot (mostly matplotlib's import) is drawn beside the samples, which wait on XLA.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+      plot = pool.submit(metrics_jsonl.plot_losses, r.workdir / metrics_jsonl.FILE,
+                         r.workdir / "loss.png") if is_main else None
+      # Counted as samples only where some are drawn: the time line never shows samples for none.
+      with p.timeline.timing("samples" if r.cfg.sample.num_samples else "loss plot"):
+        texts = samples.write_samples(
+            r.cfg.sample, r.cfg.model.seq_len, r.cfg.seed, state.replace(params=params),
+            r.corpus.val, r.corpus.tokenizer, r.workdir, r.out) if is_main else []
+      with p.timeline.timing("loss plot"):
+        png = plot.result() if plot else None
+    if png:
+      r.out.print(f"loss curves: {png}")
   except KeyboardInterrupt as e:  # training is done and saved: the samples are what is lost
     return interrupted(e, "sampling", r.workdir, r.t_start, p.end)
   wall = time.time() - r.t_start

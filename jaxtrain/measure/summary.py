@@ -31,7 +31,8 @@ class Timeline:
   def line(self, wall: float, resumed: bool) -> str:
     """`time: 1m05s = start-up 3.2s + compile 5.1s + train 50.0s + eval 4.0s + ...`: start-up is
     reading the data and building the programs; compile includes the first step (and init or
-    restore); eval and checkpoints include their own compile and the wait for their writes."""
+    restore); eval and checkpoints include their own compile and the wait for their writes;
+    loss plot: what the plot, drawn beside the samples, took past them."""
     parts = dict(self.seconds, train=0.0)
     parts["train"] = max(wall - sum(parts.values()), 0.0)
     shown = " + ".join(f"{name} {fmt.duration(parts[name])}" for name in self.PHASES

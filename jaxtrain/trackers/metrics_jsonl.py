@@ -5,7 +5,6 @@ goes; a resumed leg first drops the lines past the step it restored, which it tr
 TensorBoard's hook drops its events."""
 
 import json
-import sys
 from pathlib import Path
 
 import jax
@@ -36,8 +35,8 @@ class MetricsJsonl(Hook):
     self.path: Path | None = None
 
   def prepare(self) -> None:
-    if jax.process_index() == 0 and "matplotlib.pyplot" not in sys.modules:
-      _pyplot()  # for the loss plot at the end; a pyplot already imported keeps its backend here
+    if jax.process_index() == 0:
+      import matplotlib.figure  # noqa: F401  (for the loss plot at the end)
 
   def on_start(self, run: RunView, step: int) -> None:
     if jax.process_index() != 0:
@@ -59,27 +58,15 @@ class MetricsJsonl(Hook):
     self._write(record)
 
 
-def _pyplot():
-  """matplotlib's pyplot, drawing to files only."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  return plt
-
-
 def plot_losses(metrics_path: Path, png_path: Path) -> Path | None:
   """Train and validation loss against step, with the learning rate below them, as a PNG next to
-  metrics.jsonl."""
+  metrics.jsonl. Safe in a thread of its own: matplotlib's objects, not pyplot's shared state."""
   if not metrics_path.exists():
     return None
-  plt = _pyplot()
   fig = figure(paths.read_jsonl(metrics_path), png_path.parent.name)
   if fig is None:
     return None
   fig.savefig(png_path)
-  plt.close(fig)
   return png_path
 
 
@@ -87,15 +74,15 @@ def figure(records: list[dict], title: str):
   """The loss plot of metrics.jsonl's records (None without a loss): train and validation loss,
   and in a panel below on the same steps, the learning rate, whose schedule explains most
   bends of the loss (warmup, a WSD decay, a resume with a new schedule)."""
-  import matplotlib.pyplot as plt
+  from matplotlib.figure import Figure
 
   train = [(r["step"], r["loss"]) for r in records if "loss" in r]
   val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
   lr = [(r["step"], r["lr"]) for r in records if isinstance(r.get("lr"), int | float)]
   if not train and not val:
     return None
-  fig, (ax, ax_lr) = plt.subplots(2, 1, figsize=(7, 5.5), dpi=110, sharex=True,
-                                  gridspec_kw={"height_ratios": [3, 1]})
+  fig = Figure(figsize=(7, 5.5), dpi=110)
+  ax, ax_lr = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
   if train:
     ax.plot(*zip(*train), label="train", lw=1.2)
   if val:

@@ -1,4 +1,4 @@
-"""TensorBoard event files in each run's workdir (tensorboardX's writer; no TensorFlow):
+"""TensorBoard event files in each run's workdir (trackers/tfevents.py; no TensorFlow or torch):
 `tensorboard --logdir runs` shows every run under runs/ side by side.
 
 Scalars: the train lines' numbers (train/loss, train/lr, train/grad_norm), speed (perf/...),
@@ -8,18 +8,17 @@ config as hparams; the end-of-run samples as text. A resumed run drops the event
 it restored, as metrics.jsonl's hook does, so its curves continue without a second copy of any step.
 """
 
-import math
 import os
-import struct
 import time
 from pathlib import Path
 
 import jax
 
 from jaxtrain.config import loading
+from jaxtrain.trackers import tfevents
 from jaxtrain.trackers.hooks import Hook, RunResult, RunView
 
-EVENT_FILES = "events.out.tfevents.*"
+EVENT_FILES = f"{tfevents.FILE_PREFIX}*"
 PERF = ("tokens_per_sec", "mfu")
 SKIP = ("step", "elapsed_s")
 HPARAMS_TAG = "_hparams_/"  # tensorboard's hparams plugin writes its summaries under this prefix
@@ -46,19 +45,6 @@ def scalars(section: str, record: dict) -> dict[str, float]:
           if key not in SKIP and isinstance(value, int | float) and not isinstance(value, bool)}
 
 
-def read_records(path: Path) -> list[bytes]:
-  """The records of a TFRecord file (8-byte length, 4-byte checksum, data, 4-byte checksum); a
-  last record that a kill cut short is left out."""
-  data, records, i = path.read_bytes(), [], 0
-  while i + 12 <= len(data):
-    (n,) = struct.unpack("<Q", data[i:i + 8])
-    if i + 12 + n + 4 > len(data):
-      break
-    records.append(data[i + 12:i + 12 + n])
-    i += 12 + n + 4
-  return records
-
-
 def _hparams(cfg) -> dict:
   """The config as flat hparams; anything that is not a number, text or bool as text."""
   return {k: v if isinstance(v, bool | int | float | str) else str(v)
@@ -72,35 +58,26 @@ class TensorBoard(Hook):
     self.flush_secs = flush_secs
     self.writer = None
 
-  def prepare(self) -> None:
-    if jax.process_index() == 0:  # seconds where torch is installed: tensorboardX imports it
-      import tensorboardX.proto.event_pb2  # noqa: F401
-
   def on_start(self, run: RunView, step: int) -> None:
     if jax.process_index() != 0:
       return
-    from tensorboardX import SummaryWriter, summary
-    from tensorboardX.proto.event_pb2 import Event
-
     workdir = Path(run.workdir)
     old = sorted(workdir.glob(EVENT_FILES))
-    # tensorboardX names files by the second: a suffix keeps a quick second leg's file apart
-    # from the first's, which is deleted below.
-    self.writer = SummaryWriter(logdir=str(workdir), flush_secs=self.flush_secs,
-                                filename_suffix=f".{os.getpid()}.{time.time_ns()}")
-    file_writer = self.writer.file_writer
+    # Files are named by the second: a suffix keeps a quick second leg's file apart from the
+    # first's, which is deleted below.
+    self.writer = tfevents.EventWriter(workdir, f".{os.getpid()}.{time.time_ns()}",
+                                       self.flush_secs)
     seen = set()
     for path in old:  # into the new file: what an earlier leg wrote up to `step`
-      for record in read_records(path):
-        event = Event.FromString(record)
-        if record in seen or event.step > step or event.HasField("file_version") or any(
-            v.tag.startswith(HPARAMS_TAG) for v in event.summary.value):
+      for record in tfevents.read_records(path):
+        event_step, version, tags = tfevents.parse(record)
+        if record in seen or event_step > step or version or any(
+            t.startswith(HPARAMS_TAG) for t in tags):
           continue  # the hparams are written anew below: this leg's config may differ
         seen.add(record)
-        file_writer.add_event(event, event.step, event.wall_time)
-    exp, ssi, sei = summary.hparams(_hparams(run.cfg), {"val/loss": math.nan})
-    for s in (exp, ssi, sei):
-      file_writer.add_summary(s, step)
+        self.writer.write(record)
+    for summary in tfevents.hparams(_hparams(run.cfg), ["val/loss"]):
+      self.writer.write(tfevents.event(step, summary))
     self.writer.flush()  # the kept events are safe in the new file before the old ones go
     for path in old:
       path.unlink(missing_ok=True)
@@ -108,8 +85,9 @@ class TensorBoard(Hook):
   def _scalars(self, section: str, step: int, record: dict) -> None:
     if self.writer is None:
       return
+    wall_time = time.time()
     for name, value in scalars(section, record).items():
-      self.writer.add_scalar(name, value, step)
+      self.writer.write(tfevents.event(step, tfevents.scalar(name, value), wall_time))
 
   def on_log(self, step: int, record: dict) -> None:
     self._scalars("train", step, record)
@@ -125,6 +103,6 @@ class TensorBoard(Hook):
     if result is not None and result.samples:
       # Markdown would fold the samples' lines and read their code as markup: code blocks keep them.
       text = "\n\n".join(f"sample {i}:\n\n```\n{s}\n```" for i, s in enumerate(result.samples))
-      self.writer.add_text("samples", text, result.step)
+      self.writer.write(tfevents.event(result.step, tfevents.text("samples", text)))
     self.writer.close()
     self.writer = None
