@@ -1,9 +1,11 @@
 """Config files are recipes held to the defaults' schema: each sets only what differs from the
 defaults, an unknown name in a file, a ConfigDict or an override is refused with the nearest real
-one, a file that fails to load says where in one line, and a fine-tune takes its model from the
-run it starts from."""
+one, a file that fails to load says where in one line, a fine-tune takes its model from the run
+it starts from, and every model and optimizer switch is set by a recipe or names its measured
+result (the config gate)."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -228,3 +230,57 @@ def test_the_finetune_command_line_refuses_other_model_fields_in_one_line(source
   assert line.startswith(f"error: init_from: {source} has model.d_model=32, this config 64; "
                          "model.tie_embeddings=False, this config True; ")
   assert not (tmp_path / "t").exists()
+
+
+def _switches() -> list[str]:
+  """The model's and optimizer's switches: the fields that turn a part on or off or choose among
+  kinds (True/False, named choices) and the numbers whose default (0 or -1) leaves a part off or
+  to another field."""
+  cfg = defaults.default_config()
+  return [f"{section}.{name}" for section in ("model", "optim")
+          for name, value in cfg[section].items() if isinstance(value, bool | str) or value in (0, -1)]
+
+
+def _set_by_recipes() -> set[str]:
+  default = loading.flatten(defaults.default_config().to_dict())
+  found = set()
+  for path in CONFIGS:
+    flat = loading.flatten(loading.load_config(str(path)).to_dict())
+    found |= {name for name, value in flat.items() if value != default[name]}
+  return found
+
+
+def _gate_rows() -> dict[str, str]:
+  """docs/config.md's table under "The config gate": {each field a row names: the row}."""
+  text = (ROOT / "docs" / "config.md").read_text(encoding="utf-8")
+  section = text.split("\n## The config gate\n", 1)[1].split("\n## ", 1)[0]
+  rows = {}
+  for line in section.splitlines():
+    if line.startswith("| `"):
+      rows |= dict.fromkeys(re.findall(r"`((?:model|optim)\.\w+)`", line.split("|")[1]), line)
+  return rows
+
+
+def _missing_evidence(row: str) -> list[str]:
+  """What a row names that does not exist: a results folder it links, a test
+  (`tests/test_x.py::test_name`); "nothing" where it names neither."""
+  results = re.findall(r"\]\((\.\./benchmarks/results/[^)#]+)", row)
+  tests = re.findall(r"`(tests/test_\w+\.py)::(test_\w+)`", row)
+  if not results and not tests:
+    return ["nothing"]
+  return [link for link in results if not (ROOT / "docs" / link).exists()] + \
+      [f"{path}::{name}" for path, name in tests
+       if not (ROOT / path).exists() or f"def {name}(" not in (ROOT / path).read_text()]
+
+
+def test_every_switch_is_set_by_a_recipe_or_names_its_result():
+  """The config gate (docs/config.md): a model or optimizer switch no shipped recipe sets stays
+  only with the measured result that keeps it (or, for one a kind of data needs, its test)."""
+  rows, recipes = _gate_rows(), _set_by_recipes()
+  unset = [field for field in _switches() if field not in recipes]
+  assert {"model.qk_norm", "model.canon", "optim.name"} <= set(_switches())
+  assert "model.n_layers" not in _switches() and "optim.lr" not in _switches()
+  assert [field for field in unset if field not in rows] == [], "not in docs/config.md's gate"
+  wrong = {field: bad for field in unset if (bad := _missing_evidence(rows[field]))}
+  assert wrong == {}, f"rows of docs/config.md's gate that name no result that exists: {wrong}"
+  assert sorted(set(rows) - set(unset)) == [], "rows for fields a recipe sets, or no switch"
