@@ -41,8 +41,10 @@ def test_default_output_directories_are_dated(monkeypatch):
   assert jax_vs_torch.parse_args(["--shapes=large"]).out == \
       str(results / f"{today}-jax_vs_torch_large")
   assert jax_vs_torch.parse_args(["--label=x", "--out=/tmp/o"]).out == "/tmp/o"
-  args, extra = load_benchmark("startup").parse_args(["--runs=1", "--config.seed=3"])
-  assert args.out == str(results / f"{today}-startup") and extra == ["--config.seed=3"]
+  whole = load_benchmark("whole_command").parse_args(["--parts=one_step", "--configs=configs/nano.py"])
+  assert whole.out is None and whole.parts == ["one_step"] and whole.runs == 3
+  with pytest.raises(SystemExit):  # the Shakespeare configs need their text
+    load_benchmark("whole_command").parse_args(["--parts=recipe"])
 
 
 def check_machine_and_load(report: dict) -> None:

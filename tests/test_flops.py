@@ -71,14 +71,17 @@ def test_muon_orthogonalization_flops_match_its_compiled_update(ns_steps):
   counted = optim.flops_per_step(opt, params)
   assert counted == 2 * ns_steps * (4 * 64**2 * 192 + 2 * 64**3)
   assert optim.newton_schulz_flops((3, 64, 192), ns_steps) == 3 * counted // 2  # batch axes
-  assert counted <= measured <= 1.08 * counted, (counted, measured)
+  # The iterations run as a loop (optim.scale_by_muon), whose body XLA's cost analysis counts once.
+  one = counted // ns_steps
+  assert one <= measured <= 1.08 * one, (one, measured)
 
 
 def test_muon_train_step_costs_the_model_plus_the_counted_orthogonalization():
   adamw, _ = train_step_flops(tiny_config(**SHAPE, **{"optim.name": "adamw"}))
   muon, built = train_step_flops(tiny_config(**SHAPE, **{"optim.name": "muon"}))
   counted = optim.flops_per_step(built.optimizer, built.abstract.params)
-  np.testing.assert_allclose(muon - adamw, counted, rtol=0.03)
+  # XLA's cost analysis counts the Newton-Schulz loop's body once: one iteration of the count.
+  np.testing.assert_allclose(muon - adamw, counted / built.optimizer.muon_ns_steps, rtol=0.03)
 
 
 
