@@ -130,4 +130,3 @@ def test_muon_weight_decay_is_set_per_group():
             for k in ("wte", "lm_head", "blocks", "norm")]
   # default: matrices and the head decay at weight_decay; embeddings and norms do not
   assert decay() == [0.0, -0.05, -0.05, 0.0]
-  assert decay(embedding_weight_decay=0.2, head_weight_decay=0.0) == [-0.02, 0.0, -0.05, 0.0]

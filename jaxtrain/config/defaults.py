@@ -140,8 +140,6 @@ def _optim() -> ml_collections.ConfigDict:
   optim.warmup_steps = 100
   optim.decay_steps = 0  # 0: decay over train.max_steps
   optim.weight_decay = 0.1  # on matrices only; never on norms or vectors
-  optim.embedding_weight_decay = 0.0  # muon: AdamW decay of the embeddings
-  optim.head_weight_decay = -1.0  # muon: AdamW decay of an untied head; -1: optim.weight_decay
   optim.z_loss = 0.0  # adds z_loss x mean(log Z^2) of the logits to the training loss; 0: off
   optim.clip_norm = 1.0  # gradient norm limit; 0 turns clipping off
   optim.b1 = 0.9

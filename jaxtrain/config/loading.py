@@ -39,6 +39,10 @@ REMOVED = {
     "model.value_embeds": (False, "benchmarks/results/2026-11-24-quality-zen4/value_embeds.diff"),
     "model.logit_softcap": (0.0, "benchmarks/results/2026-11-28-config-gate/logit_softcap.diff"),
     "optim.clip_per_group": (False, "benchmarks/results/2026-11-28-config-gate/clip_per_group.diff"),
+    "optim.embedding_weight_decay": (
+        0.0, "benchmarks/results/2026-11-28-config-gate/group_weight_decay.diff"),
+    "optim.head_weight_decay": (
+        -1.0, "benchmarks/results/2026-11-28-config-gate/group_weight_decay.diff"),
 }
 
 

@@ -256,12 +256,6 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
   _positive_int(cfg, "optim.decay_steps", minimum=0)
   _check(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}",
          "pass --config.optim.weight_decay=0.1")
-  _check(o.embedding_weight_decay >= 0, "optim.embedding_weight_decay",
-         f"must be >= 0, got {o.embedding_weight_decay}",
-         "pass --config.optim.embedding_weight_decay=0")
-  _check(o.head_weight_decay >= 0 or o.head_weight_decay == -1, "optim.head_weight_decay",
-         f"must be >= 0, or -1 for optim.weight_decay, got {o.head_weight_decay}",
-         "pass --config.optim.head_weight_decay=-1")
   _check(0.0 <= o.z_loss <= 1.0, "optim.z_loss", f"must be in [0, 1] (0 turns it off), got "
          f"{o.z_loss}", "pass --config.optim.z_loss=1e-4")
   _check(o.clip_norm >= 0, "optim.clip_norm", f"must be >= 0 (0 turns clipping off), got {o.clip_norm}",

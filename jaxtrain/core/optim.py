@@ -132,8 +132,6 @@ class Optimizer:
   head_lr: float = 0.0  # 0: lr
   momentum: float = 0.95
   muon_ns_steps: int = 5  # Newton-Schulz iterations of Muon's orthogonalization
-  embedding_weight_decay: float = 0.0
-  head_weight_decay: float = -1.0  # -1: weight_decay
   z_loss: float = 0.0  # the loss that trains adds z_loss x mean(log Z^2) (core/steps.py)
 
   def transformation(self, schedule: jax.Array | None = None) -> optax.GradientTransformation:
@@ -158,7 +156,8 @@ class Optimizer:
 
   def _muon(self, schedule: jax.Array | None) -> optax.GradientTransformation:
     """Muon (orthogonalised Nesterov momentum) for the blocks' matrices; AdamW, each group at its
-    own lr, for the embeddings, an untied head, and the norms' vectors (never decayed)."""
+    own lr, for the embeddings, an untied head, and the norms' vectors. The matrices and the head
+    decay at weight_decay; the embeddings and vectors never."""
     matrix = optax.chain(
         # Kernels are [d_in, d_out]: axis 0 is reduced, as Muon's default assumes. Given as a
         # function, since inside `partition` the other groups' leaves are placeholders.
@@ -167,10 +166,8 @@ class Optimizer:
         optax.scale_by_learning_rate(lr_schedule(self, self.max_steps, self.matrix_lr, schedule)))
     return optax.partition({
         "matrix": matrix,
-        "embedding": self._adamw(self.embedding_lr or self.lr, self.embedding_weight_decay,
-                                 schedule),
-        "head": self._adamw(self.head_lr or self.lr, self.weight_decay
-                            if self.head_weight_decay < 0 else self.head_weight_decay, schedule),
+        "embedding": self._adamw(self.embedding_lr or self.lr, 0.0, schedule),
+        "head": self._adamw(self.head_lr or self.lr, self.weight_decay, schedule),
         "vector": self._adamw(self.lr, 0.0, schedule),
     }, param_groups)
 
@@ -186,8 +183,7 @@ def make_optimizer(optim: ml_collections.ConfigDict, *, max_steps: int, grad_acc
                    decay_fraction=optim.decay_fraction, matrix_lr=optim.matrix_lr,
                    embedding_lr=optim.embedding_lr, head_lr=optim.head_lr,
                    momentum=optim.momentum, muon_ns_steps=optim.muon_ns_steps,
-                   embedding_weight_decay=optim.embedding_weight_decay,
-                   head_weight_decay=optim.head_weight_decay, z_loss=optim.z_loss)
+                   z_loss=optim.z_loss)
 
 
 def newton_schulz_flops(shape: tuple[int, ...], ns_steps: int) -> int:

@@ -33,7 +33,7 @@ NOT_SHOWN = ("workdir", "headless", "data.cache_dir", "data.allow_changed", "tra
              "train.checkpoint_every", "train.keep_checkpoints")
 NOT_SHOWN_SECTIONS = ("sample.", "distributed.")
 _MUON_ONLY = ("optim.matrix_lr", "optim.embedding_lr", "optim.head_lr", "optim.momentum",
-              "optim.embedding_weight_decay", "optim.head_weight_decay", "optim.muon_ns_steps")
+              "optim.muon_ns_steps")
 # A field with no effect on a run, by that run's config: not compared, shown as "-" for it.
 NO_EFFECT = {"data.vocab_size": lambda c: c.get("data.tokenizer", "bpe") != "bpe",
              "optim.decay_fraction": lambda c: c.get("optim.schedule", "wsd") != "wsd",
