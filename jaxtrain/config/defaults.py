@@ -133,8 +133,6 @@ def _optim() -> ml_collections.ConfigDict:
   optim.min_lr_ratio = 0.1  # cosine or wsd decay ends at lr * min_lr_ratio
   optim.decay_fraction = 0.2  # wsd: the last fraction of the steps decays linearly
   optim.matrix_lr = 0.02  # muon: peak lr of the hidden matrices
-  optim.embedding_lr = 0.0  # muon: peak AdamW lr of the embeddings; 0: optim.lr
-  optim.head_lr = 0.0  # muon: peak AdamW lr of an untied output head; 0: optim.lr
   optim.momentum = 0.95  # muon: momentum of the hidden matrices (Nesterov)
   optim.muon_ns_steps = 5  # muon: Newton-Schulz iterations that orthogonalize each update
   optim.warmup_steps = 100

@@ -43,6 +43,8 @@ REMOVED = {
         0.0, "benchmarks/results/2026-11-28-config-gate/group_weight_decay.diff"),
     "optim.head_weight_decay": (
         -1.0, "benchmarks/results/2026-11-28-config-gate/group_weight_decay.diff"),
+    "optim.embedding_lr": (0.0, "benchmarks/results/2026-11-28-config-gate/group_lr.diff"),
+    "optim.head_lr": (0.0, "benchmarks/results/2026-11-28-config-gate/group_lr.diff"),
 }
 
 

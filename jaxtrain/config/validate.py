@@ -242,9 +242,6 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
   _check(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}", "pass e.g. --config.optim.lr=1e-3")
   _check(o.matrix_lr > 0, "optim.matrix_lr", f"must be > 0, got {o.matrix_lr}",
          "pass e.g. --config.optim.matrix_lr=0.02")
-  for f in ("embedding_lr", "head_lr"):
-    _check(o[f] >= 0, f"optim.{f}", f"must be >= 0 (0: optim.lr), got {o[f]}",
-           f"pass --config.optim.{f}=0")
   _check(0 < o.decay_fraction <= 1, "optim.decay_fraction",
          f"must be in (0, 1], got {o.decay_fraction}", "pass --config.optim.decay_fraction=0.2")
   _check(0.0 <= o.momentum < FLOAT32_BELOW_1, "optim.momentum", f"must be in [0, 1), got "

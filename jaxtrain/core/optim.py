@@ -128,8 +128,6 @@ class Optimizer:
   schedule: str = "cosine"
   decay_fraction: float = 0.2
   matrix_lr: float = 0.02
-  embedding_lr: float = 0.0  # 0: lr
-  head_lr: float = 0.0  # 0: lr
   momentum: float = 0.95
   muon_ns_steps: int = 5  # Newton-Schulz iterations of Muon's orthogonalization
   z_loss: float = 0.0  # the loss that trains adds z_loss x mean(log Z^2) (core/steps.py)
@@ -156,7 +154,7 @@ class Optimizer:
 
   def _muon(self, schedule: jax.Array | None) -> optax.GradientTransformation:
     """Muon (orthogonalised Nesterov momentum) for the blocks' matrices; AdamW, each group at its
-    own lr, for the embeddings, an untied head, and the norms' vectors. The matrices and the head
+    for the embeddings, an untied head, and the norms' vectors, at lr. The matrices and the head
     decay at weight_decay; the embeddings and vectors never."""
     matrix = optax.chain(
         # Kernels are [d_in, d_out]: axis 0 is reduced, as Muon's default assumes. Given as a
@@ -166,8 +164,8 @@ class Optimizer:
         optax.scale_by_learning_rate(lr_schedule(self, self.max_steps, self.matrix_lr, schedule)))
     return optax.partition({
         "matrix": matrix,
-        "embedding": self._adamw(self.embedding_lr or self.lr, 0.0, schedule),
-        "head": self._adamw(self.head_lr or self.lr, self.weight_decay, schedule),
+        "embedding": self._adamw(self.lr, 0.0, schedule),
+        "head": self._adamw(self.lr, self.weight_decay, schedule),
         "vector": self._adamw(self.lr, 0.0, schedule),
     }, param_groups)
 
@@ -181,7 +179,6 @@ def make_optimizer(optim: ml_collections.ConfigDict, *, max_steps: int, grad_acc
                    max_steps=max_steps, grad_accum=grad_accum, skip_nonfinite=skip_nonfinite,
                    loss_scaling=loss_scaling, name=optim.name, schedule=optim.schedule,
                    decay_fraction=optim.decay_fraction, matrix_lr=optim.matrix_lr,
-                   embedding_lr=optim.embedding_lr, head_lr=optim.head_lr,
                    momentum=optim.momentum, muon_ns_steps=optim.muon_ns_steps,
                    z_loss=optim.z_loss)
 

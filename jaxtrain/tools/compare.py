@@ -32,8 +32,7 @@ RUN_HELP = ("RUN", "A run's directory, a glob of them, or a directory of runs (a
 NOT_SHOWN = ("workdir", "headless", "data.cache_dir", "data.allow_changed", "train.log_every",
              "train.checkpoint_every", "train.keep_checkpoints")
 NOT_SHOWN_SECTIONS = ("sample.", "distributed.")
-_MUON_ONLY = ("optim.matrix_lr", "optim.embedding_lr", "optim.head_lr", "optim.momentum",
-              "optim.muon_ns_steps")
+_MUON_ONLY = ("optim.matrix_lr", "optim.momentum", "optim.muon_ns_steps")
 # A field with no effect on a run, by that run's config: not compared, shown as "-" for it.
 NO_EFFECT = {"data.vocab_size": lambda c: c.get("data.tokenizer", "bpe") != "bpe",
              "optim.decay_fraction": lambda c: c.get("optim.schedule", "wsd") != "wsd",
