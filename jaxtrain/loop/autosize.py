@@ -89,7 +89,7 @@ def _none_fits(cfg, fixed: dict, shapes: list, left_s: float) -> ConfigError:
                      "pass a longer budget, e.g. --config.train.time_budget=2m")
 
 
-def _said(o: size_rule.Option, unique: int) -> str:
+def _said(o: size_rule.Option) -> str:
   return (f"{fmt.count(o.params)} params, {fmt.count(o.tokens)} tokens = {o.epochs:.1f} epochs "
           f"at {fmt.count(o.tokens_per_s)} tok/s, predicted val {o.bpb:.3f} bits/byte")
 
@@ -104,12 +104,12 @@ def describe(pick: size_rule.Option, near: list[size_rule.Option], left_s: float
   kept = f"; kept as given: {', '.join(fixed)}" if fixed else ""
   lines = [f"model.size=auto: {s.name} ({s.n_heads} heads, context {s.seq_len}, batch "
            f"{s.batch_size}{lrs}) for the {fmt.duration(left_s)} left of "
-           f"train.time_budget={cfg.train.time_budget}: {_said(pick, unique)} (of the "
+           f"train.time_budget={cfg.train.time_budget}: {_said(pick)} (of the "
            f"{fmt.count(unique)} train tokens; this machine's measured speed){kept}"]
   for o in near:
     why = "more params than the time trains well" if o.params > pick.params \
         else "fewer params than the time can train"
-    lines.append(f"  rejected {o.shape.name}: {_said(o, unique)} ({why})")
+    lines.append(f"  rejected {o.shape.name}: {_said(o)} ({why})")
   return lines
 
 
