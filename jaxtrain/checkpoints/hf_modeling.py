@@ -48,9 +48,8 @@ class Norm(nn.Module):
     self.kind, self.scale = kind, nn.Parameter(torch.ones(d))
 
   def forward(self, x):
-    if self.kind == "rmsnorm":
-      return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS) * self.scale
-    x = x - x.mean(-1, keepdim=True)
+    if self.kind != "rmsnorm":
+      x = x - x.mean(-1, keepdim=True)
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS) * self.scale
 
 
