@@ -45,9 +45,8 @@ def split(path: str, fields: dict, fix: str = "", limit: int = 0,
   return pairs, choices
 
 
-def completion_scores(state, tok, pairs: list, normalize: str, max_new_tokens: int,
-                      examples: int = 5) -> dict:
-  """Loss, bpb and exact match of prompt/completion pairs (line, prompt, completion)."""
+def completion_scores(state, tok, pairs: list, normalize: str, max_new_tokens: int) -> dict:
+  """Loss, bpb, exact match and the first five examples of pairs (line, prompt, completion)."""
   eot = np.array([tok.eot_id], np.int32)
   targets = [np.concatenate([np.asarray(tok.encode(c), np.int32), eot]) for _, _, c in pairs]
   n_tokens = sum(len(t) for t in targets)
@@ -68,7 +67,7 @@ def completion_scores(state, tok, pairs: list, normalize: str, max_new_tokens: i
           "bpb": float(nats.sum() / (math.log(2) * n_bytes)) if n_bytes else None,
           "exact_match": float(np.mean(right)), "n_completions": len(pairs),
           "examples": [{"line": n, "prompt": p, "completion": c, "generated": m}
-                       for (n, p, c), m in list(zip(pairs, made))[:examples]]}
+                       for (n, p, c), m in list(zip(pairs, made))[:5]]}
 
 
 def choice_accuracy(state, tok, choices: list) -> dict:
