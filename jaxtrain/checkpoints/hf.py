@@ -4,9 +4,9 @@ writes and `init_from` reads.
 Two layouts have an exact transformers class: RoPE + RMSNorm + SwiGLU is `LlamaForCausalLM` (the
 same rotate-half RoPE, so no permutation of q and k), learned positions + LayerNorm + GELU is
 `GPT2LMHeadModel` (with zero biases: jaxtrain's layers have none). Every other model (QK-norm,
-ReLU^2, x0-mix, convolutions, soft-capped logits, ...) is `JaxtrainForCausalLM`, whose code
-(hf_modeling.py) the export writes beside the weights, which keep jaxtrain's names. Torch's Linear stores
-[out, in], jaxtrain's kernels [in, out]; GPT-2's Conv1D stores [in, out] as jaxtrain does.
+ReLU^2, x0-mix, convolutions, ...) is `JaxtrainForCausalLM`, whose code (hf_modeling.py) the
+export writes beside the weights, which keep jaxtrain's names. Torch's Linear stores [out, in],
+jaxtrain's kernels [in, out]; GPT-2's Conv1D stores [in, out] as jaxtrain does.
 Params here are flat: {"blocks/0/attn/qkv/kernel": array} (`flatten`).
 """
 

@@ -1,7 +1,7 @@
 """jaxtrain's model in PyTorch, for Hugging Face transformers: the modeling file an export writes
 beside its weights (as modeling_jaxtrain.py) where no transformers class computes the same thing
-(QK-norm, ReLU^2, x0-mix, short convolutions, soft-capped logits, ...). It needs torch and
-transformers only, so the export directory loads anywhere:
+(QK-norm, ReLU^2, x0-mix, short convolutions, ...). It needs torch and transformers only, so the
+export directory loads anywhere:
 
     AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)
 
