@@ -80,10 +80,8 @@ def choice_accuracy(state, tok, choices: list) -> dict:
       asks.append((ctx, np.asarray(tok.encode(e), np.int32)))
       sizes.append(max(len(e.encode("utf-8")), 1))
   per_byte = complete.score(state, asks) / np.array(sizes)
-  at, right = 0, 0
-  for _, _, endings, label in choices:
-    right += int(np.argmax(per_byte[at:at + len(endings)]) == label)
-    at += len(endings)
+  items = np.split(per_byte, np.cumsum([len(endings) for _, _, endings, _ in choices])[:-1])
+  right = sum(int(np.argmax(item) == label) for item, (*_, label) in zip(items, choices))
   return {"mc_accuracy": right / len(choices), "n_multiple_choice": len(choices)}
 
 

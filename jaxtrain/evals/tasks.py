@@ -31,8 +31,7 @@ class Task:
 
 
 def fields(data: ml_collections.ConfigDict) -> dict:
-  """The record fields a run's tasks are read with: the run's prompt and completion fields (else
-  prompt, completion), and context, endings, label for multiple choice."""
+  """The record fields a run's tasks are read with: the run's prompt and completion fields."""
   return dict(scoring.FIELDS, prompt=data.prompt_field or "prompt",
               completion=data.completion_field or "completion")
 
