@@ -1,12 +1,10 @@
 """The token cache: a text corpus tokenized once into a memmap, read from then on.
 
-An entry (KEY.bin: the tokens; KEY.mask: a loss mask, one uint8 per token, for prompt/completion
-and chat records; KEY.json: how to read them) is keyed by the files' names, sizes and mtimes and
-every setting that changes the tokens or the split. The token stream is the documents in order,
-each followed by the tokenizer's end-of-text token; several files come in a fixed pseudo-random
-order, so the held-out tail samples the whole corpus. A tokenizer learned from several corpora
-together (a mixture's bpe or char) is an entry of its own (KEY-tokenizer.json), so that it too is
-learned once. How an entry is written and trusted on disk: cache_entry.py.
+An entry (its files, and how they are written and trusted on disk: cache_entry.py) is keyed by
+the files' names, sizes and mtimes and every setting that changes the tokens or the split. The
+token stream is the documents in order, each followed by the tokenizer's end-of-text token. A
+tokenizer learned from several corpora together (a mixture's bpe or char) is an entry of its own
+(KEY-tokenizer.json), so that it too is learned once.
 """
 
 import contextlib
@@ -139,7 +137,7 @@ def _survey(files: list[Path], data: ml_collections.ConfigDict, show_progress: b
             want_chars: bool) -> tuple[Documents, np.ndarray, str, tuple[int, int]]:
   """The files' documents, the bytes of each, their characters (if `want_chars`) and the split's
   cut: one pass over the text, which finds bad input before anything is written."""
-  docs = Documents(files, data.path, data.text_field, show_progress,
+  docs = Documents(files, data.text_field, show_progress,
                    data.get("prompt_field", ""), data.get("completion_field", ""),
                    data.get("messages_field", ""), log)
   if not show_progress:

@@ -1,21 +1,12 @@
 """Token files: data that is token ids already, read in place (memmaps, never joined or copied).
 
-Two formats: a flat array of uint16 ids with no header (nanoGPT's `train.bin`/`val.bin`), and
-llm.c's shards (llm.c, modded-nanogpt: a header of 256 little-endian int32, [0] the magic
-20240520, [1] the version 1, [2] the number of ids, then that many uint16 ids of GPT-2's
-vocabulary). `data.format=auto` reads `data.path` as token files when all its files end in `.bin`
-(llm.c's where the header's magic is there, flat otherwise), or when its `.bin` files are
-nanoGPT's `train.bin` and `val.bin` (the directory's other files, prepare.py and such, are left
-out, saying so); otherwise as text, where a stray binary file is skipped. `uint16` or `llmc` read
-every file as that format.
-
-Validation is the files whose names say so (nanoGPT's `val.bin`, llm.c's `*_val_*`: the word
-val, valid or validation in the name), else the last `data.val_fraction` of the ids, files in
-name order. Every id must be below the vocabulary's size: a tokenizer.json's (`data.tokenizer`,
-or `gpt2` for GPT-2's), else GPT-2's 50257 for llm.c shards, else nanoGPT's meta.pkl beside flat
-files (meta_pkl.py: its characters decode the ids), else `model.vocab_size`. That is checked once per file, in
-blocks, together with a sha256 of its ids, and cached by the file's path, size and modification
-time (idscan.py): the data's fingerprint is made of those hashes, so later starts read no ids.
+Two formats (docs/data.md says when each is read): a flat array of uint16 ids with no header
+(nanoGPT's `train.bin`/`val.bin`), and llm.c's shards (a header of 256 little-endian int32: [0]
+the magic 20240520, [1] the version 1, [2] the number of ids; then that many uint16 ids of GPT-2's
+vocabulary). `select` says whether `data.path` is token files; `prepare` picks what decodes them,
+splits off validation (the files named so, else the last `data.val_fraction` of the ids) and
+checks every id below the vocabulary's size once per file (cached: idscan.py): the data's
+fingerprint is made of the files' hashes, so later starts read no ids.
 """
 
 import dataclasses
@@ -145,7 +136,7 @@ def _inspect(path: Path, form: str) -> idscan.TokenFile:
                     "out of --config.data.path")
   magic = int.from_bytes(head[:4], "little", signed=True) if len(head) >= 4 else None
   if form == "llmc" or (form == "auto" and (magic == LLMC_MAGIC or magic in _OTHER_LLMC)):
-    return _llmc(path, head, size)
+    return _llmc(path, head, size, magic)
   if size % 2:
     raise UserError(f"{path} holds {size} bytes, an odd number, so it is not uint16 token ids "
                     "(a flat .bin as nanoGPT writes); leave it out of --config.data.path, or pass "
@@ -153,8 +144,7 @@ def _inspect(path: Path, form: str) -> idscan.TokenFile:
   return idscan.TokenFile(path, "uint16", 0, size // 2)
 
 
-def _llmc(path: Path, head: bytes, size: int) -> idscan.TokenFile:
-  magic = int.from_bytes(head[:4], "little", signed=True) if len(head) >= 4 else None
+def _llmc(path: Path, head: bytes, size: int, magic: int | None) -> idscan.TokenFile:
   if magic in _OTHER_LLMC:
     raise UserError(f"{path} is {_OTHER_LLMC[magic]}")
   if magic != LLMC_MAGIC:
