@@ -113,9 +113,8 @@ def to_hf_json(enc) -> str:
 
 
 def gpt2_json() -> str:
-  """GPT-2's tokenizer as a tokenizer.json (made once from tiktoken's cached copy, or from its
-  files fetched once, and kept in jaxtrain's cache); a one-line ConfigError where there is
-  neither."""
+  """GPT-2's tokenizer as a tokenizer.json, made once from tiktoken's copy and kept in jaxtrain's
+  cache; a one-line ConfigError where tiktoken has none and cannot fetch it."""
   kept = Path(paths.cache_dir()) / GPT2_FILE
   try:
     return kept.read_text(encoding="utf-8")

@@ -63,10 +63,8 @@ def load(files: list[Path], data: ml_collections.ConfigDict, show_progress: bool
 
 def shared_tokenizer(files: list[Path], data: ml_collections.ConfigDict, show_progress: bool = True,
                      log=print):
-  """The one tokenizer of `data.tokenizer` for `files` together (a mixture's sources): byte, a
-  tokenizer.json, or one learned from all of them (bpe: from their training split, char: from
-  their characters), as `load` of all the files would learn it, but with nothing tokenized. A
-  learned one is cached."""
+  """The one tokenizer of `data.tokenizer` for `files` together (a mixture's sources): a learned
+  one (cached) as `load` of all the files would learn it, but with nothing tokenized."""
   if data.tokenizer == "byte":
     return tokenizer_lib.ByteTokenizer()
   if data.tokenizer not in tokenizer_lib.BUILTIN:
@@ -93,8 +91,6 @@ def _directory(data: ml_collections.ConfigDict) -> Path:
 def _ordered(files: list[Path]) -> list[Path]:
   # A fixed permutation (independent of the run's seed): the validation tail then samples
   # the whole corpus instead of the files that sort last.
-  if len(files) < 2:
-    return files
   return [files[i] for i in np.random.default_rng(0).permutation(len(files))]
 
 
@@ -183,8 +179,7 @@ def _learned(data: ml_collections.ConfigDict, docs: Documents, sizes: np.ndarray
 
 
 def _tokenize(files, data, entry: Entry, show_progress: bool, log, fixed=None) -> dict:
-  """Writes the cache entry (the tokens, then the .json that marks them complete); its meta.
-  Bad input is found by the first pass, before anything is written."""
+  """Writes the cache entry (the tokens, then the .json that marks them complete); its meta."""
   tok = fixed if fixed is not None else None if data.tokenizer in tokenizer_lib.BUILTIN else \
       tokenizer_lib.read_file(os.path.expanduser(data.tokenizer))  # one that does not load: now
   records = is_records(data) or is_chat(data)  # a loss mask beside the tokens

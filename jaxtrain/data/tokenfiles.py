@@ -170,9 +170,8 @@ def _llmc(path: Path, head: bytes, size: int, magic: int | None) -> idscan.Token
 
 def _tokenizer(data: ml_collections.ConfigDict, found: list[idscan.TokenFile], vocab_size: int,
                notes: list[str]):
-  """What decodes the ids and how many there are: a tokenizer.json's (or GPT-2's by name),
-  llm.c's GPT-2, nanoGPT's meta.pkl beside flat files, or `model.vocab_size` with no text behind
-  them."""
+  """What decodes the ids and how many there are: a tokenizer.json (or gpt2), else llm.c's GPT-2,
+  else nanoGPT's meta.pkl beside flat files, else `model.vocab_size` (ids with no text)."""
   if data.tokenizer not in tokenizer_lib.BUILTIN:
     return tokenizer_lib.read_file(os.path.expanduser(data.tokenizer))
   if found[0].format == "llmc":

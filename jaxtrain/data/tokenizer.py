@@ -195,9 +195,8 @@ def _own(d: dict, chars_without_end: bool):
 
 
 def from_text(text: str, chars_without_end: bool = True):
-  """The tokenizer of a tokenizer.json's text (an IdsTokenizer's own file, or a CharTokenizer's
-  without end-of-text where `chars_without_end`: that again; a tokenizer.json given for text
-  gets an end-of-text token, which a document needs)."""
+  """The tokenizer of a tokenizer.json's text: `_own`'s, else an HFTokenizer (which gives it an
+  end-of-text token, which a document needs)."""
   try:
     own = _own(json.loads(text), chars_without_end)
   except (ValueError, AttributeError):
@@ -221,6 +220,7 @@ class HFTokenizer:
       self._json = self.tok.to_str()
       eot = self.tok.token_to_id(EOT)
     self.eot_id = eot
+    self.specials = {a.content: i for i, a in self.tok.get_added_tokens_decoder().items() if a.special}
     self.tok.encode_special_tokens = True  # text that spells "<|endoftext|>" stays text
     self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
     self.dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
@@ -255,9 +255,8 @@ class HFTokenizer:
     """UTF-8 bytes of text each token stands for (0 for special tokens such as end-of-text)."""
     n = np.zeros(self.vocab_size, np.int64)
     byte_level = "ByteLevel" in json.dumps(json.loads(self._json).get("decoder"))
-    special = {a.content for a in self.tok.get_added_tokens_decoder().values() if a.special}
     for piece, i in self.tok.get_vocab(with_added_tokens=True).items():
-      if piece in special or i >= self.vocab_size:
+      if piece in self.specials or i >= self.vocab_size:
         continue
       n[i] = len(piece) if byte_level else len(self.tok.decode([i]).encode())
     return n
@@ -315,9 +314,7 @@ BOS_NAMES = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "[BOS]")
 def bos_id(tokenizer) -> int | None:
   """The id of a beginning-of-sequence token where the tokenizer has one (a tokenizer.json that
   defines e.g. `<s>` as a special token); jaxtrain's own byte, char and BPE tokenizers have none."""
-  if not isinstance(tokenizer, HFTokenizer):
-    return None
-  special = {a.content: i for i, a in tokenizer.tok.get_added_tokens_decoder().items() if a.special}
+  special = tokenizer.specials if isinstance(tokenizer, HFTokenizer) else {}
   return next((special[name] for name in BOS_NAMES if name in special), None)
 
 
