@@ -17,6 +17,8 @@ import sysconfig
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import ml_collections
+
 from jaxtrain.data import chat_format
 from jaxtrain.data.records import json_lines
 from jaxtrain.system.console import Ticker
@@ -106,15 +108,14 @@ class Documents:
   """Each usable file's documents as pieces, once per call; binary text files are skipped (or
   fatal when they are all there is)."""
 
-  def __init__(self, files: list[Path], text_field: str, show_progress: bool,
-               prompt_field: str = "", completion_field: str = "", messages_field: str = "",
+  def __init__(self, files: list[Path], data: ml_collections.ConfigDict, show_progress: bool,
                log: Callable[[str], None] | None = None):
     # Without a bar, `log` gets progress lines (system/console.py's Ticker).
     self.files, self.show_progress, self.log = files, show_progress, log
     # Prompt/completion records: the prompt's pieces are out of the loss, the completion's in.
-    self.fields = (prompt_field, completion_field) if prompt_field else \
-        (messages_field,) if messages_field else (text_field,)
-    self.chat = bool(messages_field)
+    self.fields = (data.prompt_field, data.completion_field) if data.prompt_field else \
+        (data.messages_field,) if data.messages_field else (data.text_field,)
+    self.chat = bool(data.messages_field)
     self.total = sum(f.stat().st_size for f in files)
     self.counter = _Counter()
     self.not_utf8: dict[Path, int] = {}  # bytes replaced with U+FFFD, by file (text files)

@@ -133,9 +133,7 @@ def _survey(files: list[Path], data: ml_collections.ConfigDict, show_progress: b
             want_chars: bool) -> tuple[Documents, np.ndarray, str, tuple[int, int]]:
   """The files' documents, the bytes of each, their characters (if `want_chars`) and the split's
   cut: one pass over the text, which finds bad input before anything is written."""
-  docs = Documents(files, data.text_field, show_progress,
-                   data.get("prompt_field", ""), data.get("completion_field", ""),
-                   data.get("messages_field", ""), log)
+  docs = Documents(files, data, show_progress, log)
   if not show_progress:
     log(f"data: {doing} {len(files)} file(s), {docs.total / 1e6:.1f} MB, once (then cached)")
   sizes, chars = heldout.survey(docs, want_chars)

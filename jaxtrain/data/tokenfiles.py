@@ -49,7 +49,7 @@ class TokenFiles:
 
 def select(data: ml_collections.ConfigDict, files: list[Path]) -> tuple[list[Path], list[Path]] | None:
   """(token files, files left out) where `data.format` makes `files` token files; None for text."""
-  form = data.get("format", "auto")
+  form = data.format
   if form == "text":
     return None
   if form != "auto":
@@ -66,7 +66,7 @@ def prepare(data: ml_collections.ConfigDict, files: list[Path], left_out: list[P
   """Reads the token files' headers, checks every id once (cached), splits off validation.
   `vocab_size`: model.vocab_size (0: from the tokenizer), the vocabulary of flat files."""
   _refuse_records(data, files[0])
-  found = _inspect_all(files, data.get("format", "auto"))
+  found = _inspect_all(files, data.format)
   notes = []
   tok = _tokenizer(data, found, vocab_size, notes)
   scans = idscan.scan(found, Path(data.cache_dir or default_cache_dir()) / "tokenfiles", show_progress,
@@ -99,7 +99,7 @@ def prepare(data: ml_collections.ConfigDict, files: list[Path], left_out: list[P
 
 def _refuse_records(data: ml_collections.ConfigDict, example: Path) -> None:
   for field in ("prompt_field", "messages_field"):
-    if data.get(field):
+    if data[field]:
       raise ConfigError(f"data.{field}", f"is set, but data.path holds token ids ({example.name}), "
                         "not records", f"pass --config.data.{field}= (empty) for token files, or "
                         "point data.path at .jsonl or .parquet records")
