@@ -31,8 +31,7 @@ def survey(docs: documents.Documents, want_chars: bool) -> tuple[np.ndarray, str
     if not docs.misread:
       break
   seen.update(np.unique(codepoints("".join(pending))).tolist())
-  return np.frombuffer(sizes, np.int64) if sizes else np.zeros(0, np.int64), \
-      "".join(map(chr, seen))
+  return np.frombuffer(sizes, np.int64), "".join(map(chr, seen))
 
 
 def cut(sizes: np.ndarray, val_fraction: float) -> tuple[int, int]:

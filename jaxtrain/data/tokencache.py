@@ -220,9 +220,8 @@ def _tokenize(files, data, entry: Entry, show_progress: bool, log, fixed=None) -
   except OSError as e:
     raise entry.write_error(e, docs.total * np.dtype(tok.dtype).itemsize) from None
   finally:
-    tmp.unlink(missing_ok=True)
-    tmp_meta.unlink(missing_ok=True)
-    tmp_mask.unlink(missing_ok=True)
+    for leftover in (tmp, tmp_meta, tmp_mask):
+      leftover.unlink(missing_ok=True)
   return meta
 
 
