@@ -10,7 +10,6 @@ the user set on the command line (`explicit`) is kept and the rest chosen around
 of the candidates fits it, that is one `error:` line.
 """
 
-import dataclasses
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -70,9 +69,7 @@ def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = (), on: 
   if not opts:
     raise _none_fits(cfg, fixed, shapes, left_s)
   pick, near = size_rule.choose(opts)
-  chosen = dict(dataclasses.asdict(pick.shape))
-  values = {f: chosen[f.split(".")[1]] for f in size_rule.SHAPE_FIELDS}
-  values |= {f: v for f, v in LRS.items() if cfg.optim.name == "muon"}
+  values = pick.shape.fields() | {f: v for f, v in LRS.items() if cfg.optim.name == "muon"}
   cfg = loading.override(cfg.copy_and_resolve_references(),
                          **{f: v for f, v in values.items() if f not in explicit})
   return cfg, describe(pick, near, left_s, len(corpus.train), fixed, cfg)

@@ -220,12 +220,6 @@ def matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5,
   return peak, None
 
 
-def measured_matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5,
-                         at_least: float = 0.0) -> float:
-  """This device's matmul FLOP/s (`matmul_peak`)."""
-  return matmul_peak(dtype, n, repeats, at_least)[0]
-
-
 def _peak_units(devices: list) -> int:
   """How many times one device's peak the devices have together: CPU devices of one host share
   its cores (one measured peak per host); each accelerator has its own."""

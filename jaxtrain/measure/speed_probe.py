@@ -44,10 +44,7 @@ def shape_of(cfg: ml_collections.ConfigDict, layers: int, width: int) -> size_ru
 
 
 def with_shape(cfg: ml_collections.ConfigDict, shape: size_rule.Shape) -> ml_collections.ConfigDict:
-  cfg = loading.override(cfg, **{"model.n_layers": shape.n_layers, "model.d_model": shape.d_model,
-                                 "model.n_heads": shape.n_heads, "model.seq_len": shape.seq_len,
-                                 "train.batch_size": shape.batch_size})
-  return cfg
+  return loading.override(cfg, **shape.fields())
 
 
 def cache_key(cfg: ml_collections.ConfigDict, platform: str) -> str:

@@ -44,7 +44,7 @@ class Status(Hook):
     if jax.process_index() != 0:
       return
     self.path = Path(run.workdir) / paths.STATUS_FILE
-    previous = _read(self.path)
+    previous = read(self.path)
     if previous.get("state") == "running":  # its writer is gone: this process holds the lock
       run.out.print(killed_line(previous))
     self.info = {"state": "running", "step": step, "max_steps": run.cfg.train.max_steps,
@@ -85,7 +85,8 @@ class Status(Hook):
     paths.write_json(self.path, self.info)
 
 
-def _read(path: Path) -> dict:
+def read(path: Path) -> dict:
+  """status.json's contents; {} where it is missing or damaged."""
   try:
     info = paths.read_json(path)
   except (OSError, ValueError):

@@ -33,8 +33,6 @@ def tag(section: str, key: str) -> str:
     return f"memory/{key[:-len('_bytes')]}_mib"
   if key in PERF:
     return f"perf/{key}"
-  if "/" in key:  # named in full already: val/<source>/loss
-    return key
   return f"{section}/{key.removeprefix('val_')}"
 
 
@@ -54,8 +52,7 @@ def _hparams(cfg) -> dict:
 class TensorBoard(Hook):
   """Writes the run's event file (process 0 only)."""
 
-  def __init__(self, flush_secs: int = 10):
-    self.flush_secs = flush_secs
+  def __init__(self):
     self.writer = None
 
   def on_start(self, run: RunView, step: int) -> None:
@@ -65,8 +62,7 @@ class TensorBoard(Hook):
     old = sorted(workdir.glob(EVENT_FILES))
     # Files are named by the second: a suffix keeps a quick second leg's file apart from the
     # first's, which is deleted below.
-    self.writer = tfevents.EventWriter(workdir, f".{os.getpid()}.{time.time_ns()}",
-                                       self.flush_secs)
+    self.writer = tfevents.EventWriter(workdir, f".{os.getpid()}.{time.time_ns()}")
     seen = set()
     for path in old:  # into the new file: what an earlier leg wrote up to `step`
       for record in tfevents.read_records(path):
