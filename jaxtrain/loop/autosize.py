@@ -1,13 +1,11 @@
 """`model.size="auto"`: the model's shape chosen for the run's time budget, before jax starts
 (the chosen batch decides how the CPU is split into devices), and said in the run's first lines.
 
-A new run reads its corpus (tokenized into the shared cache, as the run then reads it), this
-machine's speed model for the config's architecture (measure/speed_probe.py: cached, or probed
-once) and lets measure/size_rule.py choose among its candidates for the time left of the budget.
-The fields it sets (`FIELDS`) are then the run's like any other: written into config.json, so a
-resumed run takes them from there and never chooses again, on this machine or another. A field
-the user set on the command line (`explicit`) is kept and the rest chosen around it; where none
-of the candidates fits it, that is one `error:` line.
+A new run reads its corpus and this machine's speed model (measure/speed_probe.py) and lets
+measure/size_rule.py choose for the time left of the budget. The fields it sets (`FIELDS`) go
+into config.json like any other, so a resumed run takes them from there and never chooses again.
+A field the user set (`explicit`) is kept and the rest chosen around it; where no candidate fits
+it, that is one `error:` line.
 """
 
 import time
@@ -93,8 +91,7 @@ def _said(o: size_rule.Option) -> str:
 
 def describe(pick: size_rule.Option, near: list[size_rule.Option], left_s: float, unique: int,
              fixed: dict, cfg: ml_collections.ConfigDict) -> list[str]:
-  """What was chosen and why: the shape, its params, the tokens it will see and the epochs of
-  the corpus that is, its prediction, and the nearest candidates rejected."""
+  """What was chosen and why, and the nearest candidates rejected."""
   s = pick.shape
   lrs = (f", Muon lr {cfg.optim.matrix_lr:g}, AdamW lr {cfg.optim.lr:g}"
          if cfg.optim.name == "muon" else f", lr {cfg.optim.lr:g}")

@@ -70,8 +70,7 @@ class Memory:
 
   @property
   def total(self) -> int:
-    return (self.params + self.grads + self.optimizer + self.accumulation + self.activations
-            + self.logits)
+    return sum(dataclasses.astuple(self))
 
 
 def memory_estimate(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int,
@@ -195,14 +194,10 @@ _measured_here: set[str] = set()  # the peaks this process measured (not read fr
 
 def matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5,
                 at_least: float = 0.0) -> tuple[float, float | None]:
-  """(this device's matmul FLOP/s, how many seconds ago it was measured: None for now, by this
-  process). `time_matmul`, measured about once a week.
-
-  The measurement (~1 s on a laptop CPU) is cached per machine under `peak_key`; a re-measurement
-  keeps the higher value, so a reading taken while the machine was busy does not stick.
-  `at_least`: FLOP/s this device was just seen to reach; a cached peak below it was taken on a
-  busy machine and is measured again.
-  """
+  """(this device's matmul FLOP/s by `time_matmul`, its age in seconds: None when this process
+  measured it), cached under `peak_key`. A re-measurement keeps the higher value, so a reading
+  taken on a busy machine does not stick; `at_least`: FLOP/s this device was just seen to reach, a
+  cached peak below it is measured again."""
   device = jax.devices()[0]
   n = n or (2048 if device.platform == "cpu" else 8192)
   key = peak_key(device, dtype, n)

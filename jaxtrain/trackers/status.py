@@ -32,8 +32,7 @@ WRITE_EVERY_S = 1.0  # the most often a logged step rewrites the file (see Statu
 
 
 class Status(Hook):
-  """status.json in the workdir (process 0): what state the run is in, the last step it logged
-  or evaluated, its params, and the process that runs it."""
+  """status.json in the workdir (process 0 writes it)."""
 
   def __init__(self):
     self.path: Path | None = None

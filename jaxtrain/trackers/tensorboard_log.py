@@ -1,11 +1,8 @@
 """TensorBoard event files in each run's workdir (trackers/tfevents.py; no TensorFlow or torch):
-`tensorboard --logdir runs` shows every run under runs/ side by side.
-
-Scalars: the train lines' numbers (train/loss, train/lr, train/grad_norm), speed (perf/...),
-memory (memory/..._mib), the per-group statistics (grad_norm/<group>, param_norm/<group>,
-update_ratio/<group>) and every number of an evaluation (val/loss, val/ppl, val/bpb, ...); the
-config as hparams; the end-of-run samples as text. A resumed run drops the events past the step
-it restored, as metrics.jsonl's hook does, so its curves continue without a second copy of any step.
+`tensorboard --logdir runs` shows every run under runs/ side by side. The records' numbers are
+scalars (named by `tag`), the config hparams, the end-of-run samples text. A resumed run drops the
+events past the step it restored, as metrics.jsonl's hook does, so its curves continue without a
+second copy of any step.
 """
 
 import os
