@@ -40,9 +40,9 @@ def platform() -> str:
   return first or ("gpu" if allocator.cuda_installed() else "cpu")
 
 
-def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = (), on: str | None = None,
-            say: Callable[[str], None] = print, t_start: float | None = None,
-            show_progress: bool = False) -> tuple[ml_collections.ConfigDict, list[str]]:
+def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = (),
+            say: Callable[[str], None] = print,
+            t_start: float | None = None) -> tuple[ml_collections.ConfigDict, list[str]]:
   """(`cfg` with the chosen fields set, the lines that say what was chosen and why); `cfg`
   itself where model.size is not "auto". `t_start`: when the budget's clock started (default:
   the process's start)."""
@@ -54,10 +54,10 @@ def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = (), on: 
   if all(f in explicit for f in size_rule.SHAPE_FIELDS):
     return cfg, ["model.size=auto: the shape is given in full on the command line "
                  f"({', '.join(size_rule.SHAPE_FIELDS)}): nothing to choose"]
-  corpus = corpus_lib.prepare(cfg.data, show_progress=show_progress, log=say,
+  corpus = corpus_lib.prepare(cfg.data, show_progress=False, log=say,
                               vocab_size=cfg.model.vocab_size)
   vocab = tokenizer.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
-  speed = speed_probe.speed_model(cfg, vocab, on or platform(), say)
+  speed = speed_probe.speed_model(cfg, vocab, platform(), say)
   spent = time.time() - t_start if t_start is not None else budget.process_age_s()
   left_s = fmt.parse_duration(cfg.train.time_budget) - spent
   fixed = {f: validate.get(cfg, f) for f in size_rule.SHAPE_FIELDS if f in explicit}

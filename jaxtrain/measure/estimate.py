@@ -30,7 +30,6 @@ from jaxtrain.system import fmt, paths
 # TF32 on Ampere and later, which is what XLA uses for float32 matmuls at default precision.
 GPU_PEAK_TFLOPS = {
     "H200": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
-    "H100 SXM": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
     "H100 PCIe": {"bfloat16": 756.0, "float16": 756.0, "float32": 378.0},
     "H100": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
     "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 156.0},

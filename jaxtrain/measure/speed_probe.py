@@ -113,12 +113,11 @@ def _keep(key: str, rows: list[dict], ns: int, **more) -> size_rule.SpeedModel:
   return model
 
 
-def run_probe(cfg: ml_collections.ConfigDict, vocab: int, platform: str,
-              probes: tuple = PROBES) -> list[dict]:
-  """The probe of `probes` ((layers, width) with the config's context and batch), in a process
+def run_probe(cfg: ml_collections.ConfigDict, vocab: int, platform: str) -> list[dict]:
+  """The probe of `PROBES` ((layers, width) with the config's context and batch), in a process
   of its own (its devices split as the run's will be)."""
   env = dict(os.environ, JAX_PLATFORMS=platform, JAX_ENABLE_COMPILATION_CACHE="false")
-  request = json.dumps({"config": cfg.to_dict(), "vocab": vocab, "probes": probes})
+  request = json.dumps({"config": cfg.to_dict(), "vocab": vocab, "probes": PROBES})
   proc = subprocess.run([sys.executable, "-m", "jaxtrain.measure.speed_probe"], input=request,
                         capture_output=True, text=True, env=env)
   if proc.returncode:

@@ -32,7 +32,7 @@ WRITE_EVERY_S = 1.0  # the most often a logged step rewrites the file (see Statu
 
 
 class Status(Hook):
-  """status.json in the workdir (process 0 writes it)."""
+  """status.json in the workdir (process 0's: standard.py attaches it there)."""
 
   def __init__(self):
     self.path: Path | None = None
@@ -40,8 +40,6 @@ class Status(Hook):
     self.checkpoint_every, self.written = 1, 0.0
 
   def on_start(self, run: RunView, step: int) -> None:
-    if jax.process_index() != 0:
-      return
     self.path = Path(run.workdir) / paths.STATUS_FILE
     previous = read(self.path)
     if previous.get("state") == "running":  # its writer is gone: this process holds the lock

@@ -9,8 +9,6 @@ import os
 import time
 from pathlib import Path
 
-import jax
-
 from jaxtrain.config import loading
 from jaxtrain.trackers import tfevents
 from jaxtrain.trackers.hooks import Hook, RunResult, RunView
@@ -47,14 +45,12 @@ def _hparams(cfg) -> dict:
 
 
 class TensorBoard(Hook):
-  """Writes the run's event file (process 0 only)."""
+  """Writes the run's event file (process 0's: standard.py attaches it there)."""
 
   def __init__(self):
     self.writer = None
 
   def on_start(self, run: RunView, step: int) -> None:
-    if jax.process_index() != 0:
-      return
     workdir = Path(run.workdir)
     old = sorted(workdir.glob(EVENT_FILES))
     # Files are named by the second: a suffix keeps a quick second leg's file apart from the
