@@ -31,11 +31,10 @@ class Ready:
 
 def side_by_side(programs: Programs, cfg: ml_collections.ConfigDict, corpus: Corpus, hooks: Hooks,
                  beside: Callable[[], Any] | None = None, measure: bool = False) -> Ready:
-  """Compiles `programs`' train step here (unless compiled already) while a pool runs `beside`,
-  and with it, where that saves time (`extras_beside`), compiles the eval step and the samples'
-  programs and prepares the hooks; else these wait for the run to need them, or, for a
-  `measure`ment (a time budget's plan needs them compiled, and the samples timed), follow the
-  train step's compile here. Returns once all of it is done."""
+  """Compiles `programs`' train step here (unless compiled already) while a pool runs `beside`
+  and, where `extras_beside`, the extras (the eval step, the samples' programs, the hooks' imports);
+  elsewhere those follow here only for a `measure`ment (a time budget's plan needs them compiled,
+  the samples timed). Returns once all of it is done."""
   extras = {"hooks": hooks.prepare, "eval": lambda: compile_eval(programs)}  # in the order needed
   if jax.process_index() == 0 and samples.wanted(cfg.sample):  # process 0 samples
     extras["samples"] = lambda: samples.warm(cfg.sample, cfg.model.seq_len, cfg.seed,

@@ -214,19 +214,13 @@ def matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5,
   return peak, None
 
 
-def _peak_units(devices: list) -> int:
-  """How many times one device's peak the devices have together: CPU devices of one host share
-  its cores (one measured peak per host); each accelerator has its own."""
-  if devices[0].platform == "cpu":
-    return len({d.process_index for d in devices})
-  return len(devices)
-
-
 def peak_flops(devices: list, dtype: str, achieved: float = 0.0) -> tuple[float, str]:
   """(FLOP/s of `devices` together, what that is) for MFU: the datasheet peak of a known GPU,
   else a measured matmul peak (measured again if below `achieved`, FLOP/s the devices together
   just ran at), times the number of GPUs or hosts."""
-  device, units = devices[0], _peak_units(devices)
+  device = devices[0]
+  # CPU devices of one host share its cores (one measured peak per host); an accelerator has its own
+  units = len({d.process_index for d in devices}) if device.platform == "cpu" else len(devices)
   peak = published_peak(device.device_kind, dtype) if device.platform == "gpu" else None
   source = f"{device.device_kind} datasheet {dtype}"
   if not peak:
