@@ -32,7 +32,7 @@ class Validation:
 
   every: int  # train.eval_every
   batches: list[dict]  # placed on the devices: the same batches at every evaluation
-  bpb: float  # val_bpb / val_loss over `batches` (data.bits_per_byte)
+  bpb: float  # val_bpb / val_loss over `batches` (data/windows.py batches_bpb)
   weights: np.ndarray | None  # targets in the loss per batch (completions only); None: all
   scope: str  # what the loss is on where not every token ("completions"), else ""
   sources: list[EvalSet] = dataclasses.field(default_factory=list)  # data.mixture's, placed
