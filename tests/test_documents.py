@@ -196,7 +196,7 @@ def test_val_bpb_by_hand(tmp_path):
   path = write(tmp_path / "d.jsonl", docs * 4)
   corpus = corpus_lib.prepare(cfg_for(path, tmp_path, **{"data.tokenizer": "char"}).data,
                         show_progress=False)
-  factor = windows.bits_per_byte(corpus, batch_size=2, seq_len=3, seed=0, n_batches=2)
+  factor = corpus_lib.eval_sets(corpus, batch_size=2, seq_len=3, seed=0, n_batches=2)[0].bpb
   targets = np.concatenate([b["tokens"][:, 1:].ravel() for b in windows.eval_batches(
       corpus, 2, 3, 0, 2)])
   by_hand = sum(len(corpus.tokenizer.decode([t]).replace(EOT, "").encode()) for t in targets)

@@ -4,9 +4,9 @@ writes and `init_from` reads.
 Two layouts have an exact transformers class: RoPE + RMSNorm + SwiGLU is `LlamaForCausalLM` (the
 same rotate-half RoPE, so no permutation of q and k), learned positions + LayerNorm + GELU is
 `GPT2LMHeadModel` (with zero biases: jaxtrain's layers have none). Every other model (QK-norm,
-ReLU^2, x0-mix, convolutions, soft-capped logits, ...) is `JaxtrainForCausalLM`, whose code
-(hf_modeling.py) the export writes beside the weights, which keep jaxtrain's names. Torch's Linear stores
-[out, in], jaxtrain's kernels [in, out]; GPT-2's Conv1D stores [in, out] as jaxtrain does.
+ReLU^2, x0-mix, convolutions, ...) is `JaxtrainForCausalLM`, whose code (hf_modeling.py) the
+export writes beside the weights, which keep jaxtrain's names. Torch's Linear stores [out, in],
+jaxtrain's kernels [in, out]; GPT-2's Conv1D stores [in, out] as jaxtrain does.
 Params here are flat: {"blocks/0/attn/qkv/kernel": array} (`flatten`).
 """
 
@@ -27,6 +27,9 @@ CUSTOM_FIELDS = ("vocab_size", "n_layers", "n_heads", "d_model", "seq_len", "nor
                  "tie_embeddings", "rope_theta", "n_kv_heads", "qk_norm",
                  "x0_mix", "canon", "doc_mask", "eot_id")
 EPS = 1e-5  # jaxtrain's norms' epsilon
+# The ModelConfig fields a config.json fixes where it has them (model_fields adds kv_heads too).
+FIXED = ("n_layers", "n_heads", "d_model", "norm", "pos", "mlp", "tie_embeddings", "rope_theta",
+         "qk_norm", "x0_mix", "canon")
 
 
 def read_dir(source: Path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -142,18 +145,18 @@ def _gpt2_names(i: int) -> list[tuple[str, str, slice | None, bool]]:
 
 
 def _names(arch: str, c: ModelConfig):
-  n_layers, d_model, mlp_hidden, tied = c.n_layers, c.d_model, c.mlp_hidden, c.tie_embeddings
   if arch == LLAMA:
     names = [("model.embed_tokens.weight", "wte/embedding", None, False),
              ("model.norm.weight", "norm_f/scale", None, False)]
     kv_width = c.kv_heads * c.head_dim
-    names += [n for i in range(n_layers) for n in _llama_names(i, d_model, kv_width, mlp_hidden)]
+    names += [n for i in range(c.n_layers)
+              for n in _llama_names(i, c.d_model, kv_width, c.mlp_hidden)]
   else:
     names = [("transformer.wte.weight", "wte/embedding", None, False),
              ("transformer.wpe.weight", "wpe", None, False),
              ("transformer.ln_f.weight", "norm_f/scale", None, False)]
-    names += [n for i in range(n_layers) for n in _gpt2_names(i)]
-  if not tied:
+    names += [n for i in range(c.n_layers) for n in _gpt2_names(i)]
+  if not c.tie_embeddings:
     names.append(("lm_head.weight", "lm_head/kernel", None, True))
   return names
 
@@ -187,9 +190,7 @@ def model_fields(hf_cfg: dict) -> dict:
   """The model.* fields of jaxtrain's config that an HF config.json fixes (for checks)."""
   arch = (hf_cfg.get("architectures") or [None])[0]
   if arch == CUSTOM:
-    fields = {f: hf_cfg[f] for f in CUSTOM_FIELDS if f not in ("vocab_size", "seq_len", "doc_mask",
-                                                               "eot_id", "n_kv_heads")}
-    return {**fields, "mlp_hidden": hf_cfg["mlp_hidden"],
+    return {**{f: hf_cfg[f] for f in FIXED}, "mlp_hidden": hf_cfg["mlp_hidden"],
             "kv_heads": hf_cfg.get("n_kv_heads") or hf_cfg["n_heads"]}
   tied = bool(hf_cfg.get("tie_word_embeddings", arch == GPT2))
   if arch == LLAMA:
@@ -213,10 +214,7 @@ def from_hf(hf_cfg: dict, tensors: dict[str, np.ndarray], c: ModelConfig,
   """HF's state dict -> jaxtrain's flat params for a model of config `c`; a model that does not
   fit `c` is refused with one line naming the field or the tensor."""
   fields = model_fields(hf_cfg)
-  mine = {"pos": c.pos, "norm": c.norm, "mlp": c.mlp, "n_heads": c.n_heads, "n_layers": c.n_layers,
-          "d_model": c.d_model, "tie_embeddings": c.tie_embeddings, "rope_theta": c.rope_theta,
-          "kv_heads": c.kv_heads, "qk_norm": c.qk_norm,
-          "x0_mix": c.x0_mix, "canon": c.canon}
+  mine = {f: getattr(c, f) for f in (*FIXED, "kv_heads")}
   for field, theirs in fields.items():
     if field in mine and mine[field] != theirs:
       name = "n_kv_heads" if field == "kv_heads" else field
@@ -229,14 +227,14 @@ def from_hf(hf_cfg: dict, tensors: dict[str, np.ndarray], c: ModelConfig,
   if hf_cfg["architectures"][0] == CUSTOM:  # jaxtrain's own names: fill() checks each shape
     return {name.replace(".", "/"): np.asarray(x, np.float32) for name, x in tensors.items()}
   arch = LLAMA if c.pos == "rope" else GPT2
-  known = {hf for hf, *_ in _names(arch, c)}
-  known |= set(_biases(arch, c.n_layers))
+  biases = set(_biases(arch, c.n_layers))
+  known = {hf for hf, *_ in _names(arch, c)} | biases
   if c.tie_embeddings:
     known.add("lm_head.weight")  # some savers write the tied copy too
   for name, x in tensors.items():
     if name not in known and not name.endswith(".attn.bias"):  # GPT-2's old causal-mask buffer
       raise UserError(f"init_from: tensor {name} of {source} has no place in jaxtrain's model")
-    if name in _biases(arch, c.n_layers) and np.any(np.asarray(x) != 0):
+    if name in biases and np.any(np.asarray(x) != 0):
       raise UserError(f"init_from: tensor {name} of {source} is a nonzero bias; jaxtrain's layers "
                       "have none, so this model cannot be loaded exactly")
   parts: dict[str, list] = {}

@@ -1,7 +1,7 @@
 """jaxtrain's model in PyTorch, for Hugging Face transformers: the modeling file an export writes
 beside its weights (as modeling_jaxtrain.py) where no transformers class computes the same thing
-(QK-norm, ReLU^2, x0-mix, short convolutions, soft-capped logits, ...). It needs torch and
-transformers only, so the export directory loads anywhere:
+(QK-norm, ReLU^2, x0-mix, short convolutions, ...). It needs torch and transformers only, so the
+export directory loads anywhere:
 
     AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)
 
@@ -48,9 +48,8 @@ class Norm(nn.Module):
     self.kind, self.scale = kind, nn.Parameter(torch.ones(d))
 
   def forward(self, x):
-    if self.kind == "rmsnorm":
-      return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS) * self.scale
-    x = x - x.mean(-1, keepdim=True)
+    if self.kind != "rmsnorm":
+      x = x - x.mean(-1, keepdim=True)
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS) * self.scale
 
 

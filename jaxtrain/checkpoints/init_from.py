@@ -34,6 +34,7 @@ from jaxtrain.system.errors import UserError
 MATCH_FIELDS = ("n_layers", "n_heads", "d_model", "vocab_size", "norm", "pos", "mlp", "mlp_ratio",
                 "tie_embeddings", "rope_theta", "n_kv_heads", "qk_norm", "x0_mix",
                 "canon")
+_FIX = "pass --config.init_from=<a run's workdir or an exported model directory>"
 
 
 def _source_model(cfg: ml_collections.ConfigDict) -> tuple[dict, str] | None:
@@ -56,8 +57,7 @@ def _source_model(cfg: ml_collections.ConfigDict) -> tuple[dict, str] | None:
   try:
     saved = paths.read_json(source / "config.json")
   except (OSError, ValueError) as e:
-    raise UserError(f"init_from: {source / 'config.json'} does not read ({e}); pass "
-                    "--config.init_from=<a run's workdir or an exported model directory>") from None
+    raise UserError(f"init_from: {source / 'config.json'} does not read ({e}); {_FIX}") from None
   return loading.from_saved(saved).model.to_dict(), str(source)
 
 
@@ -68,10 +68,7 @@ def _hf_model(source: Path, ours: dict) -> dict | None:
   try:
     hf_cfg = json.loads((source / "config.json").read_text(encoding="utf-8"))
     fields = hf.model_fields(hf_cfg)
-    theirs = {**ours, **{f: fields[f] for f in ("pos", "norm", "mlp", "n_heads", "n_layers",
-                                                  "d_model", "tie_embeddings", "rope_theta",
-                                                  "qk_norm", "x0_mix", "canon")
-                         if f in fields}}
+    theirs = {**ours, **{f: fields[f] for f in hf.FIXED if f in fields}}
     kv = fields.get("kv_heads", fields["n_heads"])
     theirs["n_kv_heads"] = 0 if kv == fields["n_heads"] else kv
     theirs["vocab_size"] = hf_cfg.get("vocab_size", ours["vocab_size"])
@@ -98,10 +95,14 @@ def _same_kind(value, like) -> bool:
     return isinstance(value, int | float)
   return isinstance(value, type(like))
 
-def mismatches(theirs: dict, ours: dict) -> list[str]:
-  """The model fields that must match and differ, as 'model.X=theirs, this config ours'."""
+def _check_match(theirs: dict, ours: dict, source, advice: str = "") -> None:
+  """Refuses in one line the model fields that must match the source's and differ, every one."""
   fields = [*MATCH_FIELDS, *(["seq_len"] if theirs["pos"] == "learned" else [])]
-  return [f"model.{f}={theirs[f]}, this config {ours[f]}" for f in fields if ours[f] != theirs[f]]
+  wrong = [f for f in fields if ours[f] != theirs[f]]
+  if wrong:
+    bad = "; ".join(f"model.{f}={theirs[f]}, this config {ours[f]}" for f in wrong)
+    fix = " ".join(f"--config.model.{f}={theirs[f]}" for f in wrong)
+    raise UserError(f"init_from: {source} has {bad}; {advice}pass {fix}")
 
 
 def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()
@@ -128,11 +129,8 @@ def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()
   ours = cfg.model.to_dict()
   given = {f for f in ours if f"model.{f}" in explicit or ours[f] != default[f]}
   resolved = {f: (ours[f] if f in given else theirs[f]) for f in ours}
-  bad = mismatches(theirs, resolved)
-  if bad:
-    fix = " ".join(f"--config.{b.split(',')[0]}" for b in bad)
-    raise UserError(f"init_from: {source} has {'; '.join(bad)}; drop those settings (a model field "
-                    f"left unset takes the source's value) or pass {fix}")
+  _check_match(theirs, resolved, source, "drop those settings (a model field left unset takes "
+               "the source's value) or ")
   taken = [f"model.{f}={theirs[f]}" for f in ours if f not in given and ours[f] != theirs[f]]
   out = cfg.copy_and_resolve_references()
   loading.override(out, **{f"model.{f}": v for f, v in resolved.items()})
@@ -154,7 +152,6 @@ def load_flat(path: str, c: ModelConfig, tokenizer) -> tuple[dict[str, np.ndarra
 def _kind(source: Path) -> str:
   """"run" (a jaxtrain run's workdir) or "hf" (a Hugging Face model directory); anything else is
   a UserError."""
-  fix = "pass --config.init_from=<a run's workdir or an exported model directory>"
   try:
     if (source / paths.RUN_FILE).exists():
       return "run"
@@ -162,11 +159,11 @@ def _kind(source: Path) -> str:
       return "hf"
     exists = source.exists()
   except OSError as e:  # a name too long, a directory that cannot be read
-    raise UserError(f"init_from: cannot read {source} ({e.strerror}); {fix}") from None
+    raise UserError(f"init_from: cannot read {source} ({e.strerror}); {_FIX}") from None
   if not exists:
-    raise UserError(f"init_from: {source} does not exist; {fix}")
+    raise UserError(f"init_from: {source} does not exist; {_FIX}")
   raise UserError(f"init_from: {source} is neither a jaxtrain run (no {paths.RUN_FILE}) nor a "
-                  f"Hugging Face model directory (config.json + model.safetensors); {fix}")
+                  f"Hugging Face model directory (config.json + model.safetensors); {_FIX}")
 
 
 def _tokenizer_at(source: Path):
@@ -177,8 +174,7 @@ def _tokenizer_at(source: Path):
   try:
     return tokenizer_lib.load(str(path))
   except (OSError, ValueError, KeyError) as e:
-    raise UserError(f"init_from: {path} does not load ({e}); pass --config.init_from=<a run's "
-                    "workdir or an exported model directory>") from None
+    raise UserError(f"init_from: {path} does not load ({e}); {_FIX}") from None
 
 
 def _check_tokenizer(source: Path, theirs, tokenizer) -> bool:
@@ -201,10 +197,7 @@ def _from_run(source: Path, c: ModelConfig, grow: bool) -> tuple[dict[str, np.nd
   state = load_state(str(source))  # the newest intact checkpoint
   src = state.model_cfg
   grown = {"vocab_size": src.vocab_size} if grow and src.vocab_size <= c.vocab_size else {}
-  bad = mismatches(vars(src), {**vars(c), **grown})
-  if bad:
-    fix = " ".join(f"--config.{b.split(',')[0]}" for b in bad)
-    raise UserError(f"init_from: {source} has {'; '.join(bad)}; pass {fix}")
+  _check_match(vars(src), {**vars(c), **grown}, source)
   # A LoRA run gives its adapters folded into its kernels: the model it trained.
   return hf.flatten(lora.merged(state.params, state.lora)), f"step {int(state.step)} of {source}"
 

@@ -1,13 +1,12 @@
 """Saving a run so that nothing good is lost, and resuming it only where that is sound.
 
-When the loop saves is `Saving.should_save`'s to say: every `train.checkpoint_every` steps, at the
-run's last step, at a new best val loss (the best model so far is always on disk), and when the
-run stops early. A failed write becomes one line that says what to do, and the last complete
-checkpoint stays the latest: orbax writes each step into a temporary directory and renames it
-when complete. A state whose params are not finite, or a disk without room for it, is never
-written.
+When the loop saves is `Saving.should_save`'s to say (a new best val loss included: the best
+model so far is always on disk). A failed write becomes one line that says what to do, and the
+last complete checkpoint stays the latest. A state whose params are not finite, or a disk without
+room for it, is never written.
 """
 
+import contextlib
 import math
 import os
 import re
@@ -86,10 +85,8 @@ class Saving:
   def close(self) -> None:
     """On the way out of a run, also after an error: a write going well still completes; one
     that failed was the error, or is reported by it."""
-    try:
+    with contextlib.suppress(Exception):  # the previous checkpoint stays the latest complete one
       self.ckpts.close()
-    except Exception:  # the previous checkpoint stays the latest complete one
-      pass
 
   def peers_watched(self, step: Callable[[], int]):
     """Around the training loop of a multi-process run: if another process is lost, this one ends
@@ -141,12 +138,11 @@ def resume(ckpts: Checkpoints, programs, iterator, run_meta: dict,
   reads whole and fits this config, with `iterator` at its position. A damaged one is set aside
   with a warning line, and an earlier one used; none that reads whole is a UserError that says
   how to start afresh."""
-  notes = []
+  found = []
 
   def read(step: int):
     meta = ckpts.read_meta(step)
-    notes[:] = check_resumable(meta, run_meta, cfg.workdir, cfg.data.allow_changed)
-    notes.append(loading.config_changes(meta.get("config", {}), run_meta["config"])[1])
+    found[:] = check_resumable(meta, run_meta, cfg.workdir, cfg.data.allow_changed)
     state, saved = ckpts.read(step, programs.abstract, programs.shardings, iterator)
     position, k = iterator.get_state()["next_index"], cfg.train.grad_accum
     if position != step * k:
@@ -156,16 +152,16 @@ def resume(ckpts: Checkpoints, programs, iterator, run_meta: dict,
   step, state, meta = newest_intact(
       ckpts, read, out.print, using="resuming from",
       fresh=f"to start afresh, pass a new --config.workdir, or move {ckpts.directory} away")
-  *notes, changes = notes
+  notes, changes = found
   for note in notes:
     out.print(note)
   return step, state, meta, tuple(changes)
 
 
 def check_resumable(meta: dict, run_meta: dict, workdir: str,
-                    allow_changed_data: bool) -> list[str]:
+                    allow_changed_data: bool) -> tuple[list[str], list[str]]:
   """Refuses a resume whose config or data changed what the checkpoint's numbers mean; returns
-  the lines that say what changed harmlessly."""
+  (the lines that say what changed harmlessly, the harmless config changes)."""
   breaking, harmless = loading.config_changes(meta.get("config", {}), run_meta["config"])
   if meta.get("tokenizer") != run_meta["tokenizer"]:
     breaking.append("the tokenizer's vocabulary differs from the checkpoint's")
@@ -183,4 +179,4 @@ def check_resumable(meta: dict, run_meta: dict, workdir: str,
     notes.append("data: resuming on different data than before (data.allow_changed=True)")
   if harmless:
     notes.append(f"config changes since the checkpoint: {'; '.join(harmless)}")
-  return notes
+  return notes, harmless

@@ -18,23 +18,20 @@ from jaxtrain.system import invocation, lock, paths
 from jaxtrain.system.errors import UserError
 
 
-class _ReadOnlyNotice(logging.Filter):
+def _not_read_only_notice(record: logging.LogRecord) -> bool:
   """orbax warns that a read-only checkpoint manager is read-only: here that is the point."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    message = record.getMessage()
-    return not (message.startswith("Given directory is read only")
-                or message.startswith("CheckpointManagerOptions.read_only=True"))
+  return not record.getMessage().startswith(("Given directory is read only",
+                                             "CheckpointManagerOptions.read_only=True"))
 
 
 def read_only(workdir) -> Checkpoints:
   """The run's checkpoints, opened to read (orbax's notices of that silenced)."""
-  absl_logger, notice = logging.getLogger("absl"), _ReadOnlyNotice()
-  absl_logger.addFilter(notice)
+  absl_logger = logging.getLogger("absl")
+  absl_logger.addFilter(_not_read_only_notice)
   try:
     return Checkpoints(str(workdir), read_only=True)
   finally:
-    absl_logger.removeFilter(notice)
+    absl_logger.removeFilter(_not_read_only_notice)
 
 
 def check_run(workdir: str) -> Path:
@@ -66,13 +63,17 @@ def val_losses(workdir: Path) -> dict[int, float]:
           if isinstance(r, dict) and r.get("val_loss") is not None}
 
 
-def best_step(workdir: Path) -> int:
-  """The checkpointed step with the lowest validation loss (the run keeps that checkpoint)."""
+def _steps_on_disk(workdir) -> list[int]:
   ckpts = read_only(workdir)
   try:
-    on_disk = set(ckpts.all_steps())
+    return ckpts.all_steps()
   finally:
     ckpts.close()
+
+
+def best_step(workdir: Path) -> int:
+  """The checkpointed step with the lowest validation loss (the run keeps that checkpoint)."""
+  on_disk = set(_steps_on_disk(workdir))
   evaluated = {s: v for s, v in val_losses(workdir).items() if s in on_disk}
   if not evaluated:
     raise UserError(f"no checkpoint of {workdir} has a validation loss (steps on disk: "
@@ -99,12 +100,7 @@ def load(workdir: str, step: str = "latest") -> tuple[steps.TrainState, object]:
     resolve_step(path, step)  # raises: a typo in --step is named before anything is read
   if not (path / "tokenizer.json").exists():
     raise UserError(f"{path} has no tokenizer.json; it is not a complete jaxtrain run")
-  ckpts = read_only(path)
-  try:
-    any_step = bool(ckpts.all_steps())
-  finally:
-    ckpts.close()
-  if not any_step:
+  if not _steps_on_disk(path):
     raise UserError(f"no checkpoint in {path / 'checkpoints'} yet; train first, or wait for the "
                     "run's first checkpoint (train.checkpoint_every)")
   state = load_state(str(path), resolve_step(path, step))
@@ -120,10 +116,7 @@ def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
   """The train state saved in a run's workdir, on one device: its newest checkpoint that reads
   whole (a damaged one is skipped with a warning on stderr and left where it is: reading a run
   changes none of its files, and only its training sets a damaged checkpoint aside), or step
-  `step`.
-
-  For sampling, evaluation or inspection outside the training loop: no data is needed.
-  """
+  `step`."""
   ckpts = read_only(workdir)
   try:
     def read(s: int):

@@ -51,7 +51,7 @@ def newest_intact(ckpts, read: Callable, warn: Callable[[str], None], *, using: 
       state, saved, extra = read(step)
     except Exception as e:  # noqa: BLE001 - tensorstore raises bare Exceptions
       code, reason, error = classify(e, ckpts.directory / str(step)), _reason(e), e
-    codes = _gather(code) if multi else [code]
+    codes = [int(c) for c in runtime.host_copy(np.array([code], np.int32))] if multi else [code]
     if FATAL in codes:
       if code == FATAL:
         raise error if isinstance(error, UserError) else unreadable(ckpts, step, reason)
@@ -108,12 +108,6 @@ def _steps(ckpts, multi: bool) -> list[int]:
     mine = np.zeros(n, np.int32)
     mine[:min(n, len(steps))] = steps[:n]
     return [int(s) for s in multihost_utils.broadcast_one_to_all(mine)]
-
-
-def _gather(code: int) -> list[int]:
-  with peers.ends_if_lost():
-    return [int(c) for c in np.ravel(multihost_utils.process_allgather(np.array([code],
-                                                                                np.int32)))]
 
 
 def _set_aside(ckpts, damaged: list, then: str, warn, collective: bool, move: bool,

@@ -2,14 +2,13 @@
 
 Orbax writes each step into a temporary directory and renames it when complete, so a crash
 mid-save never leaves a checkpoint that `latest_step` would pick. Kept: the `keep` latest steps
-plus the one with the best validation loss. A checkpoint damaged later (a flipped bit, a lost or
-cut-short file) is found on restore: each array's checksum is saved in the step's metadata, and
-any read error that shows damage counts. `recover.newest_intact` then sets the damaged one aside
-and uses an earlier one.
+plus the one with the best validation loss. Each array's checksum is saved in the step's
+metadata: damage found later (a flipped bit, a lost or cut-short file) shows on restore (recover.py).
 """
 
 import contextlib
 import json
+import operator
 import time
 from pathlib import Path
 
@@ -35,10 +34,6 @@ def naming(what: str):
     raise Damaged(f"{what} is not valid JSON: {e}") from None
 
 
-def _val_loss(metrics: dict) -> float:
-  return metrics["val_loss"]
-
-
 def complete_steps(workdir: str | Path) -> list[int]:
   """Steps whose checkpoint is whole in `workdir` as far as a listing tells (nothing is opened or
   written): orbax gives a step's directory its number only once everything in it is written (a
@@ -58,11 +53,10 @@ class Checkpoints:
     policy = checkpoint_managers.AnyPreservationPolicy([
         checkpoint_managers.LatestN(n=keep),
         # reverse=True sorts by descending loss, and BestN keeps the tail: the lowest loss.
-        checkpoint_managers.BestN(get_metric_fn=_val_loss, reverse=True, n=1,
+        checkpoint_managers.BestN(get_metric_fn=operator.itemgetter("val_loss"), reverse=True, n=1,
                                   keep_checkpoints_without_metrics=False),
     ])
-    # cleanup_tmp_directories: a save cut short by a kill leaves a temporary directory; it is
-    # never mistaken for a checkpoint, and the next start removes it.
+    # cleanup_tmp_directories: the next start removes what a save cut short by a kill left.
     options = ocp.CheckpointManagerOptions(
         preservation_policy=None if read_only else policy, create=not read_only,
         read_only=read_only, enable_async_checkpointing=True,
@@ -214,9 +208,6 @@ _digests = jax.jit(lambda tree: jax.tree.map(_digest, tree))
 
 def checksums(arrays: dict) -> dict[str, int]:
   """{array path: digest} of a state's arrays (a collective when they span processes)."""
-  return _named(jax.device_get(_digests(arrays)))
-
-
-def _named(digests: dict) -> dict[str, int]:
+  digests = jax.device_get(_digests(arrays))
   return {jax.tree_util.keystr(path, simple=True, separator="/"): int(d)
           for path, d in jax.tree_util.tree_flatten_with_path(digests)[0]}

@@ -1,11 +1,9 @@
 """Byte-level BPE between `tokenizers` and `tiktoken`, both ways.
 
 `encoder`: tiktoken's encoder of a `tokenizers` byte-level BPE with GPT-2's pre-tokenizer (what
-`bpe` trains, and GPT-2's own file): the same ids, about 5x faster (checked on a probe text;
-anything else gets None and stays with `tokenizers`). `gpt2_json`: GPT-2's tokenizer (50257 ids,
-as nanoGPT's openwebtext and llm.c's shards hold them) as a tokenizer.json, made from tiktoken's
-copy of it, which tiktoken fetches once and keeps in its cache (`TIKTOKEN_CACHE_DIR`); without a
-cached copy and without network, one line says how to get it.
+`bpe` trains, and GPT-2's own file): the same ids, faster. `gpt2_json`: GPT-2's tokenizer (50257
+ids, as nanoGPT's openwebtext and llm.c's shards hold them) as a tokenizer.json, made from the copy
+tiktoken fetches once and keeps in its cache; without it and without network, one line says how.
 """
 
 import concurrent.futures
@@ -114,16 +112,9 @@ def to_hf_json(enc) -> str:
   return tok.to_str()
 
 
-def tiktoken_cache() -> str:
-  """Where tiktoken keeps the files it fetched."""
-  return os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") or \
-      os.path.join(tempfile.gettempdir(), "data-gym-cache")
-
-
 def gpt2_json() -> str:
-  """GPT-2's tokenizer as a tokenizer.json (made once from tiktoken's cached copy, or from its
-  files fetched once, and kept in jaxtrain's cache); a one-line ConfigError where there is
-  neither."""
+  """GPT-2's tokenizer as a tokenizer.json, made once from tiktoken's copy and kept in jaxtrain's
+  cache; a one-line ConfigError where tiktoken has none and cannot fetch it."""
   kept = Path(paths.cache_dir()) / GPT2_FILE
   try:
     return kept.read_text(encoding="utf-8")
@@ -154,8 +145,10 @@ def _tiktoken_gpt2():
   fetcher.join(FETCH_TIMEOUT_S)
   if "enc" not in got:
     why = got.get("error", f"no answer in {FETCH_TIMEOUT_S:.0f}s")
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") or \
+        os.path.join(tempfile.gettempdir(), "data-gym-cache")  # where tiktoken keeps its files
     raise ConfigError("data.tokenizer", f"gpt2: GPT-2's tokenizer is not in tiktoken's cache "
-                      f"({tiktoken_cache()}) and could not be fetched ({why})", "where there is "
+                      f"({cache}) and could not be fetched ({why})", "where there is "
                       "network, run python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\" "
                       "once (set TIKTOKEN_CACHE_DIR to keep it somewhere lasting), or pass the "
                       "path of GPT-2's tokenizer.json")

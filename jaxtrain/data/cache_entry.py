@@ -1,7 +1,6 @@
-"""One entry of the token cache on disk: KEY.bin holds the tokens, KEY.mask a loss mask where
-there is one, KEY.json how to read them (or, for a learned tokenizer's entry, the tokenizer alone).
-Trusted only whole, written by one process at a time, and the temporary files of writers that
-died are swept (`Entry`); what goes into an entry is tokencache.py's."""
+"""One entry of the token cache on disk (`Entry`): KEY.bin holds the tokens, KEY.mask a loss mask
+where there is one, KEY.json how to read them (or, for a learned tokenizer's entry, the tokenizer
+alone); what goes into an entry is tokencache.py's."""
 
 import contextlib
 import errno
@@ -23,10 +22,9 @@ _META_KEYS = {"tokenizer", "dtype", "n_tokens", "n_train", "fingerprint", "n_fil
 
 
 class Entry:
-  """One corpus's entry in the token cache: KEY.bin holds the tokens, KEY.json says how to read
-  them. Both are written under temporary names and renamed when complete, the .json last: a
-  .json whose .bin is present with the size it states is the only state trusted. Writers hold
-  KEY.lock, so one process tokenizes and the others wait for it and then read its result."""
+  """Written under temporary names and renamed when complete, the .json last: a .json whose .bin
+  (and .mask) hold the sizes it states is the only state trusted. Writers hold KEY.lock, so one
+  process tokenizes and the others wait for it and then read its result."""
 
   def __init__(self, directory: Path, key: str):
     self.dir, self.key = directory, key
@@ -45,19 +43,14 @@ class Entry:
       return None, f"{self.meta.name} is unreadable"
     if missing:
       return None, f"{self.meta.name} lacks {sorted(missing)[0]}"
-    try:
-      size = self.bin.stat().st_size
-    except FileNotFoundError:
-      return None, f"{self.bin.name} is missing"
-    if size != expected:
-      return None, f"{self.bin.name} holds {size} bytes, not {expected}"
-    if meta.get("masked"):
+    masked = [(self.mask, int(meta["n_tokens"]))] if meta.get("masked") else []
+    for path, want in [(self.bin, expected), *masked]:
       try:
-        size = self.mask.stat().st_size
+        size = path.stat().st_size
       except FileNotFoundError:
-        return None, f"{self.mask.name} is missing"
-      if size != int(meta["n_tokens"]):
-        return None, f"{self.mask.name} holds {size} bytes, not {meta['n_tokens']}"
+        return None, f"{path.name} is missing"
+      if size != want:
+        return None, f"{path.name} holds {size} bytes, not {want}"
     return meta, ""
 
   @contextlib.contextmanager

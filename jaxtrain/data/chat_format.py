@@ -6,11 +6,9 @@ A message is its role's token, its content, then the end-of-turn token:
 
 and a record is one document (the end-of-text token after it). The four tokens are special tokens
 added after any tokenizer's own (`with_chat`): text that spells one stays text. Only assistant
-turns count in the loss (their content and their <|end|>); role tokens, the other turns and the
-end-of-text do not. To answer, a model reads the conversation and <|assistant|> (`encode` with
-`add_generation_prompt`) and writes until <|end|>. `TEMPLATE` is the same format as a Jinja chat
-template, which transformers' `apply_chat_template` renders to the same tokens. `is_chat`: whether
-a run's data is chat records.
+turns count in the loss (their content and their <|end|>). A model answers after <|assistant|>
+and stops at <|end|>. `TEMPLATE` is the same format as a Jinja chat template, which transformers'
+`apply_chat_template` renders to the same tokens.
 """
 
 from collections.abc import Iterator
@@ -83,9 +81,7 @@ def pieces(messages: list[dict]) -> Iterator[tuple[str, bool, bool]]:
 
 def special_ids(tok) -> dict[str, int] | None:
   """{token: id} of the chat tokens, if `tok` has them all as special tokens; else None."""
-  if not isinstance(tok, tokenizer_lib.HFTokenizer):
-    return None
-  special = {a.content: i for i, a in tok.tok.get_added_tokens_decoder().items() if a.special}
+  special = tok.specials if isinstance(tok, tokenizer_lib.HFTokenizer) else {}
   return {t: special[t] for t in TOKENS} if all(t in special for t in TOKENS) else None
 
 

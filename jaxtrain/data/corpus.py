@@ -1,20 +1,11 @@
 """What a run needs of its data, in one place: `prepare` (`data.path`'s text or token files, or
 `data.mixture`'s sources, as one `Corpus`), `check_lengths`, `train_iterator`, `eval_sets`,
-`eval_weights` and `loss_scope`. The parts behind it: `documents` reads text, `tokenizer` encodes
-it, `tokencache` tokenizes a text corpus once, `tokenfiles` maps token ids in place, `mixture`
-schedules a mixture's rows, `windows` cuts batches of windows.
+`eval_weights` and `loss_scope`. The parts behind it: `documents` reads text, `heldout` splits off
+validation, `tokenizer` encodes it, `tokencache` tokenizes a text corpus once, `tokenfiles` maps
+token ids in place, `mixture` schedules a mixture's rows, `windows` cuts batches of windows.
 
-The token stream of text is the documents in order, each followed by the tokenizer's end-of-text
-token (data/tokencache.py). Validation is the smallest tail of whole documents holding
-`val_fraction` of the text's bytes (documents too large for that: the stream is cut inside one),
-so every tokenizer sees the same validation text. The micro-batch with index i holds `batch_size`
-windows of `seq_len + 1` tokens at offsets drawn from a generator seeded by (seed, i), packed
-across documents: any batch can be rebuilt from the seed and its index. Prompt/completion records
-also get a mask beside the tokens (1 where the token counts in the loss, i.e. completions and
-their end-of-text), and their batches a `"weights"` entry, float32[B, T], one per target; so do
-chat records (data/chat_format.py: 1 on the assistant turns' tokens and their end-of-turn
-tokens), whose tokenizer gets the chat tokens. A mixture tokenizes each source once, on its own,
-with one tokenizer for all (data/mixture.py).
+Validation is a tail of whole documents (heldout.py), so every tokenizer sees the same validation
+text. A mixture tokenizes each source once, on its own, with one tokenizer for all.
 """
 
 import dataclasses
@@ -96,10 +87,8 @@ def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=pri
                       "directory with files, or a glob)", "point --config.data.path at your text "
                       "(file, directory or glob), or leave it empty for the Python standard library")
   if (chosen := tokenfiles.select(data, files)) is not None:
-    t = tokenfiles.prepare(data, *chosen, vocab_size, show_progress, log)
-    return Corpus(tokens=t.tokens, tokenizer=t.tokenizer, n_train=t.n_train,
-                  fingerprint=t.fingerprint, n_files=t.n_files, n_bytes=0, notes=t.notes,
-                  about=t.about)
+    return Corpus(**vars(tokenfiles.prepare(data, *chosen, vocab_size, show_progress, log)),
+                  n_bytes=0)
   return _text(data, files, show_progress, log)
 
 
@@ -192,18 +181,17 @@ def eval_sets(corpus: Corpus, batch_size: int, seq_len: int, seed: int, n_batche
   """The run's validation set (mixed by weight when there are sources), then each source's own:
   the same batches at every evaluation, so val losses compare."""
   args = batch_size, seq_len, seed, n_batches
-  if not corpus.sources:
-    return [EvalSet("", windows.eval_batches(corpus, *args, process_index, process_count),
-                    windows.bits_per_byte(corpus, *args))]
-  mixed = _mixed(corpus, "val", batch_size, seq_len, seed, windows.EVAL_STREAM, slice(None))
-  everything = [mixed[i] for i in range(n_batches)]
   rows = windows.process_rows(batch_size, process_index, process_count)
-  sets = [EvalSet("", [{"tokens": b["tokens"][rows]} for b in everything],
-                  windows.batches_bpb(corpus.tokenizer, everything))]
-  for s in corpus.sources:
-    sets.append(EvalSet(s.name, windows.eval_batches(s.corpus, *args, process_index, process_count),
-                        windows.bits_per_byte(s.corpus, *args)))
-  return sets
+
+  def own(name: str, c: Corpus, everything: list[dict]) -> EvalSet:  # bpb: every process's rows
+    return EvalSet(name, [{k: v[rows] for k, v in b.items()} for b in everything],
+                   windows.batches_bpb(c.tokenizer, everything))
+
+  if not corpus.sources:
+    return [own("", corpus, windows.eval_batches(corpus, *args))]
+  mixed = _mixed(corpus, "val", batch_size, seq_len, seed, windows.EVAL_STREAM, slice(None))
+  return [own("", corpus, [mixed[i] for i in range(n_batches)])] + \
+      [own(s.name, s.corpus, windows.eval_batches(s.corpus, *args)) for s in corpus.sources]
 
 
 def eval_weights(corpus: Corpus, batch_size: int, seq_len: int, seed: int,

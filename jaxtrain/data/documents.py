@@ -12,13 +12,15 @@ the line) and what to do. Where the stream splits into training and validation: 
 
 import codecs
 import glob
-import json
 import os
 import sysconfig
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import ml_collections
+
 from jaxtrain.data import chat_format
+from jaxtrain.data.records import json_lines
 from jaxtrain.system.console import Ticker
 from jaxtrain.system.errors import UserError
 
@@ -106,15 +108,14 @@ class Documents:
   """Each usable file's documents as pieces, once per call; binary text files are skipped (or
   fatal when they are all there is)."""
 
-  def __init__(self, files: list[Path], path: str, text_field: str, show_progress: bool,
-               prompt_field: str = "", completion_field: str = "", messages_field: str = "",
+  def __init__(self, files: list[Path], data: ml_collections.ConfigDict, show_progress: bool,
                log: Callable[[str], None] | None = None):
     # Without a bar, `log` gets progress lines (system/console.py's Ticker).
-    self.files, self.path, self.show_progress, self.log = files, path, show_progress, log
+    self.files, self.show_progress, self.log = files, show_progress, log
     # Prompt/completion records: the prompt's pieces are out of the loss, the completion's in.
-    self.fields = (prompt_field, completion_field) if prompt_field else \
-        (messages_field,) if messages_field else (text_field,)
-    self.chat = bool(messages_field)
+    self.fields = (data.prompt_field, data.completion_field) if data.prompt_field else \
+        (data.messages_field,) if data.messages_field else (data.text_field,)
+    self.chat = bool(data.messages_field)
     self.total = sum(f.stat().st_size for f in files)
     self.counter = _Counter()
     self.not_utf8: dict[Path, int] = {}  # bytes replaced with U+FFFD, by file (text files)
@@ -198,10 +199,8 @@ class Documents:
         if "straddl" in str(e) and block < 2**30:
           block *= 8
           continue
-        error = _jsonl_error(path, self.fields, str(e), self.chat)
-        if error is not None:  # else the file holds no records
-          raise error from None
-        return
+        _check_jsonl(path, self.fields, str(e), self.chat)
+        return  # the file holds no records
 
   def _jsonl_records(self, path: Path, bar, block: int) -> Iterator[tuple]:
     import pyarrow as pa
@@ -289,35 +288,25 @@ def _flag(fields: tuple[str, ...], is_chat: bool = False) -> str:
       if len(fields) == 1 else "--config.data.prompt_field/completion_field"
 
 
-def _jsonl_error(path: Path, fields: tuple[str, ...], arrow_message: str,
-                 is_chat: bool = False) -> UserError | None:
-  """The first line of `path` that is wrong, found by reading it again line by line (only when
-  pyarrow has refused it); None for a file of blank lines (no documents)."""
+def _check_jsonl(path: Path, fields: tuple[str, ...], arrow_message: str,
+                 is_chat: bool = False) -> None:
+  """Raises a UserError naming the first line of `path` that is wrong, found by reading it again
+  line by line (only when pyarrow has refused it); returns for a file of blank lines."""
   fix = "fix that line or leave the file out of --config.data.path"
   records = 0
   with open(path, encoding="utf-8", errors="replace") as f:
-    for number, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
+    for number, record in json_lines(f, path, fix):
       records += 1
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        # json's own messages may end in "at" ("Unterminated string starting at"): one "at".
-        where = f"{e.msg.removesuffix(' at')} at column {e.colno}"
-        return UserError(f"{path} line {number} is not JSON ({where}); {fix}")
-      if not isinstance(record, dict):
-        return UserError(f"{path} line {number} is not a JSON object; {fix}")
       for field in fields:
         if field not in record:
-          return UserError(f"{path} line {number} has no field {field!r} (it has: "
-                           f"{', '.join(record) or 'no fields'}); pass {_flag(fields, is_chat)}"
-                           f"=<the field with the {'messages' if is_chat else 'text'}>")
+          raise UserError(f"{path} line {number} has no field {field!r} (it has: "
+                          f"{', '.join(record) or 'no fields'}); pass {_flag(fields, is_chat)}"
+                          f"=<the field with the {'messages' if is_chat else 'text'}>")
         if is_chat and (why := chat_format.problem(record[field])):
-          return UserError(f"{path} line {number}: {field!r} {why}; {fix}")
+          raise UserError(f"{path} line {number}: {field!r} {why}; {fix}")
         if not is_chat and not isinstance(record[field], str):
-          return UserError(f"{path} line {number}: field {field!r} is "
-                           f"{type(record[field]).__name__}, not text; pass "
-                           f"{_flag(fields)}=<a field of strings>")
-  return UserError(f"{path} does not read as JSON lines ({_short(arrow_message)}); {fix}") \
-      if records else None
+          raise UserError(f"{path} line {number}: field {field!r} is "
+                          f"{type(record[field]).__name__}, not text; pass "
+                          f"{_flag(fields)}=<a field of strings>")
+  if records:
+    raise UserError(f"{path} does not read as JSON lines ({_short(arrow_message)}); {fix}")

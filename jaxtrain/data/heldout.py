@@ -17,26 +17,21 @@ def survey(docs: documents.Documents, want_chars: bool) -> tuple[np.ndarray, str
   while True:
     sizes, size, seen, pending, n_pending = array("q"), 0, set(), [], 0
     for text, end, _ in docs("reading"):
-      if isinstance(text, chat_format.Special):  # a token, not text: no bytes, no characters
-        if end:
-          sizes.append(size)
-          size = 0
-        continue
-      size += len(text.encode("utf-8"))
-      if want_chars:
-        pending.append(text)
-        n_pending += len(text)
-        if n_pending > documents.PIECE_CHARS:
-          seen.update(np.unique(codepoints("".join(pending))).tolist())
-          pending, n_pending = [], 0
+      if not isinstance(text, chat_format.Special):  # a token, not text: no bytes, no characters
+        size += len(text.encode("utf-8"))
+        if want_chars:
+          pending.append(text)
+          n_pending += len(text)
+          if n_pending > documents.PIECE_CHARS:
+            seen.update(np.unique(codepoints("".join(pending))).tolist())
+            pending, n_pending = [], 0
       if end:
         sizes.append(size)
         size = 0
     if not docs.misread:
       break
   seen.update(np.unique(codepoints("".join(pending))).tolist())
-  return np.frombuffer(sizes, np.int64) if sizes else np.zeros(0, np.int64), \
-      "".join(map(chr, seen))
+  return np.frombuffer(sizes, np.int64), "".join(map(chr, seen))
 
 
 def cut(sizes: np.ndarray, val_fraction: float) -> tuple[int, int]:

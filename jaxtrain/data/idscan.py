@@ -46,13 +46,11 @@ def scan(found: list[TokenFile], cache: Path, show_progress: bool, log) -> list[
             disable=not show_progress or not todo) as bar, \
       concurrent.futures.ThreadPoolExecutor(max(1, min(len(todo), os.cpu_count() or 1, 8))) as pool:
     lock = threading.Lock()
-    ticker = Ticker(log, "data: checking ids", total) if not show_progress else None
+    shown = bar if show_progress else Ticker(log, "data: checking ids", total)
 
     def progress(n: int) -> None:
       with lock:
-        bar.update(n)
-        if ticker is not None:
-          ticker.update(n)
+        shown.update(n)
 
     for i, r in zip(todo, pool.map(lambda i: _read_ids(found[i], progress), todo)):
       results[i] = r

@@ -3,10 +3,9 @@
 nanoGPT's prepare.py for character data pickles {"vocab_size": 65, "itos": {0: "\\n", ...},
 "stoi": {...}}. Unpickling runs whatever a pickle names, so this reader admits plain data only:
 dicts, lists, tuples, strings, bytes, numbers, booleans and None. A pickle that names any class or
-function is refused before anything in it runs. From it a run takes its vocabulary size and,
-where `itos` gives ids 0..n-1 each one character, those characters: the ids then decode to text (a
-CharTokenizer in `itos` order without end-of-text), so samples, prompts and val_bpb are the
-text's, as nanoGPT's sample.py shows them.
+function is refused before anything in it runs. From it a run takes its vocabulary size and, where
+`itos` gives ids 0..n-1 each one character, those characters, so samples, prompts and val_bpb are
+the text's, as nanoGPT's sample.py shows them.
 """
 
 import io

@@ -6,9 +6,8 @@ Row g of the stream of global batch rows (micro-batch i holds rows i*B .. i*B+B-
 source `schedule[g % L]`: a cycle of L rows holding each source's share, interleaved smoothly,
 so every batch holds each source's share to within a row and every L rows hold it exactly. With
 integer weights L is their sum (3:1 gives 3 rows of the first source in every 4); otherwise L is
-4096 and the shares are rounded to whole rows. Where each row's window starts in its source is
-drawn from a generator seeded by (seed, stream, i): like `windows.WindowBatches`, micro-batch i is
-a pure function of the seed and i, so the grain iterator's position is all a resume needs.
+4096 and the shares are rounded to whole rows. Like `windows.WindowBatches`, micro-batch i is a
+pure function of the seed and i, so the grain iterator's position is all a resume needs.
 """
 
 import re
@@ -24,8 +23,7 @@ def source_names(specs: list[str]) -> list[str]:
   names = []
   for spec in specs:
     parts = Path(spec).parts
-    plain = [p for p in parts[:next((i for i, p in enumerate(parts) if re.search(r"[*?\[]", p)),
-                                    len(parts))]]
+    plain = parts[:next((i for i, p in enumerate(parts) if re.search(r"[*?\[]", p)), len(parts))]
     base = Path(plain[-1]).stem if plain and plain[-1] not in ("/", ".", "..", "~") else "source"
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", base).strip("_.") or "source"
     unique, n = name, 2

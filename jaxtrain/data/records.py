@@ -6,6 +6,7 @@ prompt/completion records.
 """
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import ml_collections
@@ -26,21 +27,27 @@ def read_jsonl(path: str) -> list[tuple[int, dict]]:
   except (OSError, UnicodeDecodeError) as e:
     raise UserError(f"cannot read {p} ({getattr(e, 'strerror', None) or e}); pass a UTF-8 .jsonl "
                     "file with one JSON object per line") from None
-  records = []
+  records = list(json_lines(lines, p, "fix that line"))
+  if not records:
+    raise UserError(f"{p} holds no records; pass a .jsonl file with one JSON object per line")
+  return records
+
+
+def json_lines(lines: Iterable[str], path: Path, fix: str) -> Iterator[tuple[int, dict]]:
+  """(line number, record) for each non-blank line; a UserError ending in `fix` at the first
+  that is not a JSON object."""
   for number, line in enumerate(lines, start=1):
     if not line.strip():
       continue
     try:
       record = json.loads(line)
     except json.JSONDecodeError as e:
-      raise UserError(f"{p} line {number} is not JSON ({e.msg} at column {e.colno}); fix that "
-                      "line") from None
+      # json's own messages may end in "at" ("Unterminated string starting at"): one "at".
+      where = f"{e.msg.removesuffix(' at')} at column {e.colno}"
+      raise UserError(f"{path} line {number} is not JSON ({where}); {fix}") from None
     if not isinstance(record, dict):
-      raise UserError(f"{p} line {number} is not a JSON object; fix that line")
-    records.append((number, record))
-  if not records:
-    raise UserError(f"{p} holds no records; pass a .jsonl file with one JSON object per line")
-  return records
+      raise UserError(f"{path} line {number} is not a JSON object; {fix}")
+    yield number, record
 
 
 def field(path: str, number: int, record: dict, name: str, flag: str, kind: type = str,

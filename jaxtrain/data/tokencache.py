@@ -1,12 +1,10 @@
 """The token cache: a text corpus tokenized once into a memmap, read from then on.
 
-An entry (KEY.bin: the tokens; KEY.mask: a loss mask, one uint8 per token, for prompt/completion
-and chat records; KEY.json: how to read them) is keyed by the files' names, sizes and mtimes and
-every setting that changes the tokens or the split. The token stream is the documents in order,
-each followed by the tokenizer's end-of-text token; several files come in a fixed pseudo-random
-order, so the held-out tail samples the whole corpus. A tokenizer learned from several corpora
-together (a mixture's bpe or char) is an entry of its own (KEY-tokenizer.json), so that it too is
-learned once. How an entry is written and trusted on disk: cache_entry.py.
+An entry (its files, and how they are written and trusted on disk: cache_entry.py) is keyed by
+the files' names, sizes and mtimes and every setting that changes the tokens or the split. The
+token stream is the documents in order, each followed by the tokenizer's end-of-text token. A
+tokenizer learned from several corpora together (a mixture's bpe or char) is an entry of its own
+(KEY-tokenizer.json), so that it too is learned once.
 """
 
 import contextlib
@@ -65,10 +63,8 @@ def load(files: list[Path], data: ml_collections.ConfigDict, show_progress: bool
 
 def shared_tokenizer(files: list[Path], data: ml_collections.ConfigDict, show_progress: bool = True,
                      log=print):
-  """The one tokenizer of `data.tokenizer` for `files` together (a mixture's sources): byte, a
-  tokenizer.json, or one learned from all of them (bpe: from their training split, char: from
-  their characters), as `load` of all the files would learn it, but with nothing tokenized. A
-  learned one is cached."""
+  """The one tokenizer of `data.tokenizer` for `files` together (a mixture's sources): a learned
+  one (cached) as `load` of all the files would learn it, but with nothing tokenized."""
   if data.tokenizer == "byte":
     return tokenizer_lib.ByteTokenizer()
   if data.tokenizer not in tokenizer_lib.BUILTIN:
@@ -95,8 +91,6 @@ def _directory(data: ml_collections.ConfigDict) -> Path:
 def _ordered(files: list[Path]) -> list[Path]:
   # A fixed permutation (independent of the run's seed): the validation tail then samples
   # the whole corpus instead of the files that sort last.
-  if len(files) < 2:
-    return files
   return [files[i] for i in np.random.default_rng(0).permutation(len(files))]
 
 
@@ -139,9 +133,7 @@ def _survey(files: list[Path], data: ml_collections.ConfigDict, show_progress: b
             want_chars: bool) -> tuple[Documents, np.ndarray, str, tuple[int, int]]:
   """The files' documents, the bytes of each, their characters (if `want_chars`) and the split's
   cut: one pass over the text, which finds bad input before anything is written."""
-  docs = Documents(files, data.path, data.text_field, show_progress,
-                   data.get("prompt_field", ""), data.get("completion_field", ""),
-                   data.get("messages_field", ""), log)
+  docs = Documents(files, data, show_progress, log)
   if not show_progress:
     log(f"data: {doing} {len(files)} file(s), {docs.total / 1e6:.1f} MB, once (then cached)")
   sizes, chars = heldout.survey(docs, want_chars)
@@ -185,8 +177,7 @@ def _learned(data: ml_collections.ConfigDict, docs: Documents, sizes: np.ndarray
 
 
 def _tokenize(files, data, entry: Entry, show_progress: bool, log, fixed=None) -> dict:
-  """Writes the cache entry (the tokens, then the .json that marks them complete); its meta.
-  Bad input is found by the first pass, before anything is written."""
+  """Writes the cache entry (the tokens, then the .json that marks them complete); its meta."""
   tok = fixed if fixed is not None else None if data.tokenizer in tokenizer_lib.BUILTIN else \
       tokenizer_lib.read_file(os.path.expanduser(data.tokenizer))  # one that does not load: now
   records = is_records(data) or is_chat(data)  # a loss mask beside the tokens
@@ -229,9 +220,8 @@ def _tokenize(files, data, entry: Entry, show_progress: bool, log, fixed=None) -
   except OSError as e:
     raise entry.write_error(e, docs.total * np.dtype(tok.dtype).itemsize) from None
   finally:
-    tmp.unlink(missing_ok=True)
-    tmp_meta.unlink(missing_ok=True)
-    tmp_mask.unlink(missing_ok=True)
+    for leftover in (tmp, tmp_meta, tmp_mask):
+      leftover.unlink(missing_ok=True)
   return meta
 
 

@@ -1,21 +1,12 @@
 """Token files: data that is token ids already, read in place (memmaps, never joined or copied).
 
-Two formats: a flat array of uint16 ids with no header (nanoGPT's `train.bin`/`val.bin`), and
-llm.c's shards (llm.c, modded-nanogpt: a header of 256 little-endian int32, [0] the magic
-20240520, [1] the version 1, [2] the number of ids, then that many uint16 ids of GPT-2's
-vocabulary). `data.format=auto` reads `data.path` as token files when all its files end in `.bin`
-(llm.c's where the header's magic is there, flat otherwise), or when its `.bin` files are
-nanoGPT's `train.bin` and `val.bin` (the directory's other files, prepare.py and such, are left
-out, saying so); otherwise as text, where a stray binary file is skipped. `uint16` or `llmc` read
-every file as that format.
-
-Validation is the files whose names say so (nanoGPT's `val.bin`, llm.c's `*_val_*`: the word
-val, valid or validation in the name), else the last `data.val_fraction` of the ids, files in
-name order. Every id must be below the vocabulary's size: a tokenizer.json's (`data.tokenizer`,
-or `gpt2` for GPT-2's), else GPT-2's 50257 for llm.c shards, else nanoGPT's meta.pkl beside flat
-files (meta_pkl.py: its characters decode the ids), else `model.vocab_size`. That is checked once per file, in
-blocks, together with a sha256 of its ids, and cached by the file's path, size and modification
-time (idscan.py): the data's fingerprint is made of those hashes, so later starts read no ids.
+Two formats (docs/data.md says when each is read): a flat array of uint16 ids with no header
+(nanoGPT's `train.bin`/`val.bin`), and llm.c's shards (a header of 256 little-endian int32: [0]
+the magic 20240520, [1] the version 1, [2] the number of ids; then that many uint16 ids of GPT-2's
+vocabulary). `select` says whether `data.path` is token files; `prepare` picks what decodes them,
+splits off validation (the files named so, else the last `data.val_fraction` of the ids) and
+checks every id below the vocabulary's size once per file (cached: idscan.py): the data's
+fingerprint is made of the files' hashes, so later starts read no ids.
 """
 
 import dataclasses
@@ -58,7 +49,7 @@ class TokenFiles:
 
 def select(data: ml_collections.ConfigDict, files: list[Path]) -> tuple[list[Path], list[Path]] | None:
   """(token files, files left out) where `data.format` makes `files` token files; None for text."""
-  form = data.get("format", "auto")
+  form = data.format
   if form == "text":
     return None
   if form != "auto":
@@ -75,7 +66,7 @@ def prepare(data: ml_collections.ConfigDict, files: list[Path], left_out: list[P
   """Reads the token files' headers, checks every id once (cached), splits off validation.
   `vocab_size`: model.vocab_size (0: from the tokenizer), the vocabulary of flat files."""
   _refuse_records(data, files[0])
-  found = _inspect_all(files, data.get("format", "auto"))
+  found = _inspect_all(files, data.format)
   notes = []
   tok = _tokenizer(data, found, vocab_size, notes)
   scans = idscan.scan(found, Path(data.cache_dir or default_cache_dir()) / "tokenfiles", show_progress,
@@ -108,7 +99,7 @@ def prepare(data: ml_collections.ConfigDict, files: list[Path], left_out: list[P
 
 def _refuse_records(data: ml_collections.ConfigDict, example: Path) -> None:
   for field in ("prompt_field", "messages_field"):
-    if data.get(field):
+    if data[field]:
       raise ConfigError(f"data.{field}", f"is set, but data.path holds token ids ({example.name}), "
                         "not records", f"pass --config.data.{field}= (empty) for token files, or "
                         "point data.path at .jsonl or .parquet records")
@@ -145,7 +136,7 @@ def _inspect(path: Path, form: str) -> idscan.TokenFile:
                     "out of --config.data.path")
   magic = int.from_bytes(head[:4], "little", signed=True) if len(head) >= 4 else None
   if form == "llmc" or (form == "auto" and (magic == LLMC_MAGIC or magic in _OTHER_LLMC)):
-    return _llmc(path, head, size)
+    return _llmc(path, head, size, magic)
   if size % 2:
     raise UserError(f"{path} holds {size} bytes, an odd number, so it is not uint16 token ids "
                     "(a flat .bin as nanoGPT writes); leave it out of --config.data.path, or pass "
@@ -153,8 +144,7 @@ def _inspect(path: Path, form: str) -> idscan.TokenFile:
   return idscan.TokenFile(path, "uint16", 0, size // 2)
 
 
-def _llmc(path: Path, head: bytes, size: int) -> idscan.TokenFile:
-  magic = int.from_bytes(head[:4], "little", signed=True) if len(head) >= 4 else None
+def _llmc(path: Path, head: bytes, size: int, magic: int | None) -> idscan.TokenFile:
   if magic in _OTHER_LLMC:
     raise UserError(f"{path} is {_OTHER_LLMC[magic]}")
   if magic != LLMC_MAGIC:
@@ -180,9 +170,8 @@ def _llmc(path: Path, head: bytes, size: int) -> idscan.TokenFile:
 
 def _tokenizer(data: ml_collections.ConfigDict, found: list[idscan.TokenFile], vocab_size: int,
                notes: list[str]):
-  """What decodes the ids and how many there are: a tokenizer.json's (or GPT-2's by name),
-  llm.c's GPT-2, nanoGPT's meta.pkl beside flat files, or `model.vocab_size` with no text behind
-  them."""
+  """What decodes the ids and how many there are: a tokenizer.json (or gpt2), else llm.c's GPT-2,
+  else nanoGPT's meta.pkl beside flat files, else `model.vocab_size` (ids with no text)."""
   if data.tokenizer not in tokenizer_lib.BUILTIN:
     return tokenizer_lib.read_file(os.path.expanduser(data.tokenizer))
   if found[0].format == "llmc":

@@ -1,20 +1,17 @@
-"""Tokenizers: bytes, characters, byte-level BPE (trained on the corpus), a tokenizer.json, or
-token ids as they are (`IdsTokenizer`: token files read without a tokenizer.json).
+"""Tokenizers: bytes, characters, byte-level BPE (trained on the corpus), a tokenizer.json (or
+GPT-2's, by name), or token ids as they are (`IdsTokenizer`: token files without a tokenizer.json).
 
 Every tokenizer but nanoGPT's characters (meta.pkl's) and bare ids has an end-of-text token
-(`eot_id`) that the token stream puts after each document, and each writes itself as a Hugging
-Face `tokenizer.json` (`hf_json`) that `tokenizers.Tokenizer.from_file` loads, so any tool can
-decode a model's output. Byte and char encode with numpy (hundreds of MB/s); BPE and
-tokenizer.json files with `tokenizers`, batched over all cores, or, for byte-level BPE with GPT-2's
-pre-tokenizer (what `bpe` trains, and GPT-2's own file), with `tiktoken` on the same vocabulary
-(bpe_tiktoken.py). GPT-2's own tokenizer is had by name (`gpt2`). Encoding never turns text that
-spells "<|endoftext|>" into the end-of-text token.
+(`eot_id`) that the token stream puts after each document; each writes itself as a Hugging Face
+tokenizer.json (`hf_json`), so any tool can decode a model's output. Encoding never turns text
+that spells "<|endoftext|>" into the end-of-text token.
 """
 
 import hashlib
 import itertools
 import json
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 
@@ -24,7 +21,6 @@ from jaxtrain.system.errors import ConfigError, UserError
 
 EOT = "<|endoftext|>"
 BUILTIN = ("byte", "char", "bpe")
-MIN_BPE_VOCAB = 257  # the 256 byte tokens and the end-of-text token
 
 
 def _hf():
@@ -33,7 +29,12 @@ def _hf():
   return tokenizers
 
 
-class ByteTokenizer:
+class _EachText:
+  def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+    return [self.encode(t) for t in texts]
+
+
+class ByteTokenizer(_EachText):
   """UTF-8 bytes as tokens: vocab 256, works on any text, no fitting. Byte 255 never occurs in
   UTF-8, so its id is the end-of-text token."""
 
@@ -44,9 +45,6 @@ class ByteTokenizer:
 
   def encode(self, text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-
-  def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-    return [self.encode(t) for t in texts]
 
   def decode(self, ids) -> str:
     parts = bytes(np.asarray(ids, dtype=np.uint8).tolist()).split(b"\xff")
@@ -69,7 +67,7 @@ def codepoints(text: str) -> np.ndarray:
   return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
 
 
-class CharTokenizer:
+class CharTokenizer(_EachText):
   """One token per Unicode character of the corpus, ids in code point order; end-of-text last.
   `ordered`: the ids are the order of `chars` as given (nanoGPT's meta.pkl); `end_of_text`
   False: there is none (eot_id -1), as in nanoGPT's character data."""
@@ -94,9 +92,6 @@ class CharTokenizer:
       raise UserError(f"character {ch!r} is not in this run's char vocabulary "
                       f"({len(self.chars)} characters); use only characters from the training text")
     return self._ids[at].astype(self.dtype) if len(self.chars) else at.astype(self.dtype)
-
-  def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-    return [self.encode(t) for t in texts]
 
   def decode(self, ids) -> str:
     n = len(self.chars)
@@ -126,12 +121,15 @@ def vocab_notes(tok) -> list[str]:
 
 
 def _hf_json(vocab: dict[str, int], kind: str, end_of_text: bool = True) -> str:
-  """A tokenizer.json equivalent to the byte or char tokenizer, end-of-text token last."""
+  """A tokenizer.json equivalent to the byte, char or ids tokenizer."""
   t = _hf()
   if kind == "byte":
     tok = t.Tokenizer(t.models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = t.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = t.decoders.ByteLevel()
+  elif kind == "ids":
+    tok = t.Tokenizer(t.models.WordLevel(vocab=vocab, unk_token=None))
+    tok.pre_tokenizer = t.pre_tokenizers.WhitespaceSplit()
   else:
     tok = t.Tokenizer(t.models.WordLevel(vocab=vocab or {"\0": 0}, unk_token=None))
     tok.pre_tokenizer = t.pre_tokenizers.Split(t.Regex(r"[\s\S]"), behavior="isolated")
@@ -141,7 +139,7 @@ def _hf_json(vocab: dict[str, int], kind: str, end_of_text: bool = True) -> str:
   return tok.to_str()
 
 
-class IdsTokenizer:
+class IdsTokenizer(_EachText):
   """Token ids with no text behind them (token files read without a tokenizer.json). Their text
   is the ids in decimal, each after a space, the end-of-text id (if known) as "<|endoftext|>";
   no id stands for any bytes of text, so bits per byte are unknown."""
@@ -163,9 +161,6 @@ class IdsTokenizer:
       ids.append(i)
     return np.array(ids, self.dtype)
 
-  def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-    return [self.encode(t) for t in texts]
-
   def decode(self, ids) -> str:
     # A space before every id: pieces decoded apart (a stream, a prompt and its sample) join up.
     return "".join(f" {EOT}" if i == self.eot_id else f" {i}" for i in np.asarray(ids).tolist())
@@ -178,46 +173,32 @@ class IdsTokenizer:
 
   def hf_json(self) -> str:
     """A word-level tokenizer.json with the same text: "464 2068" <-> [464, 2068]."""
-    t = _hf()
     vocab = {EOT if i == self.eot_id else str(i): i for i in range(self.vocab_size)}
-    tok = t.Tokenizer(t.models.WordLevel(vocab=vocab, unk_token=None))
-    tok.pre_tokenizer = t.pre_tokenizers.WhitespaceSplit()
-    if self.eot_id >= 0:
-      tok.add_special_tokens([t.AddedToken(EOT, special=True)])
-    return tok.to_str()
+    return _hf_json(vocab, "ids", self.eot_id >= 0)
 
 
-def _ids_tokenizer(d: dict) -> IdsTokenizer | None:
-  """The IdsTokenizer whose `hf_json()` is `d`, or None if `d` is another tokenizer.json."""
-  model = d.get("model") or {}
+def _own(d: dict, chars_without_end: bool):
+  """The IdsTokenizer, or (where `chars_without_end`) the CharTokenizer without end-of-text, whose
+  `hf_json()` is `d` (HFTokenizer would add an end-of-text to that one); else None."""
+  model, pre = d.get("model") or {}, d.get("pre_tokenizer") or {}
   vocab = model.get("vocab")
-  if model.get("type") != "WordLevel" or d.get("pre_tokenizer") != {"type": "WhitespaceSplit"} \
-      or not isinstance(vocab, dict):
+  if model.get("type") != "WordLevel" or not isinstance(vocab, dict):
     return None
-  eot = vocab.get(EOT, -1)
-  if any(vocab.get(str(i)) != i for i in range(len(vocab)) if i != eot):
-    return None
-  return IdsTokenizer(len(vocab), eot)
-
-
-def _chars_without_end(d: dict) -> CharTokenizer | None:
-  """The CharTokenizer without end-of-text whose `hf_json()` is `d` (HFTokenizer would add one)."""
-  model = d.get("model") or {}
-  vocab = model.get("vocab")
-  if model.get("type") != "WordLevel" or d.get("added_tokens") or not isinstance(vocab, dict) \
-      or (d.get("pre_tokenizer") or {}).get("type") != "Split" or sorted(vocab.values()) != \
-      list(range(len(vocab))) or not all(len(c) == 1 for c in vocab):
-    return None
-  return CharTokenizer("".join(sorted(vocab, key=vocab.get)), end_of_text=False, ordered=True)
+  if pre == {"type": "WhitespaceSplit"}:
+    eot = vocab.get(EOT, -1)
+    if all(vocab.get(str(i)) == i for i in range(len(vocab)) if i != eot):
+      return IdsTokenizer(len(vocab), eot)
+  elif chars_without_end and pre.get("type") == "Split" and not d.get("added_tokens") \
+      and sorted(vocab.values()) == list(range(len(vocab))) and all(len(c) == 1 for c in vocab):
+    return CharTokenizer("".join(sorted(vocab, key=vocab.get)), end_of_text=False, ordered=True)
+  return None
 
 
 def from_text(text: str, chars_without_end: bool = True):
-  """The tokenizer of a tokenizer.json's text (an IdsTokenizer's own file, or a CharTokenizer's
-  without end-of-text where `chars_without_end`: that again; a tokenizer.json given for text
-  gets an end-of-text token, which a document needs)."""
+  """The tokenizer of a tokenizer.json's text: `_own`'s, else an HFTokenizer (which gives it an
+  end-of-text token, which a document needs)."""
   try:
-    d = json.loads(text)
-    own = _ids_tokenizer(d) or (_chars_without_end(d) if chars_without_end else None)
+    own = _own(json.loads(text), chars_without_end)
   except (ValueError, AttributeError):
     own = None  # not JSON (HFTokenizer says so) or not a JSON object
   return own or HFTokenizer(text)
@@ -239,6 +220,7 @@ class HFTokenizer:
       self._json = self.tok.to_str()
       eot = self.tok.token_to_id(EOT)
     self.eot_id = eot
+    self.specials = {a.content: i for i, a in self.tok.get_added_tokens_decoder().items() if a.special}
     self.tok.encode_special_tokens = True  # text that spells "<|endoftext|>" stays text
     self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
     self.dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
@@ -273,9 +255,8 @@ class HFTokenizer:
     """UTF-8 bytes of text each token stands for (0 for special tokens such as end-of-text)."""
     n = np.zeros(self.vocab_size, np.int64)
     byte_level = "ByteLevel" in json.dumps(json.loads(self._json).get("decoder"))
-    special = {a.content for a in self.tok.get_added_tokens_decoder().values() if a.special}
     for piece, i in self.tok.get_vocab(with_added_tokens=True).items():
-      if piece in special or i >= self.vocab_size:
+      if piece in self.specials or i >= self.vocab_size:
         continue
       n[i] = len(piece) if byte_level else len(self.tok.decode([i]).encode())
     return n
@@ -310,8 +291,7 @@ def read_file(path: str) -> HFTokenizer:
   if path == "gpt2":
     return HFTokenizer(bpe_tiktoken.gpt2_json(), name="gpt2")
   try:
-    with open(path, encoding="utf-8") as f:
-      return from_text(f.read(), chars_without_end=False)
+    return from_text(Path(path).read_text(encoding="utf-8"), chars_without_end=False)
   except (OSError, UnicodeDecodeError, ValueError) as e:
     why = getattr(e, "strerror", None) or str(e)
     raise ConfigError("data.tokenizer", f"{path} is not a tokenizer.json that loads ({why})",
@@ -334,9 +314,7 @@ BOS_NAMES = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "[BOS]")
 def bos_id(tokenizer) -> int | None:
   """The id of a beginning-of-sequence token where the tokenizer has one (a tokenizer.json that
   defines e.g. `<s>` as a special token); jaxtrain's own byte, char and BPE tokenizers have none."""
-  if not isinstance(tokenizer, HFTokenizer):
-    return None
-  special = {a.content: i for i, a in tokenizer.tok.get_added_tokens_decoder().items() if a.special}
+  special = tokenizer.specials if isinstance(tokenizer, HFTokenizer) else {}
   return next((special[name] for name in BOS_NAMES if name in special), None)
 
 
@@ -364,13 +342,11 @@ def from_cache(meta: dict):
 
 
 def save(tokenizer, path: str) -> None:
-  with open(path, "w", encoding="utf-8") as f:
-    f.write(tokenizer.hf_json())
+  Path(path).write_text(tokenizer.hf_json(), encoding="utf-8")
 
 
 def load(path: str):
   """A workdir's tokenizer.json (that of a run from before tokenizer.json files: its own kind)."""
-  with open(path, encoding="utf-8") as f:
-    text = f.read()
+  text = Path(path).read_text(encoding="utf-8")
   d = json.loads(text)
   return from_text(text) if "model" in d else from_json(d)  # else the older {"name": ...} file

@@ -61,8 +61,6 @@ class Corpus(Protocol):
   """What batches need of a `corpus.Corpus` (which imports this module)."""
 
   tokens: np.ndarray
-  tokenizer: object
-  mask: np.ndarray | None
   train: np.ndarray
   val: np.ndarray
 
@@ -73,10 +71,7 @@ TRAIN_STREAM, EVAL_STREAM = 0, 1  # part of each generator's seed: training draw
 
 class WindowBatches:
   """Random-access micro-batches of random windows: item i is a pure function of (seed, i).
-
-  `rows` picks this process's share of every global batch, so processes never read each
-  other's rows.
-  """
+  `rows` picks this process's share of every global batch."""
 
   def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int, stream: int,
                rows: slice = slice(None), mask: np.ndarray | None = None):
@@ -111,12 +106,12 @@ def process_rows(batch_size: int, process_index: int, process_count: int) -> sli
   return slice(process_index * per, (process_index + 1) * per)
 
 
-def eval_batches(corpus: Corpus, batch_size: int, seq_len: int, seed: int, n_batches: int,
-                 process_index: int = 0, process_count: int = 1) -> list[dict]:
-  """The same `n_batches` validation batches at every evaluation, so val losses compare."""
+def eval_batches(corpus: Corpus, batch_size: int, seq_len: int, seed: int,
+                 n_batches: int) -> list[dict]:
+  """The same `n_batches` validation batches (every process's rows) at every evaluation, so val
+  losses compare."""
   source = WindowBatches(corpus.val, batch_size, seq_len, seed, EVAL_STREAM,
-                         process_rows(batch_size, process_index, process_count),
-                         corpus.split_mask(train=False))
+                         mask=corpus.split_mask(train=False))
   return [source[i] for i in range(n_batches)]
 
 
@@ -144,17 +139,10 @@ def check_windows(corpus: Corpus, seq_len: int, val_fraction: float) -> None:
                     "use more text")
 
 
-def bits_per_byte(corpus: Corpus, batch_size: int, seq_len: int, seed: int,
-                  n_batches: int) -> float:
-  """What turns the mean validation loss (nats per target token) into val_bpb, bits per UTF-8
-  byte: targets / (ln 2 x the bytes they stand for), over every row of the evaluation batches.
-  End-of-text targets count in the loss and as no bytes. With weights (prompt/completion
-  records), only the targets in the loss count: val_bpb is on completions."""
-  return batches_bpb(corpus.tokenizer, eval_batches(corpus, batch_size, seq_len, seed, n_batches))
-
-
 def batches_bpb(tokenizer, batches: list[dict]) -> float:
-  """bits_per_byte over these batches (every row of them; weighted targets only, if weighted)."""
+  """What turns the mean loss (nats per target token) over `batches` into bits per UTF-8 byte:
+  targets / (ln 2 x the bytes they stand for), over every row. End-of-text targets count in the
+  loss and as no bytes. With weights (records), only the targets in the loss count."""
   nbytes = tokenizer.token_bytes()
   weights = [b.get("weights", np.ones(b["tokens"][:, 1:].shape, np.float32)) for b in batches]
   text = sum(float((nbytes[b["tokens"][:, 1:]] * w).sum()) for b, w in zip(batches, weights))

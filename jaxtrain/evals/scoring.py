@@ -45,9 +45,8 @@ def split(path: str, fields: dict, fix: str = "", limit: int = 0,
   return pairs, choices
 
 
-def completion_scores(state, tok, pairs: list, normalize: str, max_new_tokens: int,
-                      examples: int = 5) -> dict:
-  """Loss, bpb and exact match of prompt/completion pairs (line, prompt, completion)."""
+def completion_scores(state, tok, pairs: list, normalize: str, max_new_tokens: int) -> dict:
+  """Loss, bpb, exact match and the first five examples of pairs (line, prompt, completion)."""
   eot = np.array([tok.eot_id], np.int32)
   targets = [np.concatenate([np.asarray(tok.encode(c), np.int32), eot]) for _, _, c in pairs]
   n_tokens = sum(len(t) for t in targets)
@@ -68,7 +67,7 @@ def completion_scores(state, tok, pairs: list, normalize: str, max_new_tokens: i
           "bpb": float(nats.sum() / (math.log(2) * n_bytes)) if n_bytes else None,
           "exact_match": float(np.mean(right)), "n_completions": len(pairs),
           "examples": [{"line": n, "prompt": p, "completion": c, "generated": m}
-                       for (n, p, c), m in list(zip(pairs, made))[:examples]]}
+                       for (n, p, c), m in list(zip(pairs, made))[:5]]}
 
 
 def choice_accuracy(state, tok, choices: list) -> dict:
@@ -81,10 +80,8 @@ def choice_accuracy(state, tok, choices: list) -> dict:
       asks.append((ctx, np.asarray(tok.encode(e), np.int32)))
       sizes.append(max(len(e.encode("utf-8")), 1))
   per_byte = complete.score(state, asks) / np.array(sizes)
-  at, right = 0, 0
-  for _, _, endings, label in choices:
-    right += int(np.argmax(per_byte[at:at + len(endings)]) == label)
-    at += len(endings)
+  items = np.split(per_byte, np.cumsum([len(endings) for _, _, endings, _ in choices])[:-1])
+  right = sum(int(np.argmax(item) == label) for item, (*_, label) in zip(items, choices))
   return {"mc_accuracy": right / len(choices), "n_multiple_choice": len(choices)}
 
 

@@ -1,8 +1,7 @@
 """Task scores at every evaluation of a training run (`train.eval_tasks`): the numbers of
-`python -m jaxtrain.eval` (scoring.py) on held-out records, in the evaluation record as
-task/<name>/loss, task/<name>/bpb, task/<name>/exact_match and task/<name>/mc_accuracy (<name>: the
-file's stem; only the numbers its records give), so that metrics.jsonl, TensorBoard, W&B, compare
-and early stopping see them as they see val_loss.
+`python -m jaxtrain.eval` (scoring.py) on held-out records, as task/<name>/<metric> (<name>: the
+file's stem; defaults.TASK_METRICS, those its records give) in the evaluation record, where
+metrics.jsonl, TensorBoard, W&B, compare and early stopping see them as they see val_loss.
 
 The files are read and checked at setup, before anything is compiled; each evaluation scores their
 first `train.eval_tasks_limit` records with the current params. Scoring reads neither the training
@@ -32,8 +31,7 @@ class Task:
 
 
 def fields(data: ml_collections.ConfigDict) -> dict:
-  """The record fields a run's tasks are read with: the run's prompt and completion fields (else
-  prompt, completion), and context, endings, label for multiple choice."""
+  """The record fields a run's tasks are read with: the run's prompt and completion fields."""
   return dict(scoring.FIELDS, prompt=data.prompt_field or "prompt",
               completion=data.completion_field or "completion")
 
@@ -114,23 +112,17 @@ def score(tasks: list[Task], state, tok, say=print, stopping=lambda: False) -> d
     t0 = time.time()
     s = scoring.scores(state, tok, task.pairs, task.choices)
     record.update({f"task/{task.name}/{k}": s[k] for k in defaults.TASK_METRICS if s[k] is not None})
-    say(line(int(state.step), task, record, time.time() - t0, s, state.model_cfg.seq_len))
+    say(line(int(state.step), task, time.time() - t0, s, state.model_cfg.seq_len))
   return record
 
 
-def line(step: int, task: Task, record: dict, seconds: float, s: dict, seq_len: int) -> str:
+def line(step: int, task: Task, seconds: float, s: dict, seq_len: int) -> str:
   """`eval step N task held: exact_match 0.9375 of 48 | loss 0.0123 | 0.0234 bits/byte (0.8s)`,
-  and the records left out as longer than the model's context (`s`: scoring.scores' counts)."""
-  get = lambda k: record.get(f"task/{task.name}/{k}")  # noqa: E731
-  parts = []
-  if get("exact_match") is not None:
-    parts.append(f"exact_match {get('exact_match'):.4f} of {s['n_completions']}")
-  if get("mc_accuracy") is not None:
-    parts.append(f"mc_accuracy {get('mc_accuracy'):.4f} of {s['n_multiple_choice']}")
-  if get("loss") is not None:
-    parts.append(f"loss {get('loss'):.4f}")
-  if get("bpb") is not None:
-    parts.append(f"{get('bpb'):.4f} bits/byte")
+  and the records left out as longer than the model's context (`s`: scoring.scores' result)."""
+  shown = {"exact_match": f"exact_match {{:.4f}} of {s['n_completions']}",
+           "mc_accuracy": f"mc_accuracy {{:.4f}} of {s['n_multiple_choice']}",
+           "loss": "loss {:.4f}", "bpb": "{:.4f} bits/byte"}
+  parts = [form.format(s[k]) for k, form in shown.items() if s[k] is not None]
   left_out = scoring.too_long_line(task.path, s, seq_len)
   return (f"eval step {step} task {task.name}: {' | '.join(parts) or 'nothing scored'} "
           f"({seconds:.1f}s)" + (f"; {left_out}" if left_out else ""))

@@ -1,8 +1,6 @@
-"""The evaluation a training run does every `train.eval_every` steps and at its last step, in one
-record: the val loss on the same validation batches each time (placed on the devices once), with
-its perplexity and bits per byte; each source's own val loss where the data is a weighted mixture
-(`data.mixture`: val/<source>/loss and val/<source>/bpb); and the task scores of
-`train.eval_tasks` (tasks.py)."""
+"""A training run's evaluation, every `train.eval_every` steps and at its last, in one record: the
+val loss (perplexity, bits per byte) on the same placed batches each time, each `data.mixture`
+source's (val/<source>/loss, val/<source>/bpb), and the scores of `train.eval_tasks` (tasks.py)."""
 
 import dataclasses
 import math
@@ -32,7 +30,7 @@ class Validation:
 
   every: int  # train.eval_every
   batches: list[dict]  # placed on the devices: the same batches at every evaluation
-  bpb: float  # val_bpb / val_loss over `batches` (data.bits_per_byte)
+  bpb: float  # val_bpb / val_loss over `batches` (data/windows.py batches_bpb)
   weights: np.ndarray | None  # targets in the loss per batch (completions only); None: all
   scope: str  # what the loss is on where not every token ("completions"), else ""
   sources: list[EvalSet] = dataclasses.field(default_factory=list)  # data.mixture's, placed

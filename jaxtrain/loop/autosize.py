@@ -1,16 +1,13 @@
 """`model.size="auto"`: the model's shape chosen for the run's time budget, before jax starts
 (the chosen batch decides how the CPU is split into devices), and said in the run's first lines.
 
-A new run reads its corpus (tokenized into the shared cache, as the run then reads it), this
-machine's speed model for the config's architecture (measure/speed_probe.py: cached, or probed
-once) and lets measure/size_rule.py choose among its candidates for the time left of the budget.
-The fields it sets (`FIELDS`) are then the run's like any other: written into config.json, so a
-resumed run takes them from there and never chooses again, on this machine or another. A field
-the user set on the command line (`explicit`) is kept and the rest chosen around it; where none
-of the candidates fits it, that is one `error:` line.
+A new run reads its corpus and this machine's speed model (measure/speed_probe.py) and lets
+measure/size_rule.py choose for the time left of the budget. The fields it sets (`FIELDS`) go
+into config.json like any other, so a resumed run takes them from there and never chooses again.
+A field the user set (`explicit`) is kept and the rest chosen around it; where no candidate fits
+it, that is one `error:` line.
 """
 
-import dataclasses
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -43,9 +40,9 @@ def platform() -> str:
   return first or ("gpu" if allocator.cuda_installed() else "cpu")
 
 
-def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = (), on: str | None = None,
-            say: Callable[[str], None] = print, t_start: float | None = None,
-            show_progress: bool = False) -> tuple[ml_collections.ConfigDict, list[str]]:
+def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = (),
+            say: Callable[[str], None] = print,
+            t_start: float | None = None) -> tuple[ml_collections.ConfigDict, list[str]]:
   """(`cfg` with the chosen fields set, the lines that say what was chosen and why); `cfg`
   itself where model.size is not "auto". `t_start`: when the budget's clock started (default:
   the process's start)."""
@@ -57,10 +54,10 @@ def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = (), on: 
   if all(f in explicit for f in size_rule.SHAPE_FIELDS):
     return cfg, ["model.size=auto: the shape is given in full on the command line "
                  f"({', '.join(size_rule.SHAPE_FIELDS)}): nothing to choose"]
-  corpus = corpus_lib.prepare(cfg.data, show_progress=show_progress, log=say,
+  corpus = corpus_lib.prepare(cfg.data, show_progress=False, log=say,
                               vocab_size=cfg.model.vocab_size)
   vocab = tokenizer.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
-  speed = speed_probe.speed_model(cfg, vocab, on or platform(), say)
+  speed = speed_probe.speed_model(cfg, vocab, platform(), say)
   spent = time.time() - t_start if t_start is not None else budget.process_age_s()
   left_s = fmt.parse_duration(cfg.train.time_budget) - spent
   fixed = {f: validate.get(cfg, f) for f in size_rule.SHAPE_FIELDS if f in explicit}
@@ -70,9 +67,7 @@ def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = (), on: 
   if not opts:
     raise _none_fits(cfg, fixed, shapes, left_s)
   pick, near = size_rule.choose(opts)
-  chosen = dict(dataclasses.asdict(pick.shape))
-  values = {f: chosen[f.split(".")[1]] for f in size_rule.SHAPE_FIELDS}
-  values |= {f: v for f, v in LRS.items() if cfg.optim.name == "muon"}
+  values = pick.shape.fields() | {f: v for f, v in LRS.items() if cfg.optim.name == "muon"}
   cfg = loading.override(cfg.copy_and_resolve_references(),
                          **{f: v for f, v in values.items() if f not in explicit})
   return cfg, describe(pick, near, left_s, len(corpus.train), fixed, cfg)
@@ -96,8 +91,7 @@ def _said(o: size_rule.Option) -> str:
 
 def describe(pick: size_rule.Option, near: list[size_rule.Option], left_s: float, unique: int,
              fixed: dict, cfg: ml_collections.ConfigDict) -> list[str]:
-  """What was chosen and why: the shape, its params, the tokens it will see and the epochs of
-  the corpus that is, its prediction, and the nearest candidates rejected."""
+  """What was chosen and why, and the nearest candidates rejected."""
   s = pick.shape
   lrs = (f", Muon lr {cfg.optim.matrix_lr:g}, AdamW lr {cfg.optim.lr:g}"
          if cfg.optim.name == "muon" else f", lr {cfg.optim.lr:g}")

@@ -1,23 +1,17 @@
 """`train.time_budget`: train for a given wall time rather than a step count.
 
-A new run measures itself first (`fit`): once its train step, eval step and samples are compiled
-as the run runs them (loop/warmup.py), it times a few steps on random tokens (the speed does not
-depend on their values), an evaluation and a checkpoint save, then fixes its end (the `Plan`) so
-that what is left of the budget, counted from the start of the process, holds the steps with
-their share of evaluations and saves, and the end of the run (the last evaluation and save, the
-samples, the closing files). The train step reads the schedule's end as an input
-(`TrainState.schedule`) instead of having it compiled in, so the measured compile is the run's
-own: from a warm compile cache or a cold one, it is spent before the plan is made, and nothing
-compiles after it. A budget too short for one step is an error that says what the run needs.
+A new run measures itself (`fit`) once its programs are compiled as the run runs them
+(loop/warmup.py): a few steps on random tokens (their values do not change the speed), an
+evaluation and a save. It then fixes its end (the `Plan`) so that the budget, counted from the
+start of the process, holds the steps, their evaluations and saves, and the run's end. The train
+step reads the schedule's end as an input (`TrainState.schedule`), so the compile measured is the
+run's own and nothing compiles after the plan is made.
 
-A probe of a few seconds misjudges a loop that runs for minutes (evaluations, saves, logging, a
-machine whose speed changes), so the run's first leg measures its own pace again at REFIT_AT of
-its steps; when that moves the end by more than TOLERANCE, the loop takes the new end
-(`moved_end`). The schedule then goes on from where it is: the part of it that was left is
-warped onto the steps now left (`schedule_at`), so the learning rate decays smoothly to the new
-end instead of jumping to where a schedule for that end from the start would be. Each end and the
-step it took over at are recorded in budget.json; a resumed leg follows them, so it trains exactly
-as the uninterrupted run did.
+A probe of seconds misjudges a loop of minutes (evaluations, saves, a machine whose speed
+changes), so the first leg measures its pace again at REFIT_AT of its steps and takes the new end
+where it moves by more than TOLERANCE (`moved_end`): what is left of the schedule is warped onto
+the steps now left (`schedule_at`), so the learning rate decays smoothly instead of jumping. The
+ends are recorded in budget.json; a resumed leg follows them, as the uninterrupted run did.
 """
 
 import dataclasses
@@ -73,10 +67,9 @@ class Costs:
 
 def measure(programs, state: TrainState, batches: Iterator[dict], grad_accum: int,
             eval_steps: int, min_s: float = 1.0, max_steps: int = 20) -> Costs:
-  """The `Costs` of `programs` (their steps compiled) as the loop runs them, from `state` (a new
-  one, used up): `batches` (host batches, an iterator of the run's own kind) read, placed and
-  stepped, each step's metrics read back, and the state evaluated and saved as the loop does. For
-  a small model that host work is most of a step."""
+  """The `Costs` of `programs` (compiled) as the loop runs them, from `state` (a new one, used
+  up): host batches read, placed and stepped, metrics read back, an evaluation and saves. For a
+  small model that host work is most of a step."""
   step = programs.train_step
 
   def one(state):

@@ -14,7 +14,7 @@ from jaxtrain.generation import samples
 from jaxtrain.loop.state import Progress, Run
 from jaxtrain.measure import summary
 from jaxtrain.system import fmt, paths, runtime, signals
-from jaxtrain.trackers import metrics_jsonl
+from jaxtrain.trackers import metrics_jsonl, status
 from jaxtrain.trackers.hooks import RunResult
 
 
@@ -63,12 +63,8 @@ def stopped(r: Run, p: Progress, by: str, speed: float | None) -> RunResult:
 def end_left(workdir: Path, step: int) -> bool:
   """Whether the run in `workdir` was stopped at `step`, its last, before its last evaluation
   (status.json says so): a restart then makes that evaluation and the samples."""
-  try:
-    info = paths.read_json(workdir / paths.STATUS_FILE)
-  except (OSError, ValueError):
-    return False
-  return isinstance(info, dict) and info.get("state") == "stopped" and bool(info.get("end_left")) \
-      and info.get("step") == step
+  info = status.read(workdir / paths.STATUS_FILE)
+  return info.get("state") == "stopped" and bool(info.get("end_left")) and info.get("step") == step
 
 
 def _summary(r: Run, p: Progress, wall: float) -> None:

@@ -1,10 +1,7 @@
 """The training batches, already on the devices: while the device runs one step, the next
-micro-batches are read and copied over, so a step never waits for its input.
-
-`DeviceFeed` wraps the data iterator and keeps `depth` placed micro-batches ahead. Checkpoints
-read its position through `get_state`, which counts the batches the loop took, not the ones
-read ahead, so a resumed run sees exactly the batches an uninterrupted one would.
-"""
+micro-batches are read and copied over, so a step never waits for its input. A checkpoint saves
+the position of the batches the loop took, not of those read ahead, so a resumed run sees
+exactly the batches an uninterrupted one would."""
 
 import collections
 from collections.abc import Callable

@@ -49,7 +49,7 @@ def _count(start: int, end: int, every: int) -> int:
 def plan_lines(cfg: ml_collections.ConfigDict, built: programs.Programs, train_tokens: int,
                start: int) -> list[str]:
   """The run's plan from step `start`: steps, tokens and FLOPs, evaluations, checkpoints,
-  samples. With a time budget the steps are the run's to decide."""
+  samples, the time its steps take here. With a time budget the steps are the run's to decide."""
   t, T = cfg.train, cfg.model.seq_len
   per_step = t.batch_size * t.grad_accum * T
   flops_token = model.flops_per_token(built.model_cfg)
@@ -63,10 +63,10 @@ def plan_lines(cfg: ml_collections.ConfigDict, built: programs.Programs, train_t
             "at the end and at each new best val loss"]
   steps = t.max_steps - start
   tokens = steps * per_step
+  flops = tokens * flops_token + steps * opt_flops
   epochs = f" ({tokens / train_tokens:.2f} epochs of the train split)" if train_tokens else ""
   lines = [f"plan: {steps} steps{f' (from step {start})' if start else ''} x {per_step} tokens = "
-           f"{fmt.count(tokens)} tokens{epochs}, {tokens * flops_token + steps * opt_flops:.3g} "
-           f"FLOPs ({fmt.count(flops_token)}/token"
+           f"{fmt.count(tokens)} tokens{epochs}, {flops:.3g} FLOPs ({fmt.count(flops_token)}/token"
            + (f" + {fmt.count(opt_flops)}/step for the optimizer" if opt_flops else "") + ")",
            f"evaluations: {_count(start, t.max_steps, t.eval_every)} (every {t.eval_every} steps "
            f"and at step {t.max_steps}), each on {t.eval_steps} batches of {t.batch_size} x {T} "
@@ -81,7 +81,7 @@ def plan_lines(cfg: ml_collections.ConfigDict, built: programs.Programs, train_t
     lines.append(f"warning: plan: {tokens / train_tokens:.0f} epochs: the model sees each training "
                  "token that many times and learns the text by heart (val loss rises again); "
                  "give it more data (--config.data.path) or fewer steps (--config.train.max_steps)")
-  return lines
+  return lines + time_lines(flops, list(built.mesh.devices.flat), built.model_cfg.dtype)
 
 
 def time_lines(flops: float, devices: list, dtype: str) -> list[str]:
@@ -111,11 +111,4 @@ def dry_run(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()) -> N
       out.print(f"resume: a run would resume from the checkpoint of step {start} in {res.workdir}")
     for line in plan_lines(cfg, res.programs, len(res.corpus.train), start):
       out.print(line)
-    if not t.time_budget:
-      built = res.programs
-      flops = (t.max_steps - start) * (
-          t.batch_size * t.grad_accum * cfg.model.seq_len * model.flops_per_token(built.model_cfg)
-          + optim.flops_per_step(built.optimizer, built.abstract.trainable()))
-      for line in time_lines(flops, list(built.mesh.devices.flat), built.model_cfg.dtype):
-        out.print(line)
   out.print(f"dry run: nothing was compiled or trained, and nothing was written in {res.workdir}")

@@ -1,7 +1,5 @@
 """The run's state as the loop sees it: what setup prepares (`Run`, not changed after), and what
-the loop carries from step to step of a leg (`Progress`, changed by the loop alone), with the
-loop's own end (`Progress.end`: train.max_steps, or the end a time budget's plan gives from step
-to step)."""
+the loop carries from step to step of a leg (`Progress`, changed by the loop alone)."""
 
 import dataclasses
 import time

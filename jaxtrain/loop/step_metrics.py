@@ -49,7 +49,6 @@ class NonFiniteGuard:
     return loss, grad_norm, note
 
 
-
 class Pending:
   """The metrics of the steps not read back yet, oldest first, and those of micro-batches still
   queued on the device (at most MAX_IN_FLIGHT: `queued` waits for the oldest). `read` copies them

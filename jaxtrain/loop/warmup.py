@@ -1,12 +1,10 @@
 """What a run compiles before its first step, side by side (`side_by_side`): the train step on the
-calling thread and, in a pool beside it, whatever setup does meanwhile (a new state's init, or a
-restore); on an accelerator also the eval step, the programs of the samples at the end (where the
-run samples) and the libraries the hooks import on first use. XLA compiles, orbax reads and much
-of an import run without the GIL, so there the first step waits for the slowest of them rather
-than for their sum, and neither the first evaluation nor the samples stop a run under way to
-compile (the first eval's compile cost an H100 run 7 s mid-run). On a CPU, whose cores the train
-step's compile keeps busy, those wait for the run to need them, as they did before, unless a time
-budget's measurement needs them first."""
+calling thread and, in a pool beside it, what setup does meanwhile (a new state's init, or a
+restore); on an accelerator also the eval step, the samples' programs and the hooks' imports.
+XLA compiles, orbax reads and much of an import run without the GIL, so the first step waits for
+the slowest of them rather than their sum, and no evaluation or sampling stops the run to compile.
+On a CPU, whose cores the train step's compile keeps busy, those wait until the run (or a time
+budget's measurement) needs them."""
 
 import concurrent.futures
 import dataclasses
@@ -33,11 +31,10 @@ class Ready:
 
 def side_by_side(programs: Programs, cfg: ml_collections.ConfigDict, corpus: Corpus, hooks: Hooks,
                  beside: Callable[[], Any] | None = None, measure: bool = False) -> Ready:
-  """Compiles `programs`' train step here (unless compiled already) while a pool runs `beside`,
-  and with it, where that saves time (`extras_beside`), compiles the eval step and the samples'
-  programs and prepares the hooks; else these wait for the run to need them, or, for a
-  `measure`ment (a time budget's plan needs them compiled, and the samples timed), follow the
-  train step's compile here. Returns once all of it is done."""
+  """Compiles `programs`' train step here (unless compiled already) while a pool runs `beside`
+  and, where `extras_beside`, the extras (the eval step, the samples' programs, the hooks' imports);
+  elsewhere those follow here only for a `measure`ment (a time budget's plan needs them compiled,
+  the samples timed). Returns once all of it is done."""
   extras = {"hooks": hooks.prepare, "eval": lambda: compile_eval(programs)}  # in the order needed
   if jax.process_index() == 0 and samples.wanted(cfg.sample):  # process 0 samples
     extras["samples"] = lambda: samples.warm(cfg.sample, cfg.model.seq_len, cfg.seed,
@@ -58,11 +55,9 @@ def side_by_side(programs: Programs, cfg: ml_collections.ConfigDict, corpus: Cor
 
 
 def extras_beside(programs: Programs) -> bool:
-  """Whether compiles beside the train step's save time: on an accelerator, whose compile is
-  host work beside an idle device, yes. On a CPU, XLA's compile of the train step keeps the cores
-  busy itself (on 2 cores: 4.3 CPU seconds in 2.4 s), so compiles beside it only slow it down:
-  the train step, init and the eval step compiled at once took ~15% more CPU seconds than one
-  after another, and delayed the first step by seconds (benchmarks/results/)."""
+  """Whether compiles beside the train step's save time: on an accelerator, whose compile is host
+  work beside an idle device, yes; on a CPU, whose cores the train step's compile keeps busy, they
+  only slow it down (benchmarks/results/)."""
   return programs.mesh.devices.flat[0].platform != "cpu"
 
 

@@ -30,7 +30,6 @@ from jaxtrain.system import fmt, paths
 # TF32 on Ampere and later, which is what XLA uses for float32 matmuls at default precision.
 GPU_PEAK_TFLOPS = {
     "H200": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
-    "H100 SXM": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
     "H100 PCIe": {"bfloat16": 756.0, "float16": 756.0, "float32": 378.0},
     "H100": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
     "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 156.0},
@@ -70,8 +69,7 @@ class Memory:
 
   @property
   def total(self) -> int:
-    return (self.params + self.grads + self.optimizer + self.accumulation + self.activations
-            + self.logits)
+    return sum(dataclasses.astuple(self))
 
 
 def memory_estimate(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int,
@@ -195,14 +193,10 @@ _measured_here: set[str] = set()  # the peaks this process measured (not read fr
 
 def matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5,
                 at_least: float = 0.0) -> tuple[float, float | None]:
-  """(this device's matmul FLOP/s, how many seconds ago it was measured: None for now, by this
-  process). `time_matmul`, measured about once a week.
-
-  The measurement (~1 s on a laptop CPU) is cached per machine under `peak_key`; a re-measurement
-  keeps the higher value, so a reading taken while the machine was busy does not stick.
-  `at_least`: FLOP/s this device was just seen to reach; a cached peak below it was taken on a
-  busy machine and is measured again.
-  """
+  """(this device's matmul FLOP/s by `time_matmul`, its age in seconds: None when this process
+  measured it), cached under `peak_key`. A re-measurement keeps the higher value, so a reading
+  taken on a busy machine does not stick; `at_least`: FLOP/s this device was just seen to reach, a
+  cached peak below it is measured again."""
   device = jax.devices()[0]
   n = n or (2048 if device.platform == "cpu" else 8192)
   key = peak_key(device, dtype, n)
@@ -220,25 +214,13 @@ def matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5,
   return peak, None
 
 
-def measured_matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5,
-                         at_least: float = 0.0) -> float:
-  """This device's matmul FLOP/s (`matmul_peak`)."""
-  return matmul_peak(dtype, n, repeats, at_least)[0]
-
-
-def _peak_units(devices: list) -> int:
-  """How many times one device's peak the devices have together: CPU devices of one host share
-  its cores (one measured peak per host); each accelerator has its own."""
-  if devices[0].platform == "cpu":
-    return len({d.process_index for d in devices})
-  return len(devices)
-
-
 def peak_flops(devices: list, dtype: str, achieved: float = 0.0) -> tuple[float, str]:
   """(FLOP/s of `devices` together, what that is) for MFU: the datasheet peak of a known GPU,
   else a measured matmul peak (measured again if below `achieved`, FLOP/s the devices together
   just ran at), times the number of GPUs or hosts."""
-  device, units = devices[0], _peak_units(devices)
+  device = devices[0]
+  # CPU devices of one host share its cores (one measured peak per host); an accelerator has its own
+  units = len({d.process_index for d in devices}) if device.platform == "cpu" else len(devices)
   peak = published_peak(device.device_kind, dtype) if device.platform == "gpu" else None
   source = f"{device.device_kind} datasheet {dtype}"
   if not peak:

@@ -150,15 +150,14 @@ class Watch:
   """Read at each log line: `read()` gives the record's memory fields, their text for the
   progress line, and a warning the first time memory runs low (None otherwise)."""
 
-  def __init__(self, host: Callable[[], tuple | None] = host_memory,
-               device: jax.Device | None = None):
-    self.host, self.device = host, device
+  def __init__(self, host: Callable[[], tuple | None] = host_memory):
+    self.host = host
     self.warned = False
 
   def read(self) -> tuple[dict, str, str | None]:
     record = {"peak_rss_bytes": peak_rss()}
     text = f"rss {fmt.nbytes(record['peak_rss_bytes'])}"
-    on_device = device_memory(self.device or jax.local_devices()[0])
+    on_device = device_memory(jax.local_devices()[0])
     low = []
     if on_device is not None:
       record["device_bytes_in_use"] = in_use = on_device[0]

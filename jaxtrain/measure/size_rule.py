@@ -47,6 +47,10 @@ class Shape:
   def name(self) -> str:
     return f"{self.n_layers}x{self.d_model}"
 
+  def fields(self) -> dict[str, int]:
+    """{SHAPE_FIELDS name: value}: the shape as config overrides."""
+    return {f: getattr(self, f.split(".")[1]) for f in SHAPE_FIELDS}
+
 
 @dataclasses.dataclass(frozen=True)
 class LossLaw:

@@ -1,7 +1,5 @@
-"""How fast a run goes as it trains: tokens/s, FLOP/s against the devices' peak (MFU) and the time
-left, over the steps since the last reading; the time between steps (evaluating, saving) is left
-out. A plain object the loop updates; tests drive it directly. `first_line`: the first reading's
-line, with the peak its MFU is measured against."""
+"""How fast a run goes as it trains (`Throughput`: tokens/s, MFU against the devices' peak, the
+time left) and the first reading's line (`first_line`)."""
 
 import dataclasses
 from collections.abc import Callable

@@ -1,15 +1,12 @@
-"""This machine's speed for `model.size="auto"`: a short probe, cached per machine like the matmul
-peak (measure/estimate.py), fitted to the `size_rule.SpeedModel` the choice reads.
+"""This machine's speed for `model.size="auto"`, fitted to the `size_rule.SpeedModel` the choice
+reads and cached in the cache dir's auto_speed.json per machine (`cache_key`: the CPU or GPU, the
+cores, jax) and architecture (every model field but the shape): measured once for each.
 
-The probe compiles and times the train step of a few shapes (`PROBES`, with the config's
-architecture, context and batch) as a run builds it (`programs.build`), in a process of its own:
-the choice is made before jax starts in the run's process, since the chosen batch decides how
-the CPU is split into devices (core/cpu.py). Each probe's compile is timed cold (the persistent
-compile cache off) and its step is the median of a few after the first. A linear fit of the step
-times to `size_rule.features` (non-negative: every term costs time) and of the compiles to the
-depth gives the model. It is cached in the cache dir's auto_speed.json under the machine (the
-CPU or GPU, the cores this process may use, jax's version) and the architecture (every field but
-the shape), so a machine measures each kind of model once (~30-60 s on a 2-core CPU).
+The probe times the train step of a few shapes (`PROBES`) as a run builds it, in a process of its
+own: the choice is made before jax starts in the run's process, since the chosen batch decides
+how the CPU is split into devices (core/cpu.py). Compiles are timed cold (the persistent cache
+off); a non-negative fit (every term costs time) of the step times to `size_rule.features`, and a
+line of the compiles against depth, give the model.
 """
 
 import dataclasses
@@ -36,6 +33,7 @@ PROBES = ((2, 64), (2, 128), (3, 96), (4, 128), (4, 192), (6, 256))  # (layers, 
 RUN_FIXED_S = 6.0
 COMPILE_FACTOR = 1.3
 OVERHEAD = 0.05  # evaluations and saves, a share of the training time
+CONSTANTS = [RUN_FIXED_S, COMPILE_FACTOR, OVERHEAD]  # a cached fit made with others is made anew
 
 
 def shape_of(cfg: ml_collections.ConfigDict, layers: int, width: int) -> size_rule.Shape:
@@ -44,10 +42,7 @@ def shape_of(cfg: ml_collections.ConfigDict, layers: int, width: int) -> size_ru
 
 
 def with_shape(cfg: ml_collections.ConfigDict, shape: size_rule.Shape) -> ml_collections.ConfigDict:
-  cfg = loading.override(cfg, **{"model.n_layers": shape.n_layers, "model.d_model": shape.d_model,
-                                 "model.n_heads": shape.n_heads, "model.seq_len": shape.seq_len,
-                                 "train.batch_size": shape.batch_size})
-  return cfg
+  return loading.override(cfg, **shape.fields())
 
 
 def cache_key(cfg: ml_collections.ConfigDict, platform: str) -> str:
@@ -94,7 +89,7 @@ def speed_model(cfg: ml_collections.ConfigDict, vocab: int, platform: str,
   entry = cached.get(key)
   if isinstance(entry, dict) and "rows" in entry:
     fitted = entry.get("model")
-    if isinstance(fitted, dict) and fitted.get("constants") == _constants():
+    if isinstance(fitted, dict) and fitted.get("constants") == CONSTANTS:
       return size_rule.SpeedModel(tuple(fitted["coef"]), fitted["fixed_s"],
                                   fitted["compile_per_layer_s"], OVERHEAD, ns)
     return _keep(key, entry["rows"], ns)
@@ -105,10 +100,6 @@ def speed_model(cfg: ml_collections.ConfigDict, vocab: int, platform: str,
   return _keep(key, rows, ns, seconds=round(time.perf_counter() - t, 1))
 
 
-def _constants() -> list[float]:
-  return [RUN_FIXED_S, COMPILE_FACTOR, OVERHEAD]
-
-
 def _keep(key: str, rows: list[dict], ns: int, **more) -> size_rule.SpeedModel:
   """The speed model of `rows`, cached with them (a run reads the fit without refitting)."""
   model = fit(rows, ns)
@@ -117,17 +108,16 @@ def _keep(key: str, rows: list[dict], ns: int, **more) -> size_rule.SpeedModel:
   cached[key] = {**entry, **more, "rows": rows,
                  "model": {"coef": list(model.coef), "fixed_s": model.fixed_s,
                            "compile_per_layer_s": model.compile_per_layer_s,
-                           "constants": _constants()}}
+                           "constants": CONSTANTS}}
   paths.write_cache_json(SPEED_FILE, cached)
   return model
 
 
-def run_probe(cfg: ml_collections.ConfigDict, vocab: int, platform: str,
-              probes: tuple = PROBES) -> list[dict]:
-  """The probe of `probes` ((layers, width) with the config's context and batch), in a process
+def run_probe(cfg: ml_collections.ConfigDict, vocab: int, platform: str) -> list[dict]:
+  """The probe of `PROBES` ((layers, width) with the config's context and batch), in a process
   of its own (its devices split as the run's will be)."""
   env = dict(os.environ, JAX_PLATFORMS=platform, JAX_ENABLE_COMPILATION_CACHE="false")
-  request = json.dumps({"config": cfg.to_dict(), "vocab": vocab, "probes": probes})
+  request = json.dumps({"config": cfg.to_dict(), "vocab": vocab, "probes": PROBES})
   proc = subprocess.run([sys.executable, "-m", "jaxtrain.measure.speed_probe"], input=request,
                         capture_output=True, text=True, env=env)
   if proc.returncode:

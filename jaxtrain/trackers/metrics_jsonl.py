@@ -7,8 +7,6 @@ TensorBoard's hook drops its events."""
 import json
 from pathlib import Path
 
-import jax
-
 from jaxtrain.system import paths
 from jaxtrain.trackers.hooks import Hook, RunView
 
@@ -29,18 +27,15 @@ def drop_after(path: Path, step: int) -> int:
 
 
 class MetricsJsonl(Hook):
-  """Writes the run's metrics.jsonl (process 0 only)."""
+  """Writes the run's metrics.jsonl (process 0's: standard.py attaches it there)."""
 
   def __init__(self):
     self.path: Path | None = None
 
   def prepare(self) -> None:
-    if jax.process_index() == 0:
-      import matplotlib.figure  # noqa: F401  (for the loss plot at the end)
+    import matplotlib.figure  # noqa: F401  (for the loss plot at the end)
 
   def on_start(self, run: RunView, step: int) -> None:
-    if jax.process_index() != 0:
-      return
     self.path = Path(run.workdir) / FILE
     dropped = drop_after(self.path, step)
     if dropped:

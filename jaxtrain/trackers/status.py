@@ -32,8 +32,7 @@ WRITE_EVERY_S = 1.0  # the most often a logged step rewrites the file (see Statu
 
 
 class Status(Hook):
-  """status.json in the workdir (process 0): what state the run is in, the last step it logged
-  or evaluated, its params, and the process that runs it."""
+  """status.json in the workdir (process 0's: standard.py attaches it there)."""
 
   def __init__(self):
     self.path: Path | None = None
@@ -41,10 +40,8 @@ class Status(Hook):
     self.checkpoint_every, self.written = 1, 0.0
 
   def on_start(self, run: RunView, step: int) -> None:
-    if jax.process_index() != 0:
-      return
     self.path = Path(run.workdir) / paths.STATUS_FILE
-    previous = _read(self.path)
+    previous = read(self.path)
     if previous.get("state") == "running":  # its writer is gone: this process holds the lock
       run.out.print(killed_line(previous))
     self.info = {"state": "running", "step": step, "max_steps": run.cfg.train.max_steps,
@@ -85,7 +82,8 @@ class Status(Hook):
     paths.write_json(self.path, self.info)
 
 
-def _read(path: Path) -> dict:
+def read(path: Path) -> dict:
+  """status.json's contents; {} where it is missing or damaged."""
   try:
     info = paths.read_json(path)
   except (OSError, ValueError):

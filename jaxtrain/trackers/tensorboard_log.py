@@ -1,18 +1,13 @@
 """TensorBoard event files in each run's workdir (trackers/tfevents.py; no TensorFlow or torch):
-`tensorboard --logdir runs` shows every run under runs/ side by side.
-
-Scalars: the train lines' numbers (train/loss, train/lr, train/grad_norm), speed (perf/...),
-memory (memory/..._mib), the per-group statistics (grad_norm/<group>, param_norm/<group>,
-update_ratio/<group>) and every number of an evaluation (val/loss, val/ppl, val/bpb, ...); the
-config as hparams; the end-of-run samples as text. A resumed run drops the events past the step
-it restored, as metrics.jsonl's hook does, so its curves continue without a second copy of any step.
+`tensorboard --logdir runs` shows every run under runs/ side by side. The records' numbers are
+scalars (named by `tag`), the config hparams, the end-of-run samples text. A resumed run drops the
+events past the step it restored, as metrics.jsonl's hook does, so its curves continue without a
+second copy of any step.
 """
 
 import os
 import time
 from pathlib import Path
-
-import jax
 
 from jaxtrain.config import loading
 from jaxtrain.trackers import tfevents
@@ -33,8 +28,6 @@ def tag(section: str, key: str) -> str:
     return f"memory/{key[:-len('_bytes')]}_mib"
   if key in PERF:
     return f"perf/{key}"
-  if "/" in key:  # named in full already: val/<source>/loss
-    return key
   return f"{section}/{key.removeprefix('val_')}"
 
 
@@ -52,21 +45,17 @@ def _hparams(cfg) -> dict:
 
 
 class TensorBoard(Hook):
-  """Writes the run's event file (process 0 only)."""
+  """Writes the run's event file (process 0's: standard.py attaches it there)."""
 
-  def __init__(self, flush_secs: int = 10):
-    self.flush_secs = flush_secs
+  def __init__(self):
     self.writer = None
 
   def on_start(self, run: RunView, step: int) -> None:
-    if jax.process_index() != 0:
-      return
     workdir = Path(run.workdir)
     old = sorted(workdir.glob(EVENT_FILES))
     # Files are named by the second: a suffix keeps a quick second leg's file apart from the
     # first's, which is deleted below.
-    self.writer = tfevents.EventWriter(workdir, f".{os.getpid()}.{time.time_ns()}",
-                                       self.flush_secs)
+    self.writer = tfevents.EventWriter(workdir, f".{os.getpid()}.{time.time_ns()}")
     seen = set()
     for path in old:  # into the new file: what an earlier leg wrote up to `step`
       for record in tfevents.read_records(path):

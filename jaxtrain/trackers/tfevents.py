@@ -1,11 +1,9 @@
 """TensorBoard event files, written and read with the standard library alone: no TensorFlow, and
-no tensorboardX (which imports torch where torch is installed: a second and ~180 MiB of every
-run's start, for a writer that is only ever given numbers and text).
+no tensorboardX (it imports torch where torch is installed, which slows every run's start).
 
 An event file is a TFRecord file of `Event` protocol buffers (TensorBoard's `event.proto`,
 `summary.proto`, and its hparams and text plugins' protos). Only the fields jaxtrain writes are
-encoded here: scalars, a text summary, the hparams plugin's three summaries, the file version;
-reading decodes an event's step, whether it is the file-version event, and its summaries' tags.
+encoded; reading decodes an event's step, whether it is the file-version event, and its tags.
 """
 
 import os

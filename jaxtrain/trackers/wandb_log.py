@@ -14,8 +14,6 @@ import secrets
 import string
 from pathlib import Path
 
-import jax
-
 from jaxtrain.system import paths
 from jaxtrain.trackers import tensorboard_log
 from jaxtrain.trackers.hooks import Hook, RunResult, RunView
@@ -42,7 +40,7 @@ def _first_line(e: BaseException) -> str:
 
 
 class WandB(Hook):
-  """Logs the run to W&B (process 0 only)."""
+  """Logs the run to W&B (process 0's: standard.py attaches it there)."""
 
   def __init__(self, project: str, mode: str):
     self.project, self.mode = project, mode
@@ -50,12 +48,9 @@ class WandB(Hook):
     self.say = print
 
   def prepare(self) -> None:
-    if jax.process_index() == 0:
-      import wandb  # noqa: F401
+    import wandb  # noqa: F401
 
   def on_start(self, run: RunView, step: int) -> None:
-    if jax.process_index() != 0:
-      return
     self.say = run.out.print
     try:
       import wandb
