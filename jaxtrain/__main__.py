@@ -128,7 +128,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     if unknown:
       fail(unknown)
   try:
-    return cli.parse_flags(argv, "see --help for the flags")
+    return cli.parse_flags(argv)
   except Exception as e:  # raised by ml_collections for a value of the wrong type, and the like
     fail(f"the config could not be loaded ({type(e).__name__}: {schema.message_of(e)}); fix the "
          "config file or the override")

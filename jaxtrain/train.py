@@ -3,10 +3,7 @@ modules it calls (files, console, checkpoints, signals); the steps themselves ar
 
 A run first resolves what it is (loop/resolution.py, as `--dry_run` does), holding its workdir
 from the moment it is checked (loop/workdir.py); setup then makes the `Run` and the state to train
-from (loop/setup.py). Per optimizer step: `grad_accum` micro-batches through the compiled train
-step, each on a batch already placed on the devices (loop/feed.py). Metrics stay on the device
-except on the steps that log, and a logged step's are read once the next step is queued, so the
-device never waits. Evaluation and checkpoints each say when they are due (evals/validation.py,
+from (loop/setup.py). Evaluation and checkpoints each say when they are due (evals/validation.py,
 checkpoints/lifecycle.py), and what else a step does is decided once (`_due`); a time budget's
 plan gives the loop its end (loop/budget.py). Hooks (trackers/) see every logged and evaluated
 record and can end a run, without changes to the loop.

@@ -2,8 +2,7 @@
 
 A prompt is a document's start: a model trained with document masks (prompt/completion data) sees
 it alone, as in training; any other model sees it after an end-of-text token, as documents follow
-one another in its training stream. `complete` batches prompts of equal token length and stops
-each at its end-of-text token; `score` gives the summed log-probability of each continuation.
+one another in its training stream.
 """
 
 import functools
@@ -14,14 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxtrain.generation import decode, fit
+from jaxtrain.generation import decode
 
 CHUNK = 16  # tokens per compiled call: rows that all ended stop after at most this many more
 
 
-def context_ids(state, tok, text: str) -> np.ndarray:
-  """The tokens the model sees before a completion of `text`."""
-  ids = np.asarray(tok.encode(text), np.int32)
+def context_ids(state, tok, text: str | np.ndarray) -> np.ndarray:
+  """The tokens the model sees before a completion of `text` (or of these tokens)."""
+  ids = np.asarray(tok.encode(text) if isinstance(text, str) else text, np.int32)
   if state.model_cfg.doc_mask and len(ids):
     return ids
   return np.concatenate([np.array([tok.eot_id], np.int32), ids])
@@ -35,7 +34,7 @@ def complete(state, tok, prompts: list[str], max_new_tokens: int, *, temperature
   the decoder's window then taking the latest tokens where they pass the context."""
   ids = [context_ids(state, tok, p) for p in prompts]
   if keep:
-    ids = [fit.keep_last(x, keep) for x in ids]
+    ids = [x[-keep:] for x in ids]
   by_length = defaultdict(list)
   for i, x in enumerate(ids):
     by_length[len(x)].append(i)

@@ -129,11 +129,9 @@ def _prefill_uncached(params, graphdef, buf_BL, n, *, keep: int):
 def stream(state, prompts_BP: np.ndarray, n_new: int, *,
            temperature: float = 0.8, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
            use_cache: bool = True, chunk: int = 0) -> Iterator[np.ndarray]:
-  """Yields the new tokens of every row, `chunk` at a time (0: all at once), as they are made.
-
-  `state`: a TrainState (or anything with its params, graphdef and model_cfg), used on one
-  device outside any training mesh. The same seed gives the same tokens however they are chunked.
-  """
+  """Yields the new tokens of every row, `chunk` at a time (0: all at once), as they are made:
+  the same seed gives the same tokens however they are chunked. `state`: a TrainState (or
+  anything with its params, graphdef and model_cfg), used on one device outside any mesh."""
   params, graphdef, c = jax.device_get(state.params), state.graphdef, state.model_cfg
   B, P = prompts_BP.shape
   if P == 0:

@@ -4,10 +4,9 @@ or scores.
 A model reads at most `model.seq_len` tokens. A prompt keeps its last `room` tokens: seq_len less
 the tokens to generate, so that the prompt and its continuation share one window, but at least half
 of seq_len (a continuation longer than that slides the window anyway: decode.py restarts a full
-window from its latest half). A longer prompt is cut at its start, never silently: the commands
-print `cut_line`'s one line (sample, its --prompts, the samples at a run's end; chat leaves out
-whole exchanges instead, reply.fit_turns). Scoring leaves out a record that does not fit (`fits`),
-and counts it, since a score on a record cut short is not a score on that record.
+window from its latest half). A longer prompt is cut at its start, never silently (`cut_line`;
+chat leaves out whole exchanges instead, reply.fit_turns). Scoring leaves out a record that does
+not fit (`fits`), and counts it, since a score on a record cut short is not a score on that record.
 """
 
 import numpy as np
@@ -22,9 +21,14 @@ def room(seq_len: int, max_new_tokens: int) -> int:
   return max(seq_len - max_new_tokens, decode.keep_length(seq_len))
 
 
-def keep_last(ids: np.ndarray, limit: int) -> np.ndarray:
-  """The last `limit` tokens of `ids` (all of them where there are fewer)."""
-  return ids[-limit:] if len(ids) > limit else ids
+def seen(ids: np.ndarray, what: str, flag: str, max_new_tokens: int, seq_len: int,
+         say=None) -> np.ndarray:
+  """The prompt's tokens the model sees beside `max_new_tokens` new ones; where it was cut at its
+  start, `cut_line`'s line goes to `say`."""
+  note = cut_line(what, len(ids), flag, max_new_tokens, seq_len)
+  if note and say:
+    say(note)
+  return ids[-room(seq_len, max_new_tokens):]
 
 
 def fits(n_tokens: int, seq_len: int) -> bool:

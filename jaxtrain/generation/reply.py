@@ -11,24 +11,17 @@ from collections.abc import Iterator
 import numpy as np
 
 from jaxtrain.data import chat_format
-from jaxtrain.generation import decode, fit
+from jaxtrain.generation import complete, decode, fit
 from jaxtrain.system.errors import UserError
 
 CHUNK = 8  # tokens per compiled call: how often the reply on the screen grows
 
 
-def stop_ids(tok) -> set[int]:
-  """The tokens that end an assistant's turn: <|end|>, end-of-text and every role's token."""
-  return {*chat_format.special_ids(tok).values(), tok.eot_id}
-
-
 def context(state, tok, messages: list[dict]) -> np.ndarray:
-  """What the model reads before its reply: the conversation and <|assistant|> (after an
-  end-of-text for a model without document masks, as it saw documents in training)."""
-  ids = chat_format.encode(tok, messages, add_generation_prompt=True)
-  if state.model_cfg.doc_mask:
-    return ids
-  return np.concatenate([np.array([tok.eot_id], np.int32), ids])
+  """What the model reads before its reply: the conversation and <|assistant|>, as a prompt
+  (complete.context_ids)."""
+  return complete.context_ids(state, tok,
+                              chat_format.encode(tok, messages, add_generation_prompt=True))
 
 
 def fit_turns(state, tok, messages: list[dict], max_new_tokens: int,
@@ -58,7 +51,7 @@ def stream_reply(state, tok, messages: list[dict], max_new_tokens: int = 256, *,
                  seed: int = 0) -> Iterator[str]:
   """The reply's text as it is made, up to the end of the assistant's turn (not included). A
   conversation longer than the model's context loses its earliest exchanges first (`fit_turns`)."""
-  stops = stop_ids(tok)
+  stops = {*chat_format.special_ids(tok).values(), tok.eot_id}  # <|end|>, every role's token
   ids = context(state, tok, fit_turns(state, tok, messages, max_new_tokens)[0])
   made: list[int] = []
   shown = ""

@@ -39,12 +39,9 @@ def run_prompts(s: ml_collections.ConfigDict, seq_len: int, seed: int, val_token
   """The prompts of the `sample` section's samples: its `prompt`, or lines of the validation text.
   `say`: where the line goes that says what of a long `prompt` was cut."""
   if s.prompt:
-    ids = np.asarray(tok.encode(s.prompt), np.int32)
-    note = fit.cut_line("sample.prompt", len(ids), "sample.max_new_tokens", s.max_new_tokens,
-                        seq_len)
-    if note and say:
-      say(note)
-    return np.tile(fit.keep_last(ids, fit.room(seq_len, s.max_new_tokens)), (s.num_samples, 1))
+    ids = fit.seen(np.asarray(tok.encode(s.prompt), np.int32), "sample.prompt",
+                   "sample.max_new_tokens", s.max_new_tokens, seq_len, say)
+    return np.tile(ids, (s.num_samples, 1))
   return prompts_from_text(val_tokens, tokenizer_lib.newline_id(tok), s.num_samples,
                            min(32, seq_len // 2), seed)
 

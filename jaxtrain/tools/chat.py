@@ -1,12 +1,9 @@
-"""`python -m jaxtrain.chat --workdir=runs/chat [--system=TEXT|@FILE] [--temperature=0.7]
-[--max_new_tokens=256] [--top_k=0 --top_p=1 --seed=0] [--step=latest|best|N]`: talk with a run
-trained on chat records (data.messages_field).
+"""`python -m jaxtrain.chat --workdir=runs/chat [--system=TEXT|@FILE] [flags]`: talk with a run
+trained on chat records (data.messages_field; docs/finetune.md, Talking with a chat run).
 
-Each line read from stdin is the user's next message (`\\n` in it: a newline); the assistant's
-reply is printed as it is made, up to the end of its turn, then a newline. The conversation is
-kept: each reply sees every turn before it. On a terminal it asks with `you> `; from a pipe it
-prints only the replies, so a script can drive it. An empty line is skipped; end of input ends it
-(exit 0), Ctrl-C too (exit 130).
+Each line read from stdin is the user's next message (`\\n` in it: a newline); the conversation
+is kept. On a terminal it asks with `you> `; from a pipe it prints only the replies, so a script
+can drive it.
 """
 
 import sys
@@ -19,7 +16,7 @@ from jaxtrain.generation import fit, reply
 from jaxtrain.system import invocation
 from jaxtrain.system.errors import UserError
 from jaxtrain.tools import cli
-from jaxtrain.tools.sample import read_prompt
+from jaxtrain.tools.sample import ask, read_prompt
 
 _COMMAND = invocation.command("jaxtrain.chat")
 USAGE = (f"usage: {_COMMAND} --workdir=runs/chat [--system=TEXT] [flags]\n"
@@ -39,11 +36,7 @@ def define_flags() -> None:
 def read_message(tty: bool) -> str | None:
   """The user's next message; None at the end of input."""
   if tty:
-    try:
-      return input("you> ")
-    except EOFError:
-      print(file=sys.stderr)
-      return None
+    return ask("you> ")
   line = sys.stdin.readline()
   return None if line == "" else line.rstrip("\r\n")
 
@@ -59,7 +52,6 @@ def converse(state, tok, f, tty: bool, out=sys.stdout) -> int:
       continue
     turn = [*messages, {"role": "user", "content": text.replace("\\n", "\n")}]
     try:
-      chat_format.encode(tok, turn)
       turn, dropped = fit_conversation(state, tok, turn, f.max_new_tokens, said=left_out > 0)
       left_out += dropped
     except UserError as e:  # a character outside the vocabulary, a message too long: ask again
@@ -81,10 +73,8 @@ def converse(state, tok, f, tty: bool, out=sys.stdout) -> int:
 
 def fit_conversation(state, tok, turn: list[dict], max_new_tokens: int,
                      said: bool) -> tuple[list[dict], int]:
-  """(the conversation the model reads before its reply, how many exchanges it left out): the
-  earliest go where it passes the model's context (reply.fit_turns). The first time, one line on
-  stderr says so, and that it goes on (`said`: already said): a line each turn would drown the
-  replies."""
+  """reply.fit_turns, and the first time it leaves exchanges out (`said`: not yet), one line on
+  stderr that says so and that it goes on: a line each turn would drown the replies."""
   kept, dropped = reply.fit_turns(state, tok, turn, max_new_tokens, "--max_new_tokens")
   if dropped and not said:
     n = len(reply.context(state, tok, turn))

@@ -42,19 +42,11 @@ COMMON = (("--jax_platforms=cpu", "Run on the CPU even where a GPU is present.")
           ("--helpfull", "Every flag, the libraries' included."))
 
 
-def help_text(usage: str, rows: list[tuple[str, str]], common=COMMON) -> str:
-  """`usage`, then one line a flag: its name (with its default) and what it does."""
-  rows = [*rows, *common]
-  width = max(len(name) for name, _ in rows) + 2
-  return "\n".join([usage, "", "flags:", *(f"  {name.ljust(width)}{text}" for name, text in rows)])
-
-
-def flag_rows(module: str, values: dict[str, str] | None = None,
-              flag_values: flags.FlagValues = flags.FLAGS) -> list[tuple[str, str]]:
-  """The absl flags `module` defined, as help_text rows; `values`: what a flag's value looks like
+def flag_rows(module: str, values: dict[str, str] | None = None) -> list[tuple[str, str]]:
+  """The absl flags `module` defined, as --help rows; `values`: what a flag's value looks like
   where its default does not say (`{"out": "DIR"}`: --out=DIR)."""
   rows = []
-  for flag in flag_values.flags_by_module_dict().get(module, []):
+  for flag in flags.FLAGS.flags_by_module_dict().get(module, []):
     if flag.flag_type() == "bool":
       name = f"--[no]{flag.name}"
     elif values and flag.name in values:
@@ -65,24 +57,24 @@ def flag_rows(module: str, values: dict[str, str] | None = None,
   return rows
 
 
-def show_help_if_asked(argv: list[str], usage: str, rows: list[tuple[str, str]],
-                       common=COMMON) -> None:
-  """`--help` anywhere in `argv`: the command's own flags on stdout, exit status 0."""
+def show_help_if_asked(argv: list[str], usage: str, rows: list[tuple[str, str]]) -> None:
+  """`--help` anywhere in `argv`: `usage`, then one line a flag (its name, with its default, and
+  what it does) on stdout, exit status 0."""
   if any(arg in HELP_FLAGS for arg in argv[1:] if isinstance(arg, str)):
-    print(help_text(usage, rows, common))
+    width = max(len(name) for name, _ in rows) + 2
+    print("\n".join([usage, "", "flags:", *(f"  {name.ljust(width)}{text}" for name, text in rows)]))
     sys.exit(0)
 
 
-def parse_flags(argv: list[str], hint: str = "see --help for the flags",
-                flag_values: flags.FlagValues = flags.FLAGS, known_only: bool = False) -> list[str]:
+def parse_flags(argv: list[str], known_only: bool = False) -> list[str]:
   """absl's parser, but a bad flag is one line and exit status 2. Returns the arguments that are
   not flags (with argv[0]); with `known_only`, flags defined nowhere are among them too."""
   try:
-    return flag_values(argv, known_only=known_only)
+    return flags.FLAGS(argv, known_only=known_only)
   except flags.Error as e:  # a config file's own error comes as a traceback: its last line says it
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     cause = f" {lines[-1]}" if "Traceback (most recent call last):" in lines else ""
-    fail(f"{first_line(e)}{cause}; {hint}")
+    fail(f"{first_line(e)}{cause}; see --help for the flags")
 
 
 def parse_args(argv: list[str], flag_values: flags.FlagValues, known_only: bool = False) -> list[str]:
@@ -138,13 +130,9 @@ def missing_config(path: str) -> str:
 def main(run: Callable[..., None], usage: str, module: str, *, args: bool = False,
          known_only: bool = False, uses_jax: bool = True, values: dict[str, str] | None = None,
          before: tuple[tuple[str, str], ...] = (), after: tuple[tuple[str, str], ...] = ()) -> None:
-  """Parses the flags defined so far, then calls `run`, turning a UserError into one line.
-  `--help` prints `usage` and the flags that `module` defined (`values`: what their values look
-  like, flag_rows), between the rows `before` and `after` (a command's arguments that are not
-  its flags); JAX's flags and `--helpfull` close the list of a command that `uses_jax`.
-
-  A command that takes `args` besides its flags gets them as `run(args)`; with `known_only`, flags
-  defined nowhere are among them (sweep passes them on to its runs)."""
+  """Parses the flags defined so far, then calls `run` (`run(args)` for a command that takes
+  `args`), turning a UserError into one line. `--help` lists `module`'s flags (flag_rows) between
+  the rows `before` and `after`: a command's arguments that are not its flags."""
   from absl import app, logging
 
   def body(argv: list[str]) -> None:
@@ -168,8 +156,8 @@ def main(run: Callable[..., None], usage: str, module: str, *, args: bool = Fals
       sys.exit(signals.EXIT_CODES[signals.name_of(e)])
 
   def parse(argv: list[str]) -> list[str]:
-    show_help_if_asked(argv, usage, [*before, *flag_rows(module, values), *after],
-                       COMMON if uses_jax else ())
+    show_help_if_asked(argv, usage, [*before, *flag_rows(module, values), *after,
+                                     *(COMMON if uses_jax else ())])
     return parse_flags(argv, known_only=known_only)
 
   if uses_jax:

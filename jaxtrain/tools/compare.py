@@ -1,15 +1,6 @@
-"""`python -m jaxtrain.compare RUN... [--out=D] [--by=METRIC]`: runs side by side.
-
-A table of each run's config differences (only the fields that differ and have an effect), params,
-steps, best and final validation loss, val_bpb, tokens/s and training time, then the final
-per-source losses (data.mixture) and task accuracies (train.eval_tasks: task/<name>/exact_match,
-mc_accuracy), best run first (by val_bpb where the runs' tokens differ, else by val loss, or by
---by's metric, e.g. task/held/exact_match: the highest accuracy first; the last line says which;
-runs whose val loss counts only completions or assistant turns ranked apart from the others), on
-the terminal (a block a run where a terminal is narrower than the table); with
---out also as markdown (compare.md) and PNG plots of the losses against step and against time,
-one colour a run. RUN is a run's directory, a glob of them, or a directory of runs (a sweep's
-root). Unfinished runs are included and marked.
+"""`python -m jaxtrain.compare RUN... [--out=D] [--by=METRIC]`: runs side by side, best first: the
+config fields that differ and have an effect, losses, task accuracies, speed and time; with --out
+also compare.md and loss plots. How runs are ranked, and which fields are shown: docs/tools.md.
 """
 
 import shutil
@@ -136,8 +127,7 @@ def column(key: str) -> str:
 
 def rows(infos: list[runs.RunInfo], fields: list[str],
          sources: list[str] = ()) -> list[list[str]]:
-  """One row a run, in the order given: name, differing fields, COLUMNS, then the final values
-  of `sources` (per-source validation losses, task accuracies)."""
+  """One row a run: name, differing fields, COLUMNS, then the final values of `sources`."""
   out = []
   for name, info in zip(names(infos), infos):
     params = info.status.get("params")
@@ -220,8 +210,7 @@ def _plot(infos: list[runs.RunInfo], x_key: str, scale: float, xlabel: str, png:
 
 
 def plot(infos: list[runs.RunInfo], out: Path) -> list[Path]:
-  """loss_vs_step.png and loss_vs_time.png in `out`: validation loss as lines with markers, the
-  train loss thin and faint in the same colour, one colour a run."""
+  """loss_vs_step.png and loss_vs_time.png in `out`, one colour a run."""
   minutes = max((info.wall_s() or 0 for info in infos), default=0) > 300
   return [_plot(infos, "step", 1, "optimizer step", out / "loss_vs_step.png"),
           _plot(infos, "elapsed_s", 60 if minutes else 1,
@@ -238,8 +227,7 @@ def _why(key: str, by: str | None) -> str:
 def compare(patterns: list[str], out: Path | None = None, print_fn=print,
             width: int | None = None, by: str | None = None) -> list[runs.RunInfo]:
   """Prints the table (and writes compare.md and the plots to `out`); returns the runs, best
-  first (by `by`'s best value where given), runs whose val losses count other tokens (`groups`)
-  ranked apart."""
+  first, runs whose val losses count other tokens (`groups`) ranked apart."""
   infos = [runs.read(p) for p in runs.find(patterns)]
   if by is not None and not any(info.values(by) for info in infos):
     known = sorted({k for info in infos for r in info.evals for k in r} - {"step", "elapsed_s"})

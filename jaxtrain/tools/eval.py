@@ -1,13 +1,7 @@
 """`python -m jaxtrain.eval --workdir=runs/task --data=held_out.jsonl [--out=results.json]
-[--normalize=strip|lower|none] [--step=latest|best|N]`: how well a trained run does a task.
-
-Prompt/completion records (the run's fields, or --prompt_field/--completion_field) give the loss
-and bits per byte of the completions given their prompts (end-of-text included, as in training)
-and the exact-match accuracy of greedy completions. Multiple-choice records (a context, a list of
-endings, the index of the right one) give the accuracy of picking the ending with the highest
-log-likelihood per UTF-8 byte. A table on screen; with --out, a JSON file with keys `loss`, `bpb`,
-`exact_match` and `mc_accuracy` (null where the file has no such records). The scoring is
-evals/scoring.py's, which a training run's `train.eval_tasks` shares; this module holds the flags.
+[--normalize=strip|lower|none] [--step=latest|best|N]`: how well a trained run does a task
+(docs/finetune.md, Task evaluation). The scoring is evals/scoring.py's, which a training run's
+`train.eval_tasks` shares; this module holds the flags.
 """
 
 import sys

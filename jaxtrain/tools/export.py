@@ -1,13 +1,7 @@
 """`python -m jaxtrain.export --workdir=runs/nano --out=hf/nano [--step=latest|best|N]`: a run's
-model as a Hugging Face transformers directory (config.json, model.safetensors, tokenizer.json),
-loadable with `transformers.AutoModelForCausalLM.from_pretrained(out)`: a Llama or GPT-2 where
-one computes what the model does, else jaxtrain's own class, whose code the directory holds
-(modeling_jaxtrain.py, loaded with `trust_remote_code=True`). The mapping: hf.py. The directory
-is written whole under a temporary name and then renamed: an export stopped halfway leaves
-nothing at `out`, and an existing non-empty `out` is refused, never overwritten.
-A run trained on chat records also gets its chat format as a chat template (tokenizer_config.json)
-and generation that stops at the end of the assistant's turn. A LoRA run's adapters are merged into
-its kernels (W + alpha/r A B): the directory is an ordinary model."""
+model as a Hugging Face transformers directory (docs/tools.md; the mapping: checkpoints/hf.py).
+The directory is written whole under a temporary name and then renamed: an export stopped halfway
+leaves nothing at `out`, and an existing non-empty `out` is refused, never overwritten."""
 
 import json
 import os
@@ -32,8 +26,7 @@ WRITTEN = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_conf
 
 
 def export(workdir: str, out: str, step: str = "latest") -> Path:
-  """Writes the model of `workdir`'s checkpoint `step` into directory `out` (new or empty);
-  returns it."""
+  """Writes the model of `workdir`'s checkpoint `step` into directory `out`; returns it."""
   state, tok = load.load(workdir, step)
   c = state.model_cfg
   # Token ids from flat files without a tokenizer may have no end-of-text id (-1): none, then.
@@ -59,12 +52,12 @@ def _write(target: Path, state, tok, config: dict, workdir: str, eos, bos) -> No
   tensors = hf.to_hf(hf.flatten(lora.merged(state.params, state.lora)), c)
   from safetensors.numpy import save_file
 
+  paths.write_json(target / "config.json", {**config, "jaxtrain": {
+      "workdir": str(Path(workdir).absolute()), "step": int(state.step)}})
   save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
   # safetensors writes through a private temporary file (mode 0600): an export is to be shared,
   # so it gets the mode of any file the user creates (0666 less the umask), as the others have.
-  (target / "model.safetensors").chmod(0o666 & ~_umask())
-  paths.write_json(target / "config.json", {**config, "jaxtrain": {
-      "workdir": str(Path(workdir).absolute()), "step": int(state.step)}})
+  shutil.copymode(target / "config.json", target / "model.safetensors")
   if config["architectures"][0] == hf.CUSTOM:  # the model's own code, loaded with trust_remote_code
     shutil.copyfile(Path(hf.__file__).with_name("hf_modeling.py"), target / hf.MODELING_FILE)
   # max_new_tokens, not max_length (transformers warns when a call's max_new_tokens meets one);
@@ -76,12 +69,6 @@ def _write(target: Path, state, tok, config: dict, workdir: str, eos, bos) -> No
       "eos_token_id": [turns[chat_format.END], eos] if turns else eos, "pad_token_id": eos,
       **({"bos_token_id": bos} if bos is not None else {})})
   write_tokenizer(tok, target)
-
-
-def _umask() -> int:
-  mask = os.umask(0o022)  # reading it means setting it: put back at once
-  os.umask(mask)
-  return mask
 
 
 def _target(out: str) -> Path:
@@ -104,10 +91,8 @@ def _target(out: str) -> Path:
 
 
 def write_tokenizer(tok, target: Path) -> None:
-  """tokenizer.json (every jaxtrain tokenizer has an exact `tokenizers` form, end-of-text token
-  included) and the tokenizer_config.json that transformers' AutoTokenizer reads beside it, with
-  the chat template where the tokenizer has the chat tokens: `apply_chat_template` then gives the
-  tokens jaxtrain trains on and chats with (data/chat_format.py)."""
+  """tokenizer.json and the tokenizer_config.json that transformers' AutoTokenizer reads beside
+  it, with the chat template (data/chat_format.py) where the tokenizer has the chat tokens."""
   (target / "tokenizer.json").write_text(tok.hf_json(), encoding="utf-8")
   bos = tokenizer_lib.bos_id(tok)
   ends = tok.eot_id >= 0  # nanoGPT's characters and bare ids may have no end-of-text token
@@ -127,17 +112,13 @@ def written_line(target: Path, out: str) -> str:
   if arch != hf.CUSTOM:
     return (f"wrote {arch} ({n:,} numbers) to {out}; load it with "
             f"transformers.AutoModelForCausalLM.from_pretrained({out!r})")
-  return (f"wrote {arch} ({n:,} numbers) to {out}, with its code ({hf.MODELING_FILE}: no "
-          "transformers class has "
-          f"{', '.join(b.split(' ')[0] for b in hf.blockers(_model_cfg(config)))}); load it with "
-          f"transformers.AutoModelForCausalLM.from_pretrained({out!r}, trust_remote_code=True)")
-
-
-def _model_cfg(config: dict):
   from jaxtrain.core.model import ModelConfig
 
-  fields = {f: config[f] for f in hf.CUSTOM_FIELDS}
-  return ModelConfig(**fields)
+  custom = {f: config[f] for f in hf.CUSTOM_FIELDS}
+  return (f"wrote {arch} ({n:,} numbers) to {out}, with its code ({hf.MODELING_FILE}: no "
+          "transformers class has "
+          f"{', '.join(b.split(' ')[0] for b in hf.blockers(ModelConfig(**custom)))}); load it with "
+          f"transformers.AutoModelForCausalLM.from_pretrained({out!r}, trust_remote_code=True)")
 
 
 def main() -> None:

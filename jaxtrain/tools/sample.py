@@ -1,10 +1,6 @@
-"""`python -m jaxtrain.sample --workdir=runs/nano [--prompt="def " | --prompt=@file.txt]
-[--num_samples=1 --max_new_tokens=256 --temperature=0.8 --top_k=0 --top_p=1 --seed=0]
-[--step=latest|best|N] [--interactive]`: text from a saved run, printed as it is made.
-
-`--prompts=FILE.jsonl [--prompt_field=prompt] [--out=FILE.jsonl]`: a completion of every record's
-prompt (each up to its end-of-text token), made in batches and written as JSON lines
-`{"line", "prompt", "completion"[, "sample"]}` beside the prompts (FILE.completions.jsonl)."""
+"""`python -m jaxtrain.sample --workdir=runs/nano [--prompt=TEXT|@FILE] [flags]`: text from a saved
+run, printed as it is made; with `--prompts=FILE.jsonl`, a completion of every record's prompt,
+written as JSON lines (docs/finetune.md, Conditional sampling)."""
 
 import codecs
 import json
@@ -59,6 +55,15 @@ def read_prompt(value: str, flag: str = "prompt") -> str:
                     f"pass --{flag}=@<a UTF-8 text file> or the text itself") from None
 
 
+def ask(prompt: str) -> str | None:
+  """A line typed at the terminal; None at the end of input (Ctrl-D)."""
+  try:
+    return input(prompt)
+  except EOFError:
+    print(file=sys.stderr)
+    return None
+
+
 def encode(tok, text: str) -> np.ndarray:
   """The prompt's tokens; an empty prompt starts from a newline where the vocabulary has one."""
   if text == "":
@@ -90,19 +95,10 @@ class Printer:
     self.out.flush()
 
 
-def seen(state, ids: np.ndarray, f, what: str = "the prompt") -> np.ndarray:
-  """The prompt's tokens the model sees beside `f.max_new_tokens` new ones (generation/fit.py); a prompt
-  cut at its start is said in one line on stderr."""
-  seq_len = state.model_cfg.seq_len
-  note = fit.cut_line(what, len(ids), "--max_new_tokens", f.max_new_tokens, seq_len)
-  if note:
-    print(note, file=sys.stderr)
-  return fit.keep_last(ids, fit.room(seq_len, f.max_new_tokens))
-
-
 def sample(state, tok, prompt: str, f, out=sys.stdout) -> int:
   """Prints `f.num_samples` continuations of `prompt`; returns how many tokens were made."""
-  ids = seen(state, encode(tok, prompt), f)
+  ids = fit.seen(encode(tok, prompt), "the prompt", "--max_new_tokens", f.max_new_tokens,
+                 state.model_cfg.seq_len, lambda line: print(line, file=sys.stderr))
   made = 0
   for i in range(f.num_samples):
     if f.num_samples > 1:
@@ -171,14 +167,7 @@ def run() -> None:
     slid = fit.slid(n, f.max_new_tokens, state.model_cfg.seq_len)
     print(f"{made} tokens in {time.time() - t0:.1f}s{slid}", file=sys.stderr)
     return
-  while True:
-    try:
-      prompt = input("prompt> ")
-    except EOFError:
-      print(file=sys.stderr)
-      return
-    if prompt == "":
-      return
+  while prompt := ask("prompt> "):  # an empty line ends it too
     try:
       sample(state, tok, prompt.replace("\\n", "\n"), f)
     except UserError as e:  # a character outside the vocabulary: say so, ask again

@@ -1,12 +1,10 @@
 """`python -m jaxtrain.sweep --config=F --sweep=field=v1,v2 [--sweep=...] --root=DIR [--parallel=N]
 [--config.x=y ...] [--jax_platforms=cpu]`: every combination of the swept values, a run each.
 
-Each run is its own process (`python -m jaxtrain`) in DIR/<swept values>, its output in
-DIR/logs/<name>.log. Finished runs are skipped and stopped or killed ones resume, so running the
-same command again continues the sweep. `--parallel=N` runs N at once, each pinned to its own
-share of the CPU cores (XLA sizes its CPU devices and thread pools by the cores a process may
-use). A failed run is reported and the others go on; the exit status is non-zero if any failed.
-At the end the comparison table is printed and written, with its plots, to DIR.
+Each run is its own process (`python -m jaxtrain`) in DIR/<swept values>; running the same
+command again continues the sweep (docs/watching.md, Sweeps). `--parallel=N` pins each run to its
+own share of the CPU cores: XLA sizes its CPU devices and thread pools by the cores a process may
+use.
 """
 
 import dataclasses
@@ -84,16 +82,14 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def parse(argv: list[str]) -> Args:
-  """The sweep's arguments, without the command's name (as a test or another program passes
-  them), checked."""
+  """The sweep's arguments (without the command's name), checked."""
   flag_values = flags.FlagValues()
   define_flags(flag_values)
   return arguments(flag_values, cli.parse_args(argv, flag_values, known_only=True))
 
 
 def arguments(f: flags.FlagValues, rest: list[str]) -> Args:
-  """The sweep's flags `f`, parsed, and the arguments it passes on to every run (`rest`: the
-  --config.x=y overrides and --jax_* flags), checked."""
+  """The sweep's flags `f` and what it passes on to every run (`rest`), checked."""
   overrides, passthrough, sweeps = [], [], []
   for arg in rest:
     if arg.startswith("--config.") and "=" in arg:
