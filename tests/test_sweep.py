@@ -127,6 +127,17 @@ def test_progress_says_step_loss_speed_and_eta(tmp_path):
                       r"\(1m05s so far\)", printed[-1]), printed
 
 
+
+def test_a_run_stopped_by_a_signal_before_it_has_a_workdir_is_reported(tmp_path):
+  point = sweep.Point("lr=1", [("optim.lr", "1")], tmp_path / "run", tmp_path / "run.log", 100)
+  printed = []
+  s = sweep.Sweep(sweep.Args("c.py", [("optim.lr", ["1"])], tmp_path), [point], printed.append)
+  s.running[0], s.signal = (point, None, time.time() - 3), "SIGTERM"
+  s._finish(0, -15)
+  assert s.stopped == ["lr=1"]
+  assert re.fullmatch(r"\[1/1\] lr=1: stopped before its first step after \d+\.\ds; it resumes when "
+                      r"the sweep runs again", printed[0]), printed
+
 @pytest.mark.slow
 def test_a_sweep_interrupted_and_run_again_continues(tiny_file, tmp_path):
   root = tmp_path / "sweep"

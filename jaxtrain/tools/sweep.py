@@ -269,8 +269,9 @@ class Sweep:
       self.print(f"{self._tag(point)}: done in {took}" + (f", val loss {val:.4f}" if val else ""))
     elif (info is not None and info.state == "stopped") or self.signal:
       self.stopped.append(point.name)
-      self.print(f"{self._tag(point)}: stopped at step {info.step} after {took}; it resumes "
-                 "when the sweep runs again")
+      at = f"at step {info.step}" if info is not None else "before its first step"
+      self.print(f"{self._tag(point)}: stopped {at} after {took}; it resumes when the sweep runs "
+                 "again")
     else:
       self.failed.append(point.name)
       self.print(f"{self._tag(point)}: FAILED (exit status {code}) after {took}: "
