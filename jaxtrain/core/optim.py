@@ -14,12 +14,10 @@ import optax
 
 
 def schedule_args(optim, max_steps: int, offset: float = 0.0, rate: float = 1.0) -> np.ndarray:
-  """The numbers the compiled steps read the learning-rate schedule's end from, float32
-  [decay_start, per_step, offset, rate]: where the decay of a run of `max_steps` steps starts and
-  the share of it each step covers, and the step the schedule is at, `offset + rate * step` (0 and 1: the
-  step itself; a time budget whose end moved warps it, loop/budget.py). They reach the train step
-  as `TrainState.schedule`, an input rather than constants, so that one compiled step serves
-  every end. `optim`: the config's section or an `Optimizer`."""
+  """float32 [decay_start, per_step, offset, rate]: where the decay of a run of `max_steps` starts,
+  the share of it each step covers, and the schedule's step, `offset + rate * step` (a time budget
+  whose end moved warps it, loop/budget.py). An input of the train step rather than constants, so
+  that one compiled step serves every end. `optim`: the config's section or an `Optimizer`."""
   warmup = optim.warmup_steps
   decay_end = max(optim.decay_steps or max_steps, warmup + 1)
   if optim.schedule == "wsd":
@@ -70,12 +68,10 @@ def _matrix_dims(updates):
 
 
 def scale_by_muon(ns_steps: int, beta: float) -> optax.GradientTransformation:
-  """optax's Muon (Nesterov momentum, Frobenius-normalised Newton-Schulz with its default
-  coefficients), its Newton-Schulz iterations run as a loop rather than `ns_steps` unrolled
-  copies: given one coefficient row per iteration, optax scans over them. XLA then compiles one
-  iteration's kernels per matrix instead of `ns_steps` (a third of nano's train-step kernels were
-  the unrolled copies). The state keeps optax's layout (one row of coefficients), so checkpoints
-  are the same either way."""
+  """optax's Muon (Nesterov momentum, its default Newton-Schulz coefficients), the iterations run
+  as a loop (one coefficient row each, which optax scans over) rather than `ns_steps` unrolled
+  copies, which XLA would compile once each. The state keeps optax's layout (one row), so
+  checkpoints are the same either way."""
   kwargs = dict(ns_steps=ns_steps, beta=beta, nesterov=True, weight_dimension_numbers=_matrix_dims)
   single = optax.contrib.scale_by_muon(**kwargs)
   looped = optax.contrib.scale_by_muon(ns_coeffs=(MUON_NS_COEFFS,) * ns_steps, **kwargs)
@@ -153,9 +149,8 @@ class Optimizer:
                        eps=self.eps, weight_decay=weight_decay, mask=decay_mask)
 
   def _muon(self, schedule: jax.Array | None) -> optax.GradientTransformation:
-    """Muon (orthogonalised Nesterov momentum) for the blocks' matrices; AdamW, each group at its
-    for the embeddings, an untied head, and the norms' vectors, at lr. The matrices and the head
-    decay at weight_decay; the embeddings and vectors never."""
+    """Muon for the blocks' matrices; AdamW at lr for the embeddings, an untied head and the
+    vectors. The matrices and the head decay at weight_decay; the embeddings and vectors never."""
     matrix = optax.chain(
         # Kernels are [d_in, d_out]: axis 0 is reduced, as Muon's default assumes. Given as a
         # function, since inside `partition` the other groups' leaves are placeholders.
@@ -173,14 +168,10 @@ class Optimizer:
 def make_optimizer(optim: ml_collections.ConfigDict, *, max_steps: int, grad_accum: int = 1,
                    skip_nonfinite: bool = False, loss_scaling: bool = False) -> Optimizer:
   """The `optim` section's optimizer for a run of `max_steps` optimizer steps."""
-  return Optimizer(lr=optim.lr, min_lr_ratio=optim.min_lr_ratio, warmup_steps=optim.warmup_steps,
-                   decay_steps=optim.decay_steps, weight_decay=optim.weight_decay,
-                   clip_norm=optim.clip_norm, b1=optim.b1, b2=optim.b2, eps=optim.eps,
-                   max_steps=max_steps, grad_accum=grad_accum, skip_nonfinite=skip_nonfinite,
-                   loss_scaling=loss_scaling, name=optim.name, schedule=optim.schedule,
-                   decay_fraction=optim.decay_fraction, matrix_lr=optim.matrix_lr,
-                   momentum=optim.momentum, muon_ns_steps=optim.muon_ns_steps,
-                   z_loss=optim.z_loss)
+  given = dict(max_steps=max_steps, grad_accum=grad_accum, skip_nonfinite=skip_nonfinite,
+               loss_scaling=loss_scaling)
+  return Optimizer(**given, **{f.name: optim[f.name] for f in dataclasses.fields(Optimizer)
+                               if f.name not in given})
 
 
 def newton_schulz_flops(shape: tuple[int, ...], ns_steps: int) -> int:
