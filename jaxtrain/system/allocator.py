@@ -16,6 +16,8 @@ import os
 import sys
 from pathlib import Path
 
+from jaxtrain.system import invocation
+
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 MIMALLOC = Path("cmeel.prefix", "lib", "libmimalloc.so.3")  # where the cmeel-mimalloc wheel puts it
 # Keep freed memory mapped (a step frees and takes back the same blocks); back it with huge
@@ -111,25 +113,9 @@ def environment(base: dict | None = None, argv: list[str] | None = None) -> dict
 
 
 def _started_as_cli() -> bool:
-  """Whether this process is `python [options] -m jaxtrain ...` or the `jaxtrain` console script
-  (a Python script of that name), not a notebook or another script running the module (a restart
-  would restart them)."""
-  argv = getattr(sys, "orig_argv", [])
-  i = 1
-  while i < len(argv):
-    arg = argv[i]
-    if arg == "-m":
-      return argv[i + 1:i + 2] == ["jaxtrain"]
-    if arg.startswith("-m"):
-      return arg == "-mjaxtrain"
-    if arg in ("-X", "-W"):
-      i += 1
-    elif arg == "-c":
-      return False
-    elif not arg.startswith("-"):  # the script
-      return os.path.basename(arg) == "jaxtrain"
-    i += 1
-  return False
+  """Whether this process is `python -m jaxtrain` or the `jaxtrain` console script, not a notebook
+  or another script running the module (a restart would restart them)."""
+  return invocation.started() == "-m jaxtrain" or invocation.script() == "jaxtrain"
 
 
 def reexec() -> None:
