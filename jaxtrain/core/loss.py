@@ -21,9 +21,8 @@ def token_losses(logits_BTV: jax.Array, targets_BT: jax.Array, scatter_free: boo
   """float32[B, T]: -log p(target) at every position (optax's integer-label cross-entropy).
 
   `scatter_free` (ModelConfig's, for GPUs): the target's logit is a masked sum over the vocabulary,
-  not optax's gather, whose gradient is a scatter: the sum reduces the same logits as the
-  logsumexp (XLA can fuse the two), and its gradient is an elementwise select. XLA:CPU does not
-  fuse them, and runs the gather's way faster (benchmarks/results/2026-11-26-embed_grad/).
+  which XLA can fuse with the logsumexp and whose gradient is a select, not optax's gather, whose
+  gradient is a scatter.
   """
   if not scatter_free:
     return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)

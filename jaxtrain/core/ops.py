@@ -119,10 +119,8 @@ document_attention.defvjp(_attention_fwd, lambda res, dout: (*_attention_bwd(res
 
 
 # Backward passes of `embed`. "scatter": jnp.take's gradient (XLA's scatter-add) in float32, the
-# fastest on XLA:CPU, which adds the updates one after another. "scan": no scatter at all, for
-# GPUs: there XLA's scatter-add is an atomic add per token and element, so the tokens of a frequent
-# id queue on one row, and its sorted-indices emitter sizes its runs as if ids were spread evenly
-# over the vocabulary (one token a run when there are fewer tokens than ids).
+# fastest on XLA:CPU. "scan": no scatter, for GPUs, where a scatter-add is an atomic add per token
+# and element, so the tokens of a frequent id queue on one row.
 EMBED_GRADS = ("scatter", "scan")
 
 
