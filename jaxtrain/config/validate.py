@@ -25,10 +25,8 @@ def get(cfg: ml_collections.ConfigDict, field: str):
 
 INT32_MAX = 2**31 - 1
 STEPS_MAX = 2**30  # step counts: the device's step counter and the schedule's step + 1 are int32
-# The largest value of each integer field: past these a run cannot work or cannot end (int32
-# counters, 64-bit seeds, layers and Newton-Schulz iterations unrolled when traced, CPU devices
-# all created at start). Each is far above a real run's, so a typo'd number stops here instead of
-# hanging or crashing later.
+# The largest value of each integer field, past which a run cannot work or end (int32 counters,
+# 64-bit seeds, loops unrolled when traced): a typo'd number stops here, not in a hang or a crash.
 LIMITS = {
     "seed": 2**63 - 1, "model.n_layers": 256, "model.n_heads": 2**16, "model.d_model": 2**16,
     "model.seq_len": 2**20, "model.vocab_size": 2**24, "data.vocab_size": 2**20, "train.batch_size": 2**24,
@@ -268,9 +266,8 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
 
 def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
   d, s = cfg.data, cfg.sample
-  path = os.path.expanduser(str(d.tokenizer))
-  if isinstance(d.tokenizer, str) and d.tokenizer not in defaults.TOKENIZERS and \
-      ("/" in d.tokenizer or d.tokenizer.endswith(".json")):
+  path = os.path.expanduser(d.tokenizer)  # a string: _validate_types said so
+  if d.tokenizer not in defaults.TOKENIZERS and ("/" in d.tokenizer or d.tokenizer.endswith(".json")):
     _check(os.path.isfile(path), "data.tokenizer", f"the file {path} does not exist"
            if not os.path.exists(path) else f"{path} is a directory, not a file",
            "pass the path of an existing tokenizer.json (or --config.data.tokenizer=bpe, byte, char)")
