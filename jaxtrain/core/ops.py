@@ -1,16 +1,13 @@
 """Matmul-shaped ops with hand-written backward passes, laid out for XLA's CPU backend.
 
-Autodiff of `x @ w` asks for `dy @ w.T` and `x.T @ dy`; XLA:CPU then either runs a slower
-transposed-operand matmul or fuses the transpose into a neighbouring elementwise op, which
-writes its output in a strided order (the GELU backward, for one, ran far slower that way).
-Here every backward product is a plain row-major matmul: the operand that must be transposed
-is transposed on its own, behind an optimization barrier so XLA cannot fold it back, and it is
-always the smaller one (a weight, or q/k/v rather than the T x T attention scores).
-Same math as autodiff; results differ only in float rounding (benchmarks/results/ has the timings).
+Autodiff of `x @ w` asks for `dy @ w.T` and `x.T @ dy`, which XLA:CPU runs as a slower
+transposed-operand matmul or by fusing the transpose into a neighbouring elementwise op that then
+writes in a strided order. Here every backward product is a plain row-major matmul: the smaller
+operand (a weight, or q/k/v rather than the T x T scores) is transposed on its own, behind an
+optimization barrier so XLA cannot fold it back. Same math as autodiff, up to float rounding.
 
-Beside them, two ops for the ends of the model: `dense_f32`, the head's matmul with float32
-logits, and `embed`, a token embedding lookup whose gradient sums in float32, by a scatter or
-(for GPUs, where many tokens would pile onto one row) by sorting.
+Beside them: `dense_f32`, the head's matmul with float32 logits, and `embed`, a token embedding
+lookup whose gradient sums in float32.
 """
 
 import functools

@@ -202,12 +202,9 @@ class SkipState(NamedTuple):
 
 
 def skip_nonfinite_steps(multi: optax.MultiSteps) -> optax.GradientTransformation:
-  """Drops a whole optimizer step when any of its micro-batches has a non-finite gradient.
-
-  A NaN must never reach MultiSteps' accumulator: it would stay there for every later step. So
-  the bad micro-batch enters as zeros, and when the step completes, its update and the inner
-  optimizer state are thrown away. Counters (and so the data position) still advance.
-  """
+  """Drops a whole optimizer step when any of its micro-batches has a non-finite gradient: the bad
+  micro-batch enters MultiSteps' accumulator as zeros (a NaN would stay there), and the step's
+  update and inner state are thrown away. Counters (and so the data position) still advance."""
 
   def init(params):
     return SkipState(multi.init(params), jnp.array(False), jnp.array(0, jnp.int32))

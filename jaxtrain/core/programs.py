@@ -83,10 +83,7 @@ def scatter_free(platform: str) -> bool:
 def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None = None,
           compiler_options: dict | None = None, eot_id: int = -1) -> Programs:
   """The programs for `cfg` on `devices` (default: all). Nothing is compiled until first use.
-
-  `compiler_options` default to `cpu.cpu_step_options` on CPU and none elsewhere. `eot_id`:
-  the tokenizer's end-of-text token, where `model.doc_mask` ends documents.
-  """
+  `compiler_options`: default `cpu.cpu_step_options` on CPU; `eot_id`: where documents end."""
   devices = jax.devices() if devices is None else devices
   m = cfg.model
   mesh.check_devices(cfg.mesh, cfg.train.batch_size, devices, m.dtype)

@@ -5,8 +5,7 @@ Groups: "embedding" (token and position embeddings), "attention" and "mlp" (the 
 "norms" (norm scales), "head" (an untied output projection). With mode "layers" each block's
 groups are apart ("layer0.attention", ..., "layer0.norms"); the final norm stays "norms".
 Metric names: "grad_norm/<group>", "param_norm/<group>", "update_ratio/<group>" (a "/" marks a
-statistic). The step computes them every time (a few reductions, fused with work it does
-anyway); the loop copies them off the device only on the steps it logs.
+statistic); the loop copies them off the device only on the steps it logs.
 """
 
 import jax

@@ -68,12 +68,9 @@ class TrainState:
 def init_state(model_cfg: model_lib.ModelConfig, optimizer: optim.Optimizer, *,
                seed: int, exact_shapes: bool = False,
                lora: lora_lib.Lora | None = None) -> TrainState:
-  """A fresh state from `seed`: the same seed gives the same params on every platform.
-
-  `exact_shapes`: draw each param in its own shape (params split over devices, so that each
-  device draws its own part). The optimizer's `loss_scaling` turns on dynamic loss scaling.
-  `lora`: adapters on the targeted layers, the only params that train (core/lora.py).
-  """
+  """A fresh state from `seed` (the same params on every platform); the optimizer's `loss_scaling`
+  turns on dynamic loss scaling. `exact_shapes`: see `draws.batched`; `lora`: adapters, the only
+  params that train (core/lora.py)."""
   key = jax.random.PRNGKey(seed)
   param_key, dropout_key = jax.random.split(key)
   model = model_lib.init(model_cfg, param_key, exact_shapes=exact_shapes)

@@ -1,10 +1,9 @@
 """The memory allocator under XLA:CPU's buffers, which a process can only choose when it starts.
 
-XLA:CPU allocates a step's temporaries (GiBs for a 10M-param model) and frees them again every
-step. glibc hands such blocks back to the kernel at once, so every step the kernel maps them
-afresh and zeroes every page, a large share of a big CPU step (benchmarks/results/). mimalloc,
-told never to return freed memory, reuses the same pages from step to step instead. Without it,
-glibc's `hugetlb` tunable at least brings those pages in 2 MiB at a time rather than 4 KiB.
+XLA:CPU allocates a step's temporaries (GiBs) and frees them every step; glibc hands such blocks
+back to the kernel at once, which maps and zeroes them afresh every step. mimalloc, told never to
+return freed memory, reuses the same pages; without it, glibc's `hugetlb` tunable at least brings
+them in 2 MiB at a time.
 
 Kept free of heavy imports: `python -m jaxtrain` calls `reexec()` before it imports jax.
 Linux, CPU runs only; `JAXTRAIN_NO_REEXEC=1` leaves the process as it is, `JAXTRAIN_MIMALLOC=0`
@@ -22,7 +21,6 @@ HUGE_PAGES = "glibc.malloc.hugetlb=1"
 MIMALLOC = Path("cmeel.prefix", "lib", "libmimalloc.so.3")  # where the cmeel-mimalloc wheel puts it
 # Keep freed memory mapped (a step frees and takes back the same blocks); back it with huge
 # pages; one address-space reservation up front, so that GiB-sized blocks come from one arena.
-# Without the reservation, or with a purge delay, large steps kept faulting pages in.
 MIMALLOC_OPTIONS = {"MIMALLOC_PURGE_DELAY": "-1", "MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
 RESTARTED = "JAXTRAIN_REEXECED"  # set for the restarted process only; it removes it at once
 _ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",

@@ -14,9 +14,8 @@ from jaxtrain.system import allocator, peers
 from jaxtrain.system.errors import UserError
 from jaxtrain.system.paths import cache_dir
 
-# Dispatches queued ahead of the device within one step (micro-batches, eval batches). XLA:CPU
-# deadlocked in a cross-device all-reduce with 50-100 two-device steps queued; a few ahead
-# already keep the device busy.
+# Dispatches queued ahead of the device within one step (micro-batches, eval batches): a few keep
+# it busy, and XLA:CPU deadlocked in a cross-device all-reduce with many two-device steps queued.
 MAX_IN_FLIGHT = 4
 
 
