@@ -10,6 +10,7 @@ import os
 import re
 import statistics
 import time
+import timeit
 
 import jax
 import ml_collections
@@ -183,12 +184,8 @@ def bf16_ynn_probe(n: int = 1024, repeats: int = 3) -> bool:
   for name, options in (("ynn", {}), ("eigen", {"xla_cpu_experimental_ynn_fusion_type": ""})):
     compiled = product.lower(a).compile(compiler_options=options)
     compiled(a).block_until_ready()
-    times = []
-    for _ in range(repeats):
-      t = time.perf_counter()
-      compiled(a).block_until_ready()
-      times.append(time.perf_counter() - t)
-    seconds[name] = statistics.median(times)
+    timed = lambda c=compiled: c(a).block_until_ready()
+    seconds[name] = statistics.median(timeit.repeat(timed, number=1, repeat=repeats))
   cached[key] = {"bf16_ynn": seconds["ynn"] < seconds["eigen"], "seconds": seconds,
                  "time": time.time()}
   paths.write_cache_json(PROBES_FILE, cached)

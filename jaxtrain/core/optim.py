@@ -132,7 +132,7 @@ class Optimizer:
     """The optimizer with its schedule and clipping, accumulated over grad_accum micro-batches.
     `schedule`: the schedule's `schedule_args` (default: those of `max_steps`)."""
     parts = [optax.clip_by_global_norm(self.clip_norm)] if self.clip_norm > 0 else []
-    parts.append(self._adamw(self.lr, self.weight_decay, schedule) if self.name == "adamw" else
+    parts.append(self._adamw(self.weight_decay, schedule) if self.name == "adamw" else
                  self._muon(schedule))
     inner = optax.chain(*parts)
     # With loss scaling, gradients overflow now and then by design: such steps are dropped.
@@ -143,9 +143,8 @@ class Optimizer:
     multi = optax.MultiSteps(inner, every_k_schedule=self.grad_accum)
     return skip_nonfinite_steps(multi) if skip else multi.gradient_transformation()
 
-  def _adamw(self, peak: float, weight_decay: float,
-             schedule: jax.Array | None) -> optax.GradientTransformation:
-    return optax.adamw(lr_schedule(self, self.max_steps, peak, schedule), b1=self.b1, b2=self.b2,
+  def _adamw(self, weight_decay: float, schedule: jax.Array | None) -> optax.GradientTransformation:
+    return optax.adamw(lr_schedule(self, self.max_steps, args=schedule), b1=self.b1, b2=self.b2,
                        eps=self.eps, weight_decay=weight_decay, mask=decay_mask)
 
   def _muon(self, schedule: jax.Array | None) -> optax.GradientTransformation:
@@ -159,9 +158,9 @@ class Optimizer:
         optax.scale_by_learning_rate(lr_schedule(self, self.max_steps, self.matrix_lr, schedule)))
     return optax.partition({
         "matrix": matrix,
-        "embedding": self._adamw(self.lr, 0.0, schedule),
-        "head": self._adamw(self.lr, self.weight_decay, schedule),
-        "vector": self._adamw(self.lr, 0.0, schedule),
+        "embedding": self._adamw(0.0, schedule),
+        "head": self._adamw(self.weight_decay, schedule),
+        "vector": self._adamw(0.0, schedule),
     }, param_groups)
 
 
@@ -175,11 +174,9 @@ def make_optimizer(optim: ml_collections.ConfigDict, *, max_steps: int, grad_acc
 
 
 def newton_schulz_flops(shape: tuple[int, ...], ns_steps: int) -> int:
-  """Matmul FLOPs of optax's Newton-Schulz orthogonalization of one [a, b] kernel.
-
-  optax turns a tall matrix on its side, so X is [m, n] with m = min(a, b) rows; each iteration
-  forms A = X X^T (2 m^2 n), A A (2 m^3) and (c1 A + c2 A A) X (2 m^2 n). Leading axes are a batch.
-  """
+  """Matmul FLOPs of optax's Newton-Schulz orthogonalization of one [a, b] kernel (leading axes:
+  a batch). X is [m, n], m = min(a, b); each iteration forms A = X X^T (2 m^2 n), A A (2 m^3) and
+  (c1 A + c2 A A) X (2 m^2 n)."""
   m, n = sorted(shape[-2:])
   return math.prod(shape[:-2]) * ns_steps * (4 * m * m * n + 2 * m**3)
 
