@@ -1,11 +1,9 @@
 """Every field of a run's config: what it is, its default, the values it may take, and what a few
 of them mean together (`mlp_width`, `dynamic_loss_scaling`, `higher_is_better`).
 
-`configs/*.py` start from `default_config()` and set only what defines their run (what differs
-from the defaults; tests/test_config_files.py checks it). `default_config()` is locked: a name it
-lacks (a typo) fails where it is written, and `loading.load_config` reports it as one line naming
-the file, the line and the nearest field. `validate.validate` checks every field once, before any
-work.
+`configs/*.py` start from `default_config()` and set only what differs from it
+(tests/test_config_files.py checks it). `default_config()` is locked: a name it lacks (a typo)
+fails where it is written, and `loading.load_config` names the file, the line and the nearest field.
 """
 
 import math

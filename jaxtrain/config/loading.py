@@ -30,7 +30,7 @@ def override(cfg: ml_collections.ConfigDict, **dotted) -> ml_collections.ConfigD
 
 def field_names() -> list[str]:
   """Every field's dotted name, as `--config.NAME=...` takes it."""
-  return schema.fields(default_config().to_dict())
+  return list(flatten(default_config().to_dict()))
 
 
 # Fields that left the tree (docs/config.md, the config gate): the value under which a saved run

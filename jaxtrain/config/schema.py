@@ -78,14 +78,6 @@ def unknown_fields(cfg, defaults: dict) -> list[str]:
   return found
 
 
-def fields(defaults: dict, prefix: str = "") -> list[str]:
-  """The dotted names of the fields (not sections) of `defaults`."""
-  out = []
-  for key, value in defaults.items():
-    out.extend(fields(value, f"{prefix}{key}.") if isinstance(value, dict) else [prefix + key])
-  return out
-
-
 def message_of(e: BaseException) -> str:
   """An exception's message as one readable line: a KeyError's text without its quotes, and the
   KeyError that ml_collections wraps in an AttributeError unwrapped."""

@@ -25,10 +25,8 @@ def get(cfg: ml_collections.ConfigDict, field: str):
 
 INT32_MAX = 2**31 - 1
 STEPS_MAX = 2**30  # step counts: the device's step counter and the schedule's step + 1 are int32
-# The largest value of each integer field: past these a run cannot work or cannot end (int32
-# counters, 64-bit seeds, layers and Newton-Schulz iterations unrolled when traced, CPU devices
-# all created at start). Each is far above a real run's, so a typo'd number stops here instead of
-# hanging or crashing later.
+# The largest value of each integer field, past which a run cannot work or end (int32 counters,
+# 64-bit seeds, loops unrolled when traced): a typo'd number stops here, not in a hang or a crash.
 LIMITS = {
     "seed": 2**63 - 1, "model.n_layers": 256, "model.n_heads": 2**16, "model.d_model": 2**16,
     "model.seq_len": 2**20, "model.vocab_size": 2**24, "data.vocab_size": 2**20, "train.batch_size": 2**24,
@@ -144,7 +142,8 @@ def _validate_model(cfg: ml_collections.ConfigDict) -> None:
   m = cfg.model
   for f in ("n_layers", "n_heads", "d_model", "seq_len"):
     _positive_int(cfg, f"model.{f}")
-  _positive_int(cfg, "model.vocab_size", minimum=0)
+  for f in ("vocab_size", "n_kv_heads", "loss_chunk", "canon"):
+    _positive_int(cfg, f"model.{f}", minimum=0)
   _check(m.d_model % m.n_heads == 0, "model.d_model",
          f"{m.d_model} is not divisible by model.n_heads={m.n_heads}",
          "make d_model a multiple of n_heads")
@@ -157,10 +156,7 @@ def _validate_model(cfg: ml_collections.ConfigDict) -> None:
   _one_of(m.mlp, defaults.MLPS, "model.mlp")
   _one_of(m.dtype, defaults.DTYPES, "model.dtype")
   _one_of(m.attention, defaults.ATTENTION, "model.attention")
-  _positive_int(cfg, "model.n_kv_heads", minimum=0)
   _one_of(m.remat, defaults.REMATS, "model.remat")
-  _positive_int(cfg, "model.loss_chunk", minimum=0)
-  _positive_int(cfg, "model.canon", minimum=0)
   _check(m.canon <= 64, "model.canon", f"{m.canon} is wider than a short convolution (at most 64)",
          "pass --config.model.canon=4 (or 0 for none)")
   _check(m.n_kv_heads == 0 or m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
@@ -228,13 +224,12 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
   for f in ("batch_size", "grad_accum", "max_steps", "log_every", "eval_every", "eval_steps",
             "checkpoint_every", "keep_checkpoints"):
     _positive_int(cfg, f"train.{f}")
-  _positive_int(cfg, "train.early_stop_patience", minimum=0)
+  for f in ("early_stop_patience", "profile_steps", "eval_tasks_limit"):
+    _positive_int(cfg, f"train.{f}", minimum=0)
   seconds = fmt.parse_duration(cfg.train.time_budget) if cfg.train.time_budget != "" else 1.0
   _check(seconds is not None and seconds <= MAX_BUDGET_S, "train.time_budget",
          f"{_show(cfg.train.time_budget)} is not a duration of up to 30 days",
          'pass e.g. --config.train.time_budget=10m (or 90s, 1h30m), or "" for train.max_steps')
-  _positive_int(cfg, "train.profile_steps", minimum=0)
-  _positive_int(cfg, "train.eval_tasks_limit", minimum=0)
   _validate_eval_tasks(cfg.train)
 
   _one_of(o.name, defaults.OPTIMIZERS, "optim.name")
@@ -268,9 +263,8 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
 
 def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
   d, s = cfg.data, cfg.sample
-  path = os.path.expanduser(str(d.tokenizer))
-  if isinstance(d.tokenizer, str) and d.tokenizer not in defaults.TOKENIZERS and \
-      ("/" in d.tokenizer or d.tokenizer.endswith(".json")):
+  path = os.path.expanduser(d.tokenizer)  # a string: _validate_types said so
+  if d.tokenizer not in defaults.TOKENIZERS and ("/" in d.tokenizer or d.tokenizer.endswith(".json")):
     _check(os.path.isfile(path), "data.tokenizer", f"the file {path} does not exist"
            if not os.path.exists(path) else f"{path} is a directory, not a file",
            "pass the path of an existing tokenizer.json (or --config.data.tokenizer=bpe, byte, char)")
@@ -301,12 +295,11 @@ def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
   _validate_data_path(d)
   validate_mixture(d)
 
-  _positive_int(cfg, "sample.num_samples", minimum=0)
-  _positive_int(cfg, "sample.max_new_tokens", minimum=0)
+  for f in ("num_samples", "max_new_tokens", "top_k"):
+    _positive_int(cfg, f"sample.{f}", minimum=0)
   # Logits are divided by it in float32, where a smaller temperature is 0: nan samples.
   _check(s.temperature == 0 or s.temperature >= 1e-30, "sample.temperature", f"must be >= 0 (0 "
          f"is greedy; else at least 1e-30), got {s.temperature}", "pass --config.sample.temperature=0.8")
-  _positive_int(cfg, "sample.top_k", minimum=0)
 
 
 def _validate_format(d: ml_collections.ConfigDict) -> None:

@@ -10,6 +10,7 @@ import os
 import re
 import statistics
 import time
+import timeit
 
 import jax
 import ml_collections
@@ -18,21 +19,18 @@ from jaxtrain.core import model as model_lib
 from jaxtrain.system import allocator, paths
 
 # CPU steps of at least this many FLOPs compile without YNNPACK fusions (matmuls through Eigen);
-# below it per device, several CPU devices each run their matmuls on one thread. Measured on
-# Zen 3 (benchmarks/results/2026-11-21-cpu-speed-work.md); every CPU kind met since keeps it.
+# below it per device, several CPU devices each run their matmuls on one thread (Zen 3's choice).
 LARGE_CPU_STEP_FLOPS = 1e11
 PROBES_FILE = "cpu_probes.json"  # in the cache dir: `bf16_ynn_probe`'s results
 
 
 @dataclasses.dataclass(frozen=True)
 class CpuKind:
-  """The choices measured on one kind of CPU.
+  """The choices measured on one kind of CPU (`measured`: where, in benchmarks/results/).
 
-  `large_step_flops`: below it per device, several CPU devices each run their matmuls on one
-  thread. `no_ynn_flops`: steps of at least this many FLOPs compile without YNNPACK's fusions
-  (math.inf: never). `bf16_ynn`: whether bfloat16 matmuls run faster through YNNPACK than
-  through Eigen, so that a bfloat16 step keeps YNNPACK's fusions at every size (None: never
-  measured on this kind; `bf16_ynn_probe` measures it when it matters).
+  `no_ynn_flops`: math.inf: never without YNNPACK's fusions. `bf16_ynn`: bfloat16 matmuls run
+  faster through YNNPACK than Eigen, so bfloat16 steps keep its fusions at every size (None:
+  never measured here; `bf16_ynn_probe` measures it when it matters).
   """
   name: str
   large_step_flops: float = LARGE_CPU_STEP_FLOPS
@@ -45,19 +43,10 @@ class CpuKind:
 CPU_KINDS = {
     ("AuthenticAMD", 25, 1): CpuKind("AMD Zen 3 (EPYC Milan)",
                                      measured="2026-11-21-cpu-speed-work.md: the thresholds"),
-    # 2 cores, steps in rotating rounds (others ~1% of the machine): f32 steps with YNN fusions
-    # 1.04x (1.5e11 FLOPs) and 1.00x (5.8e11) those without, so they stay at every size; bf16 at
-    # 1.5e11 0.95x with them off; multi-threaded Eigen 0.98x for nano, 1.02x at nanoGPT's shape
-    # (within the rounds' spread) (2026-11-28-cpu_policy-zen4).
     ("AuthenticAMD", 25, 17): CpuKind("AMD Zen 4 (EPYC Genoa)", no_ynn_flops=math.inf,
                                       bf16_ynn=True, measured="2026-11-28-cpu_policy-zen4"),
-    # jax bf16 at most 202 GFLOP/s under every XLA option against f32's 188 (2048^3, 2 threads):
-    # no XLA route reaches its AMX units, and Eigen's bf16 was not measured there.
     ("GenuineIntel", 6, 207): CpuKind("Intel Xeon 5th gen (Emerald Rapids)",
                                       measured="issue 39's matmuls: nothing new decided"),
-    # Quiet, 2 cores: bf16 matmuls through YNNPACK 2.06x f32, through Eigen 0.77x; f32 steps
-    # with YNN fusions 1.11x (1.5e11 FLOPs) and 1.02x (5.8e11) those without, so they stay at
-    # every size; multi-threaded Eigen 1.00x for nano and at 1.5e11 (2026-11-27-cpu_policy).
     ("AuthenticAMD", 26, 2): CpuKind("AMD Zen 5 (EPYC Turin)", no_ynn_flops=math.inf,
                                      bf16_ynn=True,
                                      measured="2026-11-27-cpu_matmul_routes, -cpu_policy"),
@@ -87,13 +76,10 @@ def cpu_kind(cpuinfo: str | None = None) -> CpuKind:
 def cpu_device_count(cfg: ml_collections.ConfigDict, cores: int | None = None) -> int:
   """How many XLA devices to split this host's CPU cores into (`mesh.cpu_devices`, 0: auto).
 
-  One XLA CPU device runs its large matmuls on every core, but its many small matmuls and
-  elementwise ops keep about one core busy; several devices' programs run side by side (data
-  parallel). A count the config asks for is kept, and a batch that does not split over it is a
-  config error (mesh.check_devices): `mesh.cpu_devices`, or `mesh.data` x `mesh.fsdp` where
-  neither is -1. Auto: the most devices, up to the core count, that split this process's share
-  of the batch evenly (and a set `mesh.data` or `mesh.fsdp` too); `split_note` says when that
-  leaves cores out.
+  One XLA CPU device keeps about one core busy outside its large matmuls; several devices run
+  side by side (data parallel). A count the config asks for (`mesh.cpu_devices`, or `mesh.data`
+  x `mesh.fsdp` where neither is -1) is kept. Auto: the most devices, up to the core count, that
+  split this process's share of the batch evenly (and a set `mesh.data` or `mesh.fsdp` too).
   """
   if cfg.mesh.cpu_devices:
     return cfg.mesh.cpu_devices
@@ -157,16 +143,12 @@ def split_cpu(cfg: ml_collections.ConfigDict) -> str | None:
 
 def cpu_step_options(flops: float, xla_flags: str = "", dtype: str = "float32",
                      kind: CpuKind | None = None) -> dict:
-  """XLA compile options for a CPU train or eval step of `flops` FLOPs (one micro-batch) that
-  computes in `dtype`, on a CPU of `kind` (default: this one).
+  """XLA compile options for a CPU train or eval step of `flops` FLOPs (one micro-batch) in
+  `dtype`, on a CPU of `kind` (default: this one). An option the user put in XLA_FLAGS wins.
 
-  Every step: XLA's memory-optimizing scheduler (fewer buffers live at once, same results bit
-  for bit). Steps from the kind's `no_ynn_flops` on also: matmuls through Eigen and their
-  neighbours through XLA's own fused kernels instead of YNNPACK fusions (faster there on the CPUs
-  that have such a threshold; slower compiles and no gain for small steps), except bfloat16
-  steps on a CPU whose bfloat16 matmuls YNNPACK runs faster than Eigen (`bf16_ynn`; measured once
-  by `bf16_ynn_probe` where the kind's row does not say). An option the user put in XLA_FLAGS
-  wins.
+  Every step: the memory-optimizing scheduler (same results bit for bit). Steps from the kind's
+  `no_ynn_flops` on: no YNNPACK fusions (matmuls through Eigen), except bfloat16 steps where the
+  kind's `bf16_ynn` (or `bf16_ynn_probe`) says YNNPACK runs them faster.
   """
   kind = kind or cpu_kind()
   options = {}
@@ -202,12 +184,8 @@ def bf16_ynn_probe(n: int = 1024, repeats: int = 3) -> bool:
   for name, options in (("ynn", {}), ("eigen", {"xla_cpu_experimental_ynn_fusion_type": ""})):
     compiled = product.lower(a).compile(compiler_options=options)
     compiled(a).block_until_ready()
-    times = []
-    for _ in range(repeats):
-      t = time.perf_counter()
-      compiled(a).block_until_ready()
-      times.append(time.perf_counter() - t)
-    seconds[name] = statistics.median(times)
+    timed = lambda c=compiled: c(a).block_until_ready()
+    seconds[name] = statistics.median(timeit.repeat(timed, number=1, repeat=repeats))
   cached[key] = {"bf16_ynn": seconds["ynn"] < seconds["eigen"], "seconds": seconds,
                  "time": time.time()}
   paths.write_cache_json(PROBES_FILE, cached)

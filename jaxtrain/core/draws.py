@@ -5,7 +5,9 @@ May import: nothing of jaxtrain's.
 """
 
 import functools
+import itertools
 import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -25,39 +27,25 @@ def normal(std: float):
     if draws is None:
       return jax.random.normal(key, shape, dtype) * jnp.array(std, dtype)
     placeholder = jnp.zeros(shape, dtype)
-    draws.append((placeholder, key, std))  # key: the index `NumberedKeys` gave out
+    draws.append((placeholder, key, std))  # key: the index `batched`'s stand-in gave out
     return placeholder
   return init
 
 
-class NumberedKeys:
-  """Stands in for `nnx.Rngs` while `batched` builds the model: the i-th params key it hands out
-  is the number i, where `nnx.Rngs(params=key)` would hand out `fold_in(key, i)`."""
-
-  def __init__(self):
-    self.count = 0
-
-  def params(self) -> int:
-    self.count += 1
-    return self.count - 1
-
-
 def batched(build: Callable[[Any], nnx.Module], key: jax.Array,
             exact_shapes: bool = False) -> nnx.Module:
-  """`build(nnx.Rngs(params=key))`, with the same values, but cheaper to compile.
-
-  Under jit every normal draw is a threefry loop that is slow to compile on CPU. Here the
-  draws are collected while the model is built, then made as one vmapped draw per group (a batch
-  of keys gives what each key gives alone). A group holds draws of similar sizes, each padded to
-  the group's largest and cut back: with partitionable threefry (jax's default) a key's first n
-  values do not depend on how many are drawn, so the params are bit for bit those of separate
-  draws, from a few loops instead of one per parameter. `exact_shapes` groups only
-  draws of one shape, drawn in that shape: params split over devices (FSDP) are then drawn by
-  each device for its own part, where a padded flat draw would be made whole on every device.
+  """`build(nnx.Rngs(params=key))`, with the same values, but cheaper to compile: one vmapped
+  threefry loop per group of draws instead of one per parameter. A group's draws are padded to its
+  largest and cut back: with partitionable threefry (jax's default) a key's first n values do not
+  depend on how many are drawn, so the params are bit for bit those of separate draws.
+  `exact_shapes`: groups of one shape, drawn in that shape, so that params split over devices
+  (FSDP) are drawn by each device for its own part.
   """
   BATCHING.draws = draws = []
   try:
-    model = build(NumberedKeys())
+    # Stands in for `nnx.Rngs(params=key)`: the i-th params key it hands out is the number i,
+    # where nnx.Rngs would hand out `fold_in(key, i)`.
+    model = build(types.SimpleNamespace(params=itertools.count().__next__))
   finally:
     BATCHING.draws = None
   keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.array([i for _, i, _ in draws],

@@ -1,13 +1,11 @@
 """LoRA: low-rank adapters beside the blocks' linear layers, the only params a LoRA run trains.
 
 A targeted layer computes x W + (alpha / r) (x A) B: A [d_in, r] is drawn from N(0, 1/d_in), B
-[r, d_out] starts at zero, so a fresh adapter changes nothing. The adapters sit in the layer as
-params `lora_a` and `lora_b` beside its `kernel` (whose name stays, so checkpoints, `init_from`
-and export find the base params where they always are). The train step differentiates and
-updates only the adapters (`trainable`, `combine`): the base params are passed through the step
-untouched, bit for bit, and the optimizer holds state (AdamW's moments, accumulation) for the
-adapters alone. `merged` folds the adapters into the kernels: an ordinary model, as export
-writes it and as a later `init_from` reads it.
+[r, d_out] starts at zero, so a fresh adapter changes nothing. The adapters are params `lora_a`
+and `lora_b` beside the layer's `kernel` (whose name stays, so checkpoints, `init_from` and export
+find the base params where they always are). The train step differentiates, updates and holds
+optimizer state for the adapters alone (`trainable`, `combine`); the base params pass through it
+bit for bit. `merged` folds the adapters into the kernels: an ordinary model, as export writes it.
 """
 
 import dataclasses

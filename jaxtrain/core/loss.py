@@ -1,13 +1,10 @@
 """The next-token cross-entropy, whole or in chunks of tokens.
 
-The whole way materializes float32 logits for every token of the micro-batch (B x T x V: 3.3 GB
-at 16 x 1024 tokens and vocab 50k), and autodiff keeps them for the backward pass. The chunked way
-(`model.loss_chunk` tokens at a time) runs the output projection and log-softmax one chunk after
-another under `jax.checkpoint`: only one chunk's logits exist at once, in the backward pass too,
-which recomputes them. Same loss and gradients, up to float rounding.
-
-Losses are per token first, so that a per-token weight (a mask over prompt tokens, say) can
-weigh them before the mean.
+The whole way materializes float32 logits for every token of the micro-batch (B x T x V), and
+autodiff keeps them for the backward pass. The chunked way (`model.loss_chunk` tokens at a time)
+runs the head and log-softmax one chunk after another under `jax.checkpoint`: only one chunk's
+logits exist at once, in the backward pass too. Same loss and gradients, up to float rounding.
+Losses are per token first, so that a per-token weight (a prompt mask) can weigh them.
 """
 
 from collections.abc import Callable
@@ -21,9 +18,8 @@ def token_losses(logits_BTV: jax.Array, targets_BT: jax.Array, scatter_free: boo
   """float32[B, T]: -log p(target) at every position (optax's integer-label cross-entropy).
 
   `scatter_free` (ModelConfig's, for GPUs): the target's logit is a masked sum over the vocabulary,
-  not optax's gather, whose gradient is a scatter: the sum reduces the same logits as the
-  logsumexp (XLA can fuse the two), and its gradient is an elementwise select. XLA:CPU does not
-  fuse them, and runs the gather's way faster (benchmarks/results/2026-11-26-embed_grad/).
+  which XLA can fuse with the logsumexp and whose gradient is a select, not optax's gather, whose
+  gradient is a scatter.
   """
   if not scatter_free:
     return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)

@@ -95,11 +95,8 @@ def global_batch(batch: dict, mesh: Mesh) -> dict:
 def one_allreduce_step(mesh: Mesh, stats: str = "none"):
   """`steps.train_step` written per device, for pure data parallelism without dropout (each
   device would draw its own mask): its rows' gradients, one all-reduce of all of them as one
-  flat buffer, then the same optimizer update on every device.
-
-  Under `jax.jit` alone, XLA all-reduces each gradient as the backward pass produces it, and
-  XLA:CPU's devices meet once per gradient (29 times a step for the small benchmark model).
-  """
+  flat buffer (under `jax.jit` alone, XLA:CPU's devices meet once per gradient), then the same
+  optimizer update on every device."""
   n = mesh.shape["data"] * mesh.shape["fsdp"]
 
   def train_step(state: steps.TrainState, batch: dict):

@@ -2,9 +2,8 @@
 
 Switches: RMSNorm or LayerNorm, RoPE or learned positions, SwiGLU, GELU or ReLU^2 MLP, tied or
 separate output embedding, grouped-query attention, QK-norm and zero-initialised output
-projections. Linear layers and attention use `ops`' backward passes (fast on CPU); on GPUs
-with 16-bit compute, attention can go to cuDNN's fused kernel. Token embeddings are `ops.embed`
-lookups, whose gradients sum in float32. Blocks can be rematerialized (REMAT).
+projections. Linear layers, attention and embeddings use `ops`' backward passes (on GPUs with
+16-bit compute, attention can be cuDNN's fused kernel); blocks can be rematerialized (REMAT).
 One forward pass serves training and generation: given a key-value cache (`kvcache`), the same
 layers run new tokens after the cached ones and write theirs into it.
 Shape suffixes: B batch, T time, D d_model, H heads, G key/value heads, K head size, F MLP width, V vocab.
@@ -47,9 +46,7 @@ class ModelConfig:
   loss_chunk: int = 0  # tokens per chunk of the chunked cross-entropy (core/loss.py); 0: off
   x0_mix: bool = False  # each layer after the first adds a learned multiple of the embeddings
   canon: int = 0  # > 0: short causal convolutions of this width before attention and MLP
-  # No scatter in the backward pass (programs.scatter_free): the embeddings' gradient by sorting
-  # (ops.embed's "scan"), the cross-entropy's target logit by a masked sum (loss.token_losses).
-  scatter_free: bool = False
+  scatter_free: bool = False  # no scatter in the backward pass (programs.scatter_free)
 
   @classmethod
   def from_config(cls, model: ml_collections.ConfigDict, vocab_size: int) -> "ModelConfig":
@@ -72,10 +69,8 @@ class ModelConfig:
 
 
 def matmul_param_count(c: ModelConfig) -> int:
-  """Parameters that take part in a matmul: attention and MLP kernels, and the output projection.
-
-  Norm scales, position embeddings and the input embedding lookup cost no matmul FLOPs.
-  """
+  """Parameters that take part in a matmul: attention and MLP kernels, and the output projection
+  (norm scales, position embeddings and the input embedding lookup cost no matmul FLOPs)."""
   F = c.mlp_hidden
   attn = c.d_model * (c.n_heads + 2 * c.kv_heads) * c.head_dim + c.d_model * c.d_model
   mlp = (3 if c.mlp == "swiglu" else 2) * c.d_model * F
@@ -83,10 +78,8 @@ def matmul_param_count(c: ModelConfig) -> int:
 
 
 def flops_per_token(c: ModelConfig, training: bool = True) -> int:
-  """Matmul FLOPs per token: 2N forward plus 4*L*T*D for the attention scores and values.
-
-  Training (forward + backward) is 3x the forward pass: 6N + 12*L*T*D.
-  """
+  """Matmul FLOPs per token: 2N forward plus 4*L*T*D for the attention scores and values;
+  training (forward + backward) is 3x that: 6N + 12*L*T*D."""
   forward = 2 * matmul_param_count(c) + 4 * c.n_layers * c.seq_len * c.d_model
   forward += 2 * 2 * c.n_layers * c.canon * c.d_model  # two convolutions' multiply-adds per layer
   return 3 * forward if training else forward

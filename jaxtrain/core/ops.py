@@ -1,16 +1,13 @@
 """Matmul-shaped ops with hand-written backward passes, laid out for XLA's CPU backend.
 
-Autodiff of `x @ w` asks for `dy @ w.T` and `x.T @ dy`; XLA:CPU then either runs a slower
-transposed-operand matmul or fuses the transpose into a neighbouring elementwise op, which
-writes its output in a strided order (the GELU backward, for one, ran far slower that way).
-Here every backward product is a plain row-major matmul: the operand that must be transposed
-is transposed on its own, behind an optimization barrier so XLA cannot fold it back, and it is
-always the smaller one (a weight, or q/k/v rather than the T x T attention scores).
-Same math as autodiff; results differ only in float rounding (benchmarks/results/ has the timings).
+Autodiff of `x @ w` asks for `dy @ w.T` and `x.T @ dy`, which XLA:CPU runs as a slower
+transposed-operand matmul or by fusing the transpose into a neighbouring elementwise op that then
+writes in a strided order. Here every backward product is a plain row-major matmul: the smaller
+operand (a weight, or q/k/v rather than the T x T scores) is transposed on its own, behind an
+optimization barrier so XLA cannot fold it back. Same math as autodiff, up to float rounding.
 
-Beside them, two ops for the ends of the model: `dense_f32`, the head's matmul with float32
-logits, and `embed`, a token embedding lookup whose gradient sums in float32, by a scatter or
-(for GPUs, where many tokens would pile onto one row) by sorting.
+Beside them: `dense_f32`, the head's matmul with float32 logits, and `embed`, a token embedding
+lookup whose gradient sums in float32.
 """
 
 import functools
@@ -19,8 +16,9 @@ import jax
 import jax.numpy as jnp
 
 
-def _transposed(x: jax.Array) -> jax.Array:
-  """`x` with its last two axes swapped, materialized as its own row-major array."""
+def transposed(x: jax.Array) -> jax.Array:
+  """`x` with its last two axes swapped, materialized as its own row-major array:
+  `dense(x, transposed(w))` is `x @ w.T` (a tied embedding's logits) as a plain matmul."""
   return jax.lax.optimization_barrier(jnp.swapaxes(x, -1, -2))
 
 
@@ -43,11 +41,11 @@ def _dense_fwd(x, w):
 def _dense_bwd(residuals, dy):
   x, w = residuals
   x_ND, dy_NF = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
-  dx = (dy_NF @ _transposed(w)).reshape(x.shape)
+  dx = (dy_NF @ transposed(w)).reshape(x.shape)
   if x_ND.shape[1] <= dy_NF.shape[1]:  # transpose whichever of x and dy is narrower
-    dw = _transposed(x_ND) @ dy_NF
+    dw = transposed(x_ND) @ dy_NF
   else:
-    dw = _transpose_of_product(_transposed(dy_NF) @ x_ND)
+    dw = _transpose_of_product(transposed(dy_NF) @ x_ND)
   return dx, dw.astype(w.dtype)
 
 
@@ -68,12 +66,6 @@ def _dense_f32_fwd(x, w):
 dense_f32.defvjp(_dense_f32_fwd, lambda res, dy: _dense_bwd(res, dy.astype(res[0].dtype)))
 
 
-def transposed(w_FD: jax.Array) -> jax.Array:
-  """`w.T` as its own row-major array: `dense(x, transposed(w))` is `x @ w.T` (a tied
-  embedding's logits) as a plain matmul."""
-  return _transposed(w_FD)
-
-
 @jax.custom_vjp
 def causal_attention(q_BHTK: jax.Array, k_BHTK: jax.Array, v_BHTK: jax.Array) -> jax.Array:
   """Softmax attention where position t sees positions <= t; the softmax runs in float32."""
@@ -82,7 +74,7 @@ def causal_attention(q_BHTK: jax.Array, k_BHTK: jax.Array, v_BHTK: jax.Array) ->
 
 def _attention_fwd(q, k, v, same_doc_BTS=None):
   T, K = q.shape[-2], q.shape[-1]
-  scores_BHTS = ((q * K**-0.5) @ _transposed(k)).astype(jnp.float32)
+  scores_BHTS = ((q * K**-0.5) @ transposed(k)).astype(jnp.float32)
   allowed = jnp.tril(jnp.ones((T, T), bool))  # every row keeps its diagonal: never all -inf
   if same_doc_BTS is not None:
     allowed = allowed & same_doc_BTS[:, None]
@@ -95,12 +87,12 @@ def _attention_bwd(residuals, dout_BHTK):
   q, k, v, probs = residuals
   scale = q.shape[-1] ** -0.5
   # dv^T = dout^T probs: no T x T transpose
-  dv = _transpose_of_product(_transposed(dout_BHTK) @ probs)
-  dprobs = (dout_BHTK @ _transposed(v)).astype(jnp.float32)
+  dv = _transpose_of_product(transposed(dout_BHTK) @ probs)
+  dprobs = (dout_BHTK @ transposed(v)).astype(jnp.float32)
   p32 = probs.astype(jnp.float32)
   dscores = (p32 * (dprobs - jnp.sum(dprobs * p32, axis=-1, keepdims=True))).astype(q.dtype)
   dq = (dscores @ k) * scale
-  dk = _transpose_of_product(_transposed(q) @ dscores) * scale  # dk^T = q^T dscores
+  dk = _transpose_of_product(transposed(q) @ dscores) * scale  # dk^T = q^T dscores
   return dq, dk, dv
 
 
@@ -119,10 +111,8 @@ document_attention.defvjp(_attention_fwd, lambda res, dout: (*_attention_bwd(res
 
 
 # Backward passes of `embed`. "scatter": jnp.take's gradient (XLA's scatter-add) in float32, the
-# fastest on XLA:CPU, which adds the updates one after another. "scan": no scatter at all, for
-# GPUs: there XLA's scatter-add is an atomic add per token and element, so the tokens of a frequent
-# id queue on one row, and its sorted-indices emitter sizes its runs as if ids were spread evenly
-# over the vocabulary (one token a run when there are fewer tokens than ids).
+# fastest on XLA:CPU. "scan": no scatter, for GPUs, where a scatter-add is an atomic add per token
+# and element, so the tokens of a frequent id queue on one row.
 EMBED_GRADS = ("scatter", "scan")
 
 

@@ -14,12 +14,10 @@ import optax
 
 
 def schedule_args(optim, max_steps: int, offset: float = 0.0, rate: float = 1.0) -> np.ndarray:
-  """The numbers the compiled steps read the learning-rate schedule's end from, float32
-  [decay_start, per_step, offset, rate]: where the decay of a run of `max_steps` steps starts and
-  the share of it each step covers, and the step the schedule is at, `offset + rate * step` (0 and 1: the
-  step itself; a time budget whose end moved warps it, loop/budget.py). They reach the train step
-  as `TrainState.schedule`, an input rather than constants, so that one compiled step serves
-  every end. `optim`: the config's section or an `Optimizer`."""
+  """float32 [decay_start, per_step, offset, rate]: where the decay of a run of `max_steps` starts,
+  the share of it each step covers, and the schedule's step, `offset + rate * step` (a time budget
+  whose end moved warps it, loop/budget.py). An input of the train step rather than constants, so
+  that one compiled step serves every end. `optim`: the config's section or an `Optimizer`."""
   warmup = optim.warmup_steps
   decay_end = max(optim.decay_steps or max_steps, warmup + 1)
   if optim.schedule == "wsd":
@@ -70,12 +68,10 @@ def _matrix_dims(updates):
 
 
 def scale_by_muon(ns_steps: int, beta: float) -> optax.GradientTransformation:
-  """optax's Muon (Nesterov momentum, Frobenius-normalised Newton-Schulz with its default
-  coefficients), its Newton-Schulz iterations run as a loop rather than `ns_steps` unrolled
-  copies: given one coefficient row per iteration, optax scans over them. XLA then compiles one
-  iteration's kernels per matrix instead of `ns_steps` (a third of nano's train-step kernels were
-  the unrolled copies). The state keeps optax's layout (one row of coefficients), so checkpoints
-  are the same either way."""
+  """optax's Muon (Nesterov momentum, its default Newton-Schulz coefficients), the iterations run
+  as a loop (one coefficient row each, which optax scans over) rather than `ns_steps` unrolled
+  copies, which XLA would compile once each. The state keeps optax's layout (one row), so
+  checkpoints are the same either way."""
   kwargs = dict(ns_steps=ns_steps, beta=beta, nesterov=True, weight_dimension_numbers=_matrix_dims)
   single = optax.contrib.scale_by_muon(**kwargs)
   looped = optax.contrib.scale_by_muon(ns_coeffs=(MUON_NS_COEFFS,) * ns_steps, **kwargs)
@@ -136,7 +132,7 @@ class Optimizer:
     """The optimizer with its schedule and clipping, accumulated over grad_accum micro-batches.
     `schedule`: the schedule's `schedule_args` (default: those of `max_steps`)."""
     parts = [optax.clip_by_global_norm(self.clip_norm)] if self.clip_norm > 0 else []
-    parts.append(self._adamw(self.lr, self.weight_decay, schedule) if self.name == "adamw" else
+    parts.append(self._adamw(self.weight_decay, schedule) if self.name == "adamw" else
                  self._muon(schedule))
     inner = optax.chain(*parts)
     # With loss scaling, gradients overflow now and then by design: such steps are dropped.
@@ -147,15 +143,13 @@ class Optimizer:
     multi = optax.MultiSteps(inner, every_k_schedule=self.grad_accum)
     return skip_nonfinite_steps(multi) if skip else multi.gradient_transformation()
 
-  def _adamw(self, peak: float, weight_decay: float,
-             schedule: jax.Array | None) -> optax.GradientTransformation:
-    return optax.adamw(lr_schedule(self, self.max_steps, peak, schedule), b1=self.b1, b2=self.b2,
+  def _adamw(self, weight_decay: float, schedule: jax.Array | None) -> optax.GradientTransformation:
+    return optax.adamw(lr_schedule(self, self.max_steps, args=schedule), b1=self.b1, b2=self.b2,
                        eps=self.eps, weight_decay=weight_decay, mask=decay_mask)
 
   def _muon(self, schedule: jax.Array | None) -> optax.GradientTransformation:
-    """Muon (orthogonalised Nesterov momentum) for the blocks' matrices; AdamW, each group at its
-    for the embeddings, an untied head, and the norms' vectors, at lr. The matrices and the head
-    decay at weight_decay; the embeddings and vectors never."""
+    """Muon for the blocks' matrices; AdamW at lr for the embeddings, an untied head and the
+    vectors. The matrices and the head decay at weight_decay; the embeddings and vectors never."""
     matrix = optax.chain(
         # Kernels are [d_in, d_out]: axis 0 is reduced, as Muon's default assumes. Given as a
         # function, since inside `partition` the other groups' leaves are placeholders.
@@ -164,31 +158,25 @@ class Optimizer:
         optax.scale_by_learning_rate(lr_schedule(self, self.max_steps, self.matrix_lr, schedule)))
     return optax.partition({
         "matrix": matrix,
-        "embedding": self._adamw(self.lr, 0.0, schedule),
-        "head": self._adamw(self.lr, self.weight_decay, schedule),
-        "vector": self._adamw(self.lr, 0.0, schedule),
+        "embedding": self._adamw(0.0, schedule),
+        "head": self._adamw(self.weight_decay, schedule),
+        "vector": self._adamw(0.0, schedule),
     }, param_groups)
 
 
 def make_optimizer(optim: ml_collections.ConfigDict, *, max_steps: int, grad_accum: int = 1,
                    skip_nonfinite: bool = False, loss_scaling: bool = False) -> Optimizer:
   """The `optim` section's optimizer for a run of `max_steps` optimizer steps."""
-  return Optimizer(lr=optim.lr, min_lr_ratio=optim.min_lr_ratio, warmup_steps=optim.warmup_steps,
-                   decay_steps=optim.decay_steps, weight_decay=optim.weight_decay,
-                   clip_norm=optim.clip_norm, b1=optim.b1, b2=optim.b2, eps=optim.eps,
-                   max_steps=max_steps, grad_accum=grad_accum, skip_nonfinite=skip_nonfinite,
-                   loss_scaling=loss_scaling, name=optim.name, schedule=optim.schedule,
-                   decay_fraction=optim.decay_fraction, matrix_lr=optim.matrix_lr,
-                   momentum=optim.momentum, muon_ns_steps=optim.muon_ns_steps,
-                   z_loss=optim.z_loss)
+  given = dict(max_steps=max_steps, grad_accum=grad_accum, skip_nonfinite=skip_nonfinite,
+               loss_scaling=loss_scaling)
+  return Optimizer(**given, **{f.name: optim[f.name] for f in dataclasses.fields(Optimizer)
+                               if f.name not in given})
 
 
 def newton_schulz_flops(shape: tuple[int, ...], ns_steps: int) -> int:
-  """Matmul FLOPs of optax's Newton-Schulz orthogonalization of one [a, b] kernel.
-
-  optax turns a tall matrix on its side, so X is [m, n] with m = min(a, b) rows; each iteration
-  forms A = X X^T (2 m^2 n), A A (2 m^3) and (c1 A + c2 A A) X (2 m^2 n). Leading axes are a batch.
-  """
+  """Matmul FLOPs of optax's Newton-Schulz orthogonalization of one [a, b] kernel (leading axes:
+  a batch). X is [m, n], m = min(a, b); each iteration forms A = X X^T (2 m^2 n), A A (2 m^3) and
+  (c1 A + c2 A A) X (2 m^2 n)."""
   m, n = sorted(shape[-2:])
   return math.prod(shape[:-2]) * ns_steps * (4 * m * m * n + 2 * m**3)
 
@@ -211,12 +199,9 @@ class SkipState(NamedTuple):
 
 
 def skip_nonfinite_steps(multi: optax.MultiSteps) -> optax.GradientTransformation:
-  """Drops a whole optimizer step when any of its micro-batches has a non-finite gradient.
-
-  A NaN must never reach MultiSteps' accumulator: it would stay there for every later step. So
-  the bad micro-batch enters as zeros, and when the step completes, its update and the inner
-  optimizer state are thrown away. Counters (and so the data position) still advance.
-  """
+  """Drops a whole optimizer step when any of its micro-batches has a non-finite gradient: the bad
+  micro-batch enters MultiSteps' accumulator as zeros (a NaN would stay there), and the step's
+  update and inner state are thrown away. Counters (and so the data position) still advance."""
 
   def init(params):
     return SkipState(multi.init(params), jnp.array(False), jnp.array(0, jnp.int32))

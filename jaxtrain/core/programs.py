@@ -75,21 +75,15 @@ def wants_deterministic_gpu_ops() -> bool:
 
 
 def scatter_free(platform: str) -> bool:
-  """Whether train steps on `platform` avoid scatters (`ModelConfig.scatter_free`). Not on CPUs,
-  where XLA adds a scatter's updates one after another and the scatter and gather were the
-  fastest (benchmarks/results/2026-11-26-embed_grad/); on every other platform: on GPUs XLA's
-  scatter-add is an atomic add per token and element, so the tokens of a frequent id queue on
-  one row."""
+  """Whether train steps on `platform` avoid scatters (`ModelConfig.scatter_free`): not on CPUs,
+  where the scatter was fastest; on GPUs a scatter-add queues the tokens of a frequent id."""
   return platform != "cpu"
 
 
 def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None = None,
           compiler_options: dict | None = None, eot_id: int = -1) -> Programs:
   """The programs for `cfg` on `devices` (default: all). Nothing is compiled until first use.
-
-  `compiler_options` default to `cpu.cpu_step_options` on CPU and none elsewhere. `eot_id`:
-  the tokenizer's end-of-text token, where `model.doc_mask` ends documents.
-  """
+  `compiler_options`: default `cpu.cpu_step_options` on CPU; `eot_id`: where documents end."""
   devices = jax.devices() if devices is None else devices
   m = cfg.model
   mesh.check_devices(cfg.mesh, cfg.train.batch_size, devices, m.dtype)

@@ -5,8 +5,7 @@ Groups: "embedding" (token and position embeddings), "attention" and "mlp" (the 
 "norms" (norm scales), "head" (an untied output projection). With mode "layers" each block's
 groups are apart ("layer0.attention", ..., "layer0.norms"); the final norm stays "norms".
 Metric names: "grad_norm/<group>", "param_norm/<group>", "update_ratio/<group>" (a "/" marks a
-statistic). The step computes them every time (a few reductions, fused with work it does
-anyway); the loop copies them off the device only on the steps it logs.
+statistic); the loop copies them off the device only on the steps it logs.
 """
 
 import jax
@@ -80,10 +79,7 @@ def combine(micro: list[dict]) -> dict[str, float]:
   """One optimizer step's statistics from its micro-steps' (host values): gradient norms are the
   mean over micro-batches, as the global grad_norm; the param norm and update ratio are the last
   micro-step's, the one whose update the optimizer applied."""
-  out = {}
-  for key in micro[-1]:
-    if not is_stat(key):
-      continue
-    values = [float(m[key]) for m in micro] if key.startswith("grad_norm/") else [float(micro[-1][key])]
-    out[key] = sum(values) / len(values)
-  return out
+  def mean(key: str) -> float:
+    values = [float(m[key]) for m in (micro if key.startswith("grad_norm/") else micro[-1:])]
+    return sum(values) / len(values)
+  return {key: mean(key) for key in micro[-1] if is_stat(key)}

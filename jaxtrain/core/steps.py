@@ -21,7 +21,6 @@ from jaxtrain.core import optim
 from jaxtrain.core import stats as stats_lib
 
 TRAIN_METRICS = ("loss", "grad_norm", "skipped", "loss_scale", "lr")  # what train_step reports
-EVAL_METRICS = ("loss",)
 INITIAL_LOSS_SCALE = 2.0**15
 LOSS_SCALE_GROWTH = 2.0 ** (1 / 1000)
 
@@ -69,12 +68,9 @@ class TrainState:
 def init_state(model_cfg: model_lib.ModelConfig, optimizer: optim.Optimizer, *,
                seed: int, exact_shapes: bool = False,
                lora: lora_lib.Lora | None = None) -> TrainState:
-  """A fresh state from `seed`: the same seed gives the same params on every platform.
-
-  `exact_shapes`: draw each param in its own shape (params split over devices, so that each
-  device draws its own part). The optimizer's `loss_scaling` turns on dynamic loss scaling.
-  `lora`: adapters on the targeted layers, the only params that train (core/lora.py).
-  """
+  """A fresh state from `seed` (the same params on every platform); the optimizer's `loss_scaling`
+  turns on dynamic loss scaling. `exact_shapes`: see `draws.batched`; `lora`: adapters, the only
+  params that train (core/lora.py)."""
   key = jax.random.PRNGKey(seed)
   param_key, dropout_key = jax.random.split(key)
   model = model_lib.init(model_cfg, param_key, exact_shapes=exact_shapes)
@@ -91,12 +87,6 @@ def init_state(model_cfg: model_lib.ModelConfig, optimizer: optim.Optimizer, *,
                     graphdef=graphdef,
                     optimizer=optimizer, model_cfg=model_cfg,
                     dynamic_loss_scale=optimizer.loss_scaling, lora=lora)
-
-
-def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array,
-                  weights_BT: jax.Array | None = None) -> jax.Array:
-  """The mean next-token loss; with `weights_BT`, the weighted mean (e.g. 0 on prompt tokens)."""
-  return loss_lib.mean_loss(loss_lib.token_losses(logits_BTV, targets_BT), weights_BT)
 
 
 def loss_fn(params, graphdef: nnx.GraphDef, tokens_BT1: jax.Array,

@@ -1,10 +1,9 @@
 """The memory allocator under XLA:CPU's buffers, which a process can only choose when it starts.
 
-XLA:CPU allocates a step's temporaries (GiBs for a 10M-param model) and frees them again every
-step. glibc hands such blocks back to the kernel at once, so every step the kernel maps them
-afresh and zeroes every page, a large share of a big CPU step (benchmarks/results/). mimalloc,
-told never to return freed memory, reuses the same pages from step to step instead. Without it,
-glibc's `hugetlb` tunable at least brings those pages in 2 MiB at a time rather than 4 KiB.
+XLA:CPU allocates a step's temporaries (GiBs) and frees them every step; glibc hands such blocks
+back to the kernel at once, which maps and zeroes them afresh every step. mimalloc, told never to
+return freed memory, reuses the same pages; without it, glibc's `hugetlb` tunable at least brings
+them in 2 MiB at a time.
 
 Kept free of heavy imports: `python -m jaxtrain` calls `reexec()` before it imports jax.
 Linux, CPU runs only; `JAXTRAIN_NO_REEXEC=1` leaves the process as it is, `JAXTRAIN_MIMALLOC=0`
@@ -16,11 +15,12 @@ import os
 import sys
 from pathlib import Path
 
+from jaxtrain.system import invocation
+
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 MIMALLOC = Path("cmeel.prefix", "lib", "libmimalloc.so.3")  # where the cmeel-mimalloc wheel puts it
 # Keep freed memory mapped (a step frees and takes back the same blocks); back it with huge
 # pages; one address-space reservation up front, so that GiB-sized blocks come from one arena.
-# Without the reservation, or with a purge delay, large steps kept faulting pages in.
 MIMALLOC_OPTIONS = {"MIMALLOC_PURGE_DELAY": "-1", "MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
 RESTARTED = "JAXTRAIN_REEXECED"  # set for the restarted process only; it removes it at once
 _ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
@@ -111,25 +111,9 @@ def environment(base: dict | None = None, argv: list[str] | None = None) -> dict
 
 
 def _started_as_cli() -> bool:
-  """Whether this process is `python [options] -m jaxtrain ...` or the `jaxtrain` console script
-  (a Python script of that name), not a notebook or another script running the module (a restart
-  would restart them)."""
-  argv = getattr(sys, "orig_argv", [])
-  i = 1
-  while i < len(argv):
-    arg = argv[i]
-    if arg == "-m":
-      return argv[i + 1:i + 2] == ["jaxtrain"]
-    if arg.startswith("-m"):
-      return arg == "-mjaxtrain"
-    if arg in ("-X", "-W"):
-      i += 1
-    elif arg == "-c":
-      return False
-    elif not arg.startswith("-"):  # the script
-      return os.path.basename(arg) == "jaxtrain"
-    i += 1
-  return False
+  """Whether this process is `python -m jaxtrain` or the `jaxtrain` console script, not a notebook
+  or another script running the module (a restart would restart them)."""
+  return invocation.started() == "-m jaxtrain" or invocation.script() == "jaxtrain"
 
 
 def reexec() -> None:

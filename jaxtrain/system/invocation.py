@@ -12,22 +12,30 @@ SCRIPTS = {"jaxtrain": "jaxtrain", "jaxtrain.sample": "jaxtrain-sample",
            "jaxtrain.sweep": "jaxtrain-sweep"}
 
 
-def script(argv: list[str] | None = None) -> str | None:
-  """The name of the script the interpreter ran (`jaxtrain-sample`), or None for `python -m`,
-  `python -c` or an interactive interpreter. `argv`: the interpreter's own arguments
-  (sys.orig_argv); a restart under another allocator keeps them."""
+def started(argv: list[str] | None = None) -> str | None:
+  """What the interpreter ran: "-m <module>", "-c", "-" (stdin) or a script's path; None for an
+  interactive interpreter. `argv`: the interpreter's own arguments (sys.orig_argv); a restart
+  under another allocator keeps them."""
   argv = getattr(sys, "orig_argv", []) if argv is None else argv
   i = 1
   while i < len(argv):
     arg = argv[i]
-    if arg.startswith(("-m", "-c")) or arg == "-":
-      return None
+    if arg.startswith("-m"):
+      return f"-m {arg[2:] or ''.join(argv[i + 1:i + 2])}"
+    if arg.startswith("-c") or arg == "-":
+      return arg[:2]
     if arg in ("-X", "-W"):
       i += 1
     elif not arg.startswith("-"):
-      return os.path.basename(arg)
+      return arg
     i += 1
   return None
+
+
+def script(argv: list[str] | None = None) -> str | None:
+  """The name of the script the interpreter ran (`jaxtrain-sample`), or None."""
+  ran = started(argv)
+  return None if ran is None or ran.startswith("-") else os.path.basename(ran)
 
 
 def command(module: str = "jaxtrain", argv: list[str] | None = None) -> str:

@@ -1,12 +1,11 @@
 """Exclusive file locks (fcntl.flock): one run per workdir, one writer per token cache entry.
 
-The kernel drops a flock when the process holding it dies, so a run killed with SIGKILL leaves
-no stale lock behind; the next run takes the lock as if it had never been held. The holder writes
-its host, PID and start time into the locked file, so whoever finds it taken can say by whom.
-A run's status.json names its process the same way: `run_alive` tells a run that still runs from
-one killed without a word.
+The kernel drops a flock when its process dies, so a run killed with SIGKILL leaves no stale
+lock behind. The holder writes its host, PID and start time into the locked file, so whoever
+finds it taken can say by whom; `run_alive` tells a run that still runs from one killed silently.
 """
 
+import contextlib
 import fcntl
 import json
 import os
@@ -46,12 +45,10 @@ class FileLock:
         break
       os.close(fd)
     self._fd = fd
-    try:
+    with contextlib.suppress(OSError):  # a full disk: the lock holds, only its holder goes unnamed
       os.ftruncate(fd, 0)
       os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
                                "since": time.time()}).encode())
-    except OSError:
-      pass  # a full disk: the lock holds all the same, only its holder goes unnamed
     return True
 
   @property
@@ -63,22 +60,18 @@ class FileLock:
     if self._fd is None:
       return
     fd, self._fd = self._fd, None
-    try:
+    with contextlib.suppress(OSError):
       self.path.unlink(missing_ok=True)
-    except OSError:
-      pass
     os.close(fd)
 
   def holder(self, wait_s: float = 1.0) -> dict | None:
     """Who holds it, as the holder wrote it (waits briefly for a holder that has just locked)."""
     deadline = time.time() + wait_s
     while True:
-      try:
+      with contextlib.suppress(OSError, ValueError):
         info = json.loads(self.path.read_text())
         if isinstance(info, dict) and {"host", "pid", "since"} <= info.keys():
           return info
-      except (OSError, ValueError):
-        pass
       if time.time() >= deadline:
         return None
       time.sleep(0.05)

@@ -1,5 +1,6 @@
 """Where things live on disk: the shared cache directory, and a run's workdir."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,8 +15,7 @@ STATUS_FILE = "status.json"  # running, finished, stopped or failed: trackers/st
 
 def cache_dir() -> str:
   """Token caches, XLA's compile cache and measured peaks: $JAXTRAIN_CACHE or ~/.cache/jaxtrain."""
-  return os.environ.get("JAXTRAIN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                          "jaxtrain")
+  return os.environ.get("JAXTRAIN_CACHE") or os.path.expanduser("~/.cache/jaxtrain")
 
 
 def write_json(path: Path, obj) -> None:
@@ -48,11 +48,9 @@ def read_cache_json(name: str) -> dict:
 def write_cache_json(name: str, data: dict) -> None:
   """`read_cache_json`'s file written whole (atomic); a read-only cache dir only costs the
   measurement again next time."""
-  try:
+  with contextlib.suppress(OSError):
     os.makedirs(cache_dir(), exist_ok=True)
     write_json(Path(cache_dir()) / name, data)
-  except OSError:
-    pass
 
 
 def read_json(path: Path):

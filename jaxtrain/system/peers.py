@@ -2,6 +2,10 @@
 names the lost process and the checkpoint a restart resumes from, instead of waiting in
 barriers for a process that will not come back.
 
+A survivor's next collective fails (gloo: its connection to the dead process breaks); after it,
+orbax's commits and jax's exit handler would wait for the dead process until the heartbeat
+timeout, so the survivor ends itself with os._exit. One that blocks without an error (an NCCL
+collective, a barrier) is ended by jax itself after `distributed.timeout_s`, with jax's report.
 The state here is the process's, like jax.distributed's own: one multi-process run per process.
 """
 
@@ -17,15 +21,6 @@ from collections.abc import Callable
 import jax
 
 from jaxtrain.system.errors import PeerLost, UserError
-
-# A process of a multi-process run that dies takes the run with it: a survivor's next collective
-# fails (gloo: its connection to the dead process breaks), and then orbax's commits wait in
-# barriers for the dead process, and jax's exit handler waits in a shutdown barrier until the
-# heartbeat timeout, then aborts with a multi-line report. So a survivor whose collective failed
-# for a broken connection ends itself: one line that names the lost process (and, in the training
-# loop, the checkpoint a restart resumes from), then os._exit, past those waits. A survivor that
-# blocks without an error (an NCCL collective, a barrier) is ended by jax itself once the heartbeat
-# timeout (`distributed.timeout_s`) passes, with jax's own report.
 
 # Only the words of a broken connection to another process (gloo's TCP transport, the system's
 # errors): nothing else that fails in a collective means that a process is gone.
@@ -50,10 +45,8 @@ def watch_peers(step: Callable[[], int], restart: Callable[[], str]):
   global _watched
   _watched = _Watched(step, restart)
   try:
-    yield
-  except Exception as e:
-    end_if_lost(e)
-    raise
+    with ends_if_lost():
+      yield
   finally:
     _watched = None
 

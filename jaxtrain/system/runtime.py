@@ -14,9 +14,8 @@ from jaxtrain.system import allocator, peers
 from jaxtrain.system.errors import UserError
 from jaxtrain.system.paths import cache_dir
 
-# Dispatches queued ahead of the device within one step (micro-batches, eval batches). XLA:CPU
-# deadlocked in a cross-device all-reduce with 50-100 two-device steps queued; a few ahead
-# already keep the device busy.
+# Dispatches queued ahead of the device within one step (micro-batches, eval batches): a few keep
+# it busy, and XLA:CPU deadlocked in a cross-device all-reduce with many two-device steps queued.
 MAX_IN_FLIGHT = 4
 
 
@@ -71,21 +70,16 @@ def init_distributed(distributed: ml_collections.ConfigDict) -> None:
   """Joins a multi-process run: explicit `distributed.*` fields, or Slurm's environment (srun)."""
   if not wants_distributed(distributed):
     return
-  kwargs = {}
-  if distributed.coordinator_address:
-    kwargs["coordinator_address"] = distributed.coordinator_address
-  if distributed.num_processes:
-    kwargs["num_processes"] = distributed.num_processes
-  if distributed.process_id >= 0:
-    kwargs["process_id"] = distributed.process_id
   try:
-    # CPU collectives go through gloo (jax's default); GPUs use NCCL. The heartbeat timeout bounds
-    # how long a survivor can stay blocked without an error on a process that vanished (jax then
-    # ends it with its own report); a collective that fails ends it at once (peers.py).
-    # jax's preemption notifier takes SIGTERM over until the training loop's own handler: a
-    # SIGTERM raised on one process while another waits in a collective would hang them both.
-    jax.distributed.initialize(initialization_timeout=distributed.timeout_s,
-                               heartbeat_timeout_seconds=distributed.timeout_s, **kwargs)
+    # The heartbeat timeout bounds how long a survivor stays blocked on a vanished process (jax
+    # then ends it); a collective that fails ends it at once (peers.py). jax's preemption notifier
+    # takes SIGTERM over until the loop's own handler: a SIGTERM raised on one process while
+    # another waits in a collective would hang both. Unset fields (None): from the environment.
+    jax.distributed.initialize(distributed.coordinator_address or None,
+                               distributed.num_processes or None,
+                               distributed.process_id if distributed.process_id >= 0 else None,
+                               initialization_timeout=distributed.timeout_s,
+                               heartbeat_timeout_seconds=distributed.timeout_s)
   except Exception as e:
     first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
     raise UserError(f"joining the multi-process run failed ({first}); check "

@@ -1,23 +1,17 @@
 """SIGTERM and SIGINT become a request to stop after the current optimizer step and save.
 
 Slurm sends SIGTERM before preemption; people press Ctrl-C. Either way the loop finishes its step
-(an evaluation under way is given up between two of its batches), writes a checkpoint and exits
-with 128 + the signal's number, as a shell reports a command a signal ended (`EXIT_CODES`): a run
-stopped before its end is never status 0, so `train && export` does not export a half-trained
-model, and a script can still tell "stopped, resumable" (130, 141, 143) from an error (1-4).
-Signals that arrive while that checkpoint is being written are acknowledged and ignored, so a
-second Ctrl-C cannot cut the save short (a SIGKILL still can, and orbax's write-then-rename leaves
-the previous checkpoint as the latest complete one).
+(or gives up an evaluation between two batches), writes a checkpoint and exits with 128 + the
+signal's number (`EXIT_CODES`): a stopped run is never status 0, so `train && export` does not
+export a half-trained model. Signals during that checkpoint's write are acknowledged and ignored,
+so a second Ctrl-C cannot cut the save short.
 
-Outside the loop (reading data, compiling, sampling at the end) there is no step to finish: Ctrl-C
-raises KeyboardInterrupt as usual, and the command makes SIGTERM raise `Terminated`, a kind of
-KeyboardInterrupt, so both unwind through the same clean-up and end in one line. Python drops an
-exception raised inside a finalizer or a gc callback (JAX registers one), so a signal that lands
-there would be lost: the command's handlers also remember it, and `check()`, called where work
-goes on in long stretches (tokenizing, before the loop, after generating samples), raises it
-again. Python runs signal handlers on the main thread between bytecodes, so a call into native
-code that runs for minutes (training a BPE vocabulary) would hold a signal until it returns:
-`interruptible` runs such a call in a thread of its own while the main thread waits, ready.
+Outside the loop there is no step to finish: Ctrl-C raises KeyboardInterrupt and SIGTERM
+`Terminated` (a KeyboardInterrupt), so both unwind through the same clean-up. Python drops an
+exception raised in a finalizer or gc callback (JAX registers one), so the handlers also remember
+the signal and `check()`, called in long stretches of work, raises it again. Handlers run on the
+main thread between bytecodes, so `interruptible` runs a long native call (training a BPE
+vocabulary) in a thread of its own while the main thread waits, ready.
 """
 
 import contextlib
@@ -145,22 +139,20 @@ class GracefulStop:
     self.requested = self.requested or name
 
   @contextlib.contextmanager
+  def _while(self, flag: str):
+    setattr(self, flag, True)
+    try:
+      yield
+    finally:
+      setattr(self, flag, False)
+
   def saving_now(self):
     """Signals that arrive in this block only ask to stop once the save is complete."""
-    self.saving = True
-    try:
-      yield
-    finally:
-      self.saving = False
+    return self._while("saving")
 
-  @contextlib.contextmanager
   def evaluating_now(self):
     """An evaluation runs in this block: a signal gives it up (it has no record)."""
-    self.evaluating = True
-    try:
-      yield
-    finally:
-      self.evaluating = False
+    return self._while("evaluating")
 
   @property
   def exit_code(self) -> int:
