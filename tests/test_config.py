@@ -1,6 +1,9 @@
 """Every config field is validated up front, with a message naming the field and the fix."""
 
+import functools
 import importlib.util
+import os
+import subprocess
 from pathlib import Path
 
 import jax
@@ -125,9 +128,24 @@ def test_a_saved_run_that_used_a_removed_field_is_refused_naming_its_patch():
   saved = tiny_config().to_dict()
   saved["model"]["value_embeds"] = True
   with pytest.raises(UserError, match=r"^this run was trained with model\.value_embeds=True, "
-                     r"which jaxtrain no longer has; `git apply benchmarks/results/"):
+                     r"which jaxtrain no longer has; in jaxtrain's repository, `git checkout "
+                     r"0a4fec37da && git apply benchmarks/results/.*value_embeds\.diff` brings"):
     loading.from_saved(saved)
   saved["model"]["value_embeds"] = False
   assert loading.from_saved(saved).to_dict() == tiny_config().to_dict()
   root = Path(__file__).resolve().parents[1]
-  assert [patch for _, patch in loading.REMOVED.values() if not (root / patch).is_file()] == []
+  assert [patch for _, patch, _ in loading.REMOVED.values() if not (root / patch).is_file()] == []
+
+
+def test_each_removed_fields_patch_applies_at_the_commit_it_names(tmp_path):
+  """The refusal's command works: each patch applies to the tree of the commit named beside it
+  (a temporary index; nothing is checked out)."""
+  root = Path(__file__).resolve().parents[1]
+  git = functools.partial(subprocess.run, cwd=root, capture_output=True, text=True)
+  if git(["git", "cat-file", "-e", "0a4fec37da^{commit}"]).returncode != 0:
+    pytest.skip("needs jaxtrain's git history (a checkout with its commits)")
+  env = dict(os.environ, GIT_INDEX_FILE=str(tmp_path / "index"))
+  for field, (_, patch, commit) in loading.REMOVED.items():
+    assert git(["git", "read-tree", commit], env=env).returncode == 0, field
+    check = git(["git", "apply", "--cached", "--check", patch], env=env)
+    assert check.returncode == 0, (field, check.stderr)

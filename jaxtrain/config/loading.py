@@ -34,17 +34,17 @@ def field_names() -> list[str]:
 
 
 # Fields that left the tree (docs/config.md, the config gate): the value under which a saved run
-# trained what jaxtrain trains now, and the patch in the repository that brings the field back.
+# trained what jaxtrain trains now, the patch that brings the field back, and the commit it applies to.
+_GATE = "benchmarks/results/2026-11-28-config-gate/"
 REMOVED = {
-    "model.value_embeds": (False, "benchmarks/results/2026-11-24-quality-zen4/value_embeds.diff"),
-    "model.logit_softcap": (0.0, "benchmarks/results/2026-11-28-config-gate/logit_softcap.diff"),
-    "optim.clip_per_group": (False, "benchmarks/results/2026-11-28-config-gate/clip_per_group.diff"),
-    "optim.embedding_weight_decay": (
-        0.0, "benchmarks/results/2026-11-28-config-gate/group_weight_decay.diff"),
-    "optim.head_weight_decay": (
-        -1.0, "benchmarks/results/2026-11-28-config-gate/group_weight_decay.diff"),
-    "optim.embedding_lr": (0.0, "benchmarks/results/2026-11-28-config-gate/group_lr.diff"),
-    "optim.head_lr": (0.0, "benchmarks/results/2026-11-28-config-gate/group_lr.diff"),
+    "model.value_embeds": (
+        False, "benchmarks/results/2026-11-24-quality-zen4/value_embeds.diff", "0a4fec37da"),
+    "model.logit_softcap": (0.0, _GATE + "logit_softcap.diff", "c68e09ace1"),
+    "optim.clip_per_group": (False, _GATE + "clip_per_group.diff", "2676896f6f"),
+    "optim.embedding_weight_decay": (0.0, _GATE + "group_weight_decay.diff", "6fe2ca570a"),
+    "optim.head_weight_decay": (-1.0, _GATE + "group_weight_decay.diff", "6fe2ca570a"),
+    "optim.embedding_lr": (0.0, _GATE + "group_lr.diff", "4d19be6ed4"),
+    "optim.head_lr": (0.0, _GATE + "group_lr.diff", "4d19be6ed4"),
 }
 
 
@@ -55,10 +55,11 @@ def from_saved(saved: dict) -> ml_collections.ConfigDict:
   resumed or read as it trained."""
   cfg = default_config()
   defaults, flat = flatten(cfg.to_dict()), flatten(saved)
-  for field, (same, patch) in REMOVED.items():
+  for field, (same, patch, commit) in REMOVED.items():
     if flat.get(field, same) != same:
       raise UserError(f"this run was trained with {field}={flat[field]!r}, which jaxtrain no "
-                      f"longer has; `git apply {patch}` (in jaxtrain's repository) brings it back")
+                      f"longer has; in jaxtrain's repository, `git checkout {commit} && git apply "
+                      f"{patch}` brings it back")
   override(cfg, **{k: v for k, v in flat.items() if k in defaults})
   return cfg
 
