@@ -75,9 +75,10 @@ def init_distributed(distributed: ml_collections.ConfigDict) -> None:
     # then ends it); a collective that fails ends it at once (peers.py). jax's preemption notifier
     # takes SIGTERM over until the loop's own handler: a SIGTERM raised on one process while
     # another waits in a collective would hang both. Unset fields (None): from the environment.
-    jax.distributed.initialize(distributed.coordinator_address or None,
-                               distributed.num_processes or None,
-                               distributed.process_id if distributed.process_id >= 0 else None,
+    pid = distributed.process_id
+    jax.distributed.initialize(coordinator_address=distributed.coordinator_address or None,
+                               num_processes=distributed.num_processes or None,
+                               process_id=pid if pid >= 0 else None,
                                initialization_timeout=distributed.timeout_s,
                                heartbeat_timeout_seconds=distributed.timeout_s)
   except Exception as e:
