@@ -29,6 +29,7 @@ class Tree:
   commit: str
   env: dict  # PYTHONPATH on `root`
   scratch: Path  # its caches and workdirs
+  python: str = sys.executable  # the interpreter (and so the jax) its commands run with
 
 
 def git(*args: str, cwd: Path = ROOT) -> str:
@@ -36,12 +37,13 @@ def git(*args: str, cwd: Path = ROOT) -> str:
                         check=True).stdout.strip()
 
 
-def make_tree(label: str, root: Path, commit: str, env: dict, scratch: Path) -> Tree:
+def make_tree(label: str, root: Path, commit: str, env: dict, scratch: Path,
+              python: str = sys.executable) -> Tree:
   path = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
-  tree = Tree(label, root, commit, dict(env, PYTHONPATH=path), scratch)
+  tree = Tree(label, root, commit, dict(env, PYTHONPATH=path), scratch, python)
   scratch.mkdir(parents=True, exist_ok=True)
   # The tree's own jaxtrain, not one installed in the environment, must be the one that runs.
-  found = subprocess.run([sys.executable, "-c", "import jaxtrain; print(jaxtrain.__file__)"],
+  found = subprocess.run([python, "-c", "import jaxtrain; print(jaxtrain.__file__)"],
                          cwd=root, env=tree.env, capture_output=True, text=True)
   if found.returncode or not Path(found.stdout.strip()).resolve().is_relative_to(root.resolve()):
     raise SystemExit(f"error: {label}: python imports jaxtrain from {found.stdout.strip() or '?'}"
@@ -54,6 +56,19 @@ def this_checkout(env: dict, scratch: Path) -> Tree:
   dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
   return make_tree("working tree", ROOT, commit + (" + uncommitted changes" if dirty else ""),
                    env, scratch / "tree0")
+
+
+def with_python(python: str, env: dict, scratch: Path) -> Tree:
+  """This checkout run by another interpreter (a venv with another jax), labelled by its
+  versions: 'jax 0.12.0.1, flax 0.12.12 (Python 3.12.1)'."""
+  said = subprocess.run([python, "-c", "import sys; from jaxtrain.system import stack; "
+                         "print(stack.line(), f'(Python {sys.version.split()[0]})')"],
+                        cwd=ROOT, env=env, capture_output=True, text=True)
+  if said.returncode:
+    raise SystemExit(f"error: --python={python}: it cannot import jaxtrain:\n{said.stderr[-600:]}")
+  label = said.stdout.strip()
+  commit = this_checkout(env, scratch / "probe").commit
+  return make_tree(label, ROOT, commit, env, scratch / re.sub(r"\W+", "-", label), python)
 
 
 def add_worktree(ref: str, env: dict, scratch: Path) -> Tree:

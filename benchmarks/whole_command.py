@@ -19,7 +19,8 @@ Three parts (`--parts`, default all), each side run as a user runs it, one comma
   RSS without the compile's), against as many of nanoGPT's iterations: tokens/s (median of the
   logged steps; nanoGPT's from its own iteration times) and peak RSS.
 Every run's peak RSS is its process's own (`wait4`). With --git-ref, that commit runs too (from a
-temporary `git worktree`), in the same rounds. Writes whole_command.{json,md,png} to --out
+temporary `git worktree`), and with --python, this checkout under another interpreter (another jax),
+in the same rounds. Writes whole_command.{json,md,png} to --out
 (default: benchmarks/results/<date>-whole_command-<CPU kind>/, e.g. ...-zen4).
 """
 
@@ -50,9 +51,10 @@ E_SHAPE = "configs/shakespeare_char_nanogpt.py"
 CHILDREN: list[int] = []  # the command running, for the load sampler
 
 
-def jaxtrain_argv(config: str, workdir: Path, data: str | None, extra: list[str]) -> list[str]:
+def jaxtrain_argv(tree: cr.Tree, config: str, workdir: Path, data: str | None,
+                  extra: list[str]) -> list[str]:
   needs_data = "shakespeare" in config
-  return [sys.executable, "-m", "jaxtrain", f"--config={config}", "--jax_platforms=cpu",
+  return [tree.python, "-m", "jaxtrain", f"--config={config}", "--jax_platforms=cpu",
           f"--config.workdir={workdir}", "--config.headless=True", "--jax_log_compiles=true",
           *([f"--config.data.path={data}"] if needs_data and data else []), *extra]
 
@@ -62,7 +64,7 @@ def run_jaxtrain(tree: cr.Tree, config: str, home: Path, name: str, args,
   """One `python -m jaxtrain` of `tree` in HOME `home` (its workdir there, `name`): the timed
   run, its phases, compiles, val loss and tokens/s."""
   workdir = home / name
-  result = cr.check(cr.run(jaxtrain_argv(config, workdir, args.data, extra), tree.root,
+  result = cr.check(cr.run(jaxtrain_argv(tree, config, workdir, args.data, extra), tree.root,
                            cr.fresh_home(tree.env, home), CHILDREN),
                     f"{tree.label}: python -m jaxtrain --config={config}")
   result.update(phases=cr.jaxtrain_phases(result), summary=cr.summary_phases(result),
@@ -83,8 +85,8 @@ def run_nanogpt(home: Path, name: str, args, extra: list[str]) -> dict:
   return result
 
 
-def import_floor(env: dict, imports: str) -> float:
-  return cr.run([sys.executable, "-c", imports], ROOT, env, CHILDREN)["wall_s"]
+def import_floor(env: dict, imports: str, python: str = sys.executable) -> float:
+  return cr.run([python, "-c", imports], ROOT, env, CHILDREN)["wall_s"]
 
 
 def keep_lines(result: dict, n: int = 40) -> dict:
@@ -95,7 +97,8 @@ def keep_lines(result: dict, n: int = 40) -> dict:
 def one_step(trees: list[cr.Tree], args, sampler, scratch: Path) -> dict:
   """{"floors": {jax, torch}, "jaxtrain": {tree: {config: {cold, warm}}}, "nanogpt": {cold,
   warm}}: lists of runs, in alternating rounds."""
-  out = {"floors": {"jax": [], "torch": []}, "nanogpt": {"cold": [], "warm": []},
+  out = {"floors": {"jax": [], "torch": [], **{t.label: [] for t in trees[1:]}},
+         "nanogpt": {"cold": [], "warm": []},
          "jaxtrain": {t.label: {c: {"cold": [], "warm": []} for c in args.configs} for t in trees}}
   items = ["floors", *[(t, c) for t in trees for c in args.configs]]
   if args.nanogpt:
@@ -105,6 +108,8 @@ def one_step(trees: list[cr.Tree], args, sampler, scratch: Path) -> dict:
       if item == "floors":
         sampler.label = "import floors"
         out["floors"]["jax"].append(import_floor(trees[0].env, JAX_IMPORTS))
+        for t in trees[1:]:  # each tree's own jax
+          out["floors"][t.label].append(import_floor(t.env, JAX_IMPORTS, t.python))
         if args.nanogpt:
           out["floors"]["torch"].append(import_floor(os.environ, TORCH_IMPORTS))
         continue
@@ -180,6 +185,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   p.add_argument("--recipe-runs", type=int, default=1)
   p.add_argument("--steps", type=int, default=200, help="steps: the runs' length")
   p.add_argument("--git-ref", default=None, help="also run this commit, in the same rounds")
+  p.add_argument("--python", action="append", default=[], metavar="PATH",
+                 help="also run this checkout with this interpreter (a venv with another jax), in "
+                      "the same rounds; repeatable")
   p.add_argument("--out", default=None, help=f"default: benchmarks/results/<date>-{NAME}-<CPU>/")
   args = p.parse_args(argv)
   args.parts = [x for x in args.parts.split(",") if x]
@@ -208,11 +216,14 @@ def main(argv: list[str] | None = None) -> int:
   loadavg_before = os.getloadavg()
   scratch = Path(tempfile.mkdtemp(prefix="jaxtrain-whole-command-"))
   env = dict(os.environ, PYTHONUNBUFFERED="1")
-  trees = [cr.this_checkout(env, scratch)]
+  # With --python, every tree is named by its versions, the first (this interpreter's) too.
+  trees = [cr.with_python(sys.executable, env, scratch) if args.python else
+           cr.this_checkout(env, scratch)]
   results = {}
   try:
     if args.git_ref:
       trees.append(cr.add_worktree(args.git_ref, env, scratch))
+    trees += [cr.with_python(python, env, scratch) for python in args.python]
     with common.LoadSampler(lambda: [os.getpid(), *CHILDREN]) as sampler:
       for part in args.parts:
         results[part] = {"one_step": one_step, "recipe": recipe, "steps": steps}[part](

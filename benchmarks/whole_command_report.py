@@ -66,8 +66,8 @@ def headline_rows(report: dict) -> list[list[str]]:
     row("the Shakespeare recipe as shipped, whole command, fresh HOME", ng_val and
         f"{ng_val:.4f} in {ng_wall:.1f} s" or "-", cells, f"val <= {GOALS['val']:.2f} in <= nanoGPT's time")
   if one := report.get("one_step"):
-    floor_jax, floor_torch = (statistics.median(v) if v else None
-                              for v in (one["floors"]["jax"], one["floors"]["torch"]))
+    floor_torch = statistics.median(one["floors"]["torch"]) if one["floors"]["torch"] else None
+    floors = {t: statistics.median(one["floors"].get(t) or one["floors"]["jax"]) for t in trees}
     ng = {c: med(one["nanogpt"][c], "wall_s") for c in ("cold", "warm")}
     for config in report["args"]["configs"]:
       name = Path(config).stem
@@ -75,11 +75,11 @@ def headline_rows(report: dict) -> list[list[str]]:
       row(f"one step, whole command, cold (fresh HOME): {name}", _s(ng["cold"]),
           [(f"{w:.1f} s, {_x(w, ng['cold'])}", w <= ng["cold"] if ng["cold"] else None)
            for w in cold], "<= nanoGPT's")
-      warm = [med(one["jaxtrain"][t][config]["warm"], "wall_s") for t in trees]
+      warm = [(med(one["jaxtrain"][t][config]["warm"], "wall_s"), floors[t]) for t in trees]
       row(f"the same, warm: {name}", f"{_s(ng['warm'])} ({_x(ng['warm'], floor_torch)} its "
           f"imports' {_s(floor_torch, 2)} s)" if ng["warm"] else "-",
-          [(f"{w:.1f} s, {_x(w, floor_jax)} the imports' {floor_jax:.2f} s",
-            w <= GOALS["warm_over_floor"] * floor_jax) for w in warm],
+          [(f"{w:.1f} s, {_x(w, f)} the imports' {f:.2f} s",
+            w <= GOALS["warm_over_floor"] * f) for w, f in warm],
           f"<= {GOALS['warm_over_floor']}x the bare imports")
   ng_rss = [r["max_rss_mib"] for r in (report.get("recipe") or {}).get("nanogpt", [])] or \
       [((report.get("steps") or {}).get("nanogpt") or {}).get("max_rss_mib")]
@@ -121,6 +121,8 @@ def one_step_tables(report: dict) -> list[str]:
       "## One step, whole command (medians of the rounds, seconds)", "",
       f"Bare imports: `python -c \"import jax, flax, optax, orbax.checkpoint, grain\"` "
       f"{statistics.median(floors['jax']):.2f} s ({', '.join(f'{x:.2f}' for x in floors['jax'])})"
+      + "".join(f"; with {t}: {statistics.median(v):.2f} s" for t, v in floors.items()
+                if t not in ("jax", "torch"))
       + (f"; `python -c \"import torch, numpy\"` {statistics.median(floors['torch']):.2f} s"
          if floors["torch"] else ""), "",
       reports.markdown_table(["side", "config", "cache", "wall s (runs)", "to first step s",

@@ -27,7 +27,12 @@ Attributes load on first use, so `import jaxtrain` stays fast. Where things live
 
 import importlib
 
+from jaxtrain.system import stack
+
 __version__ = "0.1.0"
+
+stack.check()  # a flax too old for the installed jax: one line naming the fix, not flax's traceback
+del stack  # the public names are _EXPORTS'
 
 _EXPORTS = {
     # configs

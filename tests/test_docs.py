@@ -63,13 +63,21 @@ def _section(markdown: str, title: str) -> str:
   return markdown.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
-def test_ci_runs_the_readme_test_command():
-  """.ci/run ends with the command of the README's Tests section, as written there."""
+def test_ci_runs_the_readme_test_commands():
+  """.ci/run ends with the commands of the README's Tests section, as written there: every test
+  on the oldest JAX (Python 3.11), then the `newest` ones on the newest (Python 3.12), each leg in
+  a fresh venv with its constraint file."""
   readme = (ROOT / "README.md").read_text()
   ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
-  assert bash_commands(_section(readme, "Tests")) == [ci_lines[-1]]
-  assert ci_lines[-1].startswith("python3 -m venv .venv && ") and "pip install -e '.[test]'" in \
-      ci_lines[-1] and ci_lines[-1].endswith(" && python -m pytest")
+  oldest, newest = bash_commands(_section(readme, "Tests"))
+  assert [ci_lines[-3], ci_lines[-1]] == [oldest, newest] and ci_lines[-2] == "deactivate"
+  assert oldest.startswith("python3 -m venv .venv && ") and "pip install -e '.[test]' -c " \
+      "constraints/jax-0.10.2-py3.11.txt" in oldest and oldest.endswith(" && python -m pytest")
+  assert newest.startswith("python3.12 -m venv .venv-newest && ") and \
+      "-c constraints/jax-0.12.0.1-py3.12.txt" in newest and newest.endswith(" -m pytest -m newest")
+  for command in (oldest, newest):
+    constraints = re.search(r"-c (\S+)", command).group(1)
+    assert (ROOT / constraints).is_file(), constraints
 
 
 def test_the_quick_start_installs_what_training_needs_and_trains():

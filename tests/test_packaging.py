@@ -114,10 +114,19 @@ def _user_env(venv: Path) -> dict:
               PYTHONUNBUFFERED="1")
 
 
+def _jax_stack(python: str, env: dict) -> dict[str, str]:
+  listed = subprocess.run([python, "-m", "pip", "list", "--format=freeze"], env=env,
+                          capture_output=True, text=True, check=True).stdout.split()
+  pins = dict(line.lower().split("==", 1) for line in listed if "==" in line)
+  return {name: pins.get(name) for name in ("jax", "jaxlib", "flax", "numpy")}
+
+
 @pytest.mark.slow
+@pytest.mark.newest
 def test_a_fresh_install_of_the_wheel_trains_outside_the_checkout(wheel, tmp_path, corpus_file):
-  """`pip install jaxtrain-*.whl` into a new virtual environment (its dependencies from pip's
-  cache or the index, as a user gets them), then the commands from another directory."""
+  """A user's venv that already holds this environment's jax and flax, then `pip install
+  jaxtrain-*.whl` (the other dependencies from pip's cache or the index, as a user gets them):
+  the user's JAX stays as it was, and the commands run from another directory."""
   venv, home = tmp_path / "venv", tmp_path / "elsewhere"
   home.mkdir()
   took = {}
@@ -125,9 +134,13 @@ def test_a_fresh_install_of_the_wheel_trains_outside_the_checkout(wheel, tmp_pat
   subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
   env = _user_env(venv)
   python = str(venv / "bin" / "python")
-  install = subprocess.run([python, "-m", "pip", "install", "-q", str(wheel)], env=env, cwd=home,
-                           capture_output=True, text=True, timeout=900)
-  assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+  ours = _jax_stack(sys.executable, os.environ)
+  users = [f"{name}=={version}" for name, version in ours.items()]
+  for what in (users, [str(wheel)]):
+    install = subprocess.run([python, "-m", "pip", "install", "-q", *what], env=env, cwd=home,
+                             capture_output=True, text=True, timeout=900)
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+  assert _jax_stack(python, env) == ours  # nothing of the user's JAX up- or downgraded
   took["venv and install"] = time.perf_counter() - start
 
   def run(*args: str) -> subprocess.CompletedProcess:

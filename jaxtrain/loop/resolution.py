@@ -22,7 +22,7 @@ from jaxtrain.data import tokenfiles, tokenizer
 from jaxtrain.evals import tasks as tasks_lib
 from jaxtrain.loop import autosize
 from jaxtrain.measure import estimate
-from jaxtrain.system import allocator, fmt, paths, runtime
+from jaxtrain.system import allocator, fmt, paths, runtime, stack
 from jaxtrain.system.console import Console
 
 
@@ -73,8 +73,8 @@ def resolve(cfg: ml_collections.ConfigDict, platform: str, notes: list[str], out
   devices = jax.devices()
   data_axis, fsdp_axis = mesh.mesh_shape(cfg.mesh, len(devices))
   out.print(f"jaxtrain {__version__} | {'dry run | ' * (claim is None)}workdir {workdir} | "
-            f"{platform} x{len(devices)} (mesh data={data_axis} fsdp={fsdp_axis}) | jax "
-            f"{jax.__version__}" + (f" | {allocator.in_use()} allocator" if platform == "cpu" else ""))
+            f"{platform} x{len(devices)} (mesh data={data_axis} fsdp={fsdp_axis}) | "
+            f"{stack.line()}" + (f" | {allocator.in_use()} allocator" if platform == "cpu" else ""))
   for note in notes:
     out.print(note)
   corpus = corpus_lib.prepare(cfg.data, show_progress=out.use_bar, log=out.print,
