@@ -3,12 +3,15 @@
 import grain
 import jax
 import numpy as np
+import pytest
 
 from jaxtrain import testing
 from jaxtrain.checkpoints import store
 from jaxtrain.core import programs
 from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.testing import assert_trees_equal, init, tiny_config
+
+pytestmark = pytest.mark.newest  # CI runs it on the newest JAX too
 
 
 def test_save_then_restore_gives_an_identical_state(tiny, tmp_path):

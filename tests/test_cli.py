@@ -8,6 +8,8 @@ from conftest import run_cli
 
 from jaxtrain.system import allocator
 
+pytestmark = pytest.mark.newest  # CI runs it on the newest JAX too
+
 TINY = ["--config.model.n_layers=2", "--config.model.d_model=32", "--config.model.n_heads=4",
         "--config.model.seq_len=32", "--config.train.batch_size=8", "--config.train.eval_steps=2",
         "--config.train.log_every=5", "--config.sample.max_new_tokens=24", "--config.headless=True"]

@@ -20,6 +20,8 @@ from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
 from jaxtrain.tools import runs
 
+pytestmark = pytest.mark.newest  # CI runs it on the newest JAX too
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.py"))
 

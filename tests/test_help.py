@@ -7,6 +7,8 @@ import sys
 import pytest
 from conftest import ROOT
 
+pytestmark = pytest.mark.newest  # CI runs it on the newest JAX too
+
 OWN_FLAGS = {
     "jaxtrain.sample": ["--workdir", "--prompt", "--num_samples=1", "--max_new_tokens=256",
                         "--temperature=0.8", "--top_k=0", "--top_p=1.0", "--seed=0",

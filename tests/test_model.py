@@ -14,6 +14,8 @@ from jaxtrain.core import draws, programs
 from jaxtrain.core import model as model_lib
 from jaxtrain.testing import tiny_config
 
+pytestmark = pytest.mark.newest  # CI runs it on the newest JAX too
+
 
 def tiny_model_config(**kw) -> model_lib.ModelConfig:
   base = dict(vocab_size=64, n_layers=2, n_heads=2, d_model=16, seq_len=12)
@@ -217,7 +219,8 @@ def test_chunked_cross_entropy_gives_the_same_loss_and_gradients(tie, chunk):
 
 def test_chunked_cross_entropy_never_holds_the_whole_batchs_logits():
   """The compiled train step's temporary memory: at vocab 4096 the whole logits and their
-  gradient (2 x 36 x 12 x 4096 float32, 14 MB) dominate; chunks of 48 tokens hold a 25th."""
+  gradient (2 x 36 x 12 x 4096 float32, 14 MB) dominate; in chunks of 48 tokens the step holds
+  less than one whole copy of the logits (what else it holds differs a little by jax version)."""
   from jaxtrain.core import steps
   def temp_bytes(chunk: int) -> int:
     c = tiny_model_config(vocab_size=4096, seq_len=12, loss_chunk=chunk)
@@ -226,8 +229,8 @@ def test_chunked_cross_entropy_never_holds_the_whole_batchs_logits():
     grad = jax.jit(jax.grad(steps.loss_fn), static_argnums=1)
     compiled = grad.lower(nnx.to_pure_dict(params), graphdef, tokens).compile()
     return compiled.memory_analysis().temp_size_in_bytes
-  whole, chunked = temp_bytes(0), temp_bytes(48)
-  assert whole > 2 * 36 * 12 * 4096 * 4 * 0.9 and chunked < whole / 4, (whole, chunked)
+  whole, chunked, logits = temp_bytes(0), temp_bytes(48), 36 * 12 * 4096 * 4
+  assert whole > 2 * logits * 0.9 and chunked < 0.75 * logits, (whole, chunked)
 
 
 @pytest.mark.parametrize("scatter_free", [False, True])

@@ -18,6 +18,8 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
+pytestmark = pytest.mark.newest  # CI runs it on the newest JAX too
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 KERNEL_NAME = "jaxtrain-pytest"
@@ -114,3 +116,20 @@ def test_notebook_is_stored_without_outputs(path: Path):
            and (cell.get("outputs") or cell.get("execution_count") is not None)]
   assert not dirty, (f"{path.relative_to(ROOT)}: cells {dirty} have outputs or execution counts; "
                      "clear them (Jupyter: Clear All Outputs, then save)")
+
+
+@pytest.mark.parametrize("name", ["quickstart.ipynb", "unit_testing_train_steps.ipynb"])
+def test_the_install_cell_asks_for_a_restart_only_for_what_this_session_imported(name):
+  """The install cell's check after `pip install`: a package the session had imported whose
+  version pip changed is named (a restart needed); a changed package nobody imported, or an
+  unchanged one, is not (Colab's in-range jax left alone means no restart)."""
+  cell = next(c for c in load_unexecuted(ROOT / "notebooks" / name).cells
+              if "JAXTRAIN_REPO" in c.source)
+  defs = cell.source.split("\nif importlib.util.find_spec")[0]  # its imports and functions, not the install
+  space: dict = {}
+  exec(compile(defs, name, "exec"), space)
+  numpy, jax_version = sys.modules["numpy"].__version__, space["versions"]()["jax"]
+  before = {"numpy": "1.0", "jax": jax_version, "not-imported-here": "1.0"}
+  after = {"numpy": numpy, "jax": jax_version, "not-imported-here": "2.0"}
+  assert space["imported_and_changed"](before, after) == [f"numpy 1.0 -> {numpy}"]
+  assert space["imported_and_changed"](after, after) == []

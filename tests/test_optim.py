@@ -4,10 +4,13 @@ run learns, accumulates like one big batch and resumes bit for bit."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxtrain import testing
 from jaxtrain.core import optim, programs
 from jaxtrain.testing import assert_trees_equal, random_batch, split_batch, tiny_config
+
+pytestmark = pytest.mark.newest  # CI runs it on the newest JAX too
 
 
 def _optimizer(**kw) -> optim.Optimizer:

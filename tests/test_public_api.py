@@ -12,6 +12,8 @@ import pytest
 
 import jaxtrain
 
+pytestmark = pytest.mark.newest  # CI runs it on the newest JAX too
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", ROOT / "docs" / "testing-api.md"]
 HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "grain", "ml_collections", "matplotlib")

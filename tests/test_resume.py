@@ -13,6 +13,8 @@ from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.system.errors import UserError
 from jaxtrain.testing import assert_trees_equal
 
+pytestmark = pytest.mark.newest  # CI runs it on the newest JAX too
+
 
 def _final_arrays(cfg):
   corpus = corpus_lib.prepare(cfg.data, show_progress=False)

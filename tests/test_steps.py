@@ -23,6 +23,8 @@ from jaxtrain.testing import (
   tiny_config,
 )
 
+pytestmark = pytest.mark.newest  # CI runs it on the newest JAX too
+
 train_step = jax.jit(steps.train_step)
 eval_step = jax.jit(steps.eval_step)
 
