@@ -1,12 +1,14 @@
-"""This machine's speed for `model.size="auto"`, fitted to the `size_rule.SpeedModel` the choice
-reads and cached in the cache dir's auto_speed.json per machine (`cache_key`: the CPU or GPU, the
-cores, jax) and architecture (every model field but the shape): measured once for each.
+"""This machine's speed for `model.size="auto"`: the `size_rule.SpeedModel` the choice reads,
+fitted to a probe of a few shapes (`PROBES`) and kept with the machine's other measurements
+(system/measured.py), per machine and architecture (every model field but the shape).
 
-The probe times the train step of a few shapes (`PROBES`) as a run builds it, in a process of its
-own: the choice is made before jax starts in the run's process, since the chosen batch decides
-how the CPU is split into devices (core/cpu.py). Compiles are timed cold (the persistent cache
-off); a non-negative fit (every term costs time) of the step times to `size_rule.features`, and a
-line of the compiles against depth, give the model.
+The probe times the train step of each shape as a run builds it, smallest first, in a process of
+its own: the choice is made before jax starts in the run's process, since the chosen batch decides
+how the CPU is split into devices (core/cpu.py). It says each shape as it is measured, and stops
+where the next would not fit the share of the budget it was given: a fit of fewer shapes holds for
+steps no larger than the largest measured. Compiles are timed cold (the persistent cache off); a
+non-negative fit (every term costs time) of the step times to `size_rule.features`, and a line of
+the compiles against depth, give the model.
 """
 
 import dataclasses
@@ -15,41 +17,40 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 
 import ml_collections
 import numpy as np
 
 from jaxtrain.config import loading
 from jaxtrain.measure import size_rule
-from jaxtrain.system import paths
+from jaxtrain.system import fmt, measured, paths
 from jaxtrain.system.errors import UserError
 
-SPEED_FILE = "auto_speed.json"
-PROBES = ((2, 64), (2, 128), (3, 96), (4, 128), (4, 192), (6, 256))  # (layers, width)
+PROBES = ((2, 64), (2, 128), (3, 96), (4, 128), (4, 192), (6, 256))  # (layers, width), cheapest first
+MIN_SHAPES = 3  # a probe cut shorter gives no fit
+GROWTH = 2.0  # the next shape takes up to this many times the last one's time
 # What a run spends besides its train-step compile and its steps: start-up after the choice,
 # the eval and sample compiles beside the train step's (COMPILE_FACTOR x it), the budget's
 # measurement, the last evaluation, save and samples (benchmarks/results/2026-11-28-auto_size-zen4)
 RUN_FIXED_S = 6.0
 COMPILE_FACTOR = 1.3
-OVERHEAD = 0.05  # evaluations and saves, a share of the training time
-CONSTANTS = [RUN_FIXED_S, COMPILE_FACTOR, OVERHEAD]  # a cached fit made with others is made anew
 
 
 def shape_of(cfg: ml_collections.ConfigDict, layers: int, width: int) -> size_rule.Shape:
-  heads = width // 32 if width < 192 else width // 64
-  return size_rule.Shape(layers, width, heads, cfg.model.seq_len, cfg.train.batch_size)
+  return size_rule.Shape(layers, width, size_rule.heads(width), cfg.model.seq_len,
+                         cfg.train.batch_size)
 
 
 def with_shape(cfg: ml_collections.ConfigDict, shape: size_rule.Shape) -> ml_collections.ConfigDict:
   return loading.override(cfg, **shape.fields())
 
 
-def cache_key(cfg: ml_collections.ConfigDict, platform: str) -> str:
-  """The machine and the architecture: a probe's result holds for both alike."""
-  from jaxtrain.core import cpu
-
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+def architecture(cfg: ml_collections.ConfigDict, platform: str) -> list[str]:
+  """What a probe's result holds for besides the machine: the platform and its GPUs, and every
+  field that changes a step's speed but the shape."""
   arch = loading.flatten(cfg.model.to_dict()) | {"optim": cfg.optim.name,
                                                  "ns": cfg.optim.muon_ns_steps,
                                                  "accum": cfg.train.grad_accum,
@@ -57,8 +58,7 @@ def cache_key(cfg: ml_collections.ConfigDict, platform: str) -> str:
   for f in ("size", "n_layers", "d_model", "n_heads", "seq_len", "vocab_size"):
     arch.pop(f, None)
   digest = hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()[:12]
-  gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-  return f"{platform}{gpus}-{cpu.probe_key()}-{cores}cores-{digest}"
+  return [f"{platform}{os.environ.get('CUDA_VISIBLE_DEVICES', '')}", digest]
 
 
 def fit(rows: list[dict], muon_ns_steps: int) -> size_rule.SpeedModel:
@@ -73,58 +73,61 @@ def fit(rows: list[dict], muon_ns_steps: int) -> size_rule.SpeedModel:
   coef, _ = nnls(x / scale / y[:, None], np.ones(len(y)))
   layers = np.array([r["layers"] for r in rows], float)
   compiles = np.array([r["compile_s"] for r in rows], float)
-  slope, intercept = np.polyfit(layers, compiles, 1)
+  slope, intercept = np.polyfit(layers, compiles, 1) if len(set(layers)) > 1 else (0, compiles.mean())
   slope, intercept = max(float(slope), 0.0), max(float(intercept), 0.0)
+  partial = len(rows) < len(PROBES)
   return size_rule.SpeedModel(tuple(float(c) for c in coef / scale),
                               RUN_FIXED_S + COMPILE_FACTOR * intercept, COMPILE_FACTOR * slope,
-                              OVERHEAD, muon_ns_steps)
+                              muon_ns_steps=muon_ns_steps,
+                              max_flops=max(r["features"][2] for r in rows) if partial else np.inf)
 
 
-def speed_model(cfg: ml_collections.ConfigDict, vocab: int, platform: str,
-                say=print) -> size_rule.SpeedModel:
-  """This machine's speed model for `cfg`'s architecture: cached, or probed now."""
-  key = cache_key(cfg, platform)
-  cached = paths.read_cache_json(SPEED_FILE)
+def speed_model(cfg: ml_collections.ConfigDict, vocab: int, platform: str, share_s: float,
+                say: Callable[[str], None] = print
+                ) -> tuple[size_rule.SpeedModel | None, measured.Measured]:
+  """(this machine's speed model for `cfg`'s architecture, None where too few shapes were
+  measured for one; the probe's record): cached, or probed now in at most `share_s` seconds (a
+  cached probe cut short is measured again where this share is longer)."""
+
+  def probe() -> dict:
+    say(f"model.size=auto: measuring this machine's speed on up to {len(PROBES)} shapes, in at "
+        f"most {fmt.duration(share_s)} (once: cached in "
+        f"{os.path.join(paths.cache_dir(), measured.FILE)})")
+    return run_probe(cfg, vocab, platform, share_s, say)
+
+  found = measured.measured("auto_speed", architecture(cfg, platform), probe,
+                            enough=lambda v: len(v["rows"]) == len(PROBES) or v["share_s"] >= share_s)
+  rows = found.value["rows"]
   ns = cfg.optim.muon_ns_steps if cfg.optim.name == "muon" else 0
-  entry = cached.get(key)
-  if isinstance(entry, dict) and "rows" in entry:
-    fitted = entry.get("model")
-    if isinstance(fitted, dict) and fitted.get("constants") == CONSTANTS:
-      return size_rule.SpeedModel(tuple(fitted["coef"]), fitted["fixed_s"],
-                                  fitted["compile_per_layer_s"], OVERHEAD, ns)
-    return _keep(key, entry["rows"], ns)
-  say(f"model.size=auto: measuring this machine's speed for {len(PROBES)} shapes (once: cached "
-      f"in {os.path.join(paths.cache_dir(), SPEED_FILE)})")
-  t = time.perf_counter()
-  rows = run_probe(cfg, vocab, platform)
-  return _keep(key, rows, ns, seconds=round(time.perf_counter() - t, 1))
+  return (fit(rows, ns) if len(rows) >= MIN_SHAPES else None), found
 
 
-def _keep(key: str, rows: list[dict], ns: int, **more) -> size_rule.SpeedModel:
-  """The speed model of `rows`, cached with them (a run reads the fit without refitting)."""
-  model = fit(rows, ns)
-  cached = paths.read_cache_json(SPEED_FILE)
-  entry = cached.get(key) if isinstance(cached.get(key), dict) else {"time": time.time()}
-  cached[key] = {**entry, **more, "rows": rows,
-                 "model": {"coef": list(model.coef), "fixed_s": model.fixed_s,
-                           "compile_per_layer_s": model.compile_per_layer_s,
-                           "constants": CONSTANTS}}
-  paths.write_cache_json(SPEED_FILE, cached)
-  return model
-
-
-def run_probe(cfg: ml_collections.ConfigDict, vocab: int, platform: str) -> list[dict]:
+def run_probe(cfg: ml_collections.ConfigDict, vocab: int, platform: str, share_s: float,
+              say: Callable[[str], None]) -> dict:
   """The probe of `PROBES` ((layers, width) with the config's context and batch), in a process
-  of its own (its devices split as the run's will be)."""
+  of its own (its devices split as the run's will be), each shape said as it is measured:
+  {rows, seconds, share_s}."""
   env = dict(os.environ, JAX_PLATFORMS=platform, JAX_ENABLE_COMPILATION_CACHE="false")
-  request = json.dumps({"config": cfg.to_dict(), "vocab": vocab, "probes": PROBES})
-  proc = subprocess.run([sys.executable, "-m", "jaxtrain.measure.speed_probe"], input=request,
-                        capture_output=True, text=True, env=env)
-  if proc.returncode:
-    last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-    raise UserError(f"model.size=auto: the speed probe failed ({last}); pass the model's shape "
-                    "(model.n_layers, model.d_model, model.n_heads) instead of model.size=auto")
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  request = json.dumps({"config": cfg.to_dict(), "vocab": vocab, "probes": PROBES,
+                        "deadline_s": share_s})
+  t, rows = time.perf_counter(), []
+  with tempfile.TemporaryFile("w+") as err:
+    proc = subprocess.Popen([sys.executable, "-m", "jaxtrain.measure.speed_probe"], text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env)
+    proc.stdin.write(request)
+    proc.stdin.close()
+    for line in proc.stdout:
+      if line.startswith("{"):
+        rows.append(row := json.loads(line))
+        say(f"model.size=auto: measured {row['shape']['n_layers']}x{row['shape']['d_model']} "
+            f"({len(rows)} of {len(PROBES)}): compiled in {row['compile_s']:.1f}s, "
+            f"{row['step_s'] * 1e3:.1f} ms a step ({fmt.duration(time.perf_counter() - t)} so far)")
+    if proc.wait():
+      err.seek(0)
+      last = (err.read().strip().splitlines() or ["(no output)"])[-1]
+      raise UserError(f"model.size=auto: the speed probe failed ({last}); pass the model's shape "
+                      "(model.n_layers, model.d_model, model.n_heads) instead of model.size=auto")
+  return {"rows": rows, "seconds": round(time.perf_counter() - t, 1), "share_s": share_s}
 
 
 def _time_steps(built, min_s: float = 0.6, max_steps: int = 15) -> tuple[float, float]:
@@ -151,7 +154,9 @@ def _time_steps(built, min_s: float = 0.6, max_steps: int = 15) -> tuple[float, 
 
 
 def _probe_main() -> None:
-  """The probe's own process: JSON {config, vocab} in, one JSON line of rows out."""
+  """The probe's own process: JSON {config, vocab, probes, deadline_s} in, a JSON line for each
+  shape out as it is measured, until the next would end past the deadline."""
+  t0 = time.perf_counter()
   request = json.loads(sys.stdin.read())
   cfg = ml_collections.ConfigDict(request["config"])
   shapes = [shape_of(cfg, layers, width) for layers, width in request["probes"]]
@@ -163,14 +168,17 @@ def _probe_main() -> None:
 
   base = model_lib.ModelConfig.from_config(cfg.model, request["vocab"])
   ns = cfg.optim.muon_ns_steps if cfg.optim.name == "muon" else 0
-  rows = []
+  last_s = 0.0
   for shape in shapes:
+    t = time.perf_counter()
+    if t - t0 + GROWTH * last_s > request["deadline_s"]:
+      break
     built = programs.build(with_shape(cfg, shape), request["vocab"], jax.devices())
     compile_s, step_s = _time_steps(built)
-    rows.append({"shape": dataclasses.asdict(shape), "layers": shape.n_layers,
-                 "features": size_rule.features(base, shape, ns), "step_s": step_s,
-                 "compile_s": compile_s})
-  print(json.dumps(rows), flush=True)
+    print(json.dumps({"shape": dataclasses.asdict(shape), "layers": shape.n_layers,
+                      "features": size_rule.features(base, shape, ns), "step_s": step_s,
+                      "compile_s": compile_s}), flush=True)
+    last_s = time.perf_counter() - t
 
 
 if __name__ == "__main__":
