@@ -22,7 +22,7 @@ from jaxtrain.checkpoints.store import Checkpoints
 from jaxtrain.config import loading
 from jaxtrain.core.steps import TrainState
 from jaxtrain.system import fmt, peers, runtime
-from jaxtrain.system.errors import NonFiniteLoss, UserError
+from jaxtrain.system.errors import NonFiniteLoss, UserError, first_line
 
 
 class BestVal:
@@ -120,7 +120,7 @@ def _os_reason(e: Exception) -> str:
   code = re.search(r"os_error_code='?(\d+)", str(e))
   if code:
     return f"{os.strerror(int(code.group(1)))}, errno {code.group(1)}"
-  return str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+  return first_line(e)[:160]
 
 
 def _resume_hint(ckpts: Checkpoints) -> str:

@@ -6,14 +6,12 @@ Measured on 2 cores: benchmarks/results/, docs/cpu-speed.md."""
 import dataclasses
 import math
 import os
-import statistics
-import timeit
 
 import jax
 import ml_collections
 
 from jaxtrain.core import model as model_lib
-from jaxtrain.system import allocator, machine, measured
+from jaxtrain.system import machine, measured, runtime
 
 # CPU steps of at least this many FLOPs compile without YNNPACK fusions (matmuls through Eigen);
 # below it per device, several CPU devices each run their matmuls on one thread (Zen 3's choice).
@@ -106,10 +104,7 @@ def split_cpu(cfg: ml_collections.ConfigDict) -> str | None:
   """On CPU, splits the cores into `cpu_device_count` XLA devices; small steps also get
   single-threaded matmuls. Only before JAX starts its backends, and never over the user's own
   --jax_num_cpu_devices or XLA_FLAGS. Returns `split_note`'s line where it split the cores."""
-  platform = (jax.config.jax_platforms or "").split(",")[0]
-  if jax.config.jax_num_cpu_devices != -1:
-    return None
-  if platform != "cpu" and (platform or allocator.cuda_installed()):
+  if jax.config.jax_num_cpu_devices != -1 or runtime.planned_platform() != "cpu":
     return None
   n = cpu_device_count(cfg)
   try:
@@ -157,9 +152,7 @@ def bf16_ynn_probe(n: int = 1024, repeats: int = 3) -> bool:
     seconds = {}
     for name, options in (("ynn", {}), ("eigen", {"xla_cpu_experimental_ynn_fusion_type": ""})):
       compiled = product.lower(a).compile(compiler_options=options)
-      compiled(a).block_until_ready()
-      timed = lambda c=compiled: c(a).block_until_ready()
-      seconds[name] = statistics.median(timeit.repeat(timed, number=1, repeat=repeats))
+      seconds[name] = machine.seconds(lambda c=compiled: c(a).block_until_ready(), repeats)
     return seconds["ynn"] < seconds["eigen"]
 
   return bool(measured.measured("bf16_ynn", [n], probe).value)

@@ -21,7 +21,7 @@ from jaxtrain.core import model as model_lib
 from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.data import tokenizer
 from jaxtrain.measure import size_rule, speed_probe
-from jaxtrain.system import allocator, fmt, machine, paths
+from jaxtrain.system import fmt, machine, paths, runtime
 from jaxtrain.system.errors import ConfigError
 
 # Learning rates of the recipe the law was fitted with (configs/shakespeare_char.py): Muon's
@@ -32,15 +32,6 @@ FIELDS = (*size_rule.SHAPE_FIELDS, *LRS, "data.tokenizer")
 CONTEXT, BATCH = 128, 24  # the recipe's: context 192-256 at the same tokens per step was no better
 PROBE_SHARE = 0.25  # of the budget's time left: the most the speed probe may take
 CHAR_VOCAB_MAX = 1024  # a larger char vocabulary becomes bytes (4x the 256 byte ids)
-
-
-def platform() -> str:
-  """The platform the run will use, before jax starts: the first of --jax_platforms, else a GPU
-  where CUDA is installed."""
-  import jax
-
-  first = (jax.config.jax_platforms or "").split(",")[0]
-  return first or ("gpu" if allocator.cuda_installed() else "cpu")
 
 
 def resolve(cfg: ml_collections.ConfigDict, budget_s: float, explicit: Collection[str] = (),
@@ -61,7 +52,8 @@ def resolve(cfg: ml_collections.ConfigDict, budget_s: float, explicit: Collectio
                              else machine.process_age_s())
   cfg, corpus, lines = _corpus(cfg, explicit, say)
   vocab = tokenizer.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
-  speed, found = speed_probe.speed_model(cfg, vocab, platform(), PROBE_SHARE * left(), say)
+  speed, found = speed_probe.speed_model(cfg, vocab, runtime.planned_platform(),
+                                            PROBE_SHARE * left(), say)
   left_s = left()
   if speed is None:
     m = cfg.model

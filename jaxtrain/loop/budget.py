@@ -17,7 +17,6 @@ uninterrupted run did.
 """
 
 import dataclasses
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -30,7 +29,7 @@ import numpy as np
 from jaxtrain.checkpoints.store import Checkpoints
 from jaxtrain.core import optim
 from jaxtrain.core.steps import TrainState
-from jaxtrain.system import fmt, paths, runtime
+from jaxtrain.system import fmt, machine, paths, runtime
 from jaxtrain.system.errors import ConfigError
 
 PLAN_FILE = "budget.json"
@@ -59,27 +58,17 @@ def measure(programs, state: TrainState, batches: Iterator[dict], grad_accum: in
   """The `Costs` of `programs` (compiled) as the loop runs them, from `state` (a new one, used
   up): host batches read, placed and stepped, metrics read back, an evaluation and saves. For a
   small model that host work is most of a step."""
-  step = programs.train_step
-
-  def one(state):
+  def one() -> None:
+    nonlocal state
     for _ in range(grad_accum):
-      state, m = step(state, programs.place(next(batches)))
+      state, m = programs.train_step(state, programs.place(next(batches)))
     jax.device_get(m)
-    return state
 
-  state = one(state)  # the first run of a compiled program pays extra
-  times, t_end = [], time.perf_counter() + min_s
-  while len(times) < 3 or (time.perf_counter() < t_end and len(times) < max_steps):
-    t = time.perf_counter()
-    state = one(state)
-    times.append(time.perf_counter() - t)
+  step_s = machine.seconds(one, for_s=min_s, at_most=max_steps)
   batch = programs.place(next(batches))
-  evals = []
-  for _ in range(3):
-    t = time.perf_counter()
-    jax.device_get(programs.eval_step(state, batch))
-    evals.append(time.perf_counter() - t)
-  return Costs(statistics.median(times), eval_steps * min(evals), *_save_s(state))
+  eval_s = machine.seconds(lambda: jax.device_get(programs.eval_step(state, batch)), untimed=0,
+                           pick=min)
+  return Costs(step_s, eval_steps * eval_s, *_save_s(state))
 
 
 def _save_s(state) -> tuple[float, float]:

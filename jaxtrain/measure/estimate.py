@@ -14,8 +14,6 @@ a process measurably takes for init and one step.
 
 import dataclasses
 import os
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -147,14 +145,7 @@ def time_matmul(dtype: str = "float32", n: int = 2048, repeats: int = 5) -> floa
   products, after two untimed ones (compile, first touch of the buffers, thread-pool start)."""
   a = jnp.ones((n, n), jnp.dtype(dtype))
   matmul = jax.jit(lambda x: x @ x)
-  for _ in range(2):
-    matmul(a).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    matmul(a).block_until_ready()
-    times.append(time.perf_counter() - t)
-  return 2 * n**3 / statistics.median(times)
+  return 2 * n**3 / machine.seconds(lambda: matmul(a).block_until_ready(), repeats, untimed=2)
 
 
 def matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5,

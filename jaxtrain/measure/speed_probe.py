@@ -26,7 +26,7 @@ import numpy as np
 
 from jaxtrain.config import loading
 from jaxtrain.measure import size_rule
-from jaxtrain.system import fmt, measured, paths
+from jaxtrain.system import fmt, machine, measured, paths
 from jaxtrain.system.errors import UserError
 
 PROBES = ((2, 64), (2, 128), (3, 96), (4, 128), (4, 192), (6, 256))  # (layers, width), cheapest first
@@ -139,18 +139,15 @@ def _time_steps(built, min_s: float = 0.6, max_steps: int = 15) -> tuple[float, 
   step = built.compile_train()
   compile_s = time.perf_counter() - t
   state = built.init()
-  rng = np.random.default_rng(0)
   B, T1 = built.batch_shape
-  batch = built.place({"tokens": rng.integers(0, 2, (B, T1)).astype(np.int32)})
-  state, m = step(state, batch)
-  jax.block_until_ready(m)
-  times, end = [], time.perf_counter() + min_s
-  while len(times) < 3 or (time.perf_counter() < end and len(times) < max_steps):
-    t = time.perf_counter()
+  batch = built.place({"tokens": np.random.default_rng(0).integers(0, 2, (B, T1)).astype(np.int32)})
+
+  def one() -> None:
+    nonlocal state
     state, m = step(state, batch)
     jax.device_get(m)
-    times.append(time.perf_counter() - t)
-  return compile_s, float(np.median(times))
+
+  return compile_s, machine.seconds(one, for_s=min_s, at_most=max_steps)
 
 
 def _probe_main() -> None:

@@ -1,12 +1,14 @@
 """What this machine is, asked in one place: its CPU (/proc/cpuinfo, read once), the cores this
 process may use, the memory it may take (RAM, or less under a cgroup's limit), when a process
-started, and how busy other processes keep the cores (`with_load`). What was measured on it is
+started, how long work takes (`seconds`) and how busy other processes keep the cores meanwhile
+(`with_load`). What was measured on it is
 kept by `measured`."""
 
 import dataclasses
 import functools
 import os
 import re
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -60,6 +62,21 @@ def process_age_s() -> float:
   """Seconds since this process started, else 0: a time budget covers the whole command."""
   began = started()
   return 0.0 if began is None else max(0.0, time.time() - began)
+
+
+def seconds(work: Callable[[], Any], at_least: int = 3, for_s: float = 0.0, at_most: int = 1000,
+            untimed: int = 1, pick: Callable = statistics.median) -> float:
+  """How long `work()` takes here: the median (or `pick`) of at least `at_least` timed calls,
+  more while under `for_s` seconds and at most `at_most`, after `untimed` calls (the first call
+  of a compiled program pays extra)."""
+  for _ in range(untimed):
+    work()
+  times, end = [], time.perf_counter() + for_s
+  while len(times) < at_least or (time.perf_counter() < end and len(times) < at_most):
+    t = time.perf_counter()
+    work()
+    times.append(time.perf_counter() - t)
+  return pick(times)
 
 
 def _busy_seconds() -> tuple[float, float, float] | None:
