@@ -229,11 +229,11 @@ def test_a_char_vocabulary_of_thousands_of_symbols_becomes_bytes(tiny, tmp_path,
 
 
 def test_a_probe_cut_too_short_for_a_fit_leaves_the_recipes_model(tiny, monkeypatch):
-  monkeypatch.setattr(speed_probe, "speed_model", _speed(None, rows=2))
+  monkeypatch.setattr(speed_probe, "speed_model", _speed(None, rows=1))
   tiny.model.size, tiny.train.time_budget = "auto", "1m"
   cfg, lines, _ = autosize.resolve(tiny, 60.0, t_start=time.time())
   assert (cfg.model.n_layers, cfg.model.d_model) == (tiny.model.n_layers, tiny.model.d_model)
-  assert lines == [f"model.size=auto: 1m00s of the budget measured 2 of the 6 shapes of the speed "
+  assert lines == [f"model.size=auto: 1m00s of the budget measured 1 of the 6 shapes of the speed "
                    f"probe, too few to choose from: the recipe's model, {tiny.model.n_layers}x"
                    f"{tiny.model.d_model}, trains (a longer budget measures them, once)"]
 
@@ -249,20 +249,27 @@ def test_a_probe_cut_short_holds_for_shapes_up_to_its_largest():
   assert speed_probe.fit(rows + rows[:3], 5).max_flops == math.inf  # six rows: the whole probe
 
 
-def test_the_probe_takes_no_more_than_its_share(tiny, tmp_path, monkeypatch):
-  # A share too short for one shape measures none: nothing to fit, said, and cached for budgets
-  # no longer (a longer one measures again).
+def test_the_probe_keeps_to_its_share_and_a_later_one_takes_up_what_it_left(tiny, tmp_path,
+                                                                             monkeypatch):
+  # A share too short for one shape measures none. A probe cut short (two shapes here) is read as
+  # it is by a run whose share holds no more; one whose share holds more measures the shapes left.
   monkeypatch.setenv("JAXTRAIN_CACHE", str(tmp_path))
   monkeypatch.setattr(measured, "_here", {})
   said = []
   model, found = speed_probe.speed_model(tiny, 66, "cpu", 0.0, said.append)
   assert model is None and found.value["rows"] == [] and found.here
-  assert said[0].startswith("model.size=auto: measuring this machine's speed on up to 6 shapes, in "
-                            "at most 0.0s")
+  assert said == [f"model.size=auto: measuring this machine's speed on 6 shapes, in at most 0.0s "
+                  f"(once: cached in {tmp_path / measured.FILE})"]
+  rows = json.loads(json.dumps([dict(r, seconds=0.001) for r in _rows(SPEED)[:2]]))
   cached = json.loads((tmp_path / measured.FILE).read_text())
   for entry in cached.values():
-    entry["load"] = 0.0  # as if on quiet cores
+    entry.update(value={"rows": rows, "seconds": 1.0, "share_s": 0.005}, load=0.0)
   (tmp_path / measured.FILE).write_text(json.dumps(cached))
   monkeypatch.setattr(measured, "_here", {})
-  assert not speed_probe.speed_model(tiny, 66, "cpu", 0.0, said.append)[1].here
-  assert speed_probe.speed_model(tiny, 66, "cpu", 1.0, said.append)[1].here  # a longer share
+  model, found = speed_probe.speed_model(tiny, 66, "cpu", 0.005, said.append)
+  assert not found.here and found.value["rows"] == rows and len(said) == 1
+  assert model.max_flops == rows[1]["features"][2]  # two shapes: a fit up to the larger
+  monkeypatch.setattr(measured, "_here", {})
+  model, found = speed_probe.speed_model(tiny, 66, "cpu", 0.01, said.append)
+  assert found.here and found.value["rows"] == rows  # the two kept; none more in 0.01 s
+  assert said[-1].startswith("model.size=auto: measuring this machine's speed on 4 more shapes")

@@ -181,7 +181,7 @@ def test_a_figure_measured_on_busy_cores_is_measured_again_a_quiet_one_is_reused
 
   file = _cache(tmp_path, monkeypatch)
   calls = []
-  measure = lambda: calls.append(1) or len(calls)  # noqa: E731
+  measure = lambda _: calls.append(1) or len(calls)  # noqa: E731
   assert measured.measured("probe", ["x"], measure).value == 1
   assert measured.measured("probe", ["x"], measure).value == 1  # this process's: kept
   _age(file, 0, load=0.9, age_s=60)  # taken while 90% of the cores were busy

@@ -146,7 +146,7 @@ def bf16_ynn_probe(n: int = 1024, repeats: int = 3) -> bool:
   than through Eigen on this CPU: ~1 s the first time on a CPU model and jax version, then read
   from the cache (system/measured.py)."""
 
-  def probe() -> bool:
+  def probe(_) -> bool:
     a = jax.numpy.ones((n, n), jax.numpy.bfloat16)
     product = jax.jit(lambda x: jax.numpy.matmul(x, x, preferred_element_type=jax.numpy.float32))
     seconds = {}

@@ -156,7 +156,7 @@ def matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5,
   device = jax.devices()[0]
   n = n or (2048 if device.platform == "cpu" else 8192)
   return measured.measured("peak", [device.platform, device.device_kind, f"{len(jax.devices())}dev",
-                                    dtype, n], lambda: time_matmul(dtype, n, repeats),
+                                    dtype, n], lambda _: time_matmul(dtype, n, repeats),
                            max_age_s=_PEAK_MAX_AGE_S, enough=lambda flops: flops >= at_least)
 
 

@@ -30,22 +30,13 @@ from jaxtrain.system import fmt, machine, measured, paths
 from jaxtrain.system.errors import UserError
 
 PROBES = ((2, 64), (2, 128), (3, 96), (4, 128), (4, 192), (6, 256))  # (layers, width), cheapest first
-MIN_SHAPES = 3  # a probe cut shorter gives no fit
-GROWTH = 2.0  # the next shape takes up to this many times the last one's time
+MIN_SHAPES = 2  # a probe cut shorter gives no fit
+GROWTH = 1.5  # the next shape takes up to this many times the last one's time (compiles dominate)
 # What a run spends besides its train-step compile and its steps: start-up after the choice,
 # the eval and sample compiles beside the train step's (COMPILE_FACTOR x it), the budget's
 # measurement, the last evaluation, save and samples (benchmarks/results/2026-11-28-auto_size-zen4)
 RUN_FIXED_S = 6.0
 COMPILE_FACTOR = 1.3
-
-
-def shape_of(cfg: ml_collections.ConfigDict, layers: int, width: int) -> size_rule.Shape:
-  return size_rule.Shape(layers, width, size_rule.heads(width), cfg.model.seq_len,
-                         cfg.train.batch_size)
-
-
-def with_shape(cfg: ml_collections.ConfigDict, shape: size_rule.Shape) -> ml_collections.ConfigDict:
-  return loading.override(cfg, **shape.fields())
 
 
 def architecture(cfg: ml_collections.ConfigDict, platform: str) -> list[str]:
@@ -86,31 +77,38 @@ def speed_model(cfg: ml_collections.ConfigDict, vocab: int, platform: str, share
                 say: Callable[[str], None] = print
                 ) -> tuple[size_rule.SpeedModel | None, measured.Measured]:
   """(this machine's speed model for `cfg`'s architecture, None where too few shapes were
-  measured for one; the probe's record): cached, or probed now in at most `share_s` seconds (a
-  cached probe cut short is measured again where this share is longer)."""
+  measured for one; the probe's record): cached, or probed now in at most `share_s` seconds. A
+  probe cut short is taken up where a later run's share holds more than the last one's and the
+  next shape (GROWTH x the last shape's time): it measures the shapes left."""
 
-  def probe() -> dict:
-    say(f"model.size=auto: measuring this machine's speed on up to {len(PROBES)} shapes, in at "
-        f"most {fmt.duration(share_s)} (once: cached in "
+  def probe(before: dict | None) -> dict:
+    rows = before["rows"] if before else []
+    say(f"model.size=auto: measuring this machine's speed on {len(PROBES) - len(rows)} "
+        f"{'more ' * bool(rows)}shapes, in at most {fmt.duration(share_s)} (once: cached in "
         f"{os.path.join(paths.cache_dir(), measured.FILE)})")
-    return run_probe(cfg, vocab, platform, share_s, say)
+    return run_probe(cfg, vocab, platform, share_s, say, rows)
 
-  found = measured.measured("auto_speed", architecture(cfg, platform), probe,
-                            enough=lambda v: len(v["rows"]) == len(PROBES) or v["share_s"] >= share_s)
+  def enough(v: dict) -> bool:
+    rows = v["rows"]
+    return len(rows) == len(PROBES) or share_s <= v["share_s"] or \
+        bool(rows) and share_s < GROWTH * rows[-1]["seconds"]
+
+  found = measured.measured("auto_speed", architecture(cfg, platform), probe, enough=enough)
   rows = found.value["rows"]
   ns = cfg.optim.muon_ns_steps if cfg.optim.name == "muon" else 0
   return (fit(rows, ns) if len(rows) >= MIN_SHAPES else None), found
 
 
 def run_probe(cfg: ml_collections.ConfigDict, vocab: int, platform: str, share_s: float,
-              say: Callable[[str], None]) -> dict:
-  """The probe of `PROBES` ((layers, width) with the config's context and batch), in a process
-  of its own (its devices split as the run's will be), each shape said as it is measured:
-  {rows, seconds, share_s}."""
+              say: Callable[[str], None], rows: list[dict] = ()) -> dict:
+  """The probe of the `PROBES` ((layers, width) with the config's context and batch) after those
+  in `rows`, in a process of its own (its devices split as the run's will be), each shape said
+  as it is measured: {rows (`rows` and the new ones), seconds, share_s}."""
   env = dict(os.environ, JAX_PLATFORMS=platform, JAX_ENABLE_COMPILATION_CACHE="false")
   request = json.dumps({"config": cfg.to_dict(), "vocab": vocab, "probes": PROBES,
-                        "deadline_s": share_s})
-  t, rows = time.perf_counter(), []
+                        "skip": len(rows), "deadline_s": share_s,
+                        "last_s": rows[-1]["seconds"] if rows else 0.0})
+  t, rows = time.perf_counter(), list(rows)
   with tempfile.TemporaryFile("w+") as err:
     proc = subprocess.Popen([sys.executable, "-m", "jaxtrain.measure.speed_probe"], text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env)
@@ -151,31 +149,34 @@ def _time_steps(built, min_s: float = 0.6, max_steps: int = 15) -> tuple[float, 
 
 
 def _probe_main() -> None:
-  """The probe's own process: JSON {config, vocab, probes, deadline_s} in, a JSON line for each
-  shape out as it is measured, until the next would end past the deadline."""
+  """The probe's own process: JSON {config, vocab, probes, skip, deadline_s, last_s} in, a JSON
+  line for each shape after the first `skip` out as it is measured, until the next would end past
+  the deadline (GROWTH x the shape before's time: `last_s` for the first)."""
   t0 = time.perf_counter()
   request = json.loads(sys.stdin.read())
   cfg = ml_collections.ConfigDict(request["config"])
-  shapes = [shape_of(cfg, layers, width) for layers, width in request["probes"]]
+  shapes = [size_rule.Shape(n, d, size_rule.heads(d), cfg.model.seq_len, cfg.train.batch_size)
+            for n, d in request["probes"]]
+  with_shape = lambda shape: loading.override(cfg, **shape.fields())  # noqa: E731
   from jaxtrain.core import cpu, programs
   from jaxtrain.core import model as model_lib
 
-  cpu.split_cpu(with_shape(cfg, shapes[len(shapes) // 2]))  # before jax starts its backends
+  cpu.split_cpu(with_shape(shapes[len(shapes) // 2]))  # before jax starts its backends
   import jax
 
   base = model_lib.ModelConfig.from_config(cfg.model, request["vocab"])
   ns = cfg.optim.muon_ns_steps if cfg.optim.name == "muon" else 0
-  last_s = 0.0
-  for shape in shapes:
+  last_s = request["last_s"]  # what the shape before took
+  for shape in shapes[request["skip"]:]:
     t = time.perf_counter()
     if t - t0 + GROWTH * last_s > request["deadline_s"]:
       break
-    built = programs.build(with_shape(cfg, shape), request["vocab"], jax.devices())
+    built = programs.build(with_shape(shape), request["vocab"], jax.devices())
     compile_s, step_s = _time_steps(built)
+    last_s = time.perf_counter() - t
     print(json.dumps({"shape": dataclasses.asdict(shape), "layers": shape.n_layers,
                       "features": size_rule.features(base, shape, ns), "step_s": step_s,
-                      "compile_s": compile_s}), flush=True)
-    last_s = time.perf_counter() - t
+                      "compile_s": compile_s, "seconds": last_s}), flush=True)
 
 
 if __name__ == "__main__":

@@ -55,22 +55,23 @@ class Measured:
 _here: dict[str, Measured] = {}  # what this process measured, by cache key
 
 
-def measured(what: str, parts: Sequence, measure: Callable[[], Any], max_age_s: float = math.inf,
+def measured(what: str, parts: Sequence, measure: Callable[[Any], Any], max_age_s: float = math.inf,
              enough: Callable[[Any], bool] = lambda value: True) -> Measured:
-  """`measure()`'s figure for `what` on this machine (`key(*parts)`): this process's, else the
-  cache's where it was taken on quiet cores less than `max_age_s` ago, $JAXTRAIN_MEASURE_AGAIN is
-  unset, and `enough(value)` holds (a peak no lower than what was just reached); else measured
-  now, with its load, and cached."""
+  """The figure for `what` on this machine (`key(*parts)`): this process's, else the cache's
+  where it was taken on quiet cores less than `max_age_s` ago, $JAXTRAIN_MEASURE_AGAIN is unset,
+  and `enough(value)` holds (a peak no lower than what was just reached); else `measure(that
+  cached figure, where it holds but for `enough`, else None)`, with its load, and cached."""
   name = f"{what}:{key(*parts)}"
   mine = _here.get(name)
   if mine is not None and enough(mine.value):
     return mine
   entry = paths.read_cache_json(FILE).get(name)
-  if os.environ.get(AGAIN) != "1" and isinstance(entry, dict) and {"value", "time"} <= set(entry) \
-      and (entry.get("load") or 0.0) <= BUSY and 0 <= time.time() - entry["time"] < max_age_s \
-      and enough(entry["value"]):
+  usable = os.environ.get(AGAIN) != "1" and isinstance(entry, dict) and \
+      {"value", "time"} <= set(entry) and (entry.get("load") or 0.0) <= BUSY and \
+      0 <= time.time() - entry["time"] < max_age_s
+  if usable and enough(entry["value"]):
     return Measured(entry["value"], entry["time"], entry.get("load"), here=False)
-  value, load = machine.with_load(measure)
+  value, load = machine.with_load(lambda: measure(entry["value"] if usable else None))
   _here[name] = found = Measured(value, time.time(), load, here=True)
   cache = paths.read_cache_json(FILE)  # read again: another process may have written
   cache[name] = {"value": value, "time": found.time, "load": load}
