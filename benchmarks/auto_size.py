@@ -41,16 +41,13 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 import common  # noqa: E402  (after the path above)
 import reports  # noqa: E402
 
+from jaxtrain.measure import size_rule  # noqa: E402
 from jaxtrain.system import fmt  # noqa: E402
 
 NAME = "auto_size"
 SHAPES = "2x64,2x96,2x128,3x128,4x192,6x256"  # layers x width; heads of 32 below 192, else 64
 AUTO = "auto"
 PROBED: list[str] = []  # the corpora whose speed probe this process ran
-
-
-def heads(d: int) -> int:
-  return d // 32 if d < 192 else d // 64
 
 
 def fixed_steps(budget: str) -> int | None:
@@ -66,7 +63,7 @@ def run_args(shape: str, budget: str, data: str, args) -> list[str]:
     return [*base, "--config.model.size=auto"]
   layers, width = map(int, shape.split("x"))
   return [*base, f"--config.model.n_layers={layers}", f"--config.model.d_model={width}",
-          f"--config.model.n_heads={heads(width)}"]
+          f"--config.model.n_heads={size_rule.heads(width)}"]
 
 
 def one_run(shape: str, budget: str, corpus: str, data: str, args) -> dict:
@@ -145,8 +142,9 @@ def _outcome(workdir: Path, out: list[str]) -> dict:
 
 def probe(data: str, args) -> None:
   """The speed probe of the auto pick's architecture, under the lock, before any auto run: a dry
-  run with model.size=auto measures it into --cache (once; later runs read it)."""
-  cmd = [sys.executable, "-m", "jaxtrain", *run_args(AUTO, "1m", data, args), "--dry_run",
+  run with model.size=auto measures it into --cache (once; later runs read it). Its budget, an
+  hour, gives the probe the share of time it needs for every shape."""
+  cmd = [sys.executable, "-m", "jaxtrain", *run_args(AUTO, "1h", data, args), "--dry_run",
          "--jax_platforms=cpu", f"--config.workdir={tempfile.mkdtemp(prefix='auto-size-')}/run"]
   lock = open(args.lock, "a") if args.lock else None
   try:

@@ -318,13 +318,14 @@ def main() -> None:
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   env = common.use_jaxtrain_environment()  # the workers start as `python -m jaxtrain` does
   from jaxtrain.core import cpu
+  from jaxtrain.system import machine
 
   loadavg_before = os.getloadavg()
   with common.LoadSampler(lambda: [os.getpid(), *(w.pid for w in list(ACTIVE))]) as sampler:
     steps = run_steps(args, sampler)
     runs = whole_runs(args, sampler) if args.runs else {}
   report = {"when": reports.timestamp(), "args": vars(args), "environment_set": env,
-            "cpu_id": cpu.cpu_id(), "cpu_kind": vars(cpu.cpu_kind()), "steps": steps, "runs": runs,
+            "cpu_id": machine.cpu_id(), "cpu_kind": vars(cpu.cpu_kind()), "steps": steps, "runs": runs,
             "machine": reports.machine_info(), "load": reports.load_record(loadavg_before, sampler)}
   md = markdown(report)
   print(md)

@@ -20,9 +20,9 @@ from jaxtrain.core.steps import TrainState
 from jaxtrain.evals import validation
 from jaxtrain.loop import budget, ending, resolution, setup
 from jaxtrain.loop.state import Progress, Run
-from jaxtrain.loop.workdir import claimed, write_config
+from jaxtrain.loop.workdir import claimed
 from jaxtrain.measure import speed as speed_lib
-from jaxtrain.system import runtime, signals
+from jaxtrain.system import machine, runtime, signals
 from jaxtrain.system.console import Console
 from jaxtrain.trackers.hooks import Hook, RunResult
 
@@ -38,27 +38,26 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
   every model field neither in it nor changed from its default takes the source run's value.
   """
   # The CLI's run is its process: its wall time and start-up count from the process's start.
-  t_start = time.time() - (budget.process_age_s() if library_log else 0.0)
+  t_start = time.time() - (machine.process_age_s() if library_log else 0.0)
   with claimed(cfg.workdir, library_log) as claim:
     r = result = None
     phase, max_steps = "preparing the run", None  # what an interrupt outside the loop stops
     try:
-      cfg, platform, notes = resolution.settle(
-          cfg, explicit, say=print if show_progress else lambda line: None, t_start=t_start)
-      out = Console(enabled=jax.process_index() == 0 and show_progress, headless=cfg.headless)
-      resolved = resolution.resolve(cfg, platform, notes, out, claim.take)
-      r = setup.prepare(resolved, out, hooks, t_start)
+      settled = resolution.settle(cfg, explicit, say=print if show_progress else lambda line: None,
+                                  t_start=t_start)
+      out = Console(enabled=jax.process_index() == 0 and show_progress,
+                    headless=settled.cfg.headless)
+      r = setup.prepare(resolution.resolve(settled, out, claim.take), out, hooks, t_start)
       if claim.log is not None:
         claim.log.start()
-      phase, max_steps = "compiling", r.cfg.train.max_steps
-      r, state, elapsed_before = setup.start(r)
+      phase, max_steps = "compiling", r.plan.final
+      r, state, elapsed_before, best = setup.start(r)
       claim.started = True
-      if int(state.step) >= r.cfg.train.max_steps and not ending.end_left(r.workdir,
-                                                                           int(state.step)):
+      if int(state.step) >= r.plan.final and not ending.end_left(r.workdir, int(state.step)):
         result = ending.already_done(r, int(state.step))
       else:
         signals.check()
-        p = setup.progress(r, state, elapsed_before)
+        p = setup.progress(r, state, elapsed_before, best)
         r.hooks.start(r.view(), p.step)
         phase = "training"
         result = _loop(r, p, state)
@@ -73,13 +72,13 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
 
 @dataclasses.dataclass(frozen=True)
 class Due:
-  """What a step does once it is trained and evaluated (`_due`)."""
+  """What a step does once it is trained and evaluated (`_due`); nothing, by default."""
 
-  signal: str | None  # the signal every process stops on at this step
-  hook: str | None  # a hook's reason to stop here
-  save: bool
-  read: bool  # its metrics read back and logged now
-  log_next: bool  # its line once the next step is queued
+  signal: str | None = None  # the signal every process stops on at this step
+  hook: str | None = None  # a hook's reason to stop here
+  save: bool = False
+  read: bool = False  # its metrics read back and logged now
+  log_next: bool = False  # its line once the next step is queued
 
   @property
   def stop(self) -> bool:
@@ -90,40 +89,44 @@ def _loop(r: Run, p: Progress, state: TrainState) -> RunResult:
   """The leg's steps, from `p.step` (before `p.end`: at least one) to its end or a stop."""
   with signals.GracefulStop() as stop, r.saving.peers_watched(lambda: p.step):
     _open(r, p, stop)
-    due = Due(None, None, save=False, read=False, log_next=False)
+    due = Due()
     if p.step >= p.end:  # stopped in its last evaluation: this leg makes it, then the samples
       r.out.print(f"step {p.step} is the run's last; making its evaluation, then the samples")
       _validate(r, p, state, stop)
-      due = Due(_signalled(stop, p.step), None, save=False, read=False, log_next=False)
-    while p.step < p.end:
-      if r.plan is not None:  # the schedule's end from this step on
-        state = _follow_plan(r, p, state)
-      state = _step(r, p, state)
-      r.hooks.step(p.step, state)
-      if p.log_due is not None:  # the step before this one, now that this one is queued
-        _log(r, p, p.log_due)
-      new_best = None
-      if p.val.should_eval(p.step, p.end):
-        _log(r, p, p.step)  # its line before its evaluation's, whose time its speed leaves out
-        val = _validate(r, p, state, stop)  # None: a signal stopped it (`_due` stops the run)
-        new_best = None if val is None else r.saving.best.update(val)
-      due = _due(r, p, stop, new_best)
-      if due.read:
-        _log(r, p, p.step)
-      elif due.log_next:
-        p.log_due = p.step
-      if due.save:
-        with stop.saving_now(), p.timeline.timing("checkpoints"):
-          r.saving.save(state, r.feed, None if new_best is None else p.last_val, p.elapsed())
-      if due.stop:
-        break
-      if due.save or new_best is not None:
-        p.meter.skip_time(time.perf_counter())  # eval and save time is not training time
+      due = Due(signal=_signalled(stop, p.step))
+    while p.step < p.end and not due.stop:
+      state, due = _train(r, p, state, stop)
     p.pending.read(r.out.print)
     r.out.close()
     with stop.saving_now(), p.timeline.timing("checkpoints"):
       r.saving.finish(p.step)  # the last checkpoint written whole
   return _end(r, p, state, due)
+
+
+def _train(r: Run, p: Progress, state: TrainState, stop: signals.GracefulStop
+           ) -> tuple[TrainState, Due]:
+  """One step of the leg, and what it does besides (`_due`): its log line, evaluation, save."""
+  state = _step(r, p, _follow_plan(r, p, state))
+  r.hooks.step(p.step, state)
+  if p.log_due is not None:  # the step before this one, now that this one is queued
+    _log(r, p, p.log_due)
+  new_best = None
+  if p.val.should_eval(p.step, p.end):
+    _log(r, p, p.step)  # its line before its evaluation's, whose time its speed leaves out
+    val = _validate(r, p, state, stop)  # None: a signal stopped it (`_due` stops the run)
+    new_best = None if val is None else p.best.update(val)
+  due = _due(r, p, stop, new_best)
+  if due.read:
+    _log(r, p, p.step)
+  elif due.log_next:
+    p.log_due = p.step
+  if due.save:
+    with stop.saving_now(), p.timeline.timing("checkpoints"):
+      r.saving.save(state, r.feed, None if new_best is None else p.last_val, p.elapsed(),
+                    p.best.value, p.end)
+  if not due.stop and (due.save or new_best is not None):
+    p.meter.skip_time(time.perf_counter())  # eval and save time is not training time
+  return state, due
 
 
 def _due(r: Run, p: Progress, stop: signals.GracefulStop, new_best: bool | None) -> Due:
@@ -165,19 +168,17 @@ def _signalled(stop: signals.GracefulStop, step: int) -> str | None:
 
 
 def _follow_plan(r: Run, p: Progress, state: TrainState) -> TrainState:
-  """train.time_budget: the loop's end is the plan's (the pace may move it: the run's
-  train.max_steps from here on, in config.json and the checkpoints saved next), and the state
-  follows the plan's schedule from this step on."""
-  end = budget.moved_end(r.plan, p.step, r.workdir)
+  """train.time_budget: the loop's pace may move the run's end (`p.plan`: recorded in budget.json
+  and config.json, and in the checkpoints saved next), and the state follows the schedule of an
+  end that takes over at this step."""
+  end = budget.new_end(p.plan, p.pace, p.step, time.perf_counter(), time.time() - r.t_start)
   if end is not None:
-    p.end = p.meter.max_steps = end
-    cfg = budget.with_end(r.cfg, end)
-    r.saving.set_config(cfg)
-    write_config(r.workdir, cfg)
+    p.plan = p.plan.moved(p.step, end)
+    budget.record(p.plan, r.workdir, r.cfg)
     r.out.print(f"time budget: train.max_steps={end} from step {p.step} (the loop's pace, "
-                f"{r.plan.pace_s * 1e3:.1f} ms/step, moved the end; the schedule decays to it "
+                f"{p.pace.step_s * 1e3:.1f} ms/step, moved the end; the schedule decays to it "
                 "from where it is)")
-  return budget.on_schedule(r.plan, p.step, state)
+  return budget.on_schedule(p.plan, p.step, state) if budget.takes_over(p.plan, p.step) else state
 
 
 def _step(r: Run, p: Progress, state: TrainState) -> TrainState:
@@ -213,7 +214,7 @@ def _log(r: Run, p: Progress, step: int) -> None:
   loss, lr, elapsed = p.pending.last_loss, p.pending.last_lr, p.elapsed()
   mem, mem_text, mem_warning = p.mem_watch.read()
   r.out.progress(step, p.end, loss, lr, speed.tokens_per_sec if speed else None, elapsed,
-                 speed.eta_s if speed else None, mem_text, p.last_val)
+                 speed.eta_s(p.end - step) if speed else None, mem_text, p.last_val)
   if mem_warning:
     r.out.print(mem_warning)
   r.saving.check(step)  # a background write that failed is reported now

@@ -8,13 +8,16 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import run_cli
 
 import jaxtrain as jt
 from jaxtrain.core import model as model_lib
-from jaxtrain.loop import autosize
+from jaxtrain.data import corpus as corpus_lib
+from jaxtrain.loop import autosize, preview
 from jaxtrain.measure import size_rule, speed_probe
+from jaxtrain.system import measured
 from jaxtrain.system.errors import ConfigError
 from jaxtrain.trackers.hooks import Hook
 
@@ -113,12 +116,20 @@ def test_a_conflict_is_one_error_line(args, message, tmp_path, corpus_file):
 
 
 def _seed_speed(cache: Path, corpus_file: Path, speed_rows: list[dict]) -> None:
-  """The cache dir's probe rows for configs/shakespeare_char.py on this machine, as a probe
-  writes them (the choice reads them instead of probing)."""
+  """The cache dir's probe rows for configs/shakespeare_char.py on this machine, as a probe on
+  quiet cores writes them (the choice reads them instead of probing)."""
   cfg = jt.load_config(str(ROOT / "configs/shakespeare_char.py"))
-  key = speed_probe.cache_key(cfg, "cpu")
+  name = f"auto_speed:{measured.key(*speed_probe.architecture(cfg, 'cpu'))}"
   cache.mkdir(parents=True, exist_ok=True)
-  (cache / speed_probe.SPEED_FILE).write_text(json.dumps({key: {"rows": speed_rows}}))
+  (cache / measured.FILE).write_text(json.dumps({name: {
+      "value": {"rows": speed_rows, "seconds": 60.0, "share_s": 600.0}, "time": time.time() - 7200,
+      "load": 0.0}}))
+
+
+def _speed(model: size_rule.SpeedModel | None, rows: int = len(speed_probe.PROBES)):
+  """What `speed_probe.speed_model` gives: `model`, from a cached probe of `rows` shapes."""
+  value = {"rows": [{}] * rows, "seconds": 60.0, "share_s": 60.0}
+  return lambda *args, **kwargs: (model, measured.Measured(value, time.time() - 60, 0.0, False))
 
 
 def _rows(speed: size_rule.SpeedModel) -> list[dict]:
@@ -138,6 +149,7 @@ def test_the_dry_run_says_what_it_would_choose_and_why(tmp_path, corpus_file):
           or line.startswith("  rejected")]
   assert said[0].startswith("model.size=auto: ") and "params" in said[0] and "epochs" in said[0]
   assert "predicted val" in said[0] and len(said) >= 2 and "predicted val" in said[1]
+  assert "this machine's speed, measured 2h00m ago, reused from the cache" in said[0]
   assert not (tmp_path / "run").exists()
 
 
@@ -159,32 +171,105 @@ def test_a_run_writes_its_choice_and_a_resume_keeps_it(tiny, tmp_path, monkeypat
   fast = size_rule.SpeedModel((5e-5, 1e-5, 1 / 1e12, 1 / 1e12, 0.0), 1.0, 0.1)
   tiny.model.size, tiny.train.time_budget, tiny.sample.num_samples = "auto", "30s", 0
   explicit = ("model.seq_len", "train.batch_size")
-  monkeypatch.setattr(speed_probe, "speed_model", lambda *a, **k: slow)
+  monkeypatch.setattr(speed_probe, "speed_model", _speed(slow))
   first = jt.run(tiny, show_progress=False, explicit=explicit, hooks=(_StopAt(2),))
   saved = json.loads((tmp_path / "run" / "config.json").read_text())
   shape = (saved["model"]["n_layers"], saved["model"]["d_model"], saved["model"]["n_heads"])
   assert first.step == 2 and saved["model"]["size"] == "auto"
   assert saved["model"]["seq_len"] == 32 and saved["train"]["batch_size"] == 8  # kept as given
   assert shape[1] <= 128
-  monkeypatch.setattr(speed_probe, "speed_model", lambda *a, **k: fast)
-  again, lines = autosize.resolve(tiny, explicit, t_start=time.time())
+  monkeypatch.setattr(speed_probe, "speed_model", _speed(fast))
+  again, lines, _ = autosize.resolve(tiny, 30.0, explicit, t_start=time.time())
   assert (again.model.n_layers, again.model.d_model, again.model.n_heads) == shape
   assert "never chooses again" in lines[0]
   fresh = tiny.copy_and_resolve_references()
   fresh.workdir = str(tmp_path / "fresh")
-  chosen, _ = autosize.resolve(fresh, explicit, t_start=time.time())
+  chosen, _, _ = autosize.resolve(fresh, 30.0, explicit, t_start=time.time())
   # Where it would choose otherwise:
   assert (chosen.model.n_layers, chosen.model.d_model, chosen.model.n_heads) != shape
 
 
 def test_a_given_field_is_kept_and_an_impossible_one_is_an_error(tiny, monkeypatch):
-  monkeypatch.setattr(speed_probe, "speed_model", lambda *a, **k: SPEED)
+  monkeypatch.setattr(speed_probe, "speed_model", _speed(SPEED))
   tiny.model.size, tiny.train.time_budget = "auto", "10m"
   tiny.model.n_layers = 3
-  cfg, lines = autosize.resolve(tiny, ("model.n_layers",), t_start=time.time())
+  cfg, lines, _ = autosize.resolve(tiny, 600.0, ("model.n_layers",), t_start=time.time())
   assert cfg.model.n_layers == 3 and "kept as given: model.n_layers" in lines[0]
   assert cfg.model.seq_len == autosize.CONTEXT and cfg.train.batch_size == autosize.BATCH
   tiny.model.n_heads = 7
   with pytest.raises(ConfigError, match="config.model.size: is auto, but no candidate shape has "
                      "model.n_layers=3, model.n_heads=7"):
-    autosize.resolve(tiny, ("model.n_layers", "model.n_heads"), t_start=time.time())
+    autosize.resolve(tiny, 600.0, ("model.n_layers", "model.n_heads"), t_start=time.time())
+
+
+def test_the_corpus_is_read_once_and_handed_on(tiny, monkeypatch, capsys):
+  # The choice counts the corpus's tokens; the run (here its dry run) trains on that same read.
+  monkeypatch.setattr(speed_probe, "speed_model", _speed(SPEED))
+  reads, prepare = [], corpus_lib.prepare
+  monkeypatch.setattr(corpus_lib, "prepare", lambda data, *a, **k: reads.append(data.path)
+                      or prepare(data, *a, **k))
+  tiny.model.size, tiny.train.time_budget = "auto", "10m"
+  preview.dry_run(tiny, ("model.seq_len", "train.batch_size"))
+  assert reads == [tiny.data.path] and "model.size=auto: " in capsys.readouterr().out
+
+
+def test_a_char_vocabulary_of_thousands_of_symbols_becomes_bytes(tiny, tmp_path, monkeypatch):
+  monkeypatch.setattr(speed_probe, "speed_model", _speed(SPEED))
+  rng = np.random.default_rng(0)
+  text = "".join(chr(0x4E00 + int(i)) for i in rng.integers(0, 2000, 40_000))
+  (tmp_path / "zh.txt").write_text("\n".join(text[i:i + 80] for i in range(0, len(text), 80)))
+  tiny.data.path, tiny.data.tokenizer = str(tmp_path / "zh.txt"), "char"
+  tiny.model.size, tiny.train.time_budget = "auto", "10m"
+  cfg, lines, corpus = autosize.resolve(tiny, 600.0, t_start=time.time())
+  assert cfg.data.tokenizer == "byte" and corpus.tokenizer.name == "byte"
+  assert lines[0].startswith("model.size=auto: data.tokenizer=byte: a char vocabulary of 2002 "
+                             "symbols")  # the text's 2000, a line end and the end-of-text
+  kept, lines, corpus = autosize.resolve(tiny, 600.0, ("data.tokenizer",), t_start=time.time())
+  assert kept.data.tokenizer == "char" and corpus.tokenizer.name == "char"  # as given
+
+
+def test_a_probe_cut_too_short_for_a_fit_leaves_the_recipes_model(tiny, monkeypatch):
+  monkeypatch.setattr(speed_probe, "speed_model", _speed(None, rows=1))
+  tiny.model.size, tiny.train.time_budget = "auto", "1m"
+  cfg, lines, _ = autosize.resolve(tiny, 60.0, t_start=time.time())
+  assert (cfg.model.n_layers, cfg.model.d_model) == (tiny.model.n_layers, tiny.model.d_model)
+  assert lines == [f"model.size=auto: 1m00s of the budget measured 1 of the 6 shapes of the speed "
+                   f"probe, too few to choose from: the recipe's model, {tiny.model.n_layers}x"
+                   f"{tiny.model.d_model}, trains (a longer budget measures them, once)"]
+
+
+def test_a_probe_cut_short_holds_for_shapes_up_to_its_largest():
+  shapes = [size_rule.Shape(n, d, d // 32, 128, 24) for n, d in speed_probe.PROBES]
+  rows = [{"features": size_rule.features(BASE, s, 5), "step_s": SPEED.step_s(BASE, s),
+           "layers": s.n_layers, "compile_s": 1.0} for s in shapes[:3]]
+  partial = speed_probe.fit(rows, 5)
+  assert partial.max_flops == max(r["features"][2] for r in rows)
+  opts = size_rule.options(BASE, size_rule.candidates({}, 128, 24), partial, 3600, 10**6)
+  assert opts and all(size_rule.features(BASE, o.shape, 0)[2] <= partial.max_flops for o in opts)
+  assert speed_probe.fit(rows + rows[:3], 5).max_flops == math.inf  # six rows: the whole probe
+
+
+def test_the_probe_keeps_to_its_share_and_a_later_one_takes_up_what_it_left(tiny, tmp_path,
+                                                                             monkeypatch):
+  # A share too short for one shape measures none. A probe cut short (two shapes here) is read as
+  # it is by a run whose share holds no more; one whose share holds more measures the shapes left.
+  monkeypatch.setenv("JAXTRAIN_CACHE", str(tmp_path))
+  monkeypatch.setattr(measured, "_here", {})
+  said = []
+  model, found = speed_probe.speed_model(tiny, 66, "cpu", 0.0, said.append)
+  assert model is None and found.value["rows"] == [] and found.here
+  assert said == [f"model.size=auto: measuring this machine's speed on 6 shapes, in at most 0.0s "
+                  f"(once: cached in {tmp_path / measured.FILE})"]
+  rows = json.loads(json.dumps([dict(r, seconds=0.001) for r in _rows(SPEED)[:2]]))
+  cached = json.loads((tmp_path / measured.FILE).read_text())
+  for entry in cached.values():
+    entry.update(value={"rows": rows, "seconds": 1.0, "share_s": 0.005}, load=0.0)
+  (tmp_path / measured.FILE).write_text(json.dumps(cached))
+  monkeypatch.setattr(measured, "_here", {})
+  model, found = speed_probe.speed_model(tiny, 66, "cpu", 0.005, said.append)
+  assert not found.here and found.value["rows"] == rows and len(said) == 1
+  assert model.max_flops == rows[1]["features"][2]  # two shapes: a fit up to the larger
+  monkeypatch.setattr(measured, "_here", {})
+  model, found = speed_probe.speed_model(tiny, 66, "cpu", 0.01, said.append)
+  assert found.here and found.value["rows"] == rows  # the two kept; none more in 0.01 s
+  assert said[-1].startswith("model.size=auto: measuring this machine's speed on 4 more shapes")

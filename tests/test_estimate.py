@@ -169,7 +169,7 @@ V2_MOUNT = "30 25 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegat
 
 
 def test_a_containers_cgroup_limit_is_the_memory_a_run_has(tmp_path):
-  from jaxtrain.measure import memory
+  from jaxtrain.system import machine
 
   gib = 2**30
   # cgroup v2 (Docker, Kubernetes, systemd): the limit of the process's own group.
@@ -178,8 +178,8 @@ def test_a_containers_cgroup_limit_is_the_memory_a_run_has(tmp_path):
       "sys/fs/cgroup/job/memory.max": f"{3 * gib}\n",
       "sys/fs/cgroup/job/memory.current": f"{gib}\n",
       "sys/fs/cgroup/job/memory.stat": f"anon 1\ninactive_file {gib // 2}\n"})
-  assert memory.container_limit(v2) == memory.Limit(3 * gib, gib // 2, "cgroup v2 memory.max")
-  total, available, what = memory.host_memory(v2)
+  assert machine.container_limit(v2) == machine.Limit(3 * gib, gib // 2, "cgroup v2 memory.max")
+  total, available, what = machine.host_memory(v2)
   assert (total, available) == (3 * gib, 5 * gib // 2)  # page cache it can drop is not used
   assert what == "container memory limit (cgroup v2 memory.max)"
 
@@ -189,16 +189,16 @@ def test_a_containers_cgroup_limit_is_the_memory_a_run_has(tmp_path):
       "sys/fs/cgroup/memory/slurm/job_7/step_0/memory.limit_in_bytes": "9223372036854771712\n",
       "sys/fs/cgroup/memory/slurm/job_7/memory.limit_in_bytes": f"{2 * gib}\n",
       "sys/fs/cgroup/memory/slurm/job_7/memory.usage_in_bytes": f"{gib}\n"})
-  assert memory.container_limit(v1) == memory.Limit(2 * gib, gib, "cgroup v1 memory.limit_in_bytes")
+  assert machine.container_limit(v1) == machine.Limit(2 * gib, gib, "cgroup v1 memory.limit_in_bytes")
 
   # "max", or a number beyond the RAM: no limit; the RAM is what there is.
   none = tmp_path / "none"
   _fake_machine(none, "0::/\n", [V2_MOUNT], {"sys/fs/cgroup/memory.max": "max\n"})
-  assert memory.container_limit(none) is None
-  assert memory.host_memory(none) == (64 * gib, 60 * gib, "RAM")
+  assert machine.container_limit(none) is None
+  assert machine.host_memory(none) == (64 * gib, 60 * gib, "RAM")
   big = tmp_path / "big"
   _fake_machine(big, "0::/\n", [V2_MOUNT], {"sys/fs/cgroup/memory.max": f"{128 * gib}\n"})
-  assert memory.container_limit(big) is None
+  assert machine.container_limit(big) is None
 
 
 def test_memory_warns_when_the_container_runs_low():

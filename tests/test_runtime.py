@@ -12,6 +12,7 @@ from test_cli import TINY
 
 from jaxtrain.config import loading
 from jaxtrain.core import cpu, programs
+from jaxtrain.system import machine, measured
 from jaxtrain.testing import tiny_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -58,7 +59,7 @@ def test_a_batch_that_does_not_split_over_the_mesh_asked_for_is_one_line_exit_2(
       "of 2, e.g. --config.train.batch_size=14"]
   proc = run_cli(*args, f"--config.workdir={tmp_path / 'b'}")
   assert proc.returncode == 0, proc.stdout + proc.stderr
-  cores = len(os.sched_getaffinity(0))
+  cores = machine.cores()
   assert ("note: train.batch_size=15 does not split over the " in proc.stdout) == (cores > 1)
 
 
@@ -129,7 +130,7 @@ def _cpuinfo(vendor: str, family: int, model: int, name: str = "Some CPU") -> st
 
 
 def test_the_cpu_kind_is_the_tables_row_for_its_vendor_family_and_model():
-  assert cpu.cpu_id(_cpuinfo("AuthenticAMD", 26, 2, "AMD EPYC")) == ("AuthenticAMD", 26, 2, "AMD EPYC")
+  assert machine.cpu_id(_cpuinfo("AuthenticAMD", 26, 2, "AMD EPYC")) == ("AuthenticAMD", 26, 2, "AMD EPYC")
   assert cpu.cpu_kind(_cpuinfo("AuthenticAMD", 26, 2)) is cpu.CPU_KINDS["AuthenticAMD", 26, 2]
   assert cpu.cpu_kind(_cpuinfo("AuthenticAMD", 25, 17)).name.startswith("AMD Zen 4")
   assert cpu.cpu_kind(_cpuinfo("GenuineIntel", 6, 207)).name.startswith("Intel")
@@ -142,7 +143,7 @@ def test_an_unknown_cpu_gets_the_measured_defaults_and_the_probe_decides_bfloat1
   assert "unknown CPU (Chip X, family 7 model 1)" == unknown.name
   assert unknown.large_step_flops == cpu.LARGE_CPU_STEP_FLOPS and unknown.bf16_ynn is None
   assert cpu.cpu_kind("").name.startswith("unknown CPU")  # no /proc/cpuinfo (macOS)
-  assert cpu.cpu_id("") == ("", -1, -1, "")
+  assert machine.cpu_id("") == ("", -1, -1, "")
 
 
 def test_large_bfloat16_steps_keep_ynn_fusions_where_ynnpack_runs_bfloat16_faster():
@@ -164,23 +165,22 @@ def test_zen5_keeps_ynn_fusions_for_float32_steps_of_every_size():
   assert zen5.large_step_flops == cpu.LARGE_CPU_STEP_FLOPS
 
 
-def test_the_probe_measures_once_per_cpu_model_and_jax_version(monkeypatch, tmp_path):
+def test_the_bf16_probe_measures_once_per_machine_and_jax_version(monkeypatch, tmp_path):
   monkeypatch.setenv("JAXTRAIN_CACHE", str(tmp_path))
-  key = cpu.probe_key(_cpuinfo("AuthenticAMD", 26, 2, "AMD EPYC 9B45"))
-  assert key.endswith(f"-jax{jax.__version__}") and key.startswith("AuthenticAMD-26-2-AMD_EPYC_9B45-")
-  cpu.bf16_ynn_probe.cache_clear()
+  monkeypatch.setattr(measured, "_here", {})  # nothing measured by this process yet
   first = cpu.bf16_ynn_probe(n=128, repeats=1)
-  cached = json.loads((tmp_path / "cpu_probes.json").read_text())
-  assert cached[cpu.probe_key()]["bf16_ynn"] is first
-  assert set(cached[cpu.probe_key()]["seconds"]) == {"ynn", "eigen"}
-  # Another process (no in-memory cache) reads the file instead of measuring again.
-  cached[cpu.probe_key()]["bf16_ynn"] = not first
-  (tmp_path / "cpu_probes.json").write_text(json.dumps(cached))
-  cpu.bf16_ynn_probe.cache_clear()
+  cached = json.loads((tmp_path / measured.FILE).read_text())
+  (name, entry), = cached.items()
+  vendor, family, model, _ = machine.cpu_id()
+  assert name.startswith(f"bf16_ynn:{vendor}-{family}-{model}-") and f"-jax{jax.__version__}-" in name
+  assert entry["value"] is first
+  # Another process (nothing in memory) reads the file instead of measuring again, where the
+  # figure was taken on quiet cores.
+  entry.update(value=not first, load=0.0)
+  (tmp_path / measured.FILE).write_text(json.dumps(cached))
+  monkeypatch.setattr(measured, "_here", {})
   assert cpu.bf16_ynn_probe(n=128, repeats=1) is (not first)
-  cpu.bf16_ynn_probe.cache_clear()
   # An unknown kind asks the probe only for a large bfloat16 step.
   unknown = cpu.CpuKind("unknown")
   assert cpu.cpu_step_options(1e12, dtype="bfloat16", kind=unknown) == \
       (LEAN if cpu.bf16_ynn_probe() else {**LEAN, **NO_YNN})
-  cpu.bf16_ynn_probe.cache_clear()

@@ -81,16 +81,16 @@ def test_a_dry_run_shows_the_config_memory_and_plan_and_writes_nothing(corpus_fi
 @contextlib.contextmanager
 def _memory_cgroup(limit: int):
   """A memory cgroup below this process's, with `limit`; skipped where none can be made."""
-  from jaxtrain.measure import memory
+  from jaxtrain.system import machine
 
-  for version, directory, _ in memory._cgroup_dirs(Path("/")):
+  for version, directory, _ in machine._cgroup_dirs(Path("/")):
     child = directory / f"jaxtrain-test-{os.getpid()}"
     try:
       child.mkdir()
     except OSError:
       continue
     try:
-      (child / memory._FILES[version][0]).write_text(str(limit))
+      (child / machine._FILES[version][0]).write_text(str(limit))
     except OSError:
       child.rmdir()
       continue

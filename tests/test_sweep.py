@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from jaxtrain.system import machine
 from jaxtrain.system.errors import UserError
 from jaxtrain.tools import runs, sweep
 
@@ -74,7 +75,7 @@ def test_bad_values_stop_the_sweep_before_any_run(tiny_file, tmp_path):
 
 
 def test_cores_are_split_between_concurrent_runs(monkeypatch):
-  monkeypatch.setattr(sweep.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+  monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
   assert sweep.core_slots(2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
   assert sweep.core_slots(3) == [[0, 1], [2, 3], [4, 5]]
   assert sweep.core_slots(16)[9] == [1]  # more runs than cores: they share

@@ -75,23 +75,27 @@ def test_a_budgeted_run_resumes_to_the_steps_it_chose_bit_for_bit(tiny, tmp_path
 
 
 def test_the_end_the_pace_gives(tiny):
-  plan = budget.Plan(100.0, [[0, 1000]], spent=lambda: 40.0, close_s=10.0)
-  assert budget.new_end(plan, 0, now=10.0) is None  # the leg's first step: the pace starts here
-  assert budget.new_end(plan, 200, now=12.0) is None  # before 30% of the steps
+  plan, pace = budget.Plan(((0, 1000),), 100.0, close_s=10.0, moves=True), budget.Pace()
+  end = lambda step, now, spent_s=40.0: budget.new_end(plan, pace, step, now, spent_s)  # noqa: E731
+  assert end(0, now=10.0) is None  # the leg's first step: the pace starts here
+  assert end(200, now=12.0) is None  # before 30% of the steps
   # 300 steps in 3 s: 10 ms a step; 100 - 40 - 10 = 50 s left: 5000 more steps
-  assert budget.new_end(plan, 300, now=13.0) == 300 + 5000
-  plan.ends.append([300, 5300])
-  assert budget.new_end(plan, 2000, now=30.0) is None  # 50% of the new end not reached
-  plan.spent = lambda: 90.0 - 0.2  # 0.2 s left for the steps: 0.2 / 0.01 = 20 steps, ends at 3730
-  assert budget.new_end(plan, 3710, now=47.1) == 3710 + 20
-  plan.ends.append([3710, 3730])
+  assert end(300, now=13.0) == 300 + 5000
+  plan = plan.moved(300, 5300)
+  assert end(2000, now=30.0) is None  # 50% of the new end not reached
+  # 0.2 s left for the steps: 0.2 / 0.01 = 20 steps, ends at 3730
+  assert end(3710, now=47.1, spent_s=90.0 - 0.2) == 3710 + 20
+  plan = plan.moved(3710, 3730)
+  assert plan.ends == ((0, 1000), (300, 5300), (3710, 3730)) and plan.final == 3730
   # On pace at 70% and at 85% of 3730: 3731 and 3740 are within 2% of it
-  assert budget.new_end(plan, 3711, now=47.11) is None and budget.new_end(plan, 3720, now=47.2) is None
-  assert plan.checked == 4
+  assert end(3711, now=47.11, spent_s=89.8) is None and end(3720, now=47.2, spent_s=89.8) is None
+  assert pace.checked == 4
   # 50 ms a step, 100 - 55.5 - 10 = 34.5 s left: 690 more steps, 1% short of 1000
-  steady = budget.Plan(100.0, [[0, 1000]], spent=lambda: 55.5, close_s=10.0)
-  budget.new_end(steady, 0, now=0.0)
-  assert budget.new_end(steady, 300, now=15.0) is None  # within 2%: the schedule stays
+  steady, pace = budget.Plan(((0, 1000),), 100.0, close_s=10.0, moves=True), budget.Pace()
+  budget.new_end(steady, pace, 0, 0.0, 55.5)
+  assert budget.new_end(steady, pace, 300, 15.0, 55.5) is None  # within 2%: the schedule stays
+  # A resumed leg follows the recorded ends: its pace never moves them.
+  assert budget.new_end(budget.Plan(((0, 1000),), 100.0), budget.Pace(), 300, 1.0, 99.0) is None
 
 
 def _lrs(schedule: str, ends: list[list[int]], **optim_fields) -> np.ndarray:
@@ -131,7 +135,7 @@ def test_a_resume_from_before_a_moved_end_trains_as_the_run_did(tiny, tmp_path, 
   # stopped at 6 and its checkpoint 6 lost, so it resumes at 3: before the move, which it replays.
   monkeypatch.setattr(budget, "fit_steps", lambda *args: 8)
   monkeypatch.setattr(budget, "new_end",
-                      lambda plan, step, now: 12 if plan.spent and step == 4 else None)
+                      lambda plan, pace, step, now, spent_s: 12 if plan.moves and step == 4 else None)
   tiny.train.time_budget, tiny.train.log_every = "1h", 1
   tiny.train.checkpoint_every, tiny.train.eval_every, tiny.train.keep_checkpoints = 3, 3, 10
   tiny.sample.num_samples = 0
@@ -148,7 +152,7 @@ def test_a_resume_from_before_a_moved_end_trains_as_the_run_did(tiny, tmp_path, 
 
 def test_a_given_max_steps_is_said_to_be_unused(tiny, monkeypatch, capsys):
   monkeypatch.setattr(budget, "fit_steps", lambda *args: 2)
-  monkeypatch.setattr(budget, "new_end", lambda plan, step, now: None)
+  monkeypatch.setattr(budget, "new_end", lambda *args: None)
   tiny.train.time_budget, tiny.sample.num_samples = "1h", 0
   assert jt.run(tiny, explicit=("train.max_steps",)).step == 2
   assert "note: train.time_budget=1h sets the steps; the given train.max_steps is not used" in \
@@ -192,7 +196,8 @@ def test_a_budgeted_run_compiles_its_steps_once_before_it_measures(tiny, monkeyp
   # The measurement's train step is the run's, whatever end the plan and a moved end give; the
   # eval step and the samples' programs are compiled beside it, none after the first step.
   monkeypatch.setattr(budget, "fit_steps", lambda *args: 8)
-  monkeypatch.setattr(budget, "new_end", lambda plan, step, now: 12 if plan.spent and step == 4 else None)
+  monkeypatch.setattr(budget, "new_end",
+                      lambda plan, pace, step, now, spent_s: 12 if plan.moves and step == 4 else None)
   tiny.train.time_budget, tiny.train.eval_every = "1h", 5
   at = _StopAt(10**9)
   compiles = _Compiles(at)

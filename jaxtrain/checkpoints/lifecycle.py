@@ -22,7 +22,7 @@ from jaxtrain.checkpoints.store import Checkpoints
 from jaxtrain.config import loading
 from jaxtrain.core.steps import TrainState
 from jaxtrain.system import fmt, peers, runtime
-from jaxtrain.system.errors import NonFiniteLoss, UserError
+from jaxtrain.system.errors import NonFiniteLoss, UserError, first_line
 
 
 class BestVal:
@@ -51,7 +51,6 @@ class Saving:
 
   def __init__(self, ckpts: Checkpoints, meta: dict, every: int):
     self.ckpts, self.meta, self.every = ckpts, meta, every
-    self.best = BestVal()
 
   def should_save(self, step: int, end: int, *, new_best: bool = False,
                   stopping: bool = False) -> bool:
@@ -59,8 +58,10 @@ class Saving:
     run stops before its end (a signal, a hook)."""
     return step % self.every == 0 or step == end or new_best or stopping
 
-  def save(self, state: TrainState, iterator, val: float | None, elapsed: float) -> None:
-    """Starts an async save of `state` at its step, after checking it can be written whole."""
+  def save(self, state: TrainState, iterator, val: float | None, elapsed: float,
+           best: float | None, end: int) -> None:
+    """Starts an async save of `state` at its step, after checking it can be written whole; its
+    meta says the training seconds, the best val loss and the run's end (`end`) so far."""
     step = int(state.step)
     if not bool(_all_finite(state.params)):
       raise NonFiniteLoss(f"parameters became non-finite by step {step}: stopped without saving "
@@ -71,7 +72,9 @@ class Saving:
       raise UserError(f"not enough disk space for the checkpoint of step {step} in "
                       f"{self.ckpts.directory} (needs ~{fmt.count(needed)}B, {fmt.count(free)}B "
                       f"free); free some space, then run again to {_resume_hint(self.ckpts)}")
-    meta = dict(self.meta, elapsed_s=elapsed, best_val_loss=self.best.value)
+    config = self.meta["config"]
+    meta = dict(self.meta, elapsed_s=elapsed, best_val_loss=best,
+                config={**config, "train": {**config["train"], "max_steps": end}})
     _writing(self.ckpts, lambda: self.ckpts.save(state, iterator, meta, val_loss=val), step)
 
   def check(self, step: int) -> None:
@@ -93,10 +96,6 @@ class Saving:
     at once with one line naming it and the checkpoint a restart resumes from (`step()`: the step
     the loop is at). It exits, since jax and orbax would otherwise wait for the lost process."""
     return peers.watch_peers(step, lambda: _resume_hint(self.ckpts))
-
-  def set_config(self, cfg: ml_collections.ConfigDict) -> None:
-    """The run's config from here on (a time budget's new end), in the checkpoints saved next."""
-    self.meta["config"] = cfg.to_dict()
 
 
 @jax.jit
@@ -121,7 +120,7 @@ def _os_reason(e: Exception) -> str:
   code = re.search(r"os_error_code='?(\d+)", str(e))
   if code:
     return f"{os.strerror(int(code.group(1)))}, errno {code.group(1)}"
-  return str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+  return first_line(e)[:160]
 
 
 def _resume_hint(ckpts: Checkpoints) -> str:

@@ -219,6 +219,17 @@ def _validate_sizes(cfg: ml_collections.ConfigDict) -> None:
          "tokens per step) or model.seq_len")
 
 
+def time_budget_s(cfg: ml_collections.ConfigDict) -> float | None:
+  """train.time_budget's seconds (the one place it is parsed); None where it is empty."""
+  if cfg.train.time_budget == "":
+    return None
+  seconds = fmt.parse_duration(cfg.train.time_budget)
+  _check(seconds is not None and seconds <= MAX_BUDGET_S, "train.time_budget",
+         f"{_show(cfg.train.time_budget)} is not a duration of up to 30 days",
+         'pass e.g. --config.train.time_budget=10m (or 90s, 1h30m), or "" for train.max_steps')
+  return seconds
+
+
 def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
   o = cfg.optim
   for f in ("batch_size", "grad_accum", "max_steps", "log_every", "eval_every", "eval_steps",
@@ -226,10 +237,7 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
     _positive_int(cfg, f"train.{f}")
   for f in ("early_stop_patience", "profile_steps", "eval_tasks_limit"):
     _positive_int(cfg, f"train.{f}", minimum=0)
-  seconds = fmt.parse_duration(cfg.train.time_budget) if cfg.train.time_budget != "" else 1.0
-  _check(seconds is not None and seconds <= MAX_BUDGET_S, "train.time_budget",
-         f"{_show(cfg.train.time_budget)} is not a duration of up to 30 days",
-         'pass e.g. --config.train.time_budget=10m (or 90s, 1h30m), or "" for train.max_steps')
+  time_budget_s(cfg)
   _validate_eval_tasks(cfg.train)
 
   _one_of(o.name, defaults.OPTIMIZERS, "optim.name")

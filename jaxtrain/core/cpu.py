@@ -4,24 +4,18 @@ measured on each kind of CPU met so far; a short probe, cached, where a choice w
 Measured on 2 cores: benchmarks/results/, docs/cpu-speed.md."""
 
 import dataclasses
-import functools
 import math
 import os
-import re
-import statistics
-import time
-import timeit
 
 import jax
 import ml_collections
 
 from jaxtrain.core import model as model_lib
-from jaxtrain.system import allocator, paths
+from jaxtrain.system import machine, measured, runtime
 
 # CPU steps of at least this many FLOPs compile without YNNPACK fusions (matmuls through Eigen);
 # below it per device, several CPU devices each run their matmuls on one thread (Zen 3's choice).
 LARGE_CPU_STEP_FLOPS = 1e11
-PROBES_FILE = "cpu_probes.json"  # in the cache dir: `bf16_ynn_probe`'s results
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,22 +47,10 @@ CPU_KINDS = {
 }
 
 
-def cpu_id(cpuinfo: str | None = None) -> tuple[str, int, int, str]:
-  """(vendor, family, model, model name) from /proc/cpuinfo ("", -1, -1, "") where there is none)."""
-  if cpuinfo is None:
-    try:
-      with open("/proc/cpuinfo") as f:
-        cpuinfo = f.read(1 << 16)  # the first processor's block is enough
-    except OSError:
-      cpuinfo = ""
-  field = lambda key: (re.search(rf"^{key}\s*:\s*(.*)$", cpuinfo, re.M) or [None, ""])[1].strip()
-  number = lambda key: int(field(key)) if field(key).isdigit() else -1
-  return field("vendor_id"), number("cpu family"), number("model"), field("model name")
-
-
 def cpu_kind(cpuinfo: str | None = None) -> CpuKind:
-  """This CPU's row of CPU_KINDS; an unknown CPU gets the defaults (Zen 3's measurements)."""
-  vendor, family, model, name = cpu_id(cpuinfo)
+  """This CPU's row of CPU_KINDS (or that of the /proc/cpuinfo text `cpuinfo`); an unknown CPU
+  gets the defaults (Zen 3's measurements)."""
+  vendor, family, model, name = machine.cpu_id(cpuinfo)
   return CPU_KINDS.get((vendor, family, model)) or \
       CpuKind(f"unknown CPU ({name or vendor or 'no /proc/cpuinfo'}, family {family} model {model})")
 
@@ -88,7 +70,7 @@ def cpu_device_count(cfg: ml_collections.ConfigDict, cores: int | None = None) -
   if data > 0 and fsdp > 0:  # the whole mesh is given: that many devices over the processes
     return max(data * fsdp // processes, 1)
   multiple = max(data, fsdp, 1)  # the axis that is set; the other (-1) takes the devices left
-  cores = cores or len(os.sched_getaffinity(0))
+  cores = cores or machine.cores()
   rows = cfg.train.batch_size // processes
   fitting = [d for d in range(multiple, min(cores, rows) + 1, multiple) if rows % d == 0]
   return max(fitting, default=multiple)
@@ -97,7 +79,7 @@ def cpu_device_count(cfg: ml_collections.ConfigDict, cores: int | None = None) -
 def split_note(cfg: ml_collections.ConfigDict, cores: int | None = None) -> str | None:
   """The line that says the automatic split leaves cores out because the batch does not split
   over them (None where it uses them all, or where the count was asked for)."""
-  cores = cores or len(os.sched_getaffinity(0))
+  cores = cores or machine.cores()
   processes = max(cfg.distributed.num_processes, 1)
   rows = cfg.train.batch_size // processes
   n = cpu_device_count(cfg, cores)
@@ -122,10 +104,7 @@ def split_cpu(cfg: ml_collections.ConfigDict) -> str | None:
   """On CPU, splits the cores into `cpu_device_count` XLA devices; small steps also get
   single-threaded matmuls. Only before JAX starts its backends, and never over the user's own
   --jax_num_cpu_devices or XLA_FLAGS. Returns `split_note`'s line where it split the cores."""
-  platform = (jax.config.jax_platforms or "").split(",")[0]
-  if jax.config.jax_num_cpu_devices != -1:
-    return None
-  if platform != "cpu" and (platform or allocator.cuda_installed()):
+  if jax.config.jax_num_cpu_devices != -1 or runtime.planned_platform() != "cpu":
     return None
   n = cpu_device_count(cfg)
   try:
@@ -162,31 +141,18 @@ def cpu_step_options(flops: float, xla_flags: str = "", dtype: str = "float32",
   return options
 
 
-def probe_key(cpuinfo: str | None = None) -> str:
-  """What a probe's result is cached under: the CPU's model, the core count and the jax version
-  (a new jaxlib may route bfloat16 matmuls differently)."""
-  vendor, family, model, name = cpu_id(cpuinfo)
-  return re.sub(r"\s+", "_", f"{vendor}-{family}-{model}-{name}-{os.cpu_count()}-jax{jax.__version__}")
-
-
-@functools.cache
 def bf16_ynn_probe(n: int = 1024, repeats: int = 3) -> bool:
   """Whether an n^3 bfloat16 matmul (float32 accumulation) runs faster with YNNPACK's fusions
   than through Eigen on this CPU: ~1 s the first time on a CPU model and jax version, then read
-  from the cache dir's cpu_probes.json."""
-  key = probe_key()
-  cached = paths.read_cache_json(PROBES_FILE)
-  if isinstance(cached.get(key), dict) and "bf16_ynn" in cached[key]:
-    return bool(cached[key]["bf16_ynn"])
-  a = jax.numpy.ones((n, n), jax.numpy.bfloat16)
-  product = jax.jit(lambda x: jax.numpy.matmul(x, x, preferred_element_type=jax.numpy.float32))
-  seconds = {}
-  for name, options in (("ynn", {}), ("eigen", {"xla_cpu_experimental_ynn_fusion_type": ""})):
-    compiled = product.lower(a).compile(compiler_options=options)
-    compiled(a).block_until_ready()
-    timed = lambda c=compiled: c(a).block_until_ready()
-    seconds[name] = statistics.median(timeit.repeat(timed, number=1, repeat=repeats))
-  cached[key] = {"bf16_ynn": seconds["ynn"] < seconds["eigen"], "seconds": seconds,
-                 "time": time.time()}
-  paths.write_cache_json(PROBES_FILE, cached)
-  return cached[key]["bf16_ynn"]
+  from the cache (system/measured.py)."""
+
+  def probe(_) -> bool:
+    a = jax.numpy.ones((n, n), jax.numpy.bfloat16)
+    product = jax.jit(lambda x: jax.numpy.matmul(x, x, preferred_element_type=jax.numpy.float32))
+    seconds = {}
+    for name, options in (("ynn", {}), ("eigen", {"xla_cpu_experimental_ynn_fusion_type": ""})):
+      compiled = product.lower(a).compile(compiler_options=options)
+      seconds[name] = machine.seconds(lambda c=compiled: c(a).block_until_ready(), repeats)
+    return seconds["ynn"] < seconds["eigen"]
+
+  return bool(measured.measured("bf16_ynn", [n], probe).value)

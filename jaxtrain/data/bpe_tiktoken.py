@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxtrain.system import paths
+from jaxtrain.system import machine, paths
 from jaxtrain.system.errors import ConfigError
 
 # GPT-2's pre-tokenizer, the one `tokenizers`' ByteLevel(use_regex=True) applies.
@@ -38,7 +38,7 @@ def byte_chars() -> list[str]:
 def on_all_cores(encode, texts: list[str]) -> list[list[int]]:
   """`encode` over `texts` in one thread per core, each over a contiguous share (tiktoken
   releases the GIL; its own batch call pays a future per text, most of the time for short ones)."""
-  n = min(os.cpu_count() or 1, max(1, len(texts) // 16))
+  n = min(machine.cores(), max(1, len(texts) // 16))
   if n == 1:
     return [encode(t) for t in texts]
   bounds = np.linspace(0, len(texts), n + 1).astype(int)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxtrain.system import fmt, paths, signals
+from jaxtrain.system import fmt, machine, paths, signals
 from jaxtrain.system.console import Ticker
 from jaxtrain.system.errors import UserError
 
@@ -44,7 +44,7 @@ def scan(found: list[TokenFile], cache: Path, show_progress: bool, log) -> list[
         "(then cached)")
   with tqdm(total=total, unit="B", unit_scale=True, desc="checking ids", leave=False,
             disable=not show_progress or not todo) as bar, \
-      concurrent.futures.ThreadPoolExecutor(max(1, min(len(todo), os.cpu_count() or 1, 8))) as pool:
+      concurrent.futures.ThreadPoolExecutor(max(1, min(len(todo), machine.cores(), 8))) as pool:
     lock = threading.Lock()
     shown = bar if show_progress else Ticker(log, "data: checking ids", total)
 

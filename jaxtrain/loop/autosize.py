@@ -1,11 +1,13 @@
 """`model.size="auto"`: the model's shape chosen for the run's time budget, before jax starts
 (the chosen batch decides how the CPU is split into devices), and said in the run's first lines.
 
-A new run reads its corpus and this machine's speed model (measure/speed_probe.py) and lets
-measure/size_rule.py choose for the time left of the budget. The fields it sets (`FIELDS`) go
-into config.json like any other, so a resumed run takes them from there and never chooses again.
-A field the user set (`explicit`) is kept and the rest chosen around it; where no candidate fits
-it, that is one `error:` line.
+A new run reads its corpus (handed on: the run reads it once) and this machine's speed model
+(measure/speed_probe.py: a probe of at most PROBE_SHARE of the time left, or its cached result),
+and lets measure/size_rule.py choose for the time left of the budget after it. A char vocabulary
+too large for small models becomes bytes; a probe cut too short to fit leaves the recipe's model.
+The fields it sets (`FIELDS`) go into config.json like any other, so a resumed run takes them from
+there and never chooses again. A field the user set (`explicit`) is kept and the rest chosen
+around it; where no candidate fits it, that is one `error:` line.
 """
 
 import time
@@ -18,48 +20,47 @@ from jaxtrain.config import loading, validate
 from jaxtrain.core import model as model_lib
 from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.data import tokenizer
-from jaxtrain.loop import budget
 from jaxtrain.measure import size_rule, speed_probe
-from jaxtrain.system import allocator, fmt, paths
+from jaxtrain.system import fmt, machine, paths, runtime
 from jaxtrain.system.errors import ConfigError
 
 # Learning rates of the recipe the law was fitted with (configs/shakespeare_char.py): Muon's
 # update has the same size at every width (its LR transfers across widths), and the AdamW groups'
 # 1e-2 was a flat optimum in its ablations (benchmarks/results/2026-11-24-quality-zen4-zloss/).
 LRS = {"optim.matrix_lr": 0.04, "optim.lr": 1e-2}
-FIELDS = (*size_rule.SHAPE_FIELDS, *LRS)
+FIELDS = (*size_rule.SHAPE_FIELDS, *LRS, "data.tokenizer")
 CONTEXT, BATCH = 128, 24  # the recipe's: context 192-256 at the same tokens per step was no better
+PROBE_SHARE = 0.25  # of the budget's time left: the most the speed probe may take
+CHAR_VOCAB_MAX = 1024  # a larger char vocabulary becomes bytes (4x the 256 byte ids)
 
 
-def platform() -> str:
-  """The platform the run will use, before jax starts: the first of --jax_platforms, else a GPU
-  where CUDA is installed."""
-  import jax
-
-  first = (jax.config.jax_platforms or "").split(",")[0]
-  return first or ("gpu" if allocator.cuda_installed() else "cpu")
-
-
-def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = (),
-            say: Callable[[str], None] = print,
-            t_start: float | None = None) -> tuple[ml_collections.ConfigDict, list[str]]:
-  """(`cfg` with the chosen fields set, the lines that say what was chosen and why); `cfg`
-  itself where model.size is not "auto". `t_start`: when the budget's clock started (default:
-  the process's start)."""
+def resolve(cfg: ml_collections.ConfigDict, budget_s: float, explicit: Collection[str] = (),
+            say: Callable[[str], None] = print, t_start: float | None = None
+            ) -> tuple[ml_collections.ConfigDict, list[str], corpus_lib.Corpus | None]:
+  """(`cfg` with the chosen fields set, the lines that say what was chosen and why, the corpus
+  read for it); `cfg` itself where model.size is not "auto". `budget_s`: train.time_budget's
+  seconds, counted from `t_start` (default: the process's start)."""
   if cfg.model.size != "auto":
-    return cfg, []
+    return cfg, [], None
   workdir = Path(str(cfg.workdir)).expanduser()
   if paths.is_run(workdir) and (workdir / "config.json").is_file():
-    return _recorded(cfg, workdir, explicit)
+    return *_recorded(cfg, workdir, explicit), None
   if all(f in explicit for f in size_rule.SHAPE_FIELDS):
     return cfg, ["model.size=auto: the shape is given in full on the command line "
-                 f"({', '.join(size_rule.SHAPE_FIELDS)}): nothing to choose"]
-  corpus = corpus_lib.prepare(cfg.data, show_progress=False, log=say,
-                              vocab_size=cfg.model.vocab_size)
+                 f"({', '.join(size_rule.SHAPE_FIELDS)}): nothing to choose"], None
+  left = lambda: budget_s - (time.time() - t_start if t_start is not None  # noqa: E731
+                             else machine.process_age_s())
+  cfg, corpus, lines = _corpus(cfg, explicit, say)
   vocab = tokenizer.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
-  speed = speed_probe.speed_model(cfg, vocab, platform(), say)
-  spent = time.time() - t_start if t_start is not None else budget.process_age_s()
-  left_s = fmt.parse_duration(cfg.train.time_budget) - spent
+  speed, found = speed_probe.speed_model(cfg, vocab, runtime.planned_platform(),
+                                            PROBE_SHARE * left(), say)
+  left_s = left()
+  if speed is None:
+    m = cfg.model
+    return cfg, [*lines, f"model.size=auto: {fmt.duration(found.value['share_s'])} of the budget "
+                 f"measured {len(found.value['rows'])} of the {len(speed_probe.PROBES)} shapes "
+                 f"of the speed probe, too few to choose from: the recipe's model, "
+                 f"{m.n_layers}x{m.d_model}, trains (a longer budget measures them, once)"], corpus
   fixed = {f: validate.get(cfg, f) for f in size_rule.SHAPE_FIELDS if f in explicit}
   shapes = size_rule.candidates(fixed, CONTEXT, BATCH)
   base = model_lib.ModelConfig.from_config(cfg.model, vocab)
@@ -70,7 +71,28 @@ def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = (),
   values = pick.shape.fields() | {f: v for f, v in LRS.items() if cfg.optim.name == "muon"}
   cfg = loading.override(cfg.copy_and_resolve_references(),
                          **{f: v for f, v in values.items() if f not in explicit})
-  return cfg, describe(pick, near, left_s, len(corpus.train), fixed, cfg)
+  probed = f" (the speed probe took {fmt.duration(found.value['seconds'])} of it)" * found.here
+  return cfg, [*lines, *describe(pick, near, f"{fmt.duration(left_s)} left of train.time_budget="
+                                 f"{cfg.train.time_budget}{probed}", len(corpus.train), fixed, cfg,
+                                 found.said())], corpus
+
+
+def _corpus(cfg: ml_collections.ConfigDict, explicit: Collection[str], say
+            ) -> tuple[ml_collections.ConfigDict, corpus_lib.Corpus, list[str]]:
+  """The corpus the choice counts, and the run reads: a char vocabulary of more than
+  CHAR_VOCAB_MAX symbols, too large for the small models a budget trains, becomes bytes
+  (unless data.tokenizer or model.vocab_size is given)."""
+  corpus = corpus_lib.prepare(cfg.data, show_progress=False, log=say,
+                              vocab_size=cfg.model.vocab_size)
+  chars = tokenizer.model_vocab_size(0, corpus.tokenizer)
+  if corpus.tokenizer.name != "char" or chars <= CHAR_VOCAB_MAX or cfg.model.vocab_size or \
+      "data.tokenizer" in explicit:
+    return cfg, corpus, []
+  cfg = loading.override(cfg.copy_and_resolve_references(), **{"data.tokenizer": "byte"})
+  line = (f"model.size=auto: data.tokenizer=byte: a char vocabulary of {chars} symbols is more "
+          f"than the small models a budget trains can use (over {CHAR_VOCAB_MAX}); "
+          "--config.data.tokenizer=char keeps it")
+  return cfg, corpus_lib.prepare(cfg.data, show_progress=False, log=say), [line]
 
 
 def _none_fits(cfg, fixed: dict, shapes: list, left_s: float) -> ConfigError:
@@ -89,17 +111,16 @@ def _said(o: size_rule.Option) -> str:
           f"at {fmt.count(o.tokens_per_s)} tok/s, predicted val {o.bpb:.3f} bits/byte")
 
 
-def describe(pick: size_rule.Option, near: list[size_rule.Option], left_s: float, unique: int,
-             fixed: dict, cfg: ml_collections.ConfigDict) -> list[str]:
+def describe(pick: size_rule.Option, near: list[size_rule.Option], left: str, unique: int,
+             fixed: dict, cfg: ml_collections.ConfigDict, measured: str) -> list[str]:
   """What was chosen and why, and the nearest candidates rejected."""
   s = pick.shape
   lrs = (f", Muon lr {cfg.optim.matrix_lr:g}, AdamW lr {cfg.optim.lr:g}"
          if cfg.optim.name == "muon" else f", lr {cfg.optim.lr:g}")
   kept = f"; kept as given: {', '.join(fixed)}" if fixed else ""
   lines = [f"model.size=auto: {s.name} ({s.n_heads} heads, context {s.seq_len}, batch "
-           f"{s.batch_size}{lrs}) for the {fmt.duration(left_s)} left of "
-           f"train.time_budget={cfg.train.time_budget}: {_said(pick)} (of the "
-           f"{fmt.count(unique)} train tokens; this machine's measured speed){kept}"]
+           f"{s.batch_size}{lrs}) for the {left}: {_said(pick)} (of the {fmt.count(unique)} "
+           f"train tokens; this machine's speed, measured {measured}){kept}"]
   for o in near:
     why = "more params than the time trains well" if o.params > pick.params \
         else "fewer params than the time can train"

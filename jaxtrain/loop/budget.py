@@ -2,24 +2,24 @@
 
 A new run measures itself (`fit`) once its programs are compiled as the run runs them
 (loop/warmup.py): a few steps on random tokens (their values do not change the speed), an
-evaluation and a save. It then fixes its end (the `Plan`) so that the budget, counted from the
-start of the process, holds the steps, their evaluations and saves, and the run's end. The train
-step reads the schedule's end as an input (`TrainState.schedule`), so the compile measured is the
-run's own and nothing compiles after the plan is made.
+evaluation and a save. It then fixes its end (the `Plan`, every run's one owner of its end) so
+that the budget, counted from the start of the process, holds the steps, their evaluations and
+saves, and the run's end. The train step reads the schedule's end as an input
+(`TrainState.schedule`), so the compile measured is the run's own and nothing compiles after the
+plan is made.
 
 A probe of seconds misjudges a loop of minutes (evaluations, saves, a machine whose speed
-changes), so the first leg measures its pace again at REFIT_AT of its steps and takes the new end
-where it moves by more than TOLERANCE (`moved_end`): what is left of the schedule is warped onto
-the steps now left (`schedule_at`), so the learning rate decays smoothly instead of jumping. The
-ends are recorded in budget.json; a resumed leg follows them, as the uninterrupted run did.
+changes), so the first leg measures its pace again (`Pace`, the loop's) at REFIT_AT of its steps
+and takes the new end where it moves by more than TOLERANCE (`new_end`): what is left of the
+schedule is warped onto the steps now left (`schedule_at`), so the learning rate decays smoothly
+instead of jumping. The ends are recorded in budget.json; a resumed leg follows them, as the
+uninterrupted run did.
 """
 
 import dataclasses
-import os
-import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import jax
@@ -29,25 +29,13 @@ import numpy as np
 from jaxtrain.checkpoints.store import Checkpoints
 from jaxtrain.core import optim
 from jaxtrain.core.steps import TrainState
-from jaxtrain.system import fmt, paths, runtime
+from jaxtrain.system import fmt, machine, paths, runtime
 from jaxtrain.system.errors import ConfigError
 
 PLAN_FILE = "budget.json"
 REFIT_AT = (0.3, 0.5, 0.7, 0.85, 0.95)  # fractions of the steps where the first leg re-plans
 TOLERANCE = 0.02  # a new end within 2% of the planned one is not worth a change of schedule
 END_S = 0.7  # after the last evaluation, save and samples: files, the loss plot, the exit
-
-
-def process_age_s() -> float:
-  """Seconds since this process started (Linux), else 0: the budget covers the whole command."""
-  try:
-    with open("/proc/self/stat") as f:
-      start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-    with open("/proc/uptime") as f:
-      uptime = float(f.read().split()[0])
-    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-  except (OSError, ValueError, IndexError):
-    return 0.0
 
 
 @dataclasses.dataclass
@@ -70,27 +58,17 @@ def measure(programs, state: TrainState, batches: Iterator[dict], grad_accum: in
   """The `Costs` of `programs` (compiled) as the loop runs them, from `state` (a new one, used
   up): host batches read, placed and stepped, metrics read back, an evaluation and saves. For a
   small model that host work is most of a step."""
-  step = programs.train_step
-
-  def one(state):
+  def one() -> None:
+    nonlocal state
     for _ in range(grad_accum):
-      state, m = step(state, programs.place(next(batches)))
+      state, m = programs.train_step(state, programs.place(next(batches)))
     jax.device_get(m)
-    return state
 
-  state = one(state)  # the first run of a compiled program pays extra
-  times, t_end = [], time.perf_counter() + min_s
-  while len(times) < 3 or (time.perf_counter() < t_end and len(times) < max_steps):
-    t = time.perf_counter()
-    state = one(state)
-    times.append(time.perf_counter() - t)
+  step_s = machine.seconds(one, for_s=min_s, at_most=max_steps)
   batch = programs.place(next(batches))
-  evals = []
-  for _ in range(3):
-    t = time.perf_counter()
-    jax.device_get(programs.eval_step(state, batch))
-    evals.append(time.perf_counter() - t)
-  return Costs(statistics.median(times), eval_steps * min(evals), *_save_s(state))
+  eval_s = machine.seconds(lambda: jax.device_get(programs.eval_step(state, batch)), untimed=0,
+                           pick=min)
+  return Costs(step_s, eval_steps * eval_s, *_save_s(state))
 
 
 def _save_s(state) -> tuple[float, float]:
@@ -117,10 +95,10 @@ def fit_steps(left_s: float, costs: Costs, train) -> int:
   return max(0, int((left_s - costs.close_s()) / per_step))
 
 
-def check_left(cfg: ml_collections.ConfigDict, spent_s: float, compiled: bool = False) -> None:
+def check_left(cfg: ml_collections.ConfigDict, budget_s: float, spent_s: float,
+               compiled: bool = False) -> None:
   """Before anything is compiled, and again once it is: a budget used up already is an error
   (the compiles, cached, make a rerun start faster)."""
-  budget_s = fmt.parse_duration(cfg.train.time_budget)
   if spent_s >= budget_s:
     what = "starting up and compiling" if compiled else "starting up, before any compile,"
     raise ConfigError("train.time_budget", f"{cfg.train.time_budget} is too short: {what} took "
@@ -140,29 +118,34 @@ def too_short(cfg: ml_collections.ConfigDict, spent_s: float, costs: Costs) -> C
       "more (a rerun starts faster: the compiles are cached)")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Plan:
-  """The ends a time-budgeted run's schedule follows: from each step on, the `train.max_steps`
-  it decays to. `spent` is set in the leg that may move the end (a new run's first); a resumed
-  leg only follows the recorded ends."""
+  """The run's end, its one owner: from each step on, the `train.max_steps` the schedule decays
+  to (`ends`, ascending by step). With a time budget (`budget_s`), the leg that measured the run
+  (`moves`) may move it as the loop's pace shows (`new_end`); a resumed leg follows the recorded
+  ends."""
 
-  budget_s: float
-  ends: list[list[int]]  # [from_step, max_steps], ascending by step
-  spent: Callable[[], float] | None = None  # seconds of the budget used so far
+  ends: tuple[tuple[int, int], ...]  # (from_step, max_steps)
+  budget_s: float | None = None
   close_s: float = 0.0  # after the last step: its evaluation and save, samples, closing work
-  checked: int = 0  # how many of REFIT_AT this leg has measured at
-  t_first: float | None = None  # when the leg's first step ended, and its number
-  first_step: int = 0
-  pace_s: float = 0.0  # seconds per step, as last measured
-  applied: int = 0  # how many ends the state's schedule follows (0: none yet)
+  moves: bool = False
 
   @property
   def final(self) -> int:
     return self.ends[-1][1]
 
-  def save(self, workdir: Path) -> None:
-    if jax.process_index() == 0:
-      paths.write_json(workdir / PLAN_FILE, {"budget_s": self.budget_s, "ends": self.ends})
+  def moved(self, step: int, end: int) -> "Plan":
+    return dataclasses.replace(self, ends=(*self.ends, (step, end)))
+
+
+@dataclasses.dataclass
+class Pace:
+  """The loop's own measure of its pace, in the leg that may move the end (Progress.pace)."""
+
+  checked: int = 0  # how many of REFIT_AT it has measured at
+  t_first: float | None = None  # when the leg's first step ended, and its number
+  first_step: int = 0
+  step_s: float = 0.0  # seconds per step, as last measured
 
 
 def with_end(cfg: ml_collections.ConfigDict, max_steps: int) -> ml_collections.ConfigDict:
@@ -172,19 +155,25 @@ def with_end(cfg: ml_collections.ConfigDict, max_steps: int) -> ml_collections.C
   return cfg
 
 
-def recorded(cfg: ml_collections.ConfigDict, workdir: Path) -> Plan:
+def record(plan: Plan, workdir: Path, cfg: ml_collections.ConfigDict) -> None:
+  """A moved end on disk (process 0): budget.json's ends, config.json's train.max_steps."""
+  if jax.process_index() == 0:
+    paths.write_json(workdir / PLAN_FILE, {"budget_s": plan.budget_s, "ends": plan.ends})
+    paths.write_json(workdir / "config.json", with_end(cfg, plan.final).to_dict())
+
+
+def recorded(budget_s: float, workdir: Path) -> Plan:
   """A resumed run's plan: the ends its first leg chose."""
   saved = paths.read_json(workdir / PLAN_FILE) if (workdir / PLAN_FILE).exists() else None
   max_steps = int(paths.read_json(workdir / "config.json")["train"]["max_steps"])
-  return Plan(fmt.parse_duration(cfg.train.time_budget),
-              saved["ends"] if saved else [[0, max_steps]])
+  ends = saved["ends"] if saved else [[0, max_steps]]
+  return Plan(tuple((int(start), int(end)) for start, end in ends), budget_s)
 
 
-def fit(cfg: ml_collections.ConfigDict, ready, log: Callable[[str], None],
+def fit(cfg: ml_collections.ConfigDict, budget_s: float, ready, log: Callable[[str], None],
         spent: Callable[[], float], batches: Callable[[], Iterator[dict]]) -> Plan:
   """A new run's plan: the steps that fit, measured on `ready` (warmup.Ready: the programs
   compiled, a new state beside them, the samples' cost). Every process takes process 0's."""
-  budget_s = fmt.parse_duration(cfg.train.time_budget)
   t = cfg.train
   costs = measure(ready.programs, ready.beside, batches(), t.grad_accum, t.eval_steps)
   costs.sample_s = ready.sample_s
@@ -196,38 +185,29 @@ def fit(cfg: ml_collections.ConfigDict, ready, log: Callable[[str], None],
       f"({costs.step_s * 1e3:.1f} ms/step, {costs.eval_s:.2f}s/eval, {costs.save_s * 1e3:.0f} "
       f"ms/save measured; {fmt.duration(costs.close_s())} to end the run; "
       f"{fmt.duration(spent_s)} spent so far, compiles included)")
-  return Plan(budget_s, [[0, steps]], spent, close_s=costs.close_s())
+  return Plan(((0, steps),), budget_s, costs.close_s(), moves=True)
 
 
-def new_end(plan: Plan, step: int, now: float) -> int | None:
+def new_end(plan: Plan, pace: Pace, step: int, now: float, spent_s: float) -> int | None:
   """At the leg's next REFIT_AT point: the end its measured pace (the steps since its first,
-  evaluations, saves and logging included) gives, if it moves the end by more than TOLERANCE."""
-  if plan.spent is None or plan.checked >= len(REFIT_AT):
+  evaluations, saves and logging included) gives, if it moves the end by more than TOLERANCE.
+  `spent_s`: seconds of the budget used so far."""
+  if not plan.moves or pace.checked >= len(REFIT_AT):
     return None
-  if plan.t_first is None:
-    plan.t_first, plan.first_step = now, step
+  if pace.t_first is None:
+    pace.t_first, pace.first_step = now, step
     return None
-  if step < REFIT_AT[plan.checked] * plan.final or step <= plan.first_step:
+  if step < REFIT_AT[pace.checked] * plan.final or step <= pace.first_step:
     return None
-  plan.checked += 1
-  plan.pace_s = (now - plan.t_first) / (step - plan.first_step)
-  left_s = plan.budget_s - plan.spent() - plan.close_s
-  end = step + max(1, int(left_s / plan.pace_s))
+  pace.checked += 1
+  pace.step_s = (now - pace.t_first) / (step - pace.first_step)
+  left_s = plan.budget_s - spent_s - plan.close_s
+  end = step + max(1, int(left_s / pace.step_s))
   end = runtime.from_process_0(end)  # every process switches at the same step, to the same end
   return end if abs(end - plan.final) > TOLERANCE * plan.final else None
 
 
-def moved_end(plan: Plan, step: int, workdir: Path) -> int | None:
-  """After each step of the leg that may move the end: the new end its pace gives (`new_end`),
-  recorded in the plan and budget.json; None where the end stays."""
-  end = new_end(plan, step, time.perf_counter())
-  if end is not None:
-    plan.ends.append([step, end])
-    plan.save(workdir)
-  return end
-
-
-def schedule_at(ends: list[list[int]], step: int, optimizer: optim.Optimizer) -> np.ndarray:
+def schedule_at(ends: Sequence[Sequence[int]], step: int, optimizer: optim.Optimizer) -> np.ndarray:
   """The schedule's numbers (optim.schedule_args) at `step`: the first end's schedule, with each
   later end that took over by `step` warping the step onto it. An end that takes over at step s
   maps its steps s..end onto s..(the end before it), so the schedule goes on from where it was
@@ -244,9 +224,10 @@ def schedule_at(ends: list[list[int]], step: int, optimizer: optim.Optimizer) ->
 
 
 def on_schedule(plan: Plan, step: int, state: TrainState) -> TrainState:
-  """`state` following the plan's schedule at `step` (a new one only where an end took over)."""
-  applied = sum(1 for start, _ in plan.ends if start <= step)
-  if applied == plan.applied:
-    return state
-  plan.applied = applied
+  """`state` following the plan's schedule at `step`: where a leg starts, and where an end takes
+  over (`takes_over`)."""
   return state.replace(schedule=schedule_at(plan.ends, step, state.optimizer))
+
+
+def takes_over(plan: Plan, step: int) -> bool:
+  return any(start == step for start, _ in plan.ends[1:])

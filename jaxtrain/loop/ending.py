@@ -80,11 +80,11 @@ def _summary(r: Run, p: Progress, wall: float) -> None:
 
 def already_done(r: Run, step: int) -> RunResult:
   """A run restarted at or past its last step: nothing is trained, sampled or written."""
-  r.out.print(f"this run already reached step {step} (train.max_steps={r.cfg.train.max_steps}): "
+  r.out.print(f"this run already reached step {step} (train.max_steps={r.plan.final}): "
               f"nothing to train, and nothing in {r.workdir} was changed; raise "
               "--config.train.max_steps to train further")
   return RunResult(str(r.workdir), step, None, None, None, time.time() - r.t_start, [],
-                   max_steps=r.cfg.train.max_steps)
+                   max_steps=r.plan.final)
 
 
 def interrupted(e: KeyboardInterrupt, phase: str, workdir: Path, t_start: float,

@@ -97,11 +97,12 @@ def time_lines(flops: float, devices: list, dtype: str) -> list[str]:
 def dry_run(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()) -> None:
   """Prints what a run of `cfg` would do (process 0), as `python -m jaxtrain --dry_run` does: the
   run's own resolution (loop/resolution.py), without its claim on the workdir."""
-  cfg, platform, notes = resolution.settle(cfg, explicit)
+  settled = resolution.settle(cfg, explicit)
+  cfg = settled.cfg
   out = Console(enabled=jax.process_index() == 0, headless=True)
   for line in config_lines(cfg):
     out.print(line)
-  res = resolution.resolve(cfg, platform, notes, out)
+  res = resolution.resolve(settled, out)
   start, t = res.resume_step, cfg.train
   if start >= t.max_steps and not t.time_budget:
     out.print(f"resume: {res.workdir} holds a checkpoint of step {start}, at or past "

@@ -1,5 +1,6 @@
 """What a run of a config is, worked out without a write to its workdir: the config settled
-(validated, init_from's fields taken) and the platform set up for it (`settle`), then the tasks,
+(validated, init_from's fields taken, the budget's seconds and model.size=auto's corpus handed on)
+and the platform set up for it (`settle`), then the tasks,
 the workdir checked, the data read, the programs built (nothing compiled) and said, and the step a
 run would resume from (`resolve`). A run (train.py) and `--dry_run` (loop/preview.py) both call
 both, so a check added here refuses the same config in both; only the run claims the workdir (the
@@ -27,10 +28,22 @@ from jaxtrain.system.console import Console
 
 
 @dataclasses.dataclass(frozen=True)
+class Settled:
+  """A config settled for its run, before jax starts (`settle`)."""
+
+  cfg: ml_collections.ConfigDict  # what the run trains
+  platform: str
+  notes: list[str]  # what was decided, said after the run's first line
+  budget_s: float | None  # train.time_budget's seconds (None: train.max_steps is the end)
+  corpus: corpus_lib.Corpus | None = None  # read already (model.size=auto's), handed on
+
+
+@dataclasses.dataclass(frozen=True)
 class Resolved:
   """A run of a config, as far as it goes without compiling or writing anything."""
 
   cfg: ml_collections.ConfigDict  # settled: what the run trains
+  budget_s: float | None  # train.time_budget's seconds
   workdir: Path
   tasks: list[tasks_lib.Task]  # train.eval_tasks' records
   corpus: corpus_lib.Corpus
@@ -39,33 +52,33 @@ class Resolved:
 
 
 def settle(cfg: ml_collections.ConfigDict, explicit: Collection[str] = (),
-           say: Callable[[str], None] = print, t_start: float | None = None
-           ) -> tuple[ml_collections.ConfigDict, str, list[str]]:
-  """(the config the run trains, the platform, the lines that say what was decided): `cfg`
-  validated, init_from's model fields taken (`explicit`: the fields the user set), the CPU split
-  into devices (before jax starts its backends), the compile cache and the processes set up.
-  With model.size=auto, the shape is chosen first (its probe's progress on `say`; `t_start`: when
-  the budget's clock started)."""
+           say: Callable[[str], None] = print, t_start: float | None = None) -> Settled:
+  """The config the run trains: `cfg` validated, init_from's model fields taken (`explicit`: the
+  fields the user set), the CPU split into devices (before jax starts its backends), the compile
+  cache and the processes set up. With model.size=auto, the shape is chosen first (its probe's
+  progress on `say`; `t_start`: when the budget's clock started)."""
   validate.validate(cfg)
   cfg, taken = init_from.resolve(cfg, explicit)
   if taken:
     validate.validate(cfg)  # the source run's values, in this config
-  cfg, chosen = autosize.resolve(cfg, explicit, say=say, t_start=t_start)  # before jax starts
-  notes = [cpu.split_cpu(cfg), *chosen]
+  budget_s = validate.time_budget_s(cfg)
+  cfg, notes, corpus = autosize.resolve(cfg, budget_s, explicit, say, t_start)  # before jax starts
+  notes = [cpu.split_cpu(cfg), *notes]
   platform = runtime.setup(cfg)
   if taken:
     notes.append(f"init_from: from {cfg.init_from}, {', '.join(taken)}")
   if cfg.train.time_budget and "train.max_steps" in explicit:
     notes.append(f"note: train.time_budget={cfg.train.time_budget} sets the steps; the given "
                  "train.max_steps is not used (--config.train.time_budget=\"\" trains it)")
-  return cfg, platform, [note for note in notes if note]
+  return Settled(cfg, platform, [note for note in notes if note], budget_s, corpus)
 
 
-def resolve(cfg: ml_collections.ConfigDict, platform: str, notes: list[str], out: Console,
+def resolve(settled: Settled, out: Console,
             claim: Callable[[Path, Console], None] | None = None) -> Resolved:
-  """The run of the settled `cfg`, said on `out` as it is worked out. `claim(workdir, out)`: the
-  run's hold on the workdir, taken once it is checked and before the data is read (a second run
-  into a busy workdir stops there, before its header line); a dry run passes none."""
+  """The run of the `settled` config, said on `out` as it is worked out. `claim(workdir, out)`:
+  the run's hold on the workdir, taken once it is checked and before the data is read (a second
+  run into a busy workdir stops there, before its header line); a dry run passes none."""
+  cfg, platform = settled.cfg, settled.platform
   eval_tasks = tasks_lib.load(cfg)  # bad records stop the run before anything else is done
   workdir = paths.check_workdir(cfg.workdir)
   if claim is not None:
@@ -75,17 +88,17 @@ def resolve(cfg: ml_collections.ConfigDict, platform: str, notes: list[str], out
   out.print(f"jaxtrain {__version__} | {'dry run | ' * (claim is None)}workdir {workdir} | "
             f"{platform} x{len(devices)} (mesh data={data_axis} fsdp={fsdp_axis}) | "
             f"{stack.line()}" + (f" | {allocator.in_use()} allocator" if platform == "cpu" else ""))
-  for note in notes:
+  for note in settled.notes:
     out.print(note)
-  corpus = corpus_lib.prepare(cfg.data, show_progress=out.use_bar, log=out.print,
-                              vocab_size=cfg.model.vocab_size)
+  corpus = settled.corpus if settled.corpus is not None else corpus_lib.prepare(
+      cfg.data, show_progress=out.use_bar, log=out.print, vocab_size=cfg.model.vocab_size)
   corpus_lib.check_lengths(corpus, cfg.model.seq_len, cfg.data.val_fraction)
   tokenfiles.check_run(cfg, corpus.tokenizer)
   vocab = tokenizer.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
   built = programs.build(cfg, vocab, devices, eot_id=corpus.tokenizer.eot_id)
   describe(out, cfg, corpus, built)
   tasks_lib.describe(eval_tasks, cfg.train.eval_tasks_limit, out.print)
-  return Resolved(cfg, workdir, eval_tasks, corpus, built,
+  return Resolved(cfg, settled.budget_s, workdir, eval_tasks, corpus, built,
                   max(store.complete_steps(workdir), default=0))
 
 

@@ -41,10 +41,11 @@ def prepare(res: Resolved, out: Console, hooks: Sequence[Hook], t_start: float) 
   batches = lambda: corpus_lib.train_iterator(corpus, cfg.train.batch_size, cfg.model.seq_len,  # noqa: E731
                                               cfg.seed, jax.process_index(), jax.process_count())
   run_hooks = standard.for_run(cfg, workdir, hooks)
-  plan, t_compile = None, time.time()  # a new run with a budget compiles from here on
-  if cfg.train.time_budget:
+  plan, t_compile = budget.Plan(((0, cfg.train.max_steps),)), time.time()  # (compiles from here)
+  if res.budget_s is not None:
     spent = lambda: time.time() - t_start  # noqa: E731
-    built, plan = _plan(cfg, built, corpus, run_hooks, workdir, out.print, spent, batches)
+    built, plan = _plan(cfg, res.budget_s, built, corpus, run_hooks, workdir, out.print, spent,
+                        batches)
     cfg = budget.with_end(cfg, plan.final)  # the run's train.max_steps from here on
   signals.check()
   meta = {"jaxtrain_version": __version__, "data_fingerprint": corpus.fingerprint,
@@ -58,22 +59,22 @@ def prepare(res: Resolved, out: Console, hooks: Sequence[Hook], t_start: float) 
              plan=plan, tasks=res.tasks, t_compile=t_compile)
 
 
-def _plan(cfg: ml_collections.ConfigDict, built: programs.Programs, corpus, hooks, workdir,
-          say, spent, batches) -> tuple[programs.Programs, budget.Plan]:
+def _plan(cfg: ml_collections.ConfigDict, budget_s: float, built: programs.Programs, corpus,
+          hooks, workdir, say, spent, batches) -> tuple[programs.Programs, budget.Plan]:
   """A time budget's plan: the ends a resumed run recorded; a new run's from a measurement of
   the programs it runs, compiled (with the rest, side by side) before the plan is made."""
   if paths.is_run(workdir):
-    return built, budget.recorded(cfg, workdir)
-  budget.check_left(cfg, spent())
+    return built, budget.recorded(budget_s, workdir)
+  budget.check_left(cfg, budget_s, spent())
   ready = warmup.side_by_side(built, cfg, corpus, hooks, built.init,  # the probe's own state
                               measure=True)
-  budget.check_left(cfg, spent(), compiled=True)
-  return ready.programs, budget.fit(cfg, ready, say, spent, batches)
+  budget.check_left(cfg, budget_s, spent(), compiled=True)
+  return ready.programs, budget.fit(cfg, budget_s, ready, say, spent, batches)
 
 
-def start(r: Run) -> tuple[Run, TrainState, float]:
-  """(the run with its train step compiled, the state to train from, training seconds so far),
-  the best val loss so far put in `r.saving`: init (or a restore) runs beside the compiles
+def start(r: Run) -> tuple[Run, TrainState, float, float]:
+  """(the run with its train step compiled, the state to train from on the plan's schedule,
+  training seconds and the best val loss so far): init (or a restore) runs beside the compiles
   (warmup.py), or after them where a time budget's measurement compiled already."""
   t_compile = r.t_compile if r.compiled else time.time()
   latest = r.saving.ckpts.latest_step()
@@ -88,7 +89,6 @@ def start(r: Run) -> tuple[Run, TrainState, float]:
     ready = warmup.side_by_side(r.programs, r.cfg, r.corpus, r.hooks, begin)
     built, (state, elapsed, best, changes) = ready.programs, ready.beside
   r = dataclasses.replace(r, programs=built, t_compile=t_compile)
-  r.saving.best = lifecycle.BestVal(best)
   if latest is None and r.cfg.init_from:
     state = init_from.apply(r.cfg.init_from, state, r.programs, r.corpus.tokenizer, r.out.print)
   if latest is None:
@@ -96,9 +96,11 @@ def start(r: Run) -> tuple[Run, TrainState, float]:
   step = int(state.step)
   # After a resume was found sound, this config is the run's from here on; a finished run
   # that has nothing to train keeps its files as they are.
-  if jax.process_index() == 0 and latest is not None and step < r.cfg.train.max_steps:
+  if jax.process_index() == 0 and latest is not None and step < r.plan.final:
     write_run_files(r.workdir, r.cfg, r.saving.meta, r.corpus.tokenizer, step, changes)
-  return r, state, elapsed
+  if r.plan.budget_s is not None:
+    state = budget.on_schedule(r.plan, step, state)
+  return r, state, elapsed, best
 
 
 def _restore(r: Run) -> tuple[TrainState, float, float, tuple[str, ...]]:
@@ -110,16 +112,17 @@ def _restore(r: Run) -> tuple[TrainState, float, float, tuple[str, ...]]:
   return state, meta.get("elapsed_s", 0.0), meta.get("best_val_loss") or math.inf, changes
 
 
-def progress(r: Run, state: TrainState, elapsed_before: float) -> Progress:
-  """What the loop carries through a leg that starts at `state`: the meters, and the validation
-  set placed on the devices."""
+def progress(r: Run, state: TrainState, elapsed_before: float, best: float) -> Progress:
+  """What the loop carries through a leg that starts at `state`: the run's end, the meters, and
+  the validation set placed on the devices."""
   cfg, t = r.cfg, r.cfg.train
   dtype = r.programs.model_cfg.dtype
   return Progress(
-      step=int(state.step), end=t.max_steps, elapsed_before=elapsed_before, t_run=time.time(),
+      step=int(state.step), plan=r.plan, elapsed_before=elapsed_before, t_run=time.time(),
       meter=Throughput(t.batch_size * t.grad_accum * cfg.model.seq_len,
-                       flops_per_token(r.programs.model_cfg), t.max_steps,
+                       flops_per_token(r.programs.model_cfg),
                        peak=lambda achieved: estimate.peak_flops(jax.devices(), dtype,
                                                                  achieved)[0]),
       pending=Pending(NonFiniteGuard(t.skip_nonfinite, r.programs.abstract.dynamic_loss_scale)),
-      val=validation.prepare(cfg, r.corpus, r.programs.place, r.tasks))
+      val=validation.prepare(cfg, r.corpus, r.programs.place, r.tasks),
+      best=lifecycle.BestVal(best))

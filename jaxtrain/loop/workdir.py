@@ -100,8 +100,3 @@ def write_run_files(workdir: Path, cfg: ml_collections.ConfigDict, run_meta: dic
     f.write(json.dumps({"start_step": start_step, "max_steps": cfg.train.max_steps,
                         "changes": list(changes), "time": round(time.time(), 3)}) + "\n")
 
-
-def write_config(workdir: Path, cfg: ml_collections.ConfigDict) -> None:
-  """config.json anew (a time budget's new end), by process 0."""
-  if jax.process_index() == 0:
-    paths.write_json(workdir / "config.json", cfg.to_dict())

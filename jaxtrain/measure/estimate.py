@@ -13,18 +13,13 @@ a process measurably takes for init and one step.
 """
 
 import dataclasses
-import hashlib
 import os
-import platform
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 
 from jaxtrain.core import model as model_lib
-from jaxtrain.measure import memory
-from jaxtrain.system import fmt, paths
+from jaxtrain.system import fmt, machine, measured
 
 # Dense (no sparsity) tensor-core peaks in TFLOP/s from the vendors' datasheets; "float32" is
 # TF32 on Ampere and later, which is what XLA uses for float32 matmuls at default precision.
@@ -43,10 +38,7 @@ GPU_PEAK_TFLOPS = {
 }
 
 
-# A measured peak is taken again after a week: what the key does not see (firmware, cooling, a
-# neighbour's steady load) drifts, and MFU is only as right as its peak.
-_PEAK_MAX_AGE_S = 7 * 24 * 3600
-PEAKS_FILE = "peaks.json"  # in the cache dir: `matmul_peak`'s measurements
+_PEAK_MAX_AGE_S = 7 * 24 * 3600  # MFU is only as right as its peak
 
 
 def published_peak(device_kind: str, dtype: str) -> float | None:
@@ -103,7 +95,7 @@ def available_memory(device: jax.Device) -> tuple[int | None, str]:
     stats = device.memory_stats() or {}
     if "bytes_limit" in stats:
       return stats["bytes_limit"], f"{device.device_kind} memory"
-  host = memory.host_memory()
+  host = machine.host_memory()
   if host is not None:
     total, available, what = host
     if what == "RAM":  # MemAvailable counts reclaimable page cache: free pages alone undercount
@@ -153,65 +145,19 @@ def time_matmul(dtype: str = "float32", n: int = 2048, repeats: int = 5) -> floa
   products, after two untimed ones (compile, first touch of the buffers, thread-pool start)."""
   a = jnp.ones((n, n), jnp.dtype(dtype))
   matmul = jax.jit(lambda x: x @ x)
-  for _ in range(2):
-    matmul(a).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    matmul(a).block_until_ready()
-    times.append(time.perf_counter() - t)
-  return 2 * n**3 / statistics.median(times)
-
-
-def _cpu_model() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.split(":")[0].strip() in ("model name", "Hardware", "cpu model"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
-
-
-def peak_key(device: jax.Device, dtype: str, n: int) -> str:
-  """What a measured peak depends on: the device, the CPU's model and the cores this process may
-  use (a sweep pins each run to a share), jax and jaxlib (XLA's kernels), XLA_FLAGS and the
-  number of devices the CPU is split into."""
-  import jaxlib
-
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  flags = hashlib.sha256(os.environ.get("XLA_FLAGS", "").encode()).hexdigest()[:8]
-  parts = [device.platform, device.device_kind, _cpu_model(), f"{cores}of{os.cpu_count()}",
-           f"jax{jax.__version__}", f"jaxlib{jaxlib.__version__}", f"xla{flags}",
-           f"{len(jax.devices())}dev", dtype, str(n)]
-  return "-".join(parts).replace(" ", "_")
-
-
-_measured_here: set[str] = set()  # the peaks this process measured (not read from the cache)
+  return 2 * n**3 / machine.seconds(lambda: matmul(a).block_until_ready(), repeats, untimed=2)
 
 
 def matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5,
-                at_least: float = 0.0) -> tuple[float, float | None]:
-  """(this device's matmul FLOP/s by `time_matmul`, its age in seconds: None when this process
-  measured it), cached under `peak_key`. A re-measurement keeps the higher value, so a reading
-  taken on a busy machine does not stick; `at_least`: FLOP/s this device was just seen to reach, a
-  cached peak below it is measured again."""
+                at_least: float = 0.0) -> measured.Measured:
+  """This device's matmul FLOP/s by `time_matmul`, measured again after a week (what the key does
+  not see, firmware or cooling, drifts) or where below `at_least` (FLOP/s this device was just
+  seen to reach: the cached peak was taken on a busy machine)."""
   device = jax.devices()[0]
   n = n or (2048 if device.platform == "cpu" else 8192)
-  key = peak_key(device, dtype, n)
-  cached = paths.read_cache_json(PEAKS_FILE)
-  entry = cached.get(key)
-  fresh = isinstance(entry, dict) and 0 <= time.time() - entry["time"] < _PEAK_MAX_AGE_S
-  if fresh and entry["flops"] >= at_least:
-    return entry["flops"], None if key in _measured_here else time.time() - entry["time"]
-  peak = time_matmul(dtype, n, repeats)
-  if fresh:
-    peak = max(peak, entry["flops"])
-  cached[key] = {"flops": peak, "time": time.time()}
-  _measured_here.add(key)
-  paths.write_cache_json(PEAKS_FILE, cached)
-  return peak, None
+  return measured.measured("peak", [device.platform, device.device_kind, f"{len(jax.devices())}dev",
+                                    dtype, n], lambda _: time_matmul(dtype, n, repeats),
+                           max_age_s=_PEAK_MAX_AGE_S, enough=lambda flops: flops >= at_least)
 
 
 def peak_flops(devices: list, dtype: str, achieved: float = 0.0) -> tuple[float, str]:
@@ -224,7 +170,6 @@ def peak_flops(devices: list, dtype: str, achieved: float = 0.0) -> tuple[float,
   peak = published_peak(device.device_kind, dtype) if device.platform == "gpu" else None
   source = f"{device.device_kind} datasheet {dtype}"
   if not peak:
-    peak, age = matmul_peak(dtype, at_least=achieved / units)
-    when = "just now" if age is None else f"{fmt.duration(age)} ago, reused from the cache"
-    source = f"{dtype} matmul measured on this {device.platform} {when}"
+    found = matmul_peak(dtype, at_least=achieved / units)
+    peak, source = found.value, f"{dtype} matmul measured on this {device.platform} {found.said()}"
   return peak * units, f"{fmt.count(peak)}FLOP/s x {units}, {source}"

@@ -2,7 +2,7 @@
 machine's measured speed (`SpeedModel`, from measure/speed_probe.py), the corpus's unique train
 tokens and constants fitted offline (`LossLaw`), so it is tested without timing anything.
 
-Each candidate shape (depth x width from a fixed list, heads of 32 below width 192 and of 64
+Each candidate shape (depth x width from a fixed list, `heads` of 32 below width 192 and of 64
 from there on; context and batch the recipe's unless set) gets the optimizer steps that the time
 left holds after its compile (`SpeedModel.steps`), so the tokens D it trains and how many epochs
 of the corpus that is; the loss law predicts its final val bits per byte from its parameters N
@@ -31,6 +31,7 @@ DEPTHS = (2, 3, 4, 5, 6, 8, 10, 12)
 ASPECT = (32, 64)  # width / depth of a candidate where neither is set: around nanochat's 64 and
 #                    the recipe's 48 (configs/shakespeare_char.py: 2 x 96)
 FLAT = 0.002  # relative bpb within which a smaller candidate is preferred
+OVERHEAD = 0.05  # evaluations and saves, a share of the training time
 SHAPE_FIELDS = ("model.n_layers", "model.d_model", "model.n_heads", "model.seq_len",
                 "train.batch_size")
 
@@ -92,6 +93,11 @@ def features(base: model_lib.ModelConfig, shape: Shape, muon_ns_steps: int) -> t
           float(tokens * mc.n_layers * mc.d_model))
 
 
+def heads(width: int) -> int:
+  """A candidate's heads: of 32 below width 192, of 64 from there on."""
+  return max(width // 32 if width < 192 else width // 64, 1)
+
+
 def model_config(base: model_lib.ModelConfig, shape: Shape) -> model_lib.ModelConfig:
   return dataclasses.replace(base, n_layers=shape.n_layers, d_model=shape.d_model,
                              n_heads=shape.n_heads, seq_len=shape.seq_len, n_kv_heads=0)
@@ -102,13 +108,15 @@ class SpeedModel:
   """Seconds a step takes (a linear model of `features`, fitted to this machine's probe) and
   what a run spends before its first step and after its last: start-up and compiles
   (`fixed_s + compile_per_layer_s x layers`), and the share of the time its evaluations and
-  saves take (`overhead`)."""
+  saves take (`overhead`). A probe cut short holds for steps of up to `max_flops` FLOPs (the
+  largest it measured)."""
 
   coef: tuple[float, ...]
   fixed_s: float
   compile_per_layer_s: float
-  overhead: float = 0.05
+  overhead: float = OVERHEAD
   muon_ns_steps: int = 5
+  max_flops: float = math.inf
 
   def step_s(self, base: model_lib.ModelConfig, shape: Shape) -> float:
     x = features(base, shape, self.muon_ns_steps)
@@ -145,10 +153,10 @@ def candidates(fixed: dict, seq_len: int, batch_size: int) -> list[Shape]:
     for d in widths:
       if both_free and not ASPECT[0] <= d / n_layers <= ASPECT[1]:
         continue
-      heads = fixed.get("model.n_heads") or (d // 32 if d < 192 else d // 64) or 1
-      if d % heads or (d // heads) % 2:  # RoPE needs an even head size
+      h = fixed.get("model.n_heads") or heads(d)
+      if d % h or (d // h) % 2:  # RoPE needs an even head size
         continue
-      out.append(Shape(n_layers, d, heads, fixed.get("model.seq_len", seq_len),
+      out.append(Shape(n_layers, d, h, fixed.get("model.seq_len", seq_len),
                        fixed.get("train.batch_size", batch_size)))
   return out
 
@@ -159,7 +167,7 @@ def options(base: model_lib.ModelConfig, shapes: list[Shape], speed: SpeedModel,
   out = []
   for s in shapes:
     steps = speed.steps(base, s, left_s)
-    if steps < 1:
+    if steps < 1 or features(base, s, 0)[2] > speed.max_flops:
       continue
     tokens = steps * s.batch_size * s.seq_len
     params = model_lib.matmul_param_count(model_config(base, s))

@@ -1,5 +1,5 @@
-"""How fast a run goes as it trains (`Throughput`: tokens/s, MFU against the devices' peak, the
-time left) and the first reading's line (`first_line`)."""
+"""How fast a run goes as it trains (`Throughput`: tokens/s, MFU against the devices' peak; the
+time left to an end) and the first reading's line (`first_line`)."""
 
 import dataclasses
 from collections.abc import Callable
@@ -16,17 +16,18 @@ class Speed:
   tokens_per_sec: float
   flops_per_sec: float
   mfu: float | None  # of `peak`; None when no peak is known
-  eta_s: float
+
+  def eta_s(self, steps_left: int) -> float:
+    return steps_left * self.sec_per_step
 
 
 class Throughput:
-  """Tokens/s, MFU and ETA over the steps since the last reading. Time spent between steps
+  """Tokens/s and MFU over the steps since the last reading. Time spent between steps
   (evaluating, saving) is left out by `skip_time`."""
 
-  def __init__(self, tokens_per_step: int, flops_per_token: float, max_steps: int,
+  def __init__(self, tokens_per_step: int, flops_per_token: float,
                peak: Callable[[float], float | None] = lambda achieved: None):
-    self.tokens_per_step, self.flops_per_token, self.max_steps = (tokens_per_step,
-                                                                  flops_per_token, max_steps)
+    self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
     self._peak, self._peak_value = peak, None
     self._t: float | None = None
     self._step = 0
@@ -52,8 +53,7 @@ class Throughput:
     flops = tokens * self.flops_per_token
     if self._peak_value is None:  # measured once, after the first steps, knowing what they ran at
       self._peak_value = self._peak(flops) or 0.0
-    self.last = Speed(sec, tokens, flops, flops / self._peak_value if self._peak_value else None,
-                      (self.max_steps - step) * sec)
+    self.last = Speed(sec, tokens, flops, flops / self._peak_value if self._peak_value else None)
     return self.last
 
 
@@ -62,5 +62,5 @@ def first_line(speed: Speed, flops_dtype: str, steps_left: int) -> str:
   _, peak = estimate.peak_flops(jax.devices(), flops_dtype)
   return (f"speed: {fmt.count(speed.tokens_per_sec)} tokens/s, "
           f"{fmt.count(speed.flops_per_sec)}FLOP/s = {speed.mfu or 0:.1%} MFU (of {peak})"
-          + (f"; ETA for the remaining {steps_left} steps: {fmt.duration(speed.eta_s)}"
+          + (f"; ETA for the remaining {steps_left} steps: {fmt.duration(speed.eta_s(steps_left))}"
              if steps_left > 0 else ""))

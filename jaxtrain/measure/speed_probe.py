@@ -1,12 +1,14 @@
-"""This machine's speed for `model.size="auto"`, fitted to the `size_rule.SpeedModel` the choice
-reads and cached in the cache dir's auto_speed.json per machine (`cache_key`: the CPU or GPU, the
-cores, jax) and architecture (every model field but the shape): measured once for each.
+"""This machine's speed for `model.size="auto"`: the `size_rule.SpeedModel` the choice reads,
+fitted to a probe of a few shapes (`PROBES`) and kept with the machine's other measurements
+(system/measured.py), per machine and architecture (every model field but the shape).
 
-The probe times the train step of a few shapes (`PROBES`) as a run builds it, in a process of its
-own: the choice is made before jax starts in the run's process, since the chosen batch decides
-how the CPU is split into devices (core/cpu.py). Compiles are timed cold (the persistent cache
-off); a non-negative fit (every term costs time) of the step times to `size_rule.features`, and a
-line of the compiles against depth, give the model.
+The probe times the train step of each shape as a run builds it, smallest first, in a process of
+its own: the choice is made before jax starts in the run's process, since the chosen batch decides
+how the CPU is split into devices (core/cpu.py). It says each shape as it is measured, and stops
+where the next would not fit the share of the budget it was given: a fit of fewer shapes holds for
+steps no larger than the largest measured. Compiles are timed cold (the persistent cache off); a
+non-negative fit (every term costs time) of the step times to `size_rule.features`, and a line of
+the compiles against depth, give the model.
 """
 
 import dataclasses
@@ -15,41 +17,31 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 
 import ml_collections
 import numpy as np
 
 from jaxtrain.config import loading
 from jaxtrain.measure import size_rule
-from jaxtrain.system import paths
+from jaxtrain.system import fmt, machine, measured, paths
 from jaxtrain.system.errors import UserError
 
-SPEED_FILE = "auto_speed.json"
-PROBES = ((2, 64), (2, 128), (3, 96), (4, 128), (4, 192), (6, 256))  # (layers, width)
+PROBES = ((2, 64), (2, 128), (3, 96), (4, 128), (4, 192), (6, 256))  # (layers, width), cheapest first
+MIN_SHAPES = 2  # a probe cut shorter gives no fit
+GROWTH = 1.5  # the next shape takes up to this many times the last one's time (compiles dominate)
 # What a run spends besides its train-step compile and its steps: start-up after the choice,
 # the eval and sample compiles beside the train step's (COMPILE_FACTOR x it), the budget's
 # measurement, the last evaluation, save and samples (benchmarks/results/2026-11-28-auto_size-zen4)
 RUN_FIXED_S = 6.0
 COMPILE_FACTOR = 1.3
-OVERHEAD = 0.05  # evaluations and saves, a share of the training time
-CONSTANTS = [RUN_FIXED_S, COMPILE_FACTOR, OVERHEAD]  # a cached fit made with others is made anew
 
 
-def shape_of(cfg: ml_collections.ConfigDict, layers: int, width: int) -> size_rule.Shape:
-  heads = width // 32 if width < 192 else width // 64
-  return size_rule.Shape(layers, width, heads, cfg.model.seq_len, cfg.train.batch_size)
-
-
-def with_shape(cfg: ml_collections.ConfigDict, shape: size_rule.Shape) -> ml_collections.ConfigDict:
-  return loading.override(cfg, **shape.fields())
-
-
-def cache_key(cfg: ml_collections.ConfigDict, platform: str) -> str:
-  """The machine and the architecture: a probe's result holds for both alike."""
-  from jaxtrain.core import cpu
-
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+def architecture(cfg: ml_collections.ConfigDict, platform: str) -> list[str]:
+  """What a probe's result holds for besides the machine: the platform and its GPUs, and every
+  field that changes a step's speed but the shape."""
   arch = loading.flatten(cfg.model.to_dict()) | {"optim": cfg.optim.name,
                                                  "ns": cfg.optim.muon_ns_steps,
                                                  "accum": cfg.train.grad_accum,
@@ -57,8 +49,7 @@ def cache_key(cfg: ml_collections.ConfigDict, platform: str) -> str:
   for f in ("size", "n_layers", "d_model", "n_heads", "seq_len", "vocab_size"):
     arch.pop(f, None)
   digest = hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()[:12]
-  gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-  return f"{platform}{gpus}-{cpu.probe_key()}-{cores}cores-{digest}"
+  return [f"{platform}{os.environ.get('CUDA_VISIBLE_DEVICES', '')}", digest]
 
 
 def fit(rows: list[dict], muon_ns_steps: int) -> size_rule.SpeedModel:
@@ -73,58 +64,68 @@ def fit(rows: list[dict], muon_ns_steps: int) -> size_rule.SpeedModel:
   coef, _ = nnls(x / scale / y[:, None], np.ones(len(y)))
   layers = np.array([r["layers"] for r in rows], float)
   compiles = np.array([r["compile_s"] for r in rows], float)
-  slope, intercept = np.polyfit(layers, compiles, 1)
+  slope, intercept = np.polyfit(layers, compiles, 1) if len(set(layers)) > 1 else (0, compiles.mean())
   slope, intercept = max(float(slope), 0.0), max(float(intercept), 0.0)
+  partial = len(rows) < len(PROBES)
   return size_rule.SpeedModel(tuple(float(c) for c in coef / scale),
                               RUN_FIXED_S + COMPILE_FACTOR * intercept, COMPILE_FACTOR * slope,
-                              OVERHEAD, muon_ns_steps)
+                              muon_ns_steps=muon_ns_steps,
+                              max_flops=max(r["features"][2] for r in rows) if partial else np.inf)
 
 
-def speed_model(cfg: ml_collections.ConfigDict, vocab: int, platform: str,
-                say=print) -> size_rule.SpeedModel:
-  """This machine's speed model for `cfg`'s architecture: cached, or probed now."""
-  key = cache_key(cfg, platform)
-  cached = paths.read_cache_json(SPEED_FILE)
+def speed_model(cfg: ml_collections.ConfigDict, vocab: int, platform: str, share_s: float,
+                say: Callable[[str], None] = print
+                ) -> tuple[size_rule.SpeedModel | None, measured.Measured]:
+  """(this machine's speed model for `cfg`'s architecture, None where too few shapes were
+  measured for one; the probe's record): cached, or probed now in at most `share_s` seconds. A
+  probe cut short is taken up where a later run's share holds more than the last one's and the
+  next shape (GROWTH x the last shape's time): it measures the shapes left."""
+
+  def probe(before: dict | None) -> dict:
+    rows = before["rows"] if before else []
+    say(f"model.size=auto: measuring this machine's speed on {len(PROBES) - len(rows)} "
+        f"{'more ' * bool(rows)}shapes, in at most {fmt.duration(share_s)} (once: cached in "
+        f"{os.path.join(paths.cache_dir(), measured.FILE)})")
+    return run_probe(cfg, vocab, platform, share_s, say, rows)
+
+  def enough(v: dict) -> bool:
+    rows = v["rows"]
+    return len(rows) == len(PROBES) or share_s <= v["share_s"] or \
+        bool(rows) and share_s < GROWTH * rows[-1]["seconds"]
+
+  found = measured.measured("auto_speed", architecture(cfg, platform), probe, enough=enough)
+  rows = found.value["rows"]
   ns = cfg.optim.muon_ns_steps if cfg.optim.name == "muon" else 0
-  entry = cached.get(key)
-  if isinstance(entry, dict) and "rows" in entry:
-    fitted = entry.get("model")
-    if isinstance(fitted, dict) and fitted.get("constants") == CONSTANTS:
-      return size_rule.SpeedModel(tuple(fitted["coef"]), fitted["fixed_s"],
-                                  fitted["compile_per_layer_s"], OVERHEAD, ns)
-    return _keep(key, entry["rows"], ns)
-  say(f"model.size=auto: measuring this machine's speed for {len(PROBES)} shapes (once: cached "
-      f"in {os.path.join(paths.cache_dir(), SPEED_FILE)})")
-  t = time.perf_counter()
-  rows = run_probe(cfg, vocab, platform)
-  return _keep(key, rows, ns, seconds=round(time.perf_counter() - t, 1))
+  return (fit(rows, ns) if len(rows) >= MIN_SHAPES else None), found
 
 
-def _keep(key: str, rows: list[dict], ns: int, **more) -> size_rule.SpeedModel:
-  """The speed model of `rows`, cached with them (a run reads the fit without refitting)."""
-  model = fit(rows, ns)
-  cached = paths.read_cache_json(SPEED_FILE)
-  entry = cached.get(key) if isinstance(cached.get(key), dict) else {"time": time.time()}
-  cached[key] = {**entry, **more, "rows": rows,
-                 "model": {"coef": list(model.coef), "fixed_s": model.fixed_s,
-                           "compile_per_layer_s": model.compile_per_layer_s,
-                           "constants": CONSTANTS}}
-  paths.write_cache_json(SPEED_FILE, cached)
-  return model
-
-
-def run_probe(cfg: ml_collections.ConfigDict, vocab: int, platform: str) -> list[dict]:
-  """The probe of `PROBES` ((layers, width) with the config's context and batch), in a process
-  of its own (its devices split as the run's will be)."""
+def run_probe(cfg: ml_collections.ConfigDict, vocab: int, platform: str, share_s: float,
+              say: Callable[[str], None], rows: list[dict] = ()) -> dict:
+  """The probe of the `PROBES` ((layers, width) with the config's context and batch) after those
+  in `rows`, in a process of its own (its devices split as the run's will be), each shape said
+  as it is measured: {rows (`rows` and the new ones), seconds, share_s}."""
   env = dict(os.environ, JAX_PLATFORMS=platform, JAX_ENABLE_COMPILATION_CACHE="false")
-  request = json.dumps({"config": cfg.to_dict(), "vocab": vocab, "probes": PROBES})
-  proc = subprocess.run([sys.executable, "-m", "jaxtrain.measure.speed_probe"], input=request,
-                        capture_output=True, text=True, env=env)
-  if proc.returncode:
-    last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-    raise UserError(f"model.size=auto: the speed probe failed ({last}); pass the model's shape "
-                    "(model.n_layers, model.d_model, model.n_heads) instead of model.size=auto")
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  request = json.dumps({"config": cfg.to_dict(), "vocab": vocab, "probes": PROBES,
+                        "skip": len(rows), "deadline_s": share_s,
+                        "last_s": rows[-1]["seconds"] if rows else 0.0})
+  t, rows = time.perf_counter(), list(rows)
+  with tempfile.TemporaryFile("w+") as err:
+    proc = subprocess.Popen([sys.executable, "-m", "jaxtrain.measure.speed_probe"], text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env)
+    proc.stdin.write(request)
+    proc.stdin.close()
+    for line in proc.stdout:
+      if line.startswith("{"):
+        rows.append(row := json.loads(line))
+        say(f"model.size=auto: measured {row['shape']['n_layers']}x{row['shape']['d_model']} "
+            f"({len(rows)} of {len(PROBES)}): compiled in {row['compile_s']:.1f}s, "
+            f"{row['step_s'] * 1e3:.1f} ms a step ({fmt.duration(time.perf_counter() - t)} so far)")
+    if proc.wait():
+      err.seek(0)
+      last = (err.read().strip().splitlines() or ["(no output)"])[-1]
+      raise UserError(f"model.size=auto: the speed probe failed ({last}); pass the model's shape "
+                      "(model.n_layers, model.d_model, model.n_heads) instead of model.size=auto")
+  return {"rows": rows, "seconds": round(time.perf_counter() - t, 1), "share_s": share_s}
 
 
 def _time_steps(built, min_s: float = 0.6, max_steps: int = 15) -> tuple[float, float]:
@@ -136,41 +137,46 @@ def _time_steps(built, min_s: float = 0.6, max_steps: int = 15) -> tuple[float, 
   step = built.compile_train()
   compile_s = time.perf_counter() - t
   state = built.init()
-  rng = np.random.default_rng(0)
   B, T1 = built.batch_shape
-  batch = built.place({"tokens": rng.integers(0, 2, (B, T1)).astype(np.int32)})
-  state, m = step(state, batch)
-  jax.block_until_ready(m)
-  times, end = [], time.perf_counter() + min_s
-  while len(times) < 3 or (time.perf_counter() < end and len(times) < max_steps):
-    t = time.perf_counter()
+  batch = built.place({"tokens": np.random.default_rng(0).integers(0, 2, (B, T1)).astype(np.int32)})
+
+  def one() -> None:
+    nonlocal state
     state, m = step(state, batch)
     jax.device_get(m)
-    times.append(time.perf_counter() - t)
-  return compile_s, float(np.median(times))
+
+  return compile_s, machine.seconds(one, for_s=min_s, at_most=max_steps)
 
 
 def _probe_main() -> None:
-  """The probe's own process: JSON {config, vocab} in, one JSON line of rows out."""
+  """The probe's own process: JSON {config, vocab, probes, skip, deadline_s, last_s} in, a JSON
+  line for each shape after the first `skip` out as it is measured, until the next would end past
+  the deadline (GROWTH x the shape before's time: `last_s` for the first)."""
+  t0 = time.perf_counter()
   request = json.loads(sys.stdin.read())
   cfg = ml_collections.ConfigDict(request["config"])
-  shapes = [shape_of(cfg, layers, width) for layers, width in request["probes"]]
+  shapes = [size_rule.Shape(n, d, size_rule.heads(d), cfg.model.seq_len, cfg.train.batch_size)
+            for n, d in request["probes"]]
+  with_shape = lambda shape: loading.override(cfg, **shape.fields())  # noqa: E731
   from jaxtrain.core import cpu, programs
   from jaxtrain.core import model as model_lib
 
-  cpu.split_cpu(with_shape(cfg, shapes[len(shapes) // 2]))  # before jax starts its backends
+  cpu.split_cpu(with_shape(shapes[len(shapes) // 2]))  # before jax starts its backends
   import jax
 
   base = model_lib.ModelConfig.from_config(cfg.model, request["vocab"])
   ns = cfg.optim.muon_ns_steps if cfg.optim.name == "muon" else 0
-  rows = []
-  for shape in shapes:
-    built = programs.build(with_shape(cfg, shape), request["vocab"], jax.devices())
+  last_s = request["last_s"]  # what the shape before took
+  for shape in shapes[request["skip"]:]:
+    t = time.perf_counter()
+    if t - t0 + GROWTH * last_s > request["deadline_s"]:
+      break
+    built = programs.build(with_shape(shape), request["vocab"], jax.devices())
     compile_s, step_s = _time_steps(built)
-    rows.append({"shape": dataclasses.asdict(shape), "layers": shape.n_layers,
-                 "features": size_rule.features(base, shape, ns), "step_s": step_s,
-                 "compile_s": compile_s})
-  print(json.dumps(rows), flush=True)
+    last_s = time.perf_counter() - t
+    print(json.dumps({"shape": dataclasses.asdict(shape), "layers": shape.n_layers,
+                      "features": size_rule.features(base, shape, ns), "step_s": step_s,
+                      "compile_s": compile_s, "seconds": last_s}), flush=True)
 
 
 if __name__ == "__main__":

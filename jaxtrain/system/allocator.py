@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from jaxtrain.system import invocation
+from jaxtrain.system import invocation, machine
 
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 MIMALLOC = Path("cmeel.prefix", "lib", "libmimalloc.so.3")  # where the cmeel-mimalloc wheel puts it
@@ -68,25 +68,11 @@ def _glibc_hugetlb() -> bool:
   return tuple(int(x) for x in version.split(".")[:2]) >= (2, 35) and "[madvise]" in mode
 
 
-def _memory_bytes() -> int:
-  """RAM, or the container's memory limit where that is lower (cgroup v2, then v1)."""
-  try:
-    limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-  except (ValueError, OSError):
-    limit = 2**33
-  for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-    try:
-      with open(path) as f:
-        limit = min(limit, int(f.read().strip()))
-    except (OSError, ValueError):  # no such file, or "max" (no limit)
-      continue
-  return limit
-
-
 def _reserve() -> str:
   """mimalloc's up-front reservation: the memory the process may use, at most 16 GiB (address
   space only)."""
-  return f"{max(1, min(16, _memory_bytes() // 2**30))}GiB"
+  total = (machine.host_memory() or (2**33,))[0]  # RAM, or a container's lower limit
+  return f"{max(1, min(16, total // 2**30))}GiB"
 
 
 def environment(base: dict | None = None, argv: list[str] | None = None) -> dict | None:

@@ -1,6 +1,11 @@
 """User-facing errors: one line that names the problem and the fix, exit status 2."""
 
 
+def first_line(e: BaseException) -> str:
+  """What an error says, in the one line a message can quote (its type where it says nothing)."""
+  return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 class UserError(Exception):
   """Bad input from the user (config, data, workdir). Printed as one line, never a traceback."""
 

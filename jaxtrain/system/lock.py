@@ -13,7 +13,7 @@ import socket
 import time
 from pathlib import Path
 
-from jaxtrain.system import fmt
+from jaxtrain.system import fmt, machine
 from jaxtrain.system.errors import UserError
 
 WORKDIR_LOCK = ".lock"  # hidden: a workdir holding only this file still counts as empty
@@ -121,18 +121,6 @@ def in_use_error(workdir: Path) -> UserError:
                    "--config.workdir=<another directory>")
 
 
-def _started_at(pid: int) -> float | None:
-  """When process `pid` started (Linux: /proc), or None where that cannot be read."""
-  try:
-    with open(f"/proc/{pid}/stat") as f:
-      ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, after the command's name
-    with open("/proc/stat") as f:
-      boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
-  except (OSError, ValueError, IndexError, StopIteration):
-    return None
-
-
 def _alive(pid: int, started: float | None) -> bool:
   """Whether the process that wrote a status at `started` still runs: its PID is in use, and
   not by a process that began later (a PID the system gave out again)."""
@@ -142,8 +130,8 @@ def _alive(pid: int, started: float | None) -> bool:
     return False
   except PermissionError:  # another user's process: it exists
     pass
-  began = _started_at(pid)
-  return began is None or started is None or began <= started + 1.0  # btime is whole seconds
+  began = machine.started(pid)
+  return began is None or started is None or began <= started + 1.0  # clock ticks, rounded
 
 
 def run_alive(workdir: Path, info: dict) -> bool:

@@ -11,7 +11,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jaxtrain.system import allocator, peers
-from jaxtrain.system.errors import UserError
+from jaxtrain.system.errors import UserError, first_line
 from jaxtrain.system.paths import cache_dir
 
 # Dispatches queued ahead of the device within one step (micro-batches, eval batches): a few keep
@@ -40,6 +40,13 @@ def enable_compile_cache() -> None:
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def planned_platform() -> str:
+  """The platform a run will use, known before jax starts: the first of --jax_platforms, else a
+  GPU where CUDA is installed."""
+  first = (jax.config.jax_platforms or "").split(",")[0]
+  return first or ("gpu" if allocator.cuda_installed() else "cpu")
+
+
 _NO_CUDA = ("this jax has no working CUDA backend{why}; install one with `pip install -e "
             "'.[cuda12]'` (or '.[cuda13]'; needs an NVIDIA driver), or pass --jax_platforms=cpu")
 
@@ -53,7 +60,7 @@ def check_platform() -> str:
   try:
     return jax.devices()[0].platform
   except Exception as e:  # jax raises RuntimeError or AssertionError depending on the platform
-    first = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+    first = first_line(e)[:160]
     if wants_gpu:
       raise UserError(f"--jax_platforms={wanted}: " + _NO_CUDA.format(why=f" ({first})")) from None
     raise UserError(f"jax could not start {wanted or 'its default platform'} ({first}); "

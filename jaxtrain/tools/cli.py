@@ -11,7 +11,7 @@ from typing import NoReturn
 from absl import flags
 
 from jaxtrain.system import exiting, signals
-from jaxtrain.system.errors import UserError
+from jaxtrain.system.errors import UserError, first_line
 
 
 def define_sampling_flags(module: str, temperature: float, seed_help: str) -> None:
@@ -31,10 +31,6 @@ def define_sampling_flags(module: str, temperature: float, seed_help: str) -> No
 def fail(message: str, code: int = 2) -> NoReturn:
   print(f"error: {message}", file=sys.stderr)
   exiting.exit_now(code)
-
-
-def first_line(e: BaseException) -> str:
-  return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 HELP_FLAGS = ("--help", "-h", "--helpshort", "-?")

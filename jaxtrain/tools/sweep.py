@@ -23,7 +23,7 @@ from pathlib import Path
 from absl import flags
 
 from jaxtrain.config import defaults, loading, schema, validate
-from jaxtrain.system import fmt, invocation, paths
+from jaxtrain.system import fmt, invocation, machine, paths
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.tools import cli, compare, runs
 
@@ -184,7 +184,7 @@ def done(point: Point) -> bool:
 def core_slots(parallel: int) -> list[list[int]]:
   """The cores each of `parallel` concurrent runs may use: equal, disjoint shares (runs share
   cores only when there are more runs at once than cores)."""
-  cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+  cores = machine.core_ids()
   if not cores or parallel == 1:
     return [cores] * parallel
   k = max(1, len(cores) // parallel)
