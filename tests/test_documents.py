@@ -157,7 +157,7 @@ def test_with_doc_mask_no_token_attends_across_a_document_boundary():
   c = model_lib.ModelConfig(vocab_size=32, n_layers=2, n_heads=2, d_model=16, seq_len=16,
                             doc_mask=True, eot_id=eot)
   masked = nnx.jit(lambda m, x: m(x))
-  models = {on: model_lib.GPT(dataclasses.replace(c, doc_mask=on), nnx.Rngs(0)) for on in (1, 0)}
+  models = {on: model_lib.GPT(dataclasses.replace(c, doc_mask=on), nnx.Rngs(0)) for on in (True, False)}
   tokens = jax.random.randint(jax.random.PRNGKey(1), (16,), 1, 32)
   tokens = tokens.at[5].set(eot).at[11].set(eot)  # documents [0..5], [6..11], [12..15]
   # Row 1 + t: token t changed (the end-of-text tokens stay): one forward pass for all of them.

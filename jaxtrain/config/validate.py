@@ -102,7 +102,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   _check(cfg.workdir.strip() != "", "workdir", "is empty",
          "pass --config.workdir=<directory for this run>")
   _positive_int(cfg, "seed", minimum=0)
-  _validate_model(cfg)
+  validate_model(cfg)
   _validate_size(cfg)
   _validate_finetune(cfg)
   _validate_train_optim(cfg)
@@ -138,7 +138,7 @@ def _validate_size(cfg: ml_collections.ConfigDict) -> None:
     _check(not bad, "model.size", problem, fix)
 
 
-def _validate_model(cfg: ml_collections.ConfigDict) -> None:
+def validate_model(cfg: ml_collections.ConfigDict) -> None:
   m = cfg.model
   for f in ("n_layers", "n_heads", "d_model", "seq_len"):
     _positive_int(cfg, f"model.{f}")
