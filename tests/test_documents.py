@@ -280,6 +280,21 @@ def test_a_directory_of_binary_files_says_they_were_skipped_as_binary(tmp_path):
     corpus_lib.prepare(cfg.data, show_progress=False)
 
 
+def test_a_bom_is_dropped_and_cr_line_ends_are_said(tmp_path):
+  path = tmp_path / "notes.txt"  # as a Windows editor saves it
+  path.write_bytes(b"\xef\xbb\xbf" + b"Line one.\r\nLine two.\r\n" * 200)
+  cfg = cfg_for(path, tmp_path, **{"data.tokenizer": "char"})
+  for _ in range(2):  # tokenized, then from the cache: the same notes
+    corpus = corpus_lib.prepare(cfg.data, show_progress=False)
+    assert "\ufeff" not in corpus.tokenizer.chars and "\r" in corpus.tokenizer.chars
+    assert corpus.tokenizer.decode(corpus.tokens[:11]) == "Line one.\r\n"
+    assert corpus.notes == [
+        f"dropped the UTF-8 byte-order mark (BOM) that began 1 file(s), e.g. {path}",
+        f"1 file(s) have CR line ends (\\r\\n or \\r), e.g. {path}: the model learns each \\r as "
+        f"a character of the text; to leave them out, convert the files first: sed -i "
+        f"'s/\\r$//' {path}"]
+
+
 def test_json_errors_ending_in_at_read_once(tmp_path):
   path = bad(tmp_path, "u.jsonl", '{"text": "ok"}\n{"text": "cut')
   with pytest.raises(UserError) as e:

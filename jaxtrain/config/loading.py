@@ -115,7 +115,7 @@ def load_config(path: str, **dotted) -> ml_collections.ConfigDict:
   Every name it holds is checked against the defaults: an unknown field, or a file that fails to
   load, raises a UserError that names the file, the line and (for a field) the nearest real one."""
   if not isinstance(path, str | os.PathLike):
-    raise UserError(f"load_config takes a config file's path or a recipe's name, not "
+    raise UserError(f"load_config: pass a recipe's name or a config file's path, not "
                     f"{type(path).__name__}: e.g. load_config(\"nano\")")
   path = find_config(os.fspath(path)) or os.fspath(path)
   if not os.path.isfile(os.path.expanduser(path)):

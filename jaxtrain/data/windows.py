@@ -159,7 +159,7 @@ def text_batches(text: str | list[str], tokenizer, seq_len: int, batch_size: int
   docs = [text] if isinstance(text, str) else text
   if not isinstance(docs, list | tuple) or not all(isinstance(d, str) for d in docs):
     raise UserError(f"text_batches takes text, a str or a list of str, not {type(text).__name__}")
-  if not callable(getattr(tokenizer, "encode", None)):
+  if not all(callable(getattr(tokenizer, f, None)) for f in ("encode", "decode")):
     raise UserError(f"text_batches encodes with a tokenizer, not {type(tokenizer).__name__}: "
                     "pass jt.load_tokenizer(workdir)")
   for name, value in (("seq_len", seq_len), ("batch_size", batch_size)):

@@ -183,7 +183,7 @@ def generate(state, prompts, n_new: int, *, tokenizer=None, **kwargs):
     raise UserError(f"generate: n_new={n_new!r} is not a count of tokens; pass an int >= 0")
   texts = [prompts] if isinstance(prompts, str) else prompts
   if isinstance(texts, list | tuple) and texts and all(isinstance(t, str) for t in texts):
-    if tokenizer is None or not hasattr(tokenizer, "encode"):
+    if not all(callable(getattr(tokenizer, f, None)) for f in ("encode", "decode")):
       raise UserError("generate: a text prompt needs the run's tokenizer: pass "
                       "tokenizer=jt.load_tokenizer(workdir), or token ids")
     ids = [np.asarray(tokenizer.encode(t), np.int32) for t in texts]
