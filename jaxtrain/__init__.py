@@ -56,7 +56,8 @@ _EXPORTS = {
     "text_batches": "jaxtrain.data.windows",
     # runs
     "run": "jaxtrain.train", "RunResult": "jaxtrain.trackers.hooks", "Hook": "jaxtrain.trackers.hooks",
-    "UserError": "jaxtrain.system.errors", "compare": "jaxtrain.tools.compare",
+    "UserError": "jaxtrain.system.errors", "ConfigError": "jaxtrain.system.errors",
+    "compare": "jaxtrain.tools.compare",
     "load_state": "jaxtrain.checkpoints.load", "load_tokenizer": "jaxtrain.checkpoints.load",
     "Checkpoints": "jaxtrain.checkpoints.store",
     "generate": "jaxtrain.generation.decode", "complete": "jaxtrain.generation.complete",

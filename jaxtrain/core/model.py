@@ -19,7 +19,7 @@ from flax import nnx
 
 from jaxtrain.config import defaults, validate
 from jaxtrain.core import draws, kvcache, ops
-from jaxtrain.system.errors import ConfigError, UserError
+from jaxtrain.system.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -283,7 +283,10 @@ class GPT(nnx.Module):
   A ModelConfig the config check refuses is its ConfigError, one line naming the field."""
 
   def __init__(self, c: ModelConfig, rngs: nnx.Rngs | int = 0):
-    check(c)
+    if not isinstance(c, ModelConfig):
+      raise UserError(f"GPT takes a ModelConfig, not {type(c).__name__}: e.g. GPT(ModelConfig("
+                      "n_layers=2, d_model=64)), or jt.model_config(cfg) of a run's config")
+    validate.model_fields(dataclasses.asdict(c))
     rngs = nnx.Rngs(rngs) if isinstance(rngs, int) else rngs
     self.c = c
     dtype = jnp.dtype(c.dtype)
@@ -374,22 +377,6 @@ def same_document(tokens_BT: jax.Array, eot_id: int) -> jax.Array:
   is_eot_BT = (tokens_BT == eot_id).astype(jnp.int32)
   doc_BT = jnp.cumsum(is_eot_BT, axis=1) - is_eot_BT
   return doc_BT[:, :, None] == doc_BT[:, None, :]
-
-
-def check(c: ModelConfig) -> None:
-  """`c`'s fields through the config check of model.<field> (a bad value: its ConfigError)."""
-  if not isinstance(c, ModelConfig):
-    raise UserError(f"GPT takes a ModelConfig, not {type(c).__name__}: e.g. GPT(ModelConfig("
-                    "n_layers=2, d_model=64)), or jt.model_config(cfg) of a run's config")
-  cfg = defaults.default_config()
-  for field in cfg.model:
-    if hasattr(c, field):
-      try:
-        cfg.model[field] = getattr(c, field)
-      except TypeError:  # the config's own type check: an int field given "2"
-        raise ConfigError(f"model.{field}", f"must be {type(cfg.model[field]).__name__}, got "
-                          f"{getattr(c, field)!r}", f"pass {field}={cfg.model[field]!r}") from None
-  validate.validate_model(cfg)
 
 
 def init(c: ModelConfig, key: jax.Array, exact_shapes: bool = False) -> GPT:

@@ -186,18 +186,15 @@ def generate(state, prompts, n_new: int, *, tokenizer=None, **kwargs):
     if not all(callable(getattr(tokenizer, f, None)) for f in ("encode", "decode")):
       raise UserError("generate: a text prompt needs the run's tokenizer: pass "
                       "tokenizer=jt.load_tokenizer(workdir), or token ids")
-    ids = [np.asarray(tokenizer.encode(t), np.int32) for t in texts]
-    rows = [None] * len(ids)
+    ids, made = [np.asarray(tokenizer.encode(t), np.int32) for t in texts], {}
     for length in {len(x) for x in ids}:  # rows of one length go through together
       at = [i for i, x in enumerate(ids) if len(x) == length]
-      made = generate(state, np.stack([ids[i] for i in at]), n_new, **kwargs)
-      for i, row in zip(at, made):
-        rows[i] = tokenizer.decode(row)
+      made |= zip(at, generate(state, np.stack([ids[i] for i in at]), n_new, **kwargs))
+    rows = [tokenizer.decode(made[i]) for i in range(len(ids))]
     return rows[0] if isinstance(prompts, str) else rows
-  ids_BP = _prompt_ids(prompts, state.model_cfg.vocab_size)
-  parts = list(stream(state, ids_BP.reshape(-1, ids_BP.shape[-1]), n_new, **kwargs))
-  made = np.concatenate([ids_BP.reshape(-1, ids_BP.shape[-1]), *parts], axis=1)
-  return made[0] if ids_BP.ndim == 1 else made
+  ids = _prompt_ids(prompts, state.model_cfg.vocab_size)
+  made = np.concatenate([np.atleast_2d(ids), *stream(state, np.atleast_2d(ids), n_new, **kwargs)], 1)
+  return made[0] if ids.ndim == 1 else made
 
 
 def _prompt_ids(prompts, vocab_size: int) -> np.ndarray:
@@ -214,7 +211,7 @@ def _prompt_ids(prompts, vocab_size: int) -> np.ndarray:
     got = f"{type(prompts).__name__} of {ids.dtype}, shape {ids.shape}" if ids.ndim else \
         type(prompts).__name__
     raise UserError(f"generate: {what}, not {got}")
-  if ids.shape[-1] == 0 or ids.size == 0:
+  if ids.size == 0:
     raise UserError("generate: a prompt needs at least one token")
   if ids.min() < 0 or ids.max() >= vocab_size:
     raise UserError(f"generate: token ids must be in 0..{vocab_size - 1}, the model's vocabulary "
