@@ -29,6 +29,9 @@ CHUNK_BYTES = 8 << 20  # read from text files at a time
 # text, say) gets a warning with the fix; fewer (a stray byte, or the few encoding tests among the
 # standard library's files) only a note. Training goes on either way, on U+FFFD where they were.
 NOT_UTF8_WARN, NOT_UTF8_MIN_BYTES = 0.01, 4096
+# A dropped BOM and CR line ends are said where their files hold this share of the bytes or more
+# (not for the standard library's few test files that have them).
+NOTED_SHARE = 0.01
 PIECE_CHARS = 1 << 18  # text files are cut into pieces about this long, at line ends
 _BLOCK_BYTES = 16 << 20  # .jsonl bytes parsed at a time
 _PARQUET_ROWS = 8192
@@ -270,10 +273,12 @@ class Documents:
                       "--config.data.format=uint16 or llmc)" if ids else ""))
     if self.counter.count:
       notes.append(f"replaced {self.counter.count} byte(s) that are not UTF-8 with U+FFFD")
-    if self.bom:
+    share = lambda files: sum(f.stat().st_size for f in files) / max(self.total, 1)  # noqa: E731
+    noted = lambda files: files and share(files) >= NOTED_SHARE  # noqa: E731
+    if noted(self.bom):
       notes.append(f"dropped the UTF-8 byte-order mark (BOM) that began {len(self.bom)} file(s), "
                    f"e.g. {self.bom[0]}")
-    if self.cr:
+    if noted(self.cr):
       notes.append(f"{len(self.cr)} file(s) have CR line ends (\\r\\n or \\r), e.g. {self.cr[0]}: "
                    "the model learns each \\r as a character of the text; to leave them out, "
                    f"convert the files first: sed -i 's/\\r$//' {self.cr[0]}")
