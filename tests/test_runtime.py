@@ -139,9 +139,8 @@ def test_a_script_gets_the_command_lines_devices_or_says_what_it_lost(corpus_fil
   header = lambda r: next(x for x in r.stdout.splitlines() if x.startswith("jaxtrain "))  # noqa: E731
   assert f"| cpu x{n} (" in header(cli) and f"| cpu x{n} (" in header(out["jaxtrain_first"])
   lost = (f"note: jax started before jaxtrain could split the CPU: 1 XLA CPU device where "
-          f"`python -m jaxtrain` makes {n} of its {cores} cores (one core each, data parallel); "
-          "`import jaxtrain` before anything uses jax (restart the kernel or script) to train "
-          "on them")
+          f"`python -m jaxtrain` makes {n} ({cores} cores here, data parallel); `import jaxtrain` "
+          "before anything uses jax (restart the kernel or script) to train on them")
   assert "| cpu x1 (" in header(out["jax_first"])
   assert (lost in out["jax_first"].stdout.splitlines()) == (n > 1)
   assert "note: jax started" not in cli.stdout + out["jaxtrain_first"].stdout

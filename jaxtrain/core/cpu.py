@@ -140,9 +140,9 @@ def split_cpu(cfg: ml_collections.ConfigDict) -> str | None:
     if have >= n or "device_count" in os.environ.get("XLA_FLAGS", ""):
       return split_note(cfg) if have >= n else None
     return (f"note: jax started before jaxtrain could split the CPU: {have} XLA CPU device"
-            f"{'s' * (have > 1)} where `python -m jaxtrain` makes {n} of its "
-            f"{len(os.sched_getaffinity(0))} cores (one core each, data parallel); `import "
-            "jaxtrain` before anything uses jax (restart the kernel or script) to train on them")
+            f"{'s' * (have > 1)} where `python -m jaxtrain` makes {n} ({len(os.sched_getaffinity(0))}"
+            " cores here, data parallel); `import jaxtrain` before anything uses jax (restart the "
+            "kernel or script) to train on them")
   CHOSEN.add(n)
   flags = os.environ.get("XLA_FLAGS", "")
   large = cpu_kind().large_step_flops
