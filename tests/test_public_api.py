@@ -92,6 +92,7 @@ def test_readme_example_passes_as_written(tmp_path):
       f"the example from {path.name} failed:\n{out.stdout[-4000:]}\n{out.stderr[-2000:]}"
 
 
+@pytest.mark.newest
 def test_load_config_takes_a_recipe_by_name_and_a_path_from_the_working_directory(tmp_path,
                                                                                   monkeypatch):
   monkeypatch.chdir(tmp_path)  # not the repository's root: configs/nano.py is not here
@@ -115,6 +116,7 @@ def tiny_state():
   return jaxtrain.init(jaxtrain.tiny_config()), ByteTokenizer()
 
 
+@pytest.mark.newest
 def test_generate_takes_text_or_ids_in_every_documented_shape(tiny_state):
   state, tok = tiny_state
   greedy = {"temperature": 0.0}
@@ -130,6 +132,7 @@ def test_generate_takes_text_or_ids_in_every_documented_shape(tiny_state):
   assert texts == [text, jaxtrain.generate(state, "A longer one", 5, tokenizer=tok, **greedy)]
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize("prompts, kwargs, message", [
     ("The", {}, "a text prompt needs the run's tokenizer: pass tokenizer=jt.load_tokenizer"),
     (["a", "b"], {}, "a text prompt needs the run's tokenizer"),
@@ -151,6 +154,7 @@ def test_generate_refuses_anything_else_in_one_line(tiny_state, prompts, kwargs,
     jaxtrain.generate("runs/nano", [1], 3)
 
 
+@pytest.mark.newest
 def test_model_and_model_config_are_built_as_documented():
   from flax import nnx
 
@@ -173,6 +177,7 @@ def test_model_and_model_config_are_built_as_documented():
     jaxtrain.GPT({"n_layers": 2})
 
 
+@pytest.mark.newest
 def test_text_batches_feed_eval_step_every_token_once(tiny_state):
   state, tok = tiny_state
   text = "A text of my own, to score the model on. " * 9
