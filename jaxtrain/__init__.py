@@ -3,7 +3,7 @@
 The public surface, for notebooks and for unit tests of your own model and step changes:
 
     import jaxtrain as jt
-    cfg = jt.tiny_config()                       # or jt.load_config("configs/nano.py", **overrides)
+    cfg = jt.tiny_config()                       # or jt.load_config("nano", **overrides)
     programs = jt.build(cfg, vocab_size=256)     # mesh, optimizer, jitted init/train/eval steps
     state = programs.init()
     state, metrics = programs.train_step(state, programs.place(jt.random_batch(cfg)))
@@ -27,12 +27,13 @@ Attributes load on first use, so `import jaxtrain` stays fast. Where things live
 
 import importlib
 
-from jaxtrain.system import stack
+from jaxtrain.system import allocator, stack
 
 __version__ = "0.1.0"
 
 stack.check()  # a flax too old for the installed jax: one line naming the fix, not flax's traceback
-del stack  # the public names are _EXPORTS'
+allocator.split_early()  # before jax starts, in a notebook or script: the CPU's devices, as the CLI's
+del allocator, stack  # the public names are _EXPORTS'
 
 _EXPORTS = {
     # configs
@@ -51,9 +52,12 @@ _EXPORTS = {
     "tiny_config": "jaxtrain.testing", "model_config": "jaxtrain.testing",
     "init": "jaxtrain.testing", "random_batch": "jaxtrain.testing",
     "split_batch": "jaxtrain.testing", "assert_trees_equal": "jaxtrain.testing",
-    "assert_trees_close": "jaxtrain.testing",
+    "assert_trees_close": "jaxtrain.testing", "restore": "jaxtrain.testing",
+    "text_batches": "jaxtrain.data.windows",
     # runs
     "run": "jaxtrain.train", "RunResult": "jaxtrain.trackers.hooks", "Hook": "jaxtrain.trackers.hooks",
+    "UserError": "jaxtrain.system.errors", "ConfigError": "jaxtrain.system.errors",
+    "compare": "jaxtrain.tools.compare",
     "load_state": "jaxtrain.checkpoints.load", "load_tokenizer": "jaxtrain.checkpoints.load",
     "Checkpoints": "jaxtrain.checkpoints.store",
     "generate": "jaxtrain.generation.decode", "complete": "jaxtrain.generation.complete",

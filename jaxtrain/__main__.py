@@ -46,9 +46,9 @@ Every field with its default: {defaults} (--dry_run prints a config's fields)
 
 
 def _help() -> str:
-  shipped = cli.shipped_configs()
+  shipped = loading.shipped_configs()
   sections = [k for k, v in defaults.default_config().items() if hasattr(v, "keys")]
-  recipes = (f"Recipes, in {shipped}: {', '.join(cli.recipe_names())}" if shipped else
+  recipes = (f"Recipes, in {shipped}: {', '.join(loading.recipe_names())}" if shipped else
              "Recipes: none here; the configs/ folder of the jaxtrain repository holds them")
   recipes = textwrap.fill(recipes, 100, break_long_words=False, break_on_hyphens=False)  # paths whole
   return HELP.format(recipes=recipes, sections=", ".join(sections), command=invocation.command(),
@@ -112,9 +112,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
          "e.g. --config=nano (a recipe) or --config=configs/nano.py before them (see --help)")
   if value is not None:
     path, has_argument = value.split(":")[0], ":" in value
-    found = cli.find_config(path)
+    found = loading.find_config(path)
     if found is None:
-      fail(cli.missing_config(path))
+      fail(loading.missing_config(path))
     if found != path:  # a recipe's name: absl's flag loads the recipe's file
       flag = argv[at][:len(argv[at]) - len(value)]  # "--config=", or "" after "--config"
       argv = [*argv[:at], flag + found + value[len(path):], *argv[at + 1:]]

@@ -69,3 +69,29 @@ def run_cli(*args: str, timeout: float = 300, env: dict | None = None):
   full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
   return subprocess.run([sys.executable, "-m", "jaxtrain", *args], cwd=ROOT, env=full_env,
                         capture_output=True, text=True, timeout=timeout)
+
+
+def not_public(code: str) -> list[str]:
+  """What Python `code` takes of jaxtrain besides its public names (`jaxtrain.__all__`, reached
+  as `import jaxtrain [as jt]` then `jt.NAME`, or `from jaxtrain import NAME`): jaxtrain's
+  modules it imports, and the names it reads that are not public. IPython's `%` and `!` lines
+  are left out."""
+  import ast
+
+  import jaxtrain
+
+  public = {*jaxtrain.__all__, "__version__", "__file__", "__doc__"}
+  lines = [line for line in code.splitlines() if not line.lstrip().startswith(("%", "!"))]
+  tree = ast.parse("\n".join(lines))
+  aliases, found = set(), []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      found += [f"import {a.name}" for a in node.names if a.name.startswith("jaxtrain.")]
+      aliases |= {a.asname or a.name for a in node.names if a.name == "jaxtrain"}
+    elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "jaxtrain":
+      found += [f"from {node.module} import {a.name}" for a in node.names
+                if node.module != "jaxtrain" or a.name not in public]
+  found += [f"{node.value.id}.{node.attr}" for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+            and node.value.id in aliases and node.attr not in public]
+  return found

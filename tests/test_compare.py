@@ -69,6 +69,14 @@ def test_table_lists_differences_best_first_and_marks_unfinished(sweep_root, tmp
     assert image.shape[0] > 300 and image.shape[1] > 600
 
 
+def test_time_is_the_whole_command_start_up_included(tmp_path):
+  _make_run(tmp_path / "a", 1e-3, 2, [2.0, 1.9], status={"state": "finished", "step": 20,
+                                                          "wall_s": 300.0})  # 40 s trained
+  printed = []
+  compare.compare([str(tmp_path / "a")], None, printed.append, width=200)
+  assert printed[0].splitlines()[2].split()[-2:] == ["5m00s", "done"]
+
+
 def test_globs_and_single_runs(sweep_root):
   printed = []
   infos = compare.compare([str(sweep_root / "lr=1e-*"), str(sweep_root / "lr=1e-3")],

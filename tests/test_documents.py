@@ -157,7 +157,7 @@ def test_with_doc_mask_no_token_attends_across_a_document_boundary():
   c = model_lib.ModelConfig(vocab_size=32, n_layers=2, n_heads=2, d_model=16, seq_len=16,
                             doc_mask=True, eot_id=eot)
   masked = nnx.jit(lambda m, x: m(x))
-  models = {on: model_lib.GPT(dataclasses.replace(c, doc_mask=on), nnx.Rngs(0)) for on in (1, 0)}
+  models = {on: model_lib.GPT(dataclasses.replace(c, doc_mask=on), nnx.Rngs(0)) for on in (True, False)}
   tokens = jax.random.randint(jax.random.PRNGKey(1), (16,), 1, 32)
   tokens = tokens.at[5].set(eot).at[11].set(eot)  # documents [0..5], [6..11], [12..15]
   # Row 1 + t: token t changed (the end-of-text tokens stay): one forward pass for all of them.
@@ -278,6 +278,21 @@ def test_a_directory_of_binary_files_says_they_were_skipped_as_binary(tmp_path):
   with pytest.raises(UserError, match=r"holds no text: 2 of the 3 files were skipped as binary "
                      r"\(they have NUL bytes, e\.g\. .*a\.bin\.txt\) and the rest are empty; point"):
     corpus_lib.prepare(cfg.data, show_progress=False)
+
+
+def test_a_bom_is_dropped_and_cr_line_ends_are_said(tmp_path):
+  path = tmp_path / "notes.txt"  # as a Windows editor saves it
+  path.write_bytes(b"\xef\xbb\xbf" + b"Line one.\r\nLine two.\r\n" * 200)
+  cfg = cfg_for(path, tmp_path, **{"data.tokenizer": "char"})
+  for _ in range(2):  # tokenized, then from the cache: the same notes
+    corpus = corpus_lib.prepare(cfg.data, show_progress=False)
+    assert "\ufeff" not in corpus.tokenizer.chars and "\r" in corpus.tokenizer.chars
+    assert corpus.tokenizer.decode(corpus.tokens[:11]) == "Line one.\r\n"
+    assert corpus.notes == [
+        f"dropped the UTF-8 byte-order mark (BOM) that began 1 file(s), e.g. {path}",
+        f"1 file(s) have CR line ends (\\r\\n or \\r), e.g. {path}: the model learns each \\r as "
+        f"a character of the text; to leave them out, convert the files first: sed -i "
+        f"'s/\\r$//' {path}"]
 
 
 def test_json_errors_ending_in_at_read_once(tmp_path):

@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 from conftest import ROOT, run_cli
 
+import jaxtrain as jt
 from jaxtrain.data import bpe_tiktoken, meta_pkl
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system import fmt, invocation
 from jaxtrain.system.errors import UserError
+from jaxtrain.testing import tiny_config
 
 
 def _one_line_error(result, code: int = 2) -> str:
@@ -190,6 +192,27 @@ def test_the_dry_run_gives_the_time_here_and_warns_of_many_epochs(corpus_file, t
   assert not (tmp_path / "run").exists()
   short = run_cli(*kh.cli_args(tmp_path / "run", corpus_file, 4), "--dry_run")
   assert not any(x.startswith("warning: plan:") for x in short.stdout.splitlines())
+
+
+class _StopAtOnce(jt.Hook):
+  def stop_reason(self) -> str:
+    return "seen enough"
+
+
+def test_a_real_run_warns_of_many_epochs_in_its_first_lines(tmp_path, capsys):
+  text = tmp_path / "small.txt"  # 3 kB: a few hundred steps are tens of epochs
+  text.write_text("A line of a small text, said again and again.\n" * 64, encoding="utf-8")
+  cfg = tiny_config(**{"workdir": str(tmp_path / "run"), "data.path": str(text), "headless": True,
+                       "train.max_steps": 500, "sample.num_samples": 0})
+  jt.run(cfg, hooks=[_StopAtOnce()])
+  lines = capsys.readouterr().out.splitlines()
+  warning = next(i for i, x in enumerate(lines) if x.startswith("warning: plan: "))
+  assert lines[warning].endswith(" epochs: the model sees each training token that many times "
+                                 "and learns the text by heart (val loss rises again); give it "
+                                 "more data (--config.data.path) or fewer steps "
+                                 "(--config.train.max_steps)")
+  assert warning < lines.index("starting a new run at step 0")  # in the first lines, once
+  assert sum(x.startswith("warning: plan: ") for x in lines) == 1
 
 
 def test_a_command_is_named_as_the_user_started_it():

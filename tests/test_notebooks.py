@@ -15,6 +15,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import not_public
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
@@ -87,6 +88,12 @@ def test_notebook_runs(path: Path, kernel_env, record_property):
   seconds = time.perf_counter() - t0
   record_property("execution_s", round(seconds, 1))
   print(f"{path.name}: executed in {seconds:.1f}s")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_uses_only_jaxtrains_public_names(path: Path):
+  code = "\n".join(c.source for c in load_unexecuted(path).cells if c.cell_type == "code")
+  assert not not_public(code), f"{path.name} uses jaxtrain's insides: {not_public(code)}"
 
 
 def _all_notebooks() -> list[Path]:

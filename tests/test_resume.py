@@ -10,6 +10,7 @@ from jaxtrain import testing, train
 from jaxtrain.checkpoints import store
 from jaxtrain.core import programs
 from jaxtrain.data import corpus as corpus_lib
+from jaxtrain.loop import preview
 from jaxtrain.system.errors import UserError
 from jaxtrain.testing import assert_trees_equal
 
@@ -51,9 +52,25 @@ def test_resume_is_bit_for_bit_with_bpe_on_jsonl_documents(tiny, tmp_path):
   assert evals and all(0 < r["val_bpb"] < r["val_loss"] for r in evals)  # > 1 byte a token
   # The same workdir with another tokenizer: refused in one line.
   tiny.workdir, tiny.data.tokenizer = str(tmp_path / "whole"), "byte"
-  with pytest.raises(UserError, match=r"^cannot resume .* data.tokenizer: 'bpe' -> 'byte'; the "
-                     r"tokenizer's vocabulary differs from the checkpoint's\. Change these back"):
+  with pytest.raises(UserError, match=r"^cannot resume .* data.tokenizer: 'bpe' -> 'byte'\. "
+                     "Change these back"):
     train.run(tiny, show_progress=False)
+
+
+def test_a_resume_the_config_forbids_is_refused_before_any_data_work(tiny, tmp_path, capsys):
+  tiny.train.max_steps, tiny.train.checkpoint_every, tiny.sample.num_samples = 2, 2, 0
+  train.run(tiny, show_progress=False)
+  other = tmp_path / "other.txt"  # text no run read yet: a run would tokenize it first
+  other.write_text(open(tiny.data.path, encoding="utf-8").read() + "More text.\n")
+  tiny.model.d_model, tiny.data.path = 64, str(other)
+  tiny.data.cache_dir = str(tmp_path / "cache")
+  refusal = r"^cannot resume .*run with this config: model.d_model: 32 -> 64\. Change these back"
+  with pytest.raises(UserError, match=refusal):
+    train.run(tiny)
+  with pytest.raises(UserError, match=refusal):  # --dry_run refuses it alike
+    preview.dry_run(tiny)
+  lines = capsys.readouterr().out.splitlines()  # the dry run's config lines are indented
+  assert not any(x.startswith("data:") for x in lines) and not (tmp_path / "cache").exists()
 
 
 def _check_resume(tiny, tmp_path, n: int):

@@ -37,6 +37,21 @@ def test_a_failed_run_records_the_last_step_it_reached(tiny):
   assert status["pid"] == os.getpid() and status["host"] == socket.gethostname()
 
 
+def test_status_holds_the_wall_time_of_every_leg_start_up_included(tiny):
+  tiny.sample.num_samples, tiny.train.max_steps = 0, 4
+  walls = []
+  for max_steps in (4, 6):  # a run, then its resumed leg
+    tiny.train.max_steps = max_steps
+    t = time.time()
+    result = jt.run(tiny, show_progress=False)
+    walls.append((result.wall_s, time.time() - t))
+  status = json.loads((Path(tiny.workdir) / "status.json").read_text())
+  (first, first_call), (second, second_call) = walls
+  assert first + second <= status["wall_s"] <= first_call + second_call
+  trained = [r["elapsed_s"] for r in map(json.loads, open(Path(tiny.workdir) / "metrics.jsonl"))]
+  assert max(trained) < status["wall_s"]  # its start-ups, compiles and ends are in it
+
+
 def _status(path, pid: int, started: float) -> dict:
   return {"state": "running", "step": 30, "pid": pid, "host": socket.gethostname(),
           "started": started}

@@ -96,10 +96,61 @@ def test_build_takes_the_large_step_options_for_a_large_config(monkeypatch):
 def test_split_cpu_leaves_a_started_backend_and_the_users_flags_alone(monkeypatch):
   jax.devices()  # this process's backend has started
   monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/nonexistent")
-  before = jax.config.jax_num_cpu_devices
-  cpu.split_cpu(loading.load_config(NANO))
+  before, have = jax.config.jax_num_cpu_devices, jax.local_device_count()
+  nano = loading.load_config(NANO)
+  note = cpu.split_cpu(nano)
   assert jax.config.jax_num_cpu_devices == before
   assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/nonexistent"
+  if have < cpu.cpu_device_count(nano):  # said, with what avoids it
+    assert note.startswith(f"note: jax started before jaxtrain could split the CPU: {have} XLA CPU")
+    assert note.endswith("`import jaxtrain` before anything uses jax (restart the kernel or "
+                         "script) to train on them")
+
+
+# A dry run from a script: jaxtrain imported before jax is used, or after.
+_LIBRARY = """
+import json, sys
+if sys.argv[1] == "jax_first":
+  import jax
+  jax.numpy.zeros(1).block_until_ready()
+import jaxtrain as jt
+import jax
+jax.numpy.zeros(1).block_until_ready()  # jax used before the run
+from jaxtrain.loop import preview
+preview.dry_run(jt.load_config("nano", **json.loads(sys.argv[2])))
+"""
+
+
+def test_a_script_gets_the_command_lines_devices_or_says_what_it_lost(corpus_file, tmp_path,
+                                                                      monkeypatch):
+  from jaxtrain.system import allocator
+
+  for name in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES", allocator.SPLIT):  # the subprocesses' own
+    monkeypatch.delenv(name, raising=False)
+  overrides = {"workdir": str(tmp_path / "run"), "data.path": str(corpus_file)}
+  cfg = loading.load_config(NANO, **overrides)
+  n, cores = cpu.cpu_device_count(cfg), len(os.sched_getaffinity(0))
+  cli = run_cli(f"--config={NANO}", *(f"--config.{k}={v}" for k, v in overrides.items()),
+                "--dry_run")
+  out = {mode: subprocess.run([sys.executable, "-c", _LIBRARY, mode, json.dumps(overrides)],
+                              capture_output=True, text=True, timeout=300)
+         for mode in ("jaxtrain_first", "jax_first")}
+  for result in (cli, *out.values()):
+    assert result.returncode == 0, result.stderr[-2000:]
+  header = lambda r: next(x for x in r.stdout.splitlines() if x.startswith("jaxtrain "))  # noqa: E731
+  assert f"| cpu x{n} (" in header(cli) and f"| cpu x{n} (" in header(out["jaxtrain_first"])
+  lost = (f"note: jax started before jaxtrain could split the CPU: 1 XLA CPU device where "
+          f"`python -m jaxtrain` makes {n} ({cores} cores here, data parallel); `import jaxtrain` "
+          "before anything uses jax (restart the kernel or script) to train on them")
+  assert "| cpu x1 (" in header(out["jax_first"])
+  assert (lost in out["jax_first"].stdout.splitlines()) == (n > 1)
+  assert "note: jax started" not in cli.stdout + out["jaxtrain_first"].stdout
+  library = allocator.mimalloc_library()
+  if library and sys.platform == "linux" and not os.environ.get("LD_PRELOAD"):
+    assert "| mimalloc allocator" in header(cli) and "note: glibc" not in cli.stdout
+    for result in out.values():  # one line: what is lost, and how to start Python to have it
+      note = next(x for x in result.stdout.splitlines() if x.startswith("note: glibc"))
+      assert f"start Python (jupyter lab, your script) as `LD_PRELOAD={library} " in note
 
 
 _SPLIT = """

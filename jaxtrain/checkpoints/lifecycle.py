@@ -157,16 +157,26 @@ def resume(ckpts: Checkpoints, programs, iterator, run_meta: dict,
   return step, state, meta, tuple(changes)
 
 
-def check_resumable(meta: dict, run_meta: dict, workdir: str,
-                    allow_changed_data: bool) -> tuple[list[str], list[str]]:
-  """Refuses a resume whose config or data changed what the checkpoint's numbers mean; returns
-  (the lines that say what changed harmlessly, the harmless config changes)."""
-  breaking, harmless = loading.config_changes(meta.get("config", {}), run_meta["config"])
-  if meta.get("tokenizer") != run_meta["tokenizer"]:
+def refuse_changes(saved: dict, config: dict, workdir: str, other_vocabulary: bool = False
+                   ) -> list[str]:
+  """The harmless changes from the `saved` config to `config`; a change a resume may not cross
+  (or `other_vocabulary`) is a UserError. Checked on the workdir's config.json before the data is
+  read (loop/resolution.py), and on the checkpoint itself where the run resumes."""
+  breaking, harmless = loading.config_changes(saved, config)
+  if other_vocabulary:
     breaking.append("the tokenizer's vocabulary differs from the checkpoint's")
   if breaking:
     raise UserError(f"cannot resume {workdir} with this config: {'; '.join(breaking)}. "
                     "Change these back, or pass a new --config.workdir to start a fresh run")
+  return harmless
+
+
+def check_resumable(meta: dict, run_meta: dict, workdir: str,
+                    allow_changed_data: bool) -> tuple[list[str], list[str]]:
+  """Refuses a resume whose config or data changed what the checkpoint's numbers mean; returns
+  (the lines that say what changed harmlessly, the harmless config changes)."""
+  harmless = refuse_changes(meta.get("config", {}), run_meta["config"], workdir,
+                            meta.get("tokenizer") != run_meta["tokenizer"])
   notes = []
   if meta.get("data_fingerprint") != run_meta["data_fingerprint"]:
     if not allow_changed_data:

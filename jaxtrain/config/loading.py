@@ -1,11 +1,13 @@
-"""A config as a run gets it: a config file loaded (`load_config`) and checked against the defaults'
-fields, dotted overrides (`override`), a saved run's config on today's defaults (`from_saved`),
-dotted names (`flatten`, `field_names`), and which changes a resume may cross (`config_changes`,
-`STATE_FIELDS`).
+"""A config as a run gets it: a config file or a recipe's name loaded (`load_config`,
+`find_config`) and checked against the defaults' fields, dotted overrides (`override`), a saved
+run's config on today's defaults (`from_saved`), dotted names (`flatten`, `field_names`), and
+which changes a resume may cross (`config_changes`, `STATE_FIELDS`).
 """
 
+import difflib
 import importlib.util
 import os
+from pathlib import Path
 
 import ml_collections
 
@@ -64,14 +66,61 @@ def from_saved(saved: dict) -> ml_collections.ConfigDict:
   return cfg
 
 
+def shipped_configs() -> Path | None:
+  """The run recipes: jaxtrain/recipes/ in an installed wheel, else configs/ beside the package
+  (a clone, or an editable install of one); None when neither is there."""
+  package = Path(__file__).resolve().parents[1]
+  for folder in (package / "recipes", package.parent / "configs"):
+    if any(folder.glob("*.py")):
+      return folder
+  return None
+
+
+def recipe_names() -> list[str]:
+  """The names `--config=NAME` and `load_config(NAME)` take: nano, small, ..."""
+  shipped = shipped_configs()
+  return sorted(p.stem for p in shipped.glob("*.py")) if shipped else []
+
+
+def find_config(path: str) -> str | None:
+  """The config file `path` means: the file itself (relative to the working directory), or for
+  a bare name (`nano`) that is not a file there, that recipe; None if neither exists."""
+  if os.path.isfile(os.path.expanduser(path)):
+    return path
+  shipped = shipped_configs()
+  if shipped and path in recipe_names():
+    return str(shipped / f"{path}.py")
+  return None
+
+
+def missing_config(path: str, how: str = "--config={}") -> str:
+  """The recipe that the config file not found is likely to be (`how` it is passed), and the
+  others' names."""
+  shipped = shipped_configs()
+  if shipped is None:
+    return (f"config file {path} not found (from {os.getcwd()}); pass the path of a config file "
+            "(examples: the configs/ folder of the jaxtrain repository)")
+  names = recipe_names()
+  close = difflib.get_close_matches(Path(path).stem, names, n=1, cutoff=0.6)
+  name = close[0] if close else "nano"
+  rest = "" if close else f", or another recipe: {', '.join(names)}"
+  return (f"config file {path} not found (from {os.getcwd()}); pass {how.format(name)} (the "
+          f"recipe {shipped / name}.py){rest}")
+
+
 def load_config(path: str, **dotted) -> ml_collections.ConfigDict:
-  """The ConfigDict of a config file (e.g. "configs/nano.py"), with dotted overrides applied.
+  """The ConfigDict of a config file (e.g. "configs/nano.py", relative to the working directory)
+  or of a recipe by name ("nano", as `--config=nano`), with dotted overrides applied.
 
   Every name it holds is checked against the defaults: an unknown field, or a file that fails to
   load, raises a UserError that names the file, the line and (for a field) the nearest real one."""
+  if not isinstance(path, str | os.PathLike):
+    raise UserError(f"load_config: pass a recipe's name or a config file's path, not "
+                    f"{type(path).__name__}: e.g. load_config(\"nano\")")
+  path = find_config(os.fspath(path)) or os.fspath(path)
+  if not os.path.isfile(os.path.expanduser(path)):
+    raise UserError(missing_config(path, 'load_config("{}")'))
   full = os.path.abspath(os.path.expanduser(path))
-  if not os.path.isfile(full):
-    raise UserError(f"no config file at {path}")
   defaults = default_config().to_dict()
   try:
     spec = importlib.util.spec_from_file_location(f"jaxtrain_config_{abs(hash(full))}", full)

@@ -102,7 +102,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   _check(cfg.workdir.strip() != "", "workdir", "is empty",
          "pass --config.workdir=<directory for this run>")
   _positive_int(cfg, "seed", minimum=0)
-  _validate_model(cfg)
+  validate_model(cfg)
   _validate_size(cfg)
   _validate_finetune(cfg)
   _validate_train_optim(cfg)
@@ -138,7 +138,19 @@ def _validate_size(cfg: ml_collections.ConfigDict) -> None:
     _check(not bad, "model.size", problem, fix)
 
 
-def _validate_model(cfg: ml_collections.ConfigDict) -> None:
+def model_fields(fields: dict) -> None:
+  """A model's fields (a ModelConfig's) through the checks of model.<field>; a ConfigError."""
+  cfg = defaults.default_config()
+  for field in [f for f in cfg.model if f in fields]:
+    try:
+      cfg.model[field] = fields[field]
+    except TypeError:  # the config's own type check: an int field given "2"
+      raise ConfigError(f"model.{field}", f"must be {type(cfg.model[field]).__name__}, got "
+                        f"{fields[field]!r}", f"pass {field}={cfg.model[field]!r}") from None
+  validate_model(cfg)
+
+
+def validate_model(cfg: ml_collections.ConfigDict) -> None:
   m = cfg.model
   for f in ("n_layers", "n_heads", "d_model", "seq_len"):
     _positive_int(cfg, f"model.{f}")

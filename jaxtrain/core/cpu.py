@@ -11,7 +11,7 @@ import jax
 import ml_collections
 
 from jaxtrain.core import model as model_lib
-from jaxtrain.system import machine, measured, runtime
+from jaxtrain.system import allocator, machine, measured, runtime
 
 # CPU steps of at least this many FLOPs compile without YNNPACK fusions (matmuls through Eigen);
 # below it per device, several CPU devices each run their matmuls on one thread (Zen 3's choice).
@@ -100,17 +100,30 @@ def step_flops(cfg: ml_collections.ConfigDict) -> float:
   return model_lib.flops_per_step(mc, cfg.train.batch_size)
 
 
+CHOSEN: set[int] = set()  # the CPU device counts this process's runs set (jaxtrain's, not the user's)
+
+
 def split_cpu(cfg: ml_collections.ConfigDict) -> str | None:
   """On CPU, splits the cores into `cpu_device_count` XLA devices; small steps also get
-  single-threaded matmuls. Only before JAX starts its backends, and never over the user's own
-  --jax_num_cpu_devices or XLA_FLAGS. Returns `split_note`'s line where it split the cores."""
-  if jax.config.jax_num_cpu_devices != -1 or runtime.planned_platform() != "cpu":
+  single-threaded matmuls. Never over the user's own --jax_num_cpu_devices or XLA_FLAGS; where
+  jax started already, the run takes that many of the devices jaxtrain made (`run_devices`).
+  Returns `split_note`'s line where it split the cores, or the line that says the CPU could not
+  be split as the command line splits it (jax started before jaxtrain was imported)."""
+  if jax.config.jax_num_cpu_devices not in {-1, allocator.early_split(), *CHOSEN} or \
+      runtime.planned_platform() != "cpu":
     return None
   n = cpu_device_count(cfg)
   try:
     jax.config.update("jax_num_cpu_devices", n)
   except RuntimeError:  # the backend already started (a notebook, a test): it stays as it is
-    return None
+    have = jax.local_device_count()
+    if have >= n or "device_count" in os.environ.get("XLA_FLAGS", ""):
+      return split_note(cfg) if have >= n else None
+    return (f"note: jax started before jaxtrain could split the CPU: {have} XLA CPU device"
+            f"{'s' * (have > 1)} where `python -m jaxtrain` makes {n} ({machine.cores()}"
+            " cores here, data parallel); `import jaxtrain` before anything uses jax (restart the "
+            "kernel or script) to train on them")
+  CHOSEN.add(n)
   flags = os.environ.get("XLA_FLAGS", "")
   large = cpu_kind().large_step_flops
   if n > 1 and step_flops(cfg) / n < large and "multi_thread_eigen" not in flags:
@@ -118,6 +131,16 @@ def split_cpu(cfg: ml_collections.ConfigDict) -> str | None:
     # matmuls over every core keep waiting on each other.
     os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
   return split_note(cfg)
+
+
+def run_devices(cfg: ml_collections.ConfigDict) -> list:
+  """The devices a run of `cfg` trains on: all of them, but of a CPU that jaxtrain split before
+  this run's own split could (`import jaxtrain`, an earlier run), the `cpu_device_count` first."""
+  devices = jax.devices()
+  if devices[0].platform == "cpu" and \
+      jax.config.jax_num_cpu_devices in {allocator.early_split(), *CHOSEN}:
+    return devices[:cpu_device_count(cfg)]
+  return devices
 
 
 def cpu_step_options(flops: float, xla_flags: str = "", dtype: str = "float32",

@@ -17,17 +17,21 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from jaxtrain.config import defaults
+from jaxtrain.config import defaults, validate
 from jaxtrain.core import draws, kvcache, ops
+from jaxtrain.system.errors import UserError
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-  vocab_size: int
-  n_layers: int
-  n_heads: int
-  d_model: int
-  seq_len: int
+  """The model's shape and switches, by keyword (`ModelConfig(n_layers=2, d_model=64)`); each
+  field's default is config/defaults.py's for model.<field> (a byte vocabulary: 256).
+  `from_config(cfg.model, vocab_size)` makes one from a run's config."""
+  vocab_size: int = 256
+  n_layers: int = 4
+  n_heads: int = 4
+  d_model: int = 128
+  seq_len: int = 128
   norm: str = "rmsnorm"
   pos: str = "rope"
   mlp: str = "swiglu"
@@ -275,8 +279,15 @@ def _conv(x_BTD, w_KD, same_doc_BTS, cache_BSD: jax.Array | None, pos):
 
 
 class GPT(nnx.Module):
+  """`GPT(model_config)`: the model, its params drawn from `rngs` (an `nnx.Rngs`, or a seed: 0).
+  A ModelConfig the config check refuses is its ConfigError, one line naming the field."""
 
-  def __init__(self, c: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, c: ModelConfig, rngs: nnx.Rngs | int = 0):
+    if not isinstance(c, ModelConfig):
+      raise UserError(f"GPT takes a ModelConfig, not {type(c).__name__}: e.g. GPT(ModelConfig("
+                      "n_layers=2, d_model=64)), or jt.model_config(cfg) of a run's config")
+    validate.model_fields(dataclasses.asdict(c))
+    rngs = nnx.Rngs(rngs) if isinstance(rngs, int) else rngs
     self.c = c
     dtype = jnp.dtype(c.dtype)
     grad = "scan" if c.scatter_free else "scatter"

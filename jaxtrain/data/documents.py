@@ -29,6 +29,9 @@ CHUNK_BYTES = 8 << 20  # read from text files at a time
 # text, say) gets a warning with the fix; fewer (a stray byte, or the few encoding tests among the
 # standard library's files) only a note. Training goes on either way, on U+FFFD where they were.
 NOT_UTF8_WARN, NOT_UTF8_MIN_BYTES = 0.01, 4096
+# A dropped BOM and CR line ends are said where their files hold this share of the bytes or more
+# (not for the standard library's few test files that have them).
+NOTED_SHARE = 0.01
 PIECE_CHARS = 1 << 18  # text files are cut into pieces about this long, at line ends
 _BLOCK_BYTES = 16 << 20  # .jsonl bytes parsed at a time
 _PARQUET_ROWS = 8192
@@ -120,13 +123,14 @@ class Documents:
     self.counter = _Counter()
     self.not_utf8: dict[Path, int] = {}  # bytes replaced with U+FFFD, by file (text files)
     self.binary: list[Path] = []
+    self.bom, self.cr = [], []  # text files that began with a UTF-8 BOM; that hold CR (\r) bytes
     self.misread = False  # this pass yielded part of a file that then turned out binary
 
   def __call__(self, desc: str) -> Iterator[tuple[str, bool, bool]]:
     """(text, ends_document, in_loss) pieces in order; the bar shows the bytes of the files read."""
     from tqdm import tqdm  # the terminal bar: tqdm.auto would want ipywidgets in notebooks
 
-    self.counter.count, self.misread, self.not_utf8 = 0, False, {}
+    self.counter.count, self.misread, self.not_utf8, self.bom, self.cr = 0, False, {}, [], []
     with tqdm(total=self.total, unit="B", unit_scale=True, desc=desc,
               disable=not self.show_progress, leave=False) as tqdm_bar:
       bar = tqdm_bar if self.show_progress or self.log is None else \
@@ -168,12 +172,16 @@ class Documents:
       yield record[-1], True, True
 
   def _text(self, path: Path, bar) -> Iterator[tuple[str, bool]]:
-    decoder = codecs.getincrementaldecoder("utf-8")(errors=self.counter.name)
+    decoder = codecs.getincrementaldecoder("utf-8-sig")(errors=self.counter.name)  # no BOM
     carry, yielded = "", False
     with open(path, "rb") as f:
       while chunk := f.read(CHUNK_BYTES):
         if b"\0" in chunk:
           raise _Binary(path, yielded)
+        if not yielded and not carry and chunk.startswith(codecs.BOM_UTF8):
+          self.bom.append(path)
+        if b"\r" in chunk and path not in self.cr:
+          self.cr.append(path)
         bar.update(len(chunk))
         text = carry + decoder.decode(chunk)
         start = 0
@@ -265,6 +273,15 @@ class Documents:
                       "--config.data.format=uint16 or llmc)" if ids else ""))
     if self.counter.count:
       notes.append(f"replaced {self.counter.count} byte(s) that are not UTF-8 with U+FFFD")
+    share = lambda files: sum(f.stat().st_size for f in files) / max(self.total, 1)  # noqa: E731
+    noted = lambda files: files and share(files) >= NOTED_SHARE  # noqa: E731
+    if noted(self.bom):
+      notes.append(f"dropped the UTF-8 byte-order mark (BOM) that began {len(self.bom)} file(s), "
+                   f"e.g. {self.bom[0]}")
+    if noted(self.cr):
+      notes.append(f"{len(self.cr)} file(s) have CR line ends (\\r\\n or \\r), e.g. {self.cr[0]}: "
+                   "the model learns each \\r as a character of the text; to leave them out, "
+                   f"convert the files first: sed -i 's/\\r$//' {self.cr[0]}")
     sizes = {f: f.stat().st_size for f in self.not_utf8}
     wrong = [f for f, n in self.not_utf8.items() if sizes[f] >= NOT_UTF8_MIN_BYTES
              and n >= NOT_UTF8_WARN * sizes[f]]

@@ -27,7 +27,7 @@ from jaxtrain.system import fmt, paths, signals
 from jaxtrain.system.console import Ticker
 from jaxtrain.system.errors import ConfigError, UserError
 
-_CACHE_VERSION = 3  # 3: notes warn of text that is not UTF-8, and of large char vocabularies
+_CACHE_VERSION = 4  # 4: a text file's BOM dropped, CR line ends noted
 _BATCH_CHARS = 4 << 20  # text encoded per call: BPE spreads a batch over all cores
 
 

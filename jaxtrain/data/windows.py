@@ -147,3 +147,37 @@ def batches_bpb(tokenizer, batches: list[dict]) -> float:
   weights = [b.get("weights", np.ones(b["tokens"][:, 1:].shape, np.float32)) for b in batches]
   text = sum(float((nbytes[b["tokens"][:, 1:]] * w).sum()) for b, w in zip(batches, weights))
   return sum(float(w.sum()) for w in weights) / (math.log(2) * text) if text else math.nan
+
+
+def text_batches(text: str | list[str], tokenizer, seq_len: int, batch_size: int = 8) -> list[dict]:
+  """`eval_step` batches of `text` encoded by `tokenizer` (a run's: `load_tokenizer(workdir)`): a
+  str, or a list of str (documents, each followed by end-of-text, as in training). Windows of
+  seq_len + 1 tokens, one every seq_len tokens, so that each token after the first is a target
+  once; `batch_size` windows a batch, each batch of one shape (one compile):
+  {"tokens": int32[B, seq_len + 1], "weights": float32[B, seq_len]}, the targets past the text's
+  end weighing 0. The text's mean loss: the batches' losses weighted by their `weights.sum()`."""
+  docs = [text] if isinstance(text, str) else text
+  if not isinstance(docs, list | tuple) or not all(isinstance(d, str) for d in docs):
+    raise UserError(f"text_batches takes text, a str or a list of str, not {type(text).__name__}")
+  if not all(callable(getattr(tokenizer, f, None)) for f in ("encode", "decode")):
+    raise UserError(f"text_batches encodes with a tokenizer, not {type(tokenizer).__name__}: "
+                    "pass jt.load_tokenizer(workdir)")
+  for name, value in (("seq_len", seq_len), ("batch_size", batch_size)):
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+      raise UserError(f"text_batches: {name}={value!r}; pass an int >= 1 (seq_len: the model's, "
+                      "state.model_cfg.seq_len)")
+  docs_end = isinstance(text, list | tuple) and tokenizer.eot_id >= 0  # -1: the tokenizer has none
+  eot = np.array([tokenizer.eot_id] if docs_end else [], np.int64)
+  ids = np.concatenate([np.zeros(0, np.int64)]
+                       + [np.append(np.asarray(tokenizer.encode(d), np.int64), eot) for d in docs])
+  if len(ids) < 2:
+    raise UserError(f"text_batches: the text is {len(ids)} token(s); a window needs 2 (one read, "
+                    "one predicted): pass more text")
+  n = -(-(len(ids) - 1) // seq_len)  # windows
+  at_WT = np.arange(n)[:, None] * seq_len + np.arange(seq_len + 1)
+  tokens_WT = np.pad(ids, (0, n * seq_len + 1 - len(ids)))[at_WT].astype(np.int32)
+  weights_WT = (at_WT[:, 1:] < len(ids)).astype(np.float32)
+  rows = -(-n // batch_size) * batch_size  # whole batches: rows of padding weigh 0 too
+  tokens_WT, weights_WT = (np.pad(x, ((0, rows - n), (0, 0))) for x in (tokens_WT, weights_WT))
+  return [{"tokens": tokens_WT[i:i + batch_size], "weights": weights_WT[i:i + batch_size]}
+          for i in range(0, rows, batch_size)]

@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from jaxtrain.core import kvcache
+from jaxtrain.system.errors import UserError
 
 
 def keep_length(seq_len: int) -> int:
@@ -135,7 +136,7 @@ def stream(state, prompts_BP: np.ndarray, n_new: int, *,
   params, graphdef, c = jax.device_get(state.params), state.graphdef, state.model_cfg
   B, P = prompts_BP.shape
   if P == 0:
-    raise ValueError("stream: the prompt needs at least one token")
+    raise UserError("a prompt needs at least one token")
   if n_new <= 0:
     return
   T, keep = c.seq_len, keep_length(c.seq_len)
@@ -168,9 +169,51 @@ def _bucket(n: int, smallest: int) -> int:
   return max(smallest, 1 << (n - 1).bit_length())
 
 
-def generate(state, prompts_BP: np.ndarray, n_new: int, **kwargs) -> np.ndarray:
-  """Continues each row of `prompts_BP` by `n_new` tokens: int32[B, P + n_new], prompt and
-  continuation. kwargs: those of `stream` (temperature, top_k, top_p, seed, use_cache); with a
-  key-value cache, or `use_cache=False` to run the whole window for every token (same tokens)."""
-  parts = list(stream(state, np.asarray(prompts_BP, np.int32), n_new, **kwargs))
-  return np.concatenate([np.asarray(prompts_BP, np.int32), *parts], axis=1)
+def generate(state, prompts, n_new: int, *, tokenizer=None, **kwargs):
+  """Continues each prompt by `n_new` tokens; returns prompt and continuation together, in the
+  prompts' own form: token ids int[P] -> int32[P + n_new], int[B, P] (prompts of one length) ->
+  int32[B, P + n_new]; text, a str -> str or a list of str -> list of str, encoded and decoded with
+  the run's `tokenizer` (`load_tokenizer(workdir)`). kwargs: those of `stream` (temperature, top_k,
+  top_p, seed, use_cache: with a key-value cache, or False to run the whole window for every token,
+  with the same tokens). Anything else is a UserError that says what a prompt is."""
+  if not all(hasattr(state, a) for a in ("params", "graphdef", "model_cfg")):
+    raise UserError(f"generate continues with a train state, not {type(state).__name__}: pass "
+                    "jt.load_state(workdir) (or a state of jt.init, jt.build)")
+  if isinstance(n_new, bool) or not isinstance(n_new, int | np.integer) or n_new < 0:
+    raise UserError(f"generate: n_new={n_new!r} is not a count of tokens; pass an int >= 0")
+  texts = [prompts] if isinstance(prompts, str) else prompts
+  if isinstance(texts, list | tuple) and texts and all(isinstance(t, str) for t in texts):
+    if not all(callable(getattr(tokenizer, f, None)) for f in ("encode", "decode")):
+      raise UserError("generate: a text prompt needs the run's tokenizer: pass "
+                      "tokenizer=jt.load_tokenizer(workdir), or token ids")
+    ids, made = [np.asarray(tokenizer.encode(t), np.int32) for t in texts], {}
+    for length in {len(x) for x in ids}:  # rows of one length go through together
+      at = [i for i, x in enumerate(ids) if len(x) == length]
+      made |= zip(at, generate(state, np.stack([ids[i] for i in at]), n_new, **kwargs))
+    rows = [tokenizer.decode(made[i]) for i in range(len(ids))]
+    return rows[0] if isinstance(prompts, str) else rows
+  ids = _prompt_ids(prompts, state.model_cfg.vocab_size)
+  made = np.concatenate([np.atleast_2d(ids), *stream(state, np.atleast_2d(ids), n_new, **kwargs)], 1)
+  return made[0] if ids.ndim == 1 else made
+
+
+def _prompt_ids(prompts, vocab_size: int) -> np.ndarray:
+  """`prompts` as int32 token ids, int[P] or int[B, P], each in the vocabulary; else a UserError
+  that says what a prompt is."""
+  what = ("a prompt is text (a str, or a list of str, with tokenizer=...) or token ids (int[P], "
+          "or int[B, P] for prompts of one length)")
+  try:
+    ids = np.asarray(prompts)
+  except ValueError:  # rows of unequal lengths
+    raise UserError(f"generate: the prompts' rows differ in length; {what}: pass text, or one "
+                    "prompt at a time") from None
+  if ids.dtype.kind not in "iu" or ids.ndim not in (1, 2):
+    got = f"{type(prompts).__name__} of {ids.dtype}, shape {ids.shape}" if ids.ndim else \
+        type(prompts).__name__
+    raise UserError(f"generate: {what}, not {got}")
+  if ids.size == 0:
+    raise UserError("generate: a prompt needs at least one token")
+  if ids.min() < 0 or ids.max() >= vocab_size:
+    raise UserError(f"generate: token ids must be in 0..{vocab_size - 1}, the model's vocabulary "
+                    f"(these run {ids.min()}..{ids.max()}); encode text with the run's tokenizer")
+  return ids.astype(np.int32)

@@ -17,7 +17,6 @@ from jaxtrain.measure import estimate
 from jaxtrain.system import fmt
 from jaxtrain.system.console import Console
 
-MANY_EPOCHS = 30  # more passes over the training split than this: the plan warns
 # Model FLOPs utilization the recipes reach (about 40% on a 2-core Zen 4 and on an H200, in
 # benchmarks/results/): the dry run's time. A small model on a GPU reaches less.
 REALISTIC_MFU = 0.4
@@ -77,10 +76,6 @@ def plan_lines(cfg: ml_collections.ConfigDict, built: programs.Programs, train_t
   if cfg.sample.num_samples:
     lines.append(f"samples: {cfg.sample.num_samples} of {cfg.sample.max_new_tokens} tokens at "
                  "the end")
-  if train_tokens and tokens / train_tokens > MANY_EPOCHS:
-    lines.append(f"warning: plan: {tokens / train_tokens:.0f} epochs: the model sees each training "
-                 "token that many times and learns the text by heart (val loss rises again); "
-                 "give it more data (--config.data.path) or fewer steps (--config.train.max_steps)")
   return lines + time_lines(flops, list(built.mesh.devices.flat), built.model_cfg.dtype)
 
 

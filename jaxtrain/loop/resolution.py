@@ -10,11 +10,10 @@ import dataclasses
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-import jax
 import ml_collections
 
 from jaxtrain import __version__
-from jaxtrain.checkpoints import init_from, store
+from jaxtrain.checkpoints import init_from, lifecycle, store
 from jaxtrain.config import validate
 from jaxtrain.core import cpu, lora, mesh, optim, programs
 from jaxtrain.core import model as model_lib
@@ -25,6 +24,8 @@ from jaxtrain.loop import autosize
 from jaxtrain.measure import estimate
 from jaxtrain.system import allocator, fmt, paths, runtime, stack
 from jaxtrain.system.console import Console
+
+MANY_EPOCHS = 30  # more passes over the training split than this: a run warns in its first lines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,8 @@ def settle(cfg: ml_collections.ConfigDict, explicit: Collection[str] = (),
   cfg, notes, corpus = autosize.resolve(cfg, budget_s, explicit, say, t_start)  # before jax starts
   notes = [cpu.split_cpu(cfg), *notes]
   platform = runtime.setup(cfg)
+  if platform == "cpu":
+    notes.insert(1, allocator.lost_note())
   if taken:
     notes.append(f"init_from: from {cfg.init_from}, {', '.join(taken)}")
   if cfg.train.time_budget and "train.max_steps" in explicit:
@@ -83,7 +86,10 @@ def resolve(settled: Settled, out: Console,
   workdir = paths.check_workdir(cfg.workdir)
   if claim is not None:
     claim(workdir, out)
-  devices = jax.devices()
+  resume_step = max(store.complete_steps(workdir), default=0)
+  if resume_step and (workdir / "config.json").is_file():  # a refused resume: before any data work
+    lifecycle.refuse_changes(paths.read_json(workdir / "config.json"), cfg.to_dict(), cfg.workdir)
+  devices = cpu.run_devices(cfg)
   data_axis, fsdp_axis = mesh.mesh_shape(cfg.mesh, len(devices))
   out.print(f"jaxtrain {__version__} | {'dry run | ' * (claim is None)}workdir {workdir} | "
             f"{platform} x{len(devices)} (mesh data={data_axis} fsdp={fsdp_axis}) | "
@@ -98,8 +104,7 @@ def resolve(settled: Settled, out: Console,
   built = programs.build(cfg, vocab, devices, eot_id=corpus.tokenizer.eot_id)
   describe(out, cfg, corpus, built)
   tasks_lib.describe(eval_tasks, cfg.train.eval_tasks_limit, out.print)
-  return Resolved(cfg, settled.budget_s, workdir, eval_tasks, corpus, built,
-                  max(store.complete_steps(workdir), default=0))
+  return Resolved(cfg, settled.budget_s, workdir, eval_tasks, corpus, built, resume_step)
 
 
 def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: corpus_lib.Corpus,
@@ -144,3 +149,16 @@ def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: corpus_lib.Co
   out.print(line)
   if warning:
     out.print(f"WARNING: {warning}")
+  if not cfg.train.time_budget:  # a budget's steps: said once its plan is made (loop/setup.py)
+    say_epochs(out, cfg, len(corpus.train), cfg.train.max_steps)
+
+
+def say_epochs(out: Console, cfg: ml_collections.ConfigDict, train_tokens: int, steps: int) -> None:
+  """The warning where `steps` pass over the training split more than MANY_EPOCHS times."""
+  epochs = steps * cfg.train.batch_size * cfg.train.grad_accum * cfg.model.seq_len / train_tokens
+  if epochs > MANY_EPOCHS:
+    fewer = "a shorter budget (--config.train.time_budget)" if cfg.train.time_budget else \
+        "fewer steps (--config.train.max_steps)"
+    out.print(f"warning: plan: {epochs:.0f} epochs: the model sees each training token that many "
+              "times and learns the text by heart (val loss rises again); give it more data "
+              f"(--config.data.path) or {fewer}")

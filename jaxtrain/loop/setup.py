@@ -19,9 +19,8 @@ from jaxtrain.core.model import flops_per_token
 from jaxtrain.core.steps import TrainState
 from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.evals import validation
-from jaxtrain.loop import budget, warmup
+from jaxtrain.loop import budget, resolution, warmup
 from jaxtrain.loop.feed import DeviceFeed
-from jaxtrain.loop.resolution import Resolved
 from jaxtrain.loop.state import Progress, Run
 from jaxtrain.loop.step_metrics import NonFiniteGuard, Pending
 from jaxtrain.loop.workdir import write_run_files
@@ -33,7 +32,7 @@ from jaxtrain.trackers import standard
 from jaxtrain.trackers.hooks import Hook
 
 
-def prepare(res: Resolved, out: Console, hooks: Sequence[Hook], t_start: float) -> Run:
+def prepare(res: resolution.Resolved, out: Console, hooks: Sequence[Hook], t_start: float) -> Run:
   """The run `res` resolved, up to its first compile: its hooks, a time budget's end planned (a
   new run with a budget measures itself on what it compiles: it compiles here), a new run's files
   written, its checkpoints opened, its batches."""
@@ -47,6 +46,7 @@ def prepare(res: Resolved, out: Console, hooks: Sequence[Hook], t_start: float) 
     built, plan = _plan(cfg, res.budget_s, built, corpus, run_hooks, workdir, out.print, spent,
                         batches)
     cfg = budget.with_end(cfg, plan.final)  # the run's train.max_steps from here on
+    resolution.say_epochs(out, cfg, len(corpus.train), plan.final)
   signals.check()
   meta = {"jaxtrain_version": __version__, "data_fingerprint": corpus.fingerprint,
           "tokenizer": corpus.tokenizer.to_json(), "config": cfg.to_dict()}

@@ -49,7 +49,7 @@ class Run:
 
   def view(self) -> RunView:
     """What the hooks see of it."""
-    return RunView(self.cfg, self.workdir, self.out, self.programs)
+    return RunView(self.cfg, self.workdir, self.out, self.programs, self.t_start)
 
 
 @dataclasses.dataclass

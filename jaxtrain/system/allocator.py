@@ -7,7 +7,12 @@ them in 2 MiB at a time.
 
 Kept free of heavy imports: `python -m jaxtrain` calls `reexec()` before it imports jax.
 Linux, CPU runs only; `JAXTRAIN_NO_REEXEC=1` leaves the process as it is, `JAXTRAIN_MIMALLOC=0`
-keeps glibc (with huge pages), and so does anything already in `LD_PRELOAD`.
+keeps glibc (with huge pages), and so does anything already in `LD_PRELOAD`. A notebook or a
+script cannot restart: a run there says so in one line (`lost_note`), with what avoids it.
+
+The other choice made before jax starts, in a notebook or a script: `import jaxtrain` splits the
+CPU into one XLA device per core (`split_early`), as the command line does (core/cpu.py), so that
+a run gets its devices even where jax is used before it.
 """
 
 import importlib.util
@@ -22,6 +27,7 @@ MIMALLOC = Path("cmeel.prefix", "lib", "libmimalloc.so.3")  # where the cmeel-mi
 # Keep freed memory mapped (a step frees and takes back the same blocks); back it with huge
 # pages; one address-space reservation up front, so that GiB-sized blocks come from one arena.
 MIMALLOC_OPTIONS = {"MIMALLOC_PURGE_DELAY": "-1", "MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
+SPLIT = "JAXTRAIN_CPU_DEVICES"  # the count split_early put in JAX_NUM_CPU_DEVICES: jaxtrain's, not the user's
 RESTARTED = "JAXTRAIN_REEXECED"  # set for the restarted process only; it removes it at once
 _ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
                         "jax_rocm7_plugin", "libtpu")
@@ -100,6 +106,40 @@ def _started_as_cli() -> bool:
   """Whether this process is `python -m jaxtrain` or the `jaxtrain` console script, not a notebook
   or another script running the module (a restart would restart them)."""
   return invocation.started() == "-m jaxtrain" or invocation.script() == "jaxtrain"
+
+
+def split_early() -> None:
+  """At `import jaxtrain`, before jax is imported, in a process that is none of jaxtrain's commands
+  (they split the CPU themselves): as many XLA CPU devices as cores (JAX_NUM_CPU_DEVICES, which
+  jax reads at its import), where jax will run on the CPU and neither JAX_NUM_CPU_DEVICES nor
+  XLA_FLAGS chose a count. A run takes the ones its batch splits over (core/cpu.py)."""
+  ran = invocation.started() or ""
+  if "jax" in sys.modules or ran.startswith("-m jaxtrain") or invocation.script() in \
+      invocation.SCRIPTS.values() or "JAX_NUM_CPU_DEVICES" in os.environ or \
+      "device_count" in os.environ.get("XLA_FLAGS", "") or not _runs_on_cpu(os.environ, []):
+    return
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+  if cores > 1:
+    os.environ["JAX_NUM_CPU_DEVICES"] = os.environ[SPLIT] = str(cores)
+
+
+def early_split() -> int:
+  """The CPU device count `split_early` chose, in this process or the one that started it (0:
+  none)."""
+  return int(os.environ.get(SPLIT) or 0)
+
+
+def lost_note() -> str | None:
+  """In a process of a CPU run that was not started under `environment()` (a notebook, a script:
+  no restart is possible there), the line that says what the command line has that it lacks, and
+  how to start Python to get it; None where nothing is lost."""
+  env = environment(argv=[])
+  if _started_as_cli() or env is None or "LD_PRELOAD" not in env or in_use() == "mimalloc":
+    return None
+  start = " ".join(f"{k}={v}" for k, v in env.items() if os.environ.get(k) != v)
+  return (f"note: {in_use()} allocator, where `python -m jaxtrain` restarts itself under mimalloc "
+          "(XLA's per-step buffers stay mapped: faster CPU steps); to get it, start Python (jupyter "
+          f"lab, your script) as `{start} python`")
 
 
 def reexec() -> None:

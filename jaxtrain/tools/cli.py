@@ -1,11 +1,8 @@
 """What every command shares (`python -m jaxtrain` and its tools): absl flags, and every bad input
 as one line on stderr with exit status 2, never a traceback."""
 
-import difflib
-import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import NoReturn
 
 from absl import flags
@@ -80,47 +77,6 @@ def parse_args(argv: list[str], flag_values: flags.FlagValues, known_only: bool 
     return flag_values(["", *argv], known_only=known_only)[1:]
   except flags.Error as e:
     raise UserError(f"{first_line(e)}; see --help for the flags") from None
-
-
-def shipped_configs() -> Path | None:
-  """The run recipes: jaxtrain/recipes/ in an installed wheel, else configs/ beside the package
-  (a clone, or an editable install of one); None when neither is there."""
-  package = Path(__file__).resolve().parents[1]
-  for folder in (package / "recipes", package.parent / "configs"):
-    if any(folder.glob("*.py")):
-      return folder
-  return None
-
-
-def recipe_names() -> list[str]:
-  """The names `--config=NAME` takes: nano, small, ..."""
-  shipped = shipped_configs()
-  return sorted(p.stem for p in shipped.glob("*.py")) if shipped else []
-
-
-def find_config(path: str) -> str | None:
-  """The config file `--config=path` means: the file itself, or for a bare name (`nano`) that
-  is not a file here, that recipe; None if neither exists."""
-  if os.path.isfile(os.path.expanduser(path)):
-    return path
-  shipped = shipped_configs()
-  if shipped and path in recipe_names():
-    return str(shipped / f"{path}.py")
-  return None
-
-
-def missing_config(path: str) -> str:
-  """The recipe that the config file not found is likely to be, and the others' names."""
-  shipped = shipped_configs()
-  if shipped is None:
-    return (f"config file {path} not found (from {os.getcwd()}); pass the path of a config file "
-            "(examples: the configs/ folder of the jaxtrain repository)")
-  names = recipe_names()
-  close = difflib.get_close_matches(Path(path).stem, names, n=1, cutoff=0.6)
-  name = close[0] if close else "nano"
-  rest = "" if close else f", or another recipe: {', '.join(names)}"
-  return (f"config file {path} not found (from {os.getcwd()}); pass --config={name} (the recipe "
-          f"{shipped / name}.py){rest}")
 
 
 def main(run: Callable[..., None], usage: str, module: str, *, args: bool = False,

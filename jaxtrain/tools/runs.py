@@ -65,9 +65,12 @@ class RunInfo:
     return statistics.median(speeds) if speeds else None
 
   def wall_s(self) -> float | None:
-    """Training seconds over every leg (metrics.jsonl's elapsed_s: steps, evals and saves)."""
-    return max((v for r in self.train + self.evals if (v := _number(r.get("elapsed_s"))) is not None),
-               default=None)
+    """The wall time of the run's commands, start-up included (status.json's wall_s), else (a run
+    from before it was kept) its training seconds (metrics.jsonl's elapsed_s)."""
+    wall = _number(self.status.get("wall_s"))
+    return wall if wall is not None else max(
+        (v for r in self.train + self.evals if (v := _number(r.get("elapsed_s"))) is not None),
+        default=None)
 
 
 def read(path: Path) -> RunInfo:

@@ -111,9 +111,9 @@ def arguments(f: flags.FlagValues, rest: list[str]) -> Args:
   for need in ("config", "root"):
     if not f[need].value:
       raise UserError(f"--{need} is missing; {USAGE}")
-  config_file = cli.find_config(f.config)  # a file, or a recipe's name
+  config_file = loading.find_config(f.config)  # a file, or a recipe's name
   if config_file is None:
-    raise UserError(cli.missing_config(f.config))
+    raise UserError(loading.missing_config(f.config))
   if not sweeps:
     raise UserError(f"nothing to sweep; {USAGE}")
   if f.parallel < 1:

@@ -23,6 +23,7 @@ class RunView:
   workdir: Path
   out: Console  # `out.print(line)`: a line on the run's console (process 0)
   programs: Programs  # what the run compiled: its model config, optimizer, abstract state
+  t_start: float = 0.0  # when this leg's command started (time.time()): its start-up counts
 
 
 @dataclasses.dataclass

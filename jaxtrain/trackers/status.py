@@ -1,7 +1,8 @@
 """The hook that keeps a run's status.json (running, finished, stopped by a signal, failed) up to
 date, for compare and sweep to read, and what a `running` status left behind means.
 
-The file names the process that writes it (PID, host, start time) and the last step it logged or
+The file names the process that writes it (PID, host, start time), the wall time of the run's
+commands so far (`wall_s`: every leg's, start-up included) and the last step it logged or
 evaluated, so that a process ended without a word (SIGKILL, the out-of-memory killer) leaves a
 status that says how far it got: the next start of the run, and compare, find it `running` with
 its process gone, and call it killed."""
@@ -38,6 +39,7 @@ class Status(Hook):
     self.path: Path | None = None
     self.info: dict = {}
     self.checkpoint_every, self.written = 1, 0.0
+    self.wall_before, self.t_start = 0.0, 0.0  # the earlier legs' wall time; this leg's start
 
   def on_start(self, run: RunView, step: int) -> None:
     self.path = Path(run.workdir) / paths.STATUS_FILE
@@ -47,7 +49,10 @@ class Status(Hook):
     self.info = {"state": "running", "step": step, "max_steps": run.cfg.train.max_steps,
                  "params": int(sum(x.size for x in jax.tree.leaves(run.programs.abstract.params))),
                  "started": time.time(), "pid": os.getpid(), "host": socket.gethostname()}
-    paths.write_json(self.path, self.info)
+    wall = previous.get("wall_s")  # to its last write, for a leg that was killed
+    self.wall_before = wall if isinstance(wall, int | float) else 0.0
+    self.t_start = run.t_start or time.time()
+    self._write()
     self.checkpoint_every, self.written = run.cfg.train.checkpoint_every, time.monotonic()
 
   def _reached(self, step: int, now: bool = False) -> None:
@@ -59,8 +64,12 @@ class Status(Hook):
     self.info["step"] = step  # in the file at the latest when the run ends, also on a failure
     t = time.monotonic()
     if now or step % self.checkpoint_every == 0 or t - self.written >= WRITE_EVERY_S:
-      paths.write_json(self.path, self.info)
+      self._write()
       self.written = t
+
+  def _write(self) -> None:
+    self.info["wall_s"] = round(self.wall_before + time.time() - self.t_start, 3)
+    paths.write_json(self.path, self.info)
 
   def on_log(self, step: int, record: dict) -> None:
     self._reached(step)
@@ -79,7 +88,7 @@ class Status(Hook):
       self.info.update(state="stopped" if unfinished else "finished", step=result.step,
                        stopped_by=result.stopped_by, end_left=result.end_left)
     self.info["ended"] = time.time()
-    paths.write_json(self.path, self.info)
+    self._write()
 
 
 def read(path: Path) -> dict:
