@@ -136,7 +136,7 @@ def test_fused_loss_steps_train_as_the_whole_loss_steps_and_stay_scatter_free(mo
   (fused, fused_losses, text), (whole, whole_losses, _) = run(True), run(False)
   assert "scatter" not in text
   np.testing.assert_allclose(fused_losses, whole_losses, rtol=1e-6)
-  assert_trees_close(fused, whole, atol=1e-6)
+  assert_trees_close(fused, whole, atol=1e-5)  # Adam on a gradient near 0: ~1e-6 moves (above)
 
 
 def _old_lookup_loss_and_head(monkeypatch):
