@@ -38,15 +38,18 @@ NAME = "cpu_policy"
 NO_YNN = {"xla_cpu_experimental_ynn_fusion_type": ""}
 MT_EIGEN = {"xla_cpu_multi_thread_eigen": True}
 # name: (config, overrides, vocabulary, {variant: (model dtype, compile options on top of the
-# policy's, or None for the policy's own)}). The first variant is what the others are against.
+# policy's, or None for the policy's own[, config overrides])}). The first variant is what the
+# others are against.
+FUSED = ("float32", None, {"model.fused_loss": True})  # the fused cross-entropy (core/loss.py)
 CASES = {
     "nano": ("configs/nano.py", {}, 256, {
         "f32 policy": ("float32", None), "f32 multi-threaded Eigen": ("float32", MT_EIGEN),
         "bf16 policy": ("bfloat16", None), "bf16 +best": ("bfloat16", "best"),
-        "f32 +best": ("float32", "best")}),
+        "f32 +best": ("float32", "best"), "f32 fused loss": FUSED}),
     "shakespeare_char": ("configs/shakespeare_char.py", {}, 65, {
         "f32 policy": ("float32", None), "bf16 policy": ("bfloat16", None),
-        "bf16 +best": ("bfloat16", "best"), "f32 +best": ("float32", "best")}),
+        "bf16 +best": ("bfloat16", "best"), "f32 +best": ("float32", "best"),
+        "f32 fused loss": FUSED}),
     # nanoGPT's CPU shape (4 x 128, T 64, B 12), on the devices the policy splits it into and
     # on one device with every core's threads.
     "e_shape": ("configs/shakespeare_char_nanogpt.py", {}, 65, {
@@ -93,8 +96,8 @@ class PolicySteps:
     rng = np.random.default_rng(0)
     self.runs, self.info = {}, {"devices": len(jax.devices()), "xla_flags": os.environ.get("XLA_FLAGS", ""),
                                 "variants": {}}
-    for variant, (dtype, extra) in variants.items():
-      vcfg = jt.override(cfg.copy_and_resolve_references(), **{"model.dtype": dtype})
+    for variant, (dtype, extra, *over) in variants.items():
+      vcfg = jt.override(cfg.copy_and_resolve_references(), **{"model.dtype": dtype, **dict(*over)})
       policy = cpu.cpu_step_options(cpu.step_flops(vcfg), os.environ.get("XLA_FLAGS", ""), dtype)
       options = options_of(policy, extra, best)
       programs = jt.build(vcfg, vocab, jax.devices(), compiler_options=options)

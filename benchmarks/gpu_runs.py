@@ -37,6 +37,8 @@ class Setup:
   batch: int
   steps: int
   jaxtrain_flags: list[str]
+  wheels: Path | None = None  # carried wheels: pip installs from them alone (gpu_install.py)
+  extra: str = "cuda13-local"  # pyproject.toml's extra that the install part asks for
 
   @property
   def shape(self) -> dict:
@@ -140,17 +142,26 @@ def jaxtrain_gpt2(s: Setup, name: str, kind: str, steps: int, extra: tuple[str, 
   return cmd
 
 
-def jaxtrain_throughput(s: Setup, kind: str) -> dict:
+def jaxtrain_throughput(s: Setup, kind: str, name: str = "", extra: tuple[str, ...] = (),
+                        xla_flags: str = "", check: bool = True) -> dict:
+  """jaxtrain's tokens/s on the `kind` token files; a variant (`name`) adds flags to its command
+  (`extra`) or to XLA_FLAGS. Unless `check`, a failing run is a row with its exit status."""
   import json
 
-  cmd = jaxtrain_gpt2(s, f"throughput_{kind}", kind, s.steps)
-  workdir = s.out / "runs" / f"throughput_{kind}"
-  wall, _, _ = timed(cmd, ROOT, s.out / "logs" / f"jaxtrain_throughput_{kind}.log")
-  records = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+  name = name or f"throughput_{kind}"
+  cmd = jaxtrain_gpt2(s, name, kind, s.steps, extra)
+  env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {xla_flags}".strip())
+  wall, _, status = timed(cmd, ROOT, s.out / "logs" / f"jaxtrain_{name}.log", env=env, check=check)
+  metrics = s.out / "runs" / name / "metrics.jsonl"
+  records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
   # Each reading is the pace since the one before; the first includes the steps just past compile.
   speeds = [r["tokens_per_sec"] for r in records if r.get("tokens_per_sec")][1:]
+  if status or not speeds:
+    return {"side": "jaxtrain", "tokens": kind, "batch": s.batch, "exit_status": status,
+            "tokens_per_sec": 0.0, "wall_s": wall, "command": cmd, "xla_flags": xla_flags}
   tps = statistics.median(speeds)
-  return _row("jaxtrain", kind, s, s.batch * s.shape["block_size"] / tps, wall, cmd)
+  row = _row("jaxtrain", kind, s, s.batch * s.shape["block_size"] / tps, wall, cmd)
+  return {**row, "xla_flags": xla_flags} if xla_flags else row
 
 
 def _row(side: str, kind: str, s: Setup, step_s: float, wall: float, cmd: list[str]) -> dict:

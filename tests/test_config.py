@@ -47,6 +47,7 @@ BAD = [
     ({"optim.weight_decay": -0.1}, "optim.weight_decay", ">= 0"),
     ({"optim.clip_norm": -1.0}, "optim.clip_norm", ">= 0"),
     ({"optim.z_loss": -1e-4}, "optim.z_loss", "in [0, 1]"),
+    ({"model.fused_loss": True, "model.loss_chunk": 64}, "model.fused_loss", "pick one"),
     ({"optim.b2": 1.0}, "optim.b2", "[0, 1)"),
     ({"data.tokenizer": "wordpiece"}, "data.tokenizer",
      "is not byte, char, bpe, gpt2 or a tokenizer.json file"),

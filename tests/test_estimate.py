@@ -43,6 +43,7 @@ def test_remat_and_chunked_loss_shrink_the_estimate():
   chunked = with_(loss_chunk=2048)
   assert chunked.logits == none.logits * 2048 // (16 * 1024) and chunked.activations == none.activations
   assert with_(loss_chunk=10**6).logits == none.logits  # a chunk larger than the batch: one chunk
+  assert with_(fused_loss=True, dtype="bfloat16").logits == none.logits // 2  # bfloat16 logits
 
 
 _PEAK = """

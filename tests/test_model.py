@@ -217,20 +217,85 @@ def test_chunked_cross_entropy_gives_the_same_loss_and_gradients(tie, chunk):
                               _loss_and_grads(c))
 
 
+def _grad_temp_bytes(**kw) -> int:
+  """XLA's temporary memory of the compiled gradient of the loss of 36 x 12 tokens, vocab 4096."""
+  from jaxtrain.core import steps
+  c = tiny_model_config(vocab_size=4096, seq_len=12, **kw)
+  graphdef, params = nnx.split(model_lib.GPT(c, nnx.Rngs(0)), nnx.Param)
+  tokens = jnp.zeros((36, c.seq_len + 1), jnp.int32)
+  grad = jax.jit(jax.grad(steps.loss_fn), static_argnums=1)
+  compiled = grad.lower(nnx.to_pure_dict(params), graphdef, tokens).compile()
+  return compiled.memory_analysis().temp_size_in_bytes
+
+
+LOGITS_BYTES = 36 * 12 * 4096 * 4  # float32 logits of _grad_temp_bytes' batch
+
+
 def test_chunked_cross_entropy_never_holds_the_whole_batchs_logits():
   """The compiled train step's temporary memory: at vocab 4096 the whole logits and their
   gradient (2 x 36 x 12 x 4096 float32, 14 MB) dominate; in chunks of 48 tokens the step holds
   less than one whole copy of the logits (what else it holds differs a little by jax version)."""
+  whole, chunked = _grad_temp_bytes(), _grad_temp_bytes(loss_chunk=48)
+  assert whole > 2 * LOGITS_BYTES * 0.9 and chunked < 0.75 * LOGITS_BYTES, (whole, chunked)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_cross_entropy_never_holds_the_logits_and_their_gradient_at_once(dtype):
+  """The fused loss writes the logits' gradient where the logits were: in float32 the step holds
+  about one copy of them (the whole loss: over two); in bfloat16 it holds less than the whole
+  loss does by at least a quarter of a float32 copy (XLA:CPU's bfloat16 matmuls work in float32)."""
+  whole, fused = _grad_temp_bytes(dtype=dtype), _grad_temp_bytes(dtype=dtype, fused_loss=True)
+  print(dtype, {"whole": whole, "fused": fused, "float32 logits": LOGITS_BYTES})
+  assert fused < whole - LOGITS_BYTES / 4, (whole, fused)
+  if dtype == "float32":
+    assert fused < 1.5 * LOGITS_BYTES, (whole, fused)
+
+
+def _losses_and_grads(c: model_lib.ModelConfig, weights=None, z_loss: float = 0.0):
+  """((the loss that trains, the reported loss), gradients of the first) at params past init."""
   from jaxtrain.core import steps
-  def temp_bytes(chunk: int) -> int:
-    c = tiny_model_config(vocab_size=4096, seq_len=12, loss_chunk=chunk)
-    graphdef, params = nnx.split(model_lib.GPT(c, nnx.Rngs(0)), nnx.Param)
-    tokens = jnp.zeros((36, c.seq_len + 1), jnp.int32)
-    grad = jax.jit(jax.grad(steps.loss_fn), static_argnums=1)
-    compiled = grad.lower(nnx.to_pure_dict(params), graphdef, tokens).compile()
-    return compiled.memory_analysis().temp_size_in_bytes
-  whole, chunked, logits = temp_bytes(0), temp_bytes(48), 36 * 12 * 4096 * 4
-  assert whole > 2 * logits * 0.9 and chunked < 0.75 * logits, (whole, chunked)
+  graphdef, params = nnx.split(model_lib.GPT(c, nnx.Rngs(4)), nnx.Param)
+  params = jax.tree.map(lambda p: p * 5, nnx.to_pure_dict(params))
+  tokens = jax.random.randint(jax.random.PRNGKey(5), (3, c.seq_len + 1), 0, c.vocab_size)
+  f = lambda p: steps.losses(p, graphdef, tokens, weights_BT=weights, z_loss=z_loss)
+  return jax.jit(jax.value_and_grad(f, has_aux=True))(params)
+
+
+@pytest.mark.parametrize("tie,z_loss,weighted", [(True, 0.0, False), (False, 1e-2, True),
+                                                 (True, 1e-2, False)])
+def test_fused_cross_entropy_gives_the_whole_and_the_chunked_loss_and_gradients(tie, z_loss, weighted):
+  """float32: the same losses (the one that trains, with the z-loss, and the one reported) and
+  gradients as the whole and the chunked loss, up to float rounding; with a prompt mask too."""
+  c = tiny_model_config(tie_embeddings=tie)
+  weights = (jax.random.uniform(jax.random.PRNGKey(7), (3, c.seq_len)) > 0.3) if weighted else None
+  fused = _losses_and_grads(dataclasses.replace(c, fused_loss=True), weights, z_loss)
+  for other in (c, dataclasses.replace(c, loss_chunk=5)):
+    ref = _losses_and_grads(other, weights, z_loss)
+    np.testing.assert_allclose([float(x) for x in fused[0]], [float(x) for x in ref[0]], rtol=1e-6)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(fused[1]), jax.tree.leaves(ref[1])):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * float(jnp.max(jnp.abs(b))),
+                                 err_msg=jax.tree_util.keystr(path))
+
+
+def test_fused_cross_entropy_in_bfloat16_is_the_whole_loss_to_bfloat16s_precision():
+  """bfloat16 compute: the fused loss's logits are bfloat16 (the whole loss's float32), so the
+  two agree to bfloat16's precision: the losses to 1e-3, each gradient to 3% of its norm."""
+  c = tiny_model_config(dtype="bfloat16", tie_embeddings=False)
+  (fused, _), fused_grads = _losses_and_grads(dataclasses.replace(c, fused_loss=True), z_loss=1e-2)
+  (whole, _), whole_grads = _losses_and_grads(c, z_loss=1e-2)
+  np.testing.assert_allclose(float(fused), float(whole), rtol=1e-3)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(fused_grads), jax.tree.leaves(whole_grads)):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert np.linalg.norm(a - b) < 0.03 * np.linalg.norm(b), jax.tree_util.keystr(path)
+
+
+def test_the_fused_cross_entropys_gradient_has_no_scatter():
+  from jaxtrain.core import loss
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 8))
+  w = jax.random.normal(jax.random.PRNGKey(1), (8, 301))
+  targets = jax.random.randint(jax.random.PRNGKey(2), (2, 5), 0, 301)
+  grad = jax.jit(jax.grad(lambda x, w: loss.fused_token_losses(x, w, targets, 1e-3)[0].sum(), (0, 1)))
+  assert "scatter" not in grad.lower(x, w).as_text()
 
 
 @pytest.mark.parametrize("scatter_free", [False, True])

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import jax
+import pytest
 from conftest import run_cli
 from test_cli import TINY
 
@@ -82,6 +83,29 @@ def test_build_chooses_the_options_and_they_reach_the_compiled_step(monkeypatch)
   assert "ynn_fusion" in p.compile_train().as_text()
   lean = programs.build(cfg, 256, jax.devices()[:1], compiler_options={**LEAN, **NO_YNN})
   assert "ynn_fusion" not in lean.compile_train().as_text()
+
+
+def test_gpu_steps_get_jaxtrains_xla_options_and_the_users_xla_flags_win():
+  """On GPUs the steps get GPU_OPTIONS (said in the run's compute line, which prints the
+  options); an option XLA_FLAGS names is left to it; CPUs never get them (the test above)."""
+  gpu = lambda flags="", deterministic=False: programs.step_options("gpu", 1e12, "bfloat16",
+                                                                    deterministic, flags)
+  assert programs.GPU_OPTIONS and gpu() == programs.GPU_OPTIONS
+  name = next(iter(programs.GPU_OPTIONS))
+  assert name not in gpu(f"--xla_gpu_autotune_level=2 --{name}=false")
+  assert name in gpu(f"--{name}_or_another_flag=1")  # a flag it prefixes is another flag
+  assert gpu(deterministic=True) == {**programs.GPU_OPTIONS, "xla_gpu_deterministic_ops": True}
+  assert not set(programs.step_options("cpu", 1e12, "bfloat16", True)) & {*gpu(deterministic=True)}
+  assert programs.step_options("tpu", 1e12, "bfloat16", False) == {}
+
+
+def test_jaxtrains_gpu_options_are_xla_options_of_this_jaxlib():
+  """XLA parses a compile's options on every backend: a GPU option misspelled, or gone from this
+  jaxlib, fails a CPU compile as it would a GPU one."""
+  f = jax.jit(lambda x: x + 1).lower(1.0)
+  f.compile(compiler_options=programs.step_options("gpu", 1e12, "bfloat16", True))
+  with pytest.raises(Exception, match="xla_gpu_enable_command_bufer"):
+    f.compile(compiler_options={"xla_gpu_enable_command_bufer": True})
 
 
 def test_build_takes_the_large_step_options_for_a_large_config(monkeypatch):

@@ -29,8 +29,9 @@ train_step = jax.jit(steps.train_step)
 eval_step = jax.jit(steps.eval_step)
 
 
-def test_train_step_is_deterministic():
-  cfg = tiny_config(**{"model.dropout": 0.1})  # dropout too: its key comes from the state
+@pytest.mark.parametrize("fused", [False, True])
+def test_train_step_is_deterministic(fused):
+  cfg = tiny_config(**{"model.dropout": 0.1, "model.fused_loss": fused})  # dropout: its key is the state's
   batch = random_batch(cfg)
   a, ma = train_step(init(cfg), batch)
   b, mb = train_step(init(cfg), batch)
@@ -56,10 +57,11 @@ def test_overfitting_one_batch_drives_the_loss_down():
   assert last < 0.5 * first, (first, last)
 
 
-def test_grad_accumulation_equals_one_big_batch():
+@pytest.mark.parametrize("fused", [False, True])
+def test_grad_accumulation_equals_one_big_batch(fused):
   k = 4
-  big = tiny_config(**{"train.batch_size": 16, "train.grad_accum": 1})
-  acc = tiny_config(**{"train.batch_size": 4, "train.grad_accum": k})
+  big = tiny_config(**{"train.batch_size": 16, "train.grad_accum": 1, "model.fused_loss": fused})
+  acc = tiny_config(**{"train.batch_size": 4, "train.grad_accum": k, "model.fused_loss": fused})
   batches = [random_batch(big, seed=s) for s in range(2)]
   s_big, s_acc = init(big), init(acc)
   assert_trees_equal(s_big.params, s_acc.params)  # same seed, same init
@@ -113,6 +115,28 @@ def test_z_loss_trains_on_the_log_partition_and_reports_the_cross_entropy():
   np.testing.assert_allclose(
       [float(x) for x in steps.losses(chunked.params, chunked.graphdef, tokens, z_loss=z)],
       [float(x) for x in steps.losses(state.params, state.graphdef, tokens, z_loss=z)], rtol=1e-5)
+
+
+def test_fused_loss_steps_train_as_the_whole_loss_steps_and_stay_scatter_free(monkeypatch):
+  """Three steps with the z-loss and a prompt mask, built scatter-free as on a GPU: the fused loss
+  gives the whole loss's params to float32 rounding, and its step has no scatter either."""
+  monkeypatch.setattr(programs, "scatter_free", lambda platform: True)
+  cfg = tiny_config(**{"optim.z_loss": 1e-3, "train.batch_size": 4})
+  batches = [{**random_batch(cfg, seed=s), "weights": jnp.asarray(
+      np.random.default_rng(s).random((4, cfg.model.seq_len)) > 0.3, jnp.float32)} for s in range(3)]
+
+  def run(fused: bool):
+    cfg.model.fused_loss = fused
+    state, losses = init(cfg), []
+    for batch in batches:
+      state, metrics = train_step(state, batch)
+      losses.append(float(metrics["loss"]))
+    return state.params, losses, jax.jit(steps.train_step).lower(init(cfg), batches[0]).as_text()
+
+  (fused, fused_losses, text), (whole, whole_losses, _) = run(True), run(False)
+  assert "scatter" not in text
+  np.testing.assert_allclose(fused_losses, whole_losses, rtol=1e-6)
+  assert_trees_close(fused, whole, atol=1e-5)  # Adam on a gradient near 0: ~1e-6 moves (above)
 
 
 def _old_lookup_loss_and_head(monkeypatch):

@@ -94,6 +94,8 @@ def _model() -> ml_collections.ConfigDict:
   model.x0_mix = False  # True: each layer after the first adds a learned multiple of the embeddings
   model.canon = 0  # > 0: causal depthwise convolutions this wide before attention and the MLP
   model.loss_chunk = 0  # > 0: cross-entropy this many tokens at a time (no whole-batch logits)
+  # True: logits in the compute dtype, their gradient written in the same pass (no float32 logits)
+  model.fused_loss = False
   return model
 
 

@@ -181,6 +181,8 @@ def validate_model(cfg: ml_collections.ConfigDict) -> None:
          "pass --config.model.mlp_ratio=4.0")
   _check(0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {m.dropout}",
          "pass --config.model.dropout=0.0")
+  _check(not (m.fused_loss and m.loss_chunk), "model.fused_loss", "and model.loss_chunk are "
+         "two ways to take the cross-entropy; pick one", "pass --config.model.loss_chunk=0")
   # At 0 or below (or a base float32 rounds to 0), RoPE's angles become inf * 0 or nan.
   _check(m.rope_theta >= 1e-30, "model.rope_theta", f"must be > 0 (at least 1e-30), got "
          f"{m.rope_theta}", "pass --config.model.rope_theta=10000.0")

@@ -1,17 +1,22 @@
-"""The next-token cross-entropy, whole or in chunks of tokens.
+"""The next-token cross-entropy: whole, in chunks of tokens, or fused with its gradient.
 
 The whole way materializes float32 logits for every token of the micro-batch (B x T x V), and
 autodiff keeps them for the backward pass. The chunked way (`model.loss_chunk` tokens at a time)
 runs the head and log-softmax one chunk after another under `jax.checkpoint`: only one chunk's
 logits exist at once, in the backward pass too. Same loss and gradients, up to float rounding.
+The fused way (`model.fused_loss`) keeps the logits in the compute dtype and writes their
+gradient over them in the forward pass, so the backward pass is the head's two matmuls alone.
 Losses are per token first, so that a per-token weight (a prompt mask) can weigh them.
 """
 
+import functools
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import optax
+
+from jaxtrain.core import ops
 
 
 def token_losses(logits_BTV: jax.Array, targets_BT: jax.Array, scatter_free: bool = False) -> jax.Array:
@@ -70,3 +75,46 @@ def chunked_token_losses(x_BTD: jax.Array, w_DV: jax.Array, targets_BT: jax.Arra
   ce_BT, z_BT = (None if a_NC is None else a_NC.reshape(-1)[:n_tokens].reshape(B, T)
                  for a_NC in per_chunk)
   return ce_BT, z_BT
+
+
+def fused_token_losses(x_BTD: jax.Array, w_DV: jax.Array, targets_BT: jax.Array,
+                       z_loss: float = 0.0) -> tuple[jax.Array, jax.Array]:
+  """(the loss that trains: `token_losses` + z_loss x `z_terms`, the cross-entropy a run reports,
+  which carries no gradient where z_loss > 0), float32[B, T] each, of the logits `x @ w`, kept in
+  x's dtype (the compute dtype). The softmax is taken in float32 by the pass that also writes the
+  logits' gradient over them; the backward pass is two matmuls with the per-token cotangent applied
+  to x's rows and to the result: no pass over B x T x V of its own, no scatter."""
+  trains_BT, ce_BT = _fused(x_BTD, w_DV, targets_BT, z_loss)
+  return trains_BT, (jax.lax.stop_gradient(ce_BT) if z_loss else trains_BT)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _fused(x_BTD, w_DV, targets_BT, z_loss):
+  return _fused_fwd(x_BTD, w_DV, targets_BT, z_loss)[0]
+
+
+def _fused_fwd(x_BTD, w_DV, targets_BT, z_loss):
+  x_ND, t_N = x_BTD.reshape(-1, x_BTD.shape[-1]), targets_BT.reshape(-1)
+  # The barrier keeps the logits in x's dtype: XLA would otherwise fold the float32 convert into
+  # the matmul ("excess precision") and write float32 logits after all.
+  logits_NV = jax.lax.optimization_barrier(x_ND @ w_DV).astype(jnp.float32)
+  lse_N = jax.nn.logsumexp(logits_NV, axis=-1)
+  ce_N = lse_N - jnp.take_along_axis(logits_NV, t_N[:, None], axis=-1)[:, 0]
+  trains_N = ce_N + z_loss * jnp.square(lse_N) if z_loss else ce_N
+  # d trains / d logits: softmax x (1 + 2 z_loss log Z) - one-hot(target)
+  hit_NV = jnp.arange(w_DV.shape[1]) == t_N[:, None]
+  grad_NV = jnp.exp(logits_NV - lse_N[:, None]) * (1 + 2 * z_loss * lse_N)[:, None] - hit_NV
+  B, T = targets_BT.shape
+  return (trains_N.reshape(B, T), ce_N.reshape(B, T)), (x_ND, w_DV, grad_NV.astype(x_ND.dtype))
+
+
+def _fused_bwd(z_loss, residuals, cotangents):
+  x_ND, w_DV, grad_NV = residuals
+  r_N1 = cotangents[0].reshape(-1, 1)  # the ce output's cotangent is 0 (fused_token_losses)
+  # dx = r * (grad @ w^T), dw = (r * x)^T @ grad: the per-token factor rides on the narrow side
+  dx_ND, dw_DV = ops.dense_backward(((r_N1 * x_ND).astype(x_ND.dtype), w_DV), grad_NV)
+  dx_BTD = (r_N1 * dx_ND).astype(x_ND.dtype).reshape(*cotangents[0].shape, -1)
+  return dx_BTD, dw_DV, None
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)

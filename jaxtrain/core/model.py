@@ -48,6 +48,7 @@ class ModelConfig:
   eot_id: int = -1  # the tokenizer's end-of-text token
   remat: str = "none"  # none | dots | full: what each block keeps for the backward pass (REMAT)
   loss_chunk: int = 0  # tokens per chunk of the chunked cross-entropy (core/loss.py); 0: off
+  fused_loss: bool = False  # the cross-entropy and its gradient in one pass (core/loss.py)
   x0_mix: bool = False  # each layer after the first adds a learned multiple of the embeddings
   canon: int = 0  # > 0: short causal convolutions of this width before attention and MLP
   scatter_free: bool = False  # no scatter in the backward pass (programs.scatter_free)

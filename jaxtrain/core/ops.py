@@ -38,7 +38,8 @@ def _dense_fwd(x, w):
   return x @ w, (x, w)
 
 
-def _dense_bwd(residuals, dy):
+def dense_backward(residuals: tuple[jax.Array, jax.Array], dy: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(dx, dw) of `dense(x, w)` for its output's cotangent `dy`, `residuals` being (x, w)."""
   x, w = residuals
   x_ND, dy_NF = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
   dx = (dy_NF @ transposed(w)).reshape(x.shape)
@@ -49,7 +50,7 @@ def _dense_bwd(residuals, dy):
   return dx, dw.astype(w.dtype)
 
 
-dense.defvjp(_dense_fwd, _dense_bwd)
+dense.defvjp(_dense_fwd, dense_backward)
 
 
 @jax.custom_vjp
@@ -63,7 +64,7 @@ def _dense_f32_fwd(x, w):
   return dense_f32(x, w), (x, w)
 
 
-dense_f32.defvjp(_dense_f32_fwd, lambda res, dy: _dense_bwd(res, dy.astype(res[0].dtype)))
+dense_f32.defvjp(_dense_f32_fwd, lambda res, dy: dense_backward(res, dy.astype(res[0].dtype)))
 
 
 @jax.custom_vjp

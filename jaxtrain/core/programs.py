@@ -8,6 +8,7 @@ helpers, the notebooks and every benchmark call it, so what is measured is what 
 import dataclasses
 import functools
 import os
+import re
 from collections.abc import Callable
 
 import jax
@@ -69,6 +70,28 @@ class Programs:
     return self.lower_train().compile()
 
 
+# XLA options jaxtrain gives GPU train and eval steps; one that XLA_FLAGS names is left to
+# XLA_FLAGS. Each stays while the GPU side by side (benchmarks/gpu_side_by_side.py) shows it pays.
+GPU_OPTIONS = {
+    # A trace (train.profile_steps) runs the steps' command buffers (CUDA graphs) as untraced
+    # steps do, instead of launching kernel by kernel: what it shows is what a run does.
+    "xla_enable_command_buffers_during_profiling": True,
+}
+
+
+def step_options(platform: str, flops: float, dtype: str, deterministic: bool,
+                 xla_flags: str = "") -> dict:
+  """XLA compile options of the train and eval steps on `platform`: the CPU policy's
+  (`cpu.cpu_step_options`), GPU_OPTIONS and XLA's deterministic ops where asked for; none that
+  the user's `xla_flags` (XLA_FLAGS) name."""
+  if platform == "cpu":
+    return cpu.cpu_step_options(flops, xla_flags, dtype)
+  if platform != "gpu":
+    return {}
+  options = {k: v for k, v in GPU_OPTIONS.items() if not re.search(rf"--{k}\b", xla_flags)}
+  return {**options, "xla_gpu_deterministic_ops": True} if deterministic else options
+
+
 def wants_deterministic_gpu_ops() -> bool:
   """Whether XLA_FLAGS ask for XLA's deterministic GPU ops (as `train.deterministic` does)."""
   return "--xla_gpu_deterministic_ops=true" in os.environ.get("XLA_FLAGS", "").lower()
@@ -83,7 +106,7 @@ def scatter_free(platform: str) -> bool:
 def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None = None,
           compiler_options: dict | None = None, eot_id: int = -1) -> Programs:
   """The programs for `cfg` on `devices` (default: all). Nothing is compiled until first use.
-  `compiler_options`: default `cpu.cpu_step_options` on CPU; `eot_id`: where documents end."""
+  `compiler_options`: default `step_options`'s; `eot_id`: where documents end."""
   devices = jax.devices() if devices is None else devices
   m = cfg.model
   mesh.check_devices(cfg.mesh, cfg.train.batch_size, devices, m.dtype)
@@ -118,10 +141,8 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   on_cpu = devices[0].platform == "cpu"
   step_flops = model_lib.flops_per_step(model_cfg, cfg.train.batch_size)
   if compiler_options is None:
-    compiler_options = cpu.cpu_step_options(step_flops, os.environ.get("XLA_FLAGS", ""), m.dtype) \
-        if on_cpu else {}
-    if deterministic and devices[0].platform == "gpu":
-      compiler_options = {**compiler_options, "xla_gpu_deterministic_ops": True}
+    compiler_options = step_options(devices[0].platform, step_flops, m.dtype, deterministic,
+                                    os.environ.get("XLA_FLAGS", ""))
   # (a weighted loss is a mean over the whole batch's weights, not the mean of devices' means)
   one_allreduce = (on_cpu and not weighted and device_mesh.shape["data"] > 1
                    and device_mesh.shape["fsdp"] == 1 and model_cfg.dropout == 0

@@ -92,7 +92,8 @@ def init_state(model_cfg: model_lib.ModelConfig, optimizer: optim.Optimizer, *,
 def loss_fn(params, graphdef: nnx.GraphDef, tokens_BT1: jax.Array,
             dropout_key: jax.Array | None = None, weights_BT: jax.Array | None = None) -> jax.Array:
   """The model's mean loss on `tokens_BT1` (weighted per target token by `weights_BT`, if given);
-  with `model.loss_chunk`, without the whole batch's logits (core/loss.py)."""
+  with `model.loss_chunk`, without the whole batch's logits; with `model.fused_loss`, from logits
+  in the compute dtype (core/loss.py)."""
   return losses(params, graphdef, tokens_BT1, dropout_key, weights_BT)[1]
 
 
@@ -104,6 +105,12 @@ def losses(params, graphdef: nnx.GraphDef, tokens_BT1: jax.Array,
   model = nnx.merge(graphdef, params)
   targets_BT = tokens_BT1[:, 1:]
   chunk = model.c.loss_chunk
+  if model.c.fused_loss:
+    dtype = jnp.dtype(model.c.dtype)
+    x_BTD = model.hidden(tokens_BT1[:, :-1], dropout_key=dropout_key).astype(dtype)
+    trains_BT, ce_BT = loss_lib.fused_token_losses(x_BTD, model.head_weight().astype(dtype),
+                                                   targets_BT, z_loss)
+    return loss_lib.mean_loss(trains_BT, weights_BT), loss_lib.mean_loss(ce_BT, weights_BT)
   if chunk:
     x_BTD = model.hidden(tokens_BT1[:, :-1], dropout_key=dropout_key)
     ce_BT, z_BT = loss_lib.chunked_token_losses(x_BTD, model.head_weight(), targets_BT,

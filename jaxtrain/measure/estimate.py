@@ -5,11 +5,11 @@ one for the matrices it trains, so there it errs high), plus the accumulation bu
 grad_accum > 1, of the trained params (all, or LoRA's adapters); and what one micro-batch keeps
 for the backward pass: per layer and token 16*D + 4*F values (norms, q/k/v, attention output,
 residuals, MLP) plus 3*H*T for dense attention (scores, probabilities and their gradient; none
-with cuDNN's flash attention), and 2*V float32 values for the logits and their gradient. With
-`model.remat` a layer keeps less (its matmul outputs, 6*D + 2*F, or only its input, D) and one
-layer at a time holds the full amount while it is recomputed; with `model.loss_chunk` only one
-chunk's logits exist. It errs on the safe side: the tests check it against the peak memory
-a process measurably takes for init and one step.
+with cuDNN's flash attention), and 2*V float32 values for the logits and their gradient (of the
+compute dtype with `model.fused_loss`). With `model.remat` a layer keeps less (its matmul outputs,
+6*D + 2*F, or only its input, D) and one layer at a time holds the full amount while it is
+recomputed; with `model.loss_chunk` only one chunk's logits exist. It errs on the safe side: the
+tests check it against the peak memory a process measurably takes for init and one step.
 """
 
 import dataclasses
@@ -84,7 +84,7 @@ def memory_estimate(mc: model_lib.ModelConfig, batch_size: int, grad_accum: int,
       params=state(n), grads=state(trained), optimizer=state(2 * trained),
       accumulation=state(trained) if grad_accum > 1 else 0,
       activations=B * T * (L * kept + recomputed) * act_bytes,
-      logits=logit_rows * 2 * V * 4,
+      logits=logit_rows * 2 * V * (act_bytes if mc.fused_loss else 4),
   )
 
 
