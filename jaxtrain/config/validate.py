@@ -313,7 +313,6 @@ def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
   # Underflow-sized fractions are refused here (the tokens they would need overflow a float).
   _check(1e-30 <= d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1) (at least "
          f"1e-30), got {d.val_fraction}", "pass --config.data.val_fraction=0.1")
-
   _validate_data_path(d)
   validate_mixture(d)
 
