@@ -177,7 +177,7 @@ def summary_phases(result: dict) -> dict:
 
 
 COMPILED = re.compile(r"^(\S+ \S+),(\d+) .*Finished XLA compilation of jit\((\S+)\) in (\S+) sec")
-BIG_PROGRAMS = ("train_step", "eval_step", "<lambda>", "_prefill", "_decode", "_all_finite")
+BIG_PROGRAMS = ("train_step", "eval_step", "<lambda>", "_prefill", "_decode", "_all_finite", "_survey")
 
 
 def compiles(log: Path) -> dict:

@@ -14,9 +14,9 @@ import shutil
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
+from jaxtrain.checkpoints import store
 from jaxtrain.checkpoints.recover import Damaged, newest_intact
 from jaxtrain.checkpoints.store import Checkpoints
 from jaxtrain.config import loading
@@ -62,7 +62,8 @@ class Saving:
   def save(self, state: TrainState, iterator, val: float | None, elapsed: float) -> None:
     """Starts an async save of `state` at its step, after checking it can be written whole."""
     step = int(state.step)
-    if not bool(_all_finite(state.params)):
+    finite, sums = store.survey(state.arrays())
+    if not finite:
       raise NonFiniteLoss(f"parameters became non-finite by step {step}: stopped without saving "
                           "them; the last good checkpoint is kept. Lower --config.optim.lr")
     size = sum(x.nbytes for x in jax.tree.leaves(state.arrays()))
@@ -72,7 +73,7 @@ class Saving:
                       f"{self.ckpts.directory} (needs ~{fmt.count(needed)}B, {fmt.count(free)}B "
                       f"free); free some space, then run again to {_resume_hint(self.ckpts)}")
     meta = dict(self.meta, elapsed_s=elapsed, best_val_loss=self.best.value)
-    _writing(self.ckpts, lambda: self.ckpts.save(state, iterator, meta, val_loss=val), step)
+    _writing(self.ckpts, lambda: self.ckpts.save(state, iterator, meta, val, sums), step)
 
   def check(self, step: int) -> None:
     """Raises, as one line, the error of a background write that failed."""
@@ -97,11 +98,6 @@ class Saving:
   def set_config(self, cfg: ml_collections.ConfigDict) -> None:
     """The run's config from here on (a time budget's new end), in the checkpoints saved next."""
     self.meta["config"] = cfg.to_dict()
-
-
-@jax.jit
-def _all_finite(tree) -> jax.Array:
-  return jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
 def _writing(ckpts: Checkpoints, action, step: int) -> None:

@@ -3,13 +3,16 @@
 XLA:CPU allocates a step's temporaries (GiBs) and frees them every step; glibc hands such blocks
 back to the kernel at once, which maps and zeroes them afresh every step. mimalloc, told never to
 return freed memory, reuses the same pages; without it, glibc's `hugetlb` tunable at least brings
-them in 2 MiB at a time.
+them in 2 MiB at a time. XLA's compiles are the exception (`purging`): what they free goes back at
+once, or the compiler's garbage would stay in the process as its peak memory.
 
 Kept free of heavy imports: `python -m jaxtrain` calls `reexec()` before it imports jax.
 Linux, CPU runs only; `JAXTRAIN_NO_REEXEC=1` leaves the process as it is, `JAXTRAIN_MIMALLOC=0`
 keeps glibc (with huge pages), and so does anything already in `LD_PRELOAD`.
 """
 
+import contextlib
+import ctypes
 import importlib.util
 import os
 import sys
@@ -22,6 +25,7 @@ MIMALLOC = Path("cmeel.prefix", "lib", "libmimalloc.so.3")  # where the cmeel-mi
 # Keep freed memory mapped (a step frees and takes back the same blocks); back it with huge
 # pages; one address-space reservation up front, so that GiB-sized blocks come from one arena.
 MIMALLOC_OPTIONS = {"MIMALLOC_PURGE_DELAY": "-1", "MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
+MI_OPTION_PURGE_DELAY = 15  # mimalloc.h's mi_option_purge_delay (mimalloc 2.1 to 3.x)
 RESTARTED = "JAXTRAIN_REEXECED"  # set for the restarted process only; it removes it at once
 _ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
                         "jax_rocm7_plugin", "libtpu")
@@ -146,3 +150,26 @@ def in_use() -> str:
   except OSError:
     return "default"
   return "mimalloc" if mapped else describe({**os.environ, "LD_PRELOAD": ""})
+
+
+@contextlib.contextmanager
+def purging():
+  """In this block, memory freed under mimalloc goes back to the kernel at once (its purge delay
+  0), then the delay is what it was (-1: kept). Around a compile, whose freed garbage (~150 MiB of
+  a small model's, in other threads' heaps) would otherwise stay: the process's peak. glibc, and
+  a mimalloc that is not preloaded, are left as they are."""
+  try:
+    lib = ctypes.CDLL(None)
+    get, set_, version = lib.mi_option_get, lib.mi_option_set, lib.mi_version()
+  except (OSError, AttributeError):  # no mimalloc in this process
+    version = 0
+  if not (210 <= version < 400 or 30000 <= version < 40000):  # 2.1.x is 21x, 3.4.3 is 30403
+    yield
+    return
+  get.restype, get.argtypes, set_.argtypes = ctypes.c_long, [ctypes.c_int], [ctypes.c_int, ctypes.c_long]
+  before = get(MI_OPTION_PURGE_DELAY)
+  set_(MI_OPTION_PURGE_DELAY, 0)
+  try:
+    yield
+  finally:
+    set_(MI_OPTION_PURGE_DELAY, before)
