@@ -141,6 +141,13 @@ def at(lines: list, text: str, last: bool = False) -> float | None:
 
 # ---- jaxtrain ------------------------------------------------------------------------------
 
+
+def after_last_step(result: dict) -> float | None:
+  """Seconds from the last step's line to the exit: the end of a run (its last evaluation,
+  checkpoint, samples, plot and summary)."""
+  steps = [t for t, line in result["lines"] if re.match(r"step +\d+/\d+ \|", line)]
+  return round(result["wall_s"] - steps[-1], 3) if steps else None
+
 # The lines that end each phase of a short run, in order; the last phase runs to the exit.
 JAXTRAIN_MARKS = [("to first line", "jaxtrain "), ("data and build", "memory per device"),
                   ("compiles", "starting a new run"), ("first step", FIRST_STEP),
