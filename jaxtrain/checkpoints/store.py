@@ -91,7 +91,7 @@ class Checkpoints:
     its arrays' checksums where `survey` gave them already."""
     step = int(state.step)
     # The checksums travel in the metadata: any tool that reads orbax checkpoints reads these.
-    meta = {**(meta or {}), "checksums": checksums(state.arrays()) if sums is None else sums}
+    meta = {**(meta or {}), "checksums": survey(state.arrays())[1] if sums is None else sums}
     items = {"state": ocp.args.PyTreeSave(state.arrays()), "meta": ocp.args.JsonSave(meta)}
     if iterator is not None:
       items["data"] = grain.checkpoint.CheckpointSave(iterator)
@@ -148,7 +148,7 @@ class Checkpoints:
     saved with. A collective: every process calls it, and all get the same answer."""
     if saved is None:
       return None
-    now = checksums(state.arrays())
+    now = survey(state.arrays())[1]
     wrong = [name for name in sorted(set(saved) | set(now)) if saved.get(name) != now.get(name)]
     if not wrong:
       return None
@@ -220,11 +220,6 @@ def survey(arrays: dict) -> tuple[bool, dict[str, int]]:
   finite, digests = jax.device_get(_survey(arrays))
   return bool(finite), {jax.tree_util.keystr(path, simple=True, separator="/"): int(d)
                         for path, d in jax.tree_util.tree_flatten_with_path(digests)[0]}
-
-
-def checksums(arrays: dict) -> dict[str, int]:
-  """{array path: digest} of a state's arrays (a collective when they span processes)."""
-  return survey(arrays)[1]
 
 
 def compile_survey(abstract: steps.TrainState, shardings: steps.TrainState) -> None:

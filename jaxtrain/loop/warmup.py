@@ -12,7 +12,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import importlib
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -29,44 +28,34 @@ from jaxtrain.trackers.hooks import Hooks
 
 class Ahead:
   """Compiles in a thread of its own what the run needs after its first steps (`jobs`: name ->
-  what compiles it, in the order the run needs them), once `start`ed; `wait(name)` before the run
-  uses one. On a CPU their compiles take the cores from training for a while (in all, the time
-  they would have taken at the end). A job that fails is left for the run to meet again (and
-  report) where it needs it."""
+  what compiles it, in the order needed), once `start`ed; `wait(name)` before the run uses one.
+  On a CPU they take the cores from training for the time they would take at the end. A job that
+  fails is left for the run to meet again (and report) where it needs it."""
 
   def __init__(self, jobs: dict[str, Callable[[], Any]] | None = None):
-    self.jobs = dict(jobs or {})
-    self.done = {name: threading.Event() for name in self.jobs}
-    self.thread: threading.Thread | None = None
-    self.closed = False
+    self.jobs, self.futures = dict(jobs or {}), {}
+    self.pool = concurrent.futures.ThreadPoolExecutor(1, "jaxtrain-ahead")
 
   def start(self) -> None:
-    if self.thread is None and self.jobs:
-      self.thread = threading.Thread(target=self._run, name="jaxtrain-ahead", daemon=True)
-      self.thread.start()
-
-  def _run(self) -> None:
-    with allocator.purging():  # the compiles' garbage is not kept beside training's memory
-      for name, job in self.jobs.items():
-        if not self.closed:
-          with contextlib.suppress(Exception):
-            job()
-        self.done[name].set()
+    if self.jobs and not self.futures:
+      self.futures = {name: self.pool.submit(_quietly, job) for name, job in self.jobs.items()}
 
   def wait(self, name: str | None = None) -> None:
-    """Until job `name` and those before it (every job where `name` is not one) are done;
-    starts them if not started yet."""
+    """Until job `name` and those before it (every job where `name` is none) are done."""
     self.start()
-    for job, event in self.done.items():
-      event.wait()
+    for job, future in self.futures.items():
+      future.result()
       if job == name:
         break
 
   def close(self) -> None:
     """No job starts from now on; waits for the one compiling (a compile cannot be stopped)."""
-    self.closed = True
-    if self.thread is not None:
-      self.thread.join()
+    self.pool.shutdown(cancel_futures=True)
+
+
+def _quietly(job: Callable[[], Any]) -> None:
+  with allocator.purging(), contextlib.suppress(Exception):  # its garbage is not kept beside training's
+    job()
 
 
 @dataclasses.dataclass

@@ -154,22 +154,18 @@ def in_use() -> str:
 
 @contextlib.contextmanager
 def purging():
-  """In this block, memory freed under mimalloc goes back to the kernel at once (its purge delay
-  0), then the delay is what it was (-1: kept). Around a compile, whose freed garbage (~150 MiB of
-  a small model's, in other threads' heaps) would otherwise stay: the process's peak. glibc, and
-  a mimalloc that is not preloaded, are left as they are."""
-  try:
-    lib = ctypes.CDLL(None)
-    get, set_, version = lib.mi_option_get, lib.mi_option_set, lib.mi_version()
-  except (OSError, AttributeError):  # no mimalloc in this process
-    version = 0
-  if not (210 <= version < 400 or 30000 <= version < 40000):  # 2.1.x is 21x, 3.4.3 is 30403
+  """In this block (around compiles), what mimalloc frees goes back to the kernel at once (its
+  purge delay 0; then again what it was): the compiler's garbage, in other threads' heaps, would
+  otherwise stay as the process's peak. A process without mimalloc 2.1 to 3.x is left alone."""
+  lib = ctypes.CDLL(None)
+  version = lib.mi_version() if hasattr(lib, "mi_version") else 0  # 2.1.x is 21x, 3.4.3 is 30403
+  if not (210 <= version < 400 or 30000 <= version < 40000):
     yield
     return
-  get.restype, get.argtypes, set_.argtypes = ctypes.c_long, [ctypes.c_int], [ctypes.c_int, ctypes.c_long]
-  before = get(MI_OPTION_PURGE_DELAY)
-  set_(MI_OPTION_PURGE_DELAY, 0)
+  lib.mi_option_get.restype = ctypes.c_long
+  before = lib.mi_option_get(MI_OPTION_PURGE_DELAY)
+  lib.mi_option_set(MI_OPTION_PURGE_DELAY, ctypes.c_long(0))
   try:
     yield
   finally:
-    set_(MI_OPTION_PURGE_DELAY, before)
+    lib.mi_option_set(MI_OPTION_PURGE_DELAY, ctypes.c_long(before))
