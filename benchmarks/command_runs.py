@@ -141,6 +141,13 @@ def at(lines: list, text: str, last: bool = False) -> float | None:
 
 # ---- jaxtrain ------------------------------------------------------------------------------
 
+
+def after_last_step(result: dict) -> float | None:
+  """Seconds from the last step's line to the exit: the end of a run (its last evaluation,
+  checkpoint, samples, plot and summary)."""
+  steps = [t for t, line in result["lines"] if re.match(r"step +\d+/\d+ \|", line)]
+  return round(result["wall_s"] - steps[-1], 3) if steps else None
+
 # The lines that end each phase of a short run, in order; the last phase runs to the exit.
 JAXTRAIN_MARKS = [("to first line", "jaxtrain "), ("data and build", "memory per device"),
                   ("compiles", "starting a new run"), ("first step", FIRST_STEP),
@@ -177,7 +184,7 @@ def summary_phases(result: dict) -> dict:
 
 
 COMPILED = re.compile(r"^(\S+ \S+),(\d+) .*Finished XLA compilation of jit\((\S+)\) in (\S+) sec")
-BIG_PROGRAMS = ("train_step", "eval_step", "<lambda>", "_prefill", "_decode", "_all_finite")
+BIG_PROGRAMS = ("train_step", "eval_step", "<lambda>", "_prefill", "_decode", "_all_finite", "_survey")
 
 
 def compiles(log: Path) -> dict:

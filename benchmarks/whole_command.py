@@ -70,6 +70,7 @@ def run_jaxtrain(tree: cr.Tree, config: str, home: Path, name: str, args,
   result.update(phases=cr.jaxtrain_phases(result), summary=cr.summary_phases(result),
                 compiles=cr.compiles(workdir / "logs" / "process_0.log"),
                 to_first_step_s=cr.at(result["lines"], cr.FIRST_STEP),
+                after_last_step_s=cr.after_last_step(result),
                 val=cr.jaxtrain_val(result), tokens_per_s=cr.metrics_tokens_per_s(workdir))
   return result
 

@@ -9,7 +9,7 @@ import reports
 
 E_SHAPE = "configs/shakespeare_char_nanogpt.py"
 NANO = "configs/nano.py"
-GOALS = {"tokens": 1.5, "warm_over_floor": 1.5, "rss": 2.0, "val": 1.50}
+GOALS = {"tokens": 1.5, "warm_over_floor": 1.5, "rss": 2.0, "val": 1.50, "end_s": 1.0}
 
 
 def med(runs: list[dict], key: str) -> float | None:
@@ -89,6 +89,12 @@ def headline_rows(report: dict) -> list[list[str]]:
               f"{_x(r, ng_rss)}", r <= GOALS["rss"] * ng_rss) for t in trees]
     row(f"peak RSS: nano, {report['args']['steps']} steps, {cache} (nanoGPT: its recipe)",
         f"{ng_rss:,.0f} MiB", cells, f"<= {GOALS['rss']}x")
+  for cache in ("cold", "warm") if (steps := report.get("steps")) else ():
+    ends = [steps["jaxtrain"][t][NANO][cache].get("after_last_step_s") for t in trees]
+    row(f"the end of a nano run of {report['args']['steps']} steps, {cache} (after its last "
+        "step's line: evaluation, checkpoint, samples, plot, summary)", "-",
+        [(f"{_s(e)} s", None if e is None else e <= GOALS["end_s"]) for e in ends],
+        f"<= {GOALS['end_s']:.0f} s")
   if (rec := report.get("recipe")) and ng_rss:
     cells = [(f"{(r := max(x['max_rss_mib'] for x in rec['jaxtrain'][t])):,.0f} MiB, "
               f"{_x(r, ng_rss)}", r <= GOALS["rss"] * ng_rss) for t in trees]

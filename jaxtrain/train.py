@@ -65,6 +65,7 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
       result = ending.interrupted(e, phase, claim.workdir, t_start, max_steps)
     finally:
       if r is not None:
+        r.ahead.close()
         r.saving.close()  # a save that was going well still completes, also on error
         r.hooks.end(result)
   return result
@@ -122,6 +123,7 @@ def _train(r: Run, p: Progress, state: TrainState, stop: signals.GracefulStop
     p.log_due = p.step
   if due.save:
     with stop.saving_now(), p.timeline.timing("checkpoints"):
+      r.ahead.wait("checkpoints")
       r.saving.save(state, r.feed, None if new_best is None else p.last_val, p.elapsed(),
                     p.best.value, p.end)
   if not due.stop and (due.save or new_best is not None):
@@ -211,6 +213,7 @@ def _log(r: Run, p: Progress, step: int) -> None:
   if speed is not None and not p.speed_said:
     p.speed_said = True
     r.out.print(speed_lib.first_line(speed, r.programs.model_cfg.dtype, p.end - step))
+    r.ahead.start()  # what the run compiles for its end, now that its speed was read
   loss, lr, elapsed = p.pending.last_loss, p.pending.last_lr, p.elapsed()
   mem, mem_text, mem_warning = p.mem_watch.read()
   r.out.progress(step, p.end, loss, lr, speed.tokens_per_sec if speed else None, elapsed,
@@ -229,6 +232,7 @@ def _validate(r: Run, p: Progress, state: TrainState, stop: signals.GracefulStop
   stopped it part way (it then has no record)."""
   asked = lambda: runtime.any_process(stop.requested is not None)  # noqa: E731
   with p.timeline.timing("eval"), stop.evaluating_now():
+    r.ahead.wait("eval")
     try:
       record = p.val.score(r.programs, state, p.step, p.elapsed, r.out.print, asked)
     except validation.Stopped:

@@ -186,9 +186,11 @@ def test_the_dry_run_gives_the_time_here_and_warns_of_many_epochs(corpus_file, t
   assert "float32 matmul measured on this cpu" in time_line
   peak = time_line.split(" of ")[2].split("FLOP/s")[0]  # e.g. 198.29G
   seconds = flops / (0.4 * float(peak[:-1]) * {"G": 1e9, "T": 1e12, "M": 1e6}[peak[-1]])
-  said = time_line.split("about ")[1].split(" of training")[0]
-  # the peak's rounding (two decimals) and the duration's (to the second) apart
-  assert fmt.parse_duration(said) == pytest.approx(seconds, rel=0.02, abs=1.0), (said, seconds)
+  said = time_line.split("about ")[1].split(" of training")[0]  # 41.2s, 1m14s or 2h05m
+  # as fmt.duration rounds it (to a tenth of a second, a second or a minute) at whatever speed
+  # this machine was measured; the peak is printed to 2 decimals (at most 0.5% off)
+  unit = 60 if "h" in said else 1 if "m" in said else 0.05
+  assert abs(fmt.parse_duration(said) - seconds) <= unit + 0.005 * seconds, (said, seconds)
   assert not (tmp_path / "run").exists()
   short = run_cli(*kh.cli_args(tmp_path / "run", corpus_file, 4), "--dry_run")
   assert not any(x.startswith("warning: plan:") for x in short.stdout.splitlines())

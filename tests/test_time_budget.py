@@ -5,6 +5,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -182,14 +183,14 @@ def test_the_command_says_up_front_when_starting_up_used_the_budget(tmp_path, co
 
 class _Compiles:
   """The programs compiled (or read from the compile cache) while it listens, with the step the
-  run was at."""
+  run was at and the thread that compiled them."""
 
   def __init__(self, at: Hook):
     self.at, self.seen = at, []
 
   def __call__(self, event, duration, **kwargs):
     if event == "/jax/core/compile/backend_compile_duration":
-      self.seen.append((kwargs.get("fun_name", "?"), self.at.now))
+      self.seen.append((kwargs.get("fun_name", "?"), self.at.now, threading.current_thread().name))
 
 
 def test_a_budgeted_run_compiles_its_steps_once_before_it_measures(tiny, monkeypatch):
@@ -206,10 +207,28 @@ def test_a_budgeted_run_compiles_its_steps_once_before_it_measures(tiny, monkeyp
     assert jt.run(tiny, show_progress=False, hooks=(at,)).step == 12
   finally:
     jax.monitoring.unregister_event_duration_listener(compiles)
-  names = [name for name, _ in compiles.seen]
+  names = [name for name, _, _ in compiles.seen]
   assert names.count("jit(train_step)") == 1, compiles.seen
-  late = {name for name, step in compiles.seen if step > 0}
+  late = {name for name, step, _ in compiles.seen if step > 0}
   assert not late & {"jit(train_step)", "jit(eval_step)", "jit(_prefill)", "jit(_decode)"}, late
+
+
+def test_what_the_end_of_a_run_runs_compiles_while_it_trains(tiny):
+  # On a CPU, the eval step, the checksums and the samples' programs compile in a thread of their
+  # own once the first speed reading is out (warmup.Ahead); the loop's thread compiles none.
+  tiny.train.max_steps, tiny.train.log_every, tiny.train.eval_every = 12, 2, 12
+  tiny.model.d_model, tiny.model.n_heads = 24, 2  # a shape of its own: none compiled in this process
+  at = _StopAt(10**9)
+  compiles = _Compiles(at)
+  jax.monitoring.register_event_duration_secs_listener(compiles)
+  try:
+    assert jt.run(tiny, show_progress=False, hooks=(at,)).samples
+  finally:
+    jax.monitoring.unregister_event_duration_listener(compiles)
+  end = {"jit(eval_step)", "jit(_survey)", "jit(_prefill)", "jit(_decode)"}
+  where = [(name, thread) for name, _, thread in compiles.seen if name in end]
+  assert sorted(name for name, _ in where) == sorted(end), compiles.seen  # each once
+  assert {thread for _, thread in where} == {"jaxtrain-ahead_0"}, compiles.seen
 
 
 @pytest.mark.slow

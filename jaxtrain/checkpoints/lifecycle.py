@@ -14,9 +14,9 @@ import shutil
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
+from jaxtrain.checkpoints import store
 from jaxtrain.checkpoints.recover import Damaged, newest_intact
 from jaxtrain.checkpoints.store import Checkpoints
 from jaxtrain.config import loading
@@ -63,7 +63,8 @@ class Saving:
     """Starts an async save of `state` at its step, after checking it can be written whole; its
     meta says the training seconds, the best val loss and the run's end (`end`) so far."""
     step = int(state.step)
-    if not bool(_all_finite(state.params)):
+    finite, sums = store.survey(state.arrays())
+    if not finite:
       raise NonFiniteLoss(f"parameters became non-finite by step {step}: stopped without saving "
                           "them; the last good checkpoint is kept. Lower --config.optim.lr")
     size = sum(x.nbytes for x in jax.tree.leaves(state.arrays()))
@@ -75,7 +76,7 @@ class Saving:
     config = self.meta["config"]
     meta = dict(self.meta, elapsed_s=elapsed, best_val_loss=best,
                 config={**config, "train": {**config["train"], "max_steps": end}})
-    _writing(self.ckpts, lambda: self.ckpts.save(state, iterator, meta, val_loss=val), step)
+    _writing(self.ckpts, lambda: self.ckpts.save(state, iterator, meta, val, sums), step)
 
   def check(self, step: int) -> None:
     """Raises, as one line, the error of a background write that failed."""
@@ -96,11 +97,6 @@ class Saving:
     at once with one line naming it and the checkpoint a restart resumes from (`step()`: the step
     the loop is at). It exits, since jax and orbax would otherwise wait for the lost process."""
     return peers.watch_peers(step, lambda: _resume_hint(self.ckpts))
-
-
-@jax.jit
-def _all_finite(tree) -> jax.Array:
-  return jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
 def _writing(ckpts: Checkpoints, action, step: int) -> None:

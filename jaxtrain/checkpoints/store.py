@@ -4,6 +4,8 @@ Orbax writes each step into a temporary directory and renames it when complete, 
 mid-save never leaves a checkpoint that `latest_step` would pick. Kept: the `keep` latest steps
 plus the one with the best validation loss. Each array's checksum is saved in the step's
 metadata: damage found later (a flipped bit, a lost or cut-short file) shows on restore (recover.py).
+One program (`survey`) computes the checksums and whether the params are finite, for a save and
+for a restore's check alike; `compile_survey` compiles it ahead (loop/warmup.py).
 """
 
 import contextlib
@@ -61,7 +63,8 @@ class Checkpoints:
         preservation_policy=None if read_only else policy, create=not read_only,
         read_only=read_only, enable_async_checkpointing=True,
         cleanup_tmp_directories=not read_only)
-    self.manager = ocp.CheckpointManager(self.directory, options=options)
+    self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                         handler_registry=_handlers())
     # Reads go through a checkpointer of this process alone: the manager's restore ends in a
     # barrier of all processes, which a process that failed to read would never reach.
     alone = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(),
@@ -82,12 +85,14 @@ class Checkpoints:
     return complete_steps(self.directory.parent)
 
   def save(self, state: steps.TrainState, iterator: grain.DatasetIterator | None = None,
-           meta: dict | None = None, val_loss: float | None = None) -> None:
-    """Starts an async save of `state` at its step; returns once the arrays are copied."""
+           meta: dict | None = None, val_loss: float | None = None,
+           sums: dict[str, int] | None = None) -> None:
+    """Starts an async save of `state` at its step; returns once the arrays are copied. `sums`:
+    its arrays' checksums where `survey` gave them already."""
     step = int(state.step)
     # The checksums travel in the metadata: any tool that reads orbax checkpoints reads these.
-    meta = {**(meta or {}), "checksums": checksums(state.arrays())}
-    items = {"state": ocp.args.StandardSave(state.arrays()), "meta": ocp.args.JsonSave(meta)}
+    meta = {**(meta or {}), "checksums": survey(state.arrays())[1] if sums is None else sums}
+    items = {"state": ocp.args.PyTreeSave(state.arrays()), "meta": ocp.args.JsonSave(meta)}
     if iterator is not None:
       items["data"] = grain.checkpoint.CheckpointSave(iterator)
     args = ocp.args.Composite(**items)
@@ -143,7 +148,7 @@ class Checkpoints:
     saved with. A collective: every process calls it, and all get the same answer."""
     if saved is None:
       return None
-    now = checksums(state.arrays())
+    now = survey(state.arrays())[1]
     wrong = [name for name in sorted(set(saved) | set(now)) if saved.get(name) != now.get(name)]
     if not wrong:
       return None
@@ -203,11 +208,41 @@ def _digest(x: jax.Array) -> jax.Array:
   return jnp.sum(h ^ (h >> 16), dtype=jnp.uint32)
 
 
-_digests = jax.jit(lambda tree: jax.tree.map(_digest, tree))
+@jax.jit
+def _survey(arrays: dict) -> tuple[jax.Array, dict]:
+  finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(arrays["params"])]))
+  return finite, jax.tree.map(_digest, arrays)
 
 
-def checksums(arrays: dict) -> dict[str, int]:
-  """{array path: digest} of a state's arrays (a collective when they span processes)."""
-  digests = jax.device_get(_digests(arrays))
-  return {jax.tree_util.keystr(path, simple=True, separator="/"): int(d)
-          for path, d in jax.tree_util.tree_flatten_with_path(digests)[0]}
+def survey(arrays: dict) -> tuple[bool, dict[str, int]]:
+  """(whether every param is finite, {array path: digest}) of a state's arrays, in one program
+  (a collective when they span processes)."""
+  finite, digests = jax.device_get(_survey(arrays))
+  return bool(finite), {jax.tree_util.keystr(path, simple=True, separator="/"): int(d)
+                        for path, d in jax.tree_util.tree_flatten_with_path(digests)[0]}
+
+
+def compile_survey(abstract: steps.TrainState, shardings: steps.TrainState) -> None:
+  """`survey` compiled for states placed as `shardings` places them: a save or a restore's check
+  then finds it in jax's cache."""
+  _survey.lower(jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                             abstract.arrays(), shardings.arrays())).compile()
+
+
+def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
+  """orbax's handlers, except that an array replicated over devices is written by one of them
+  unless each replica's part would hold 16 MiB or more. orbax otherwise splits every replicated
+  array among its replicas (its default unless JAX_PLATFORMS names a GPU), which compiles a slice
+  for each array shape and device: ~1 s of a small model's first save on a 2-core CPU, for parts
+  that one host's memory holds anyway."""
+  # (no per-array metadata files: orbax keeps them for typed PRNG keys; a state's rng is raw data)
+  arrays = ocp.type_handlers.ArrayHandler(min_slice_bytes_for_replica_parallel=16 << 20,
+                                          array_metadata_store=None)
+  types = ocp.type_handlers.create_type_handler_registry(
+      *[(t, arrays if t is jax.Array else ocp.type_handlers.get_type_handler(t))
+        for t in ocp.type_handlers.supported_types()])
+  tree = ocp.PyTreeCheckpointHandler(type_handler_registry=types)
+  registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+  for args in (ocp.args.PyTreeSave, ocp.args.PyTreeRestore):
+    registry.add("state", args, tree)
+  return registry

@@ -160,7 +160,7 @@ def stream(state, prompts_BP: np.ndarray, n_new: int, *,
     carry = _decode(params, graphdef, carry, jnp.int32(chunk), use_cache=use_cache, keep=keep,
                     temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
     take = min(chunk, n_new - done)
-    yield np.asarray(carry[0][:, P + done:P + done + take])
+    yield np.array(carry[0])[:, P + done:P + done + take]  # a host copy, sliced: no program per chunk
     done += take
 
 

@@ -21,6 +21,8 @@ from jaxtrain.trackers.hooks import RunResult
 def finish(r: Run, p: Progress, state: TrainState, speed: float | None) -> RunResult:
   """Samples and the loss plot (process 0), then the closing line."""
   try:
+    with p.timeline.timing("samples" if r.cfg.sample.num_samples else "loss plot"):
+      r.ahead.wait()  # the samples' programs, the plot's import
     params = runtime.host_copy(state.params)  # every process takes part; process 0 samples
     is_main = jax.process_index() == 0
     # The plot (mostly matplotlib's import) is drawn beside the samples, which wait on XLA.

@@ -83,12 +83,13 @@ def start(r: Run) -> tuple[Run, TrainState, float, float]:
     begin = lambda: (r.programs.abstract.with_arrays(init.compile()()), 0.0, math.inf, ())  # noqa: E731
   else:
     begin = lambda: _restore(r)  # noqa: E731
+  ahead = r.ahead
   if r.compiled:
     built, (state, elapsed, best, changes) = r.programs, begin()
   else:
     ready = warmup.side_by_side(r.programs, r.cfg, r.corpus, r.hooks, begin)
-    built, (state, elapsed, best, changes) = ready.programs, ready.beside
-  r = dataclasses.replace(r, programs=built, t_compile=t_compile)
+    built, (state, elapsed, best, changes), ahead = ready.programs, ready.beside, ready.ahead
+  r = dataclasses.replace(r, programs=built, t_compile=t_compile, ahead=ahead)
   if latest is None and r.cfg.init_from:
     state = init_from.apply(r.cfg.init_from, state, r.programs, r.corpus.tokenizer, r.out.print)
   if latest is None:

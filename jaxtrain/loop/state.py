@@ -17,6 +17,7 @@ from jaxtrain.evals.validation import Validation
 from jaxtrain.loop.budget import Pace, Plan
 from jaxtrain.loop.feed import DeviceFeed
 from jaxtrain.loop.step_metrics import Pending
+from jaxtrain.loop.warmup import Ahead
 from jaxtrain.measure.memory import Watch
 from jaxtrain.measure.speed import Throughput
 from jaxtrain.measure.summary import Timeline
@@ -41,6 +42,7 @@ class Run:
   plan: Plan  # the run's end as the leg started (the loop's own: Progress.plan)
   tasks: list[Task] = dataclasses.field(default_factory=list)  # train.eval_tasks' records
   t_compile: float = 0.0  # when compiling began: the first step's line counts from it
+  ahead: Ahead = dataclasses.field(default_factory=Ahead)  # compiles once training runs (CPU)
 
   @property
   def compiled(self) -> bool:

@@ -3,7 +3,8 @@
 XLA:CPU allocates a step's temporaries (GiBs) and frees them every step; glibc hands such blocks
 back to the kernel at once, which maps and zeroes them afresh every step. mimalloc, told never to
 return freed memory, reuses the same pages; without it, glibc's `hugetlb` tunable at least brings
-them in 2 MiB at a time.
+them in 2 MiB at a time. XLA's compiles are the exception (`purging`): what they free goes back at
+once, or the compiler's garbage would stay in the process as its peak memory.
 
 Kept free of heavy imports: `python -m jaxtrain` calls `reexec()` before it imports jax.
 Linux, CPU runs only; `JAXTRAIN_NO_REEXEC=1` leaves the process as it is, `JAXTRAIN_MIMALLOC=0`
@@ -15,6 +16,8 @@ CPU into one XLA device per core (`split_early`), as the command line does (core
 a run gets its devices even where jax is used before it.
 """
 
+import contextlib
+import ctypes
 import importlib.util
 import os
 import sys
@@ -28,6 +31,7 @@ MIMALLOC = Path("cmeel.prefix", "lib", "libmimalloc.so.3")  # where the cmeel-mi
 # pages; one address-space reservation up front, so that GiB-sized blocks come from one arena.
 MIMALLOC_OPTIONS = {"MIMALLOC_PURGE_DELAY": "-1", "MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
 SPLIT = "JAXTRAIN_CPU_DEVICES"  # the count split_early put in JAX_NUM_CPU_DEVICES: jaxtrain's, not the user's
+MI_OPTION_PURGE_DELAY = 15  # mimalloc.h's mi_option_purge_delay (mimalloc 2.1 to 3.x)
 RESTARTED = "JAXTRAIN_REEXECED"  # set for the restarted process only; it removes it at once
 _ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
                         "jax_rocm7_plugin", "libtpu")
@@ -172,3 +176,22 @@ def in_use() -> str:
   except OSError:
     return "default"
   return "mimalloc" if mapped else describe({**os.environ, "LD_PRELOAD": ""})
+
+
+@contextlib.contextmanager
+def purging():
+  """In this block (around compiles), what mimalloc frees goes back to the kernel at once (its
+  purge delay 0; then again what it was): the compiler's garbage, in other threads' heaps, would
+  otherwise stay as the process's peak. A process without mimalloc 2.1 to 3.x is left alone."""
+  lib = ctypes.CDLL(None)
+  version = lib.mi_version() if hasattr(lib, "mi_version") else 0  # 2.1.x is 21x, 3.4.3 is 30403
+  if not (210 <= version < 400 or 30000 <= version < 40000):
+    yield
+    return
+  lib.mi_option_get.restype = ctypes.c_long
+  before = lib.mi_option_get(MI_OPTION_PURGE_DELAY)
+  lib.mi_option_set(MI_OPTION_PURGE_DELAY, ctypes.c_long(0))
+  try:
+    yield
+  finally:
+    lib.mi_option_set(MI_OPTION_PURGE_DELAY, ctypes.c_long(before))
