@@ -1,8 +1,9 @@
 """What a run needs of its data, in one place: `prepare` (`data.path`'s text or token files, or
-`data.mixture`'s sources, as one `Corpus`), `check_lengths`, `train_iterator`, `eval_sets`,
-`eval_weights` and `loss_scope`. The parts behind it: `documents` reads text, `heldout` splits off
-validation, `tokenizer` encodes it, `tokencache` tokenizes a text corpus once, `tokenfiles` maps
-token ids in place, `mixture` schedules a mixture's rows, `windows` cuts batches of windows.
+`data.mixture`'s sources, as one `Corpus`), `check_lengths`, `train_iterator`, `eval_sets` and
+`loss_scope`. The parts behind it: `documents` reads text, `heldout` splits off validation,
+`tokenizer` encodes it, `tokencache` tokenizes a text corpus once, `tokenfiles` maps token ids in
+place, `mixture` schedules a mixture's rows, `windows` cuts batches of windows.
+
 
 Validation is a tail of whole documents (heldout.py), so every tokenizer sees the same validation
 text. A mixture tokenizes each source once, on its own, with one tokenizer for all.
@@ -67,6 +68,9 @@ class EvalSet:
   name: str  # "" for the run's own validation set (the mixed one)
   batches: list[dict]  # this process's rows
   bpb: float  # val_bpb / val_loss over every row of the set
+  # The targets in the loss of each whole batch (every process's rows), by which the batches' mean
+  # losses are averaged; None without a loss mask (each batch counts the same).
+  weights: np.ndarray | None = None
 
 
 def loss_scope(data: ml_collections.ConfigDict) -> str:
@@ -87,8 +91,7 @@ def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=pri
                       "directory with files, or a glob)", "point --config.data.path at your text "
                       "(file, directory or glob), or leave it empty for the Python standard library")
   if (chosen := tokenfiles.select(data, files)) is not None:
-    return Corpus(**vars(tokenfiles.prepare(data, *chosen, vocab_size, show_progress, log)),
-                  n_bytes=0)
+    return Corpus(**tokenfiles.prepare(data, *chosen, vocab_size, show_progress, log), n_bytes=0)
   return _text(data, files, show_progress, log)
 
 
@@ -184,21 +187,12 @@ def eval_sets(corpus: Corpus, batch_size: int, seq_len: int, seed: int, n_batche
   rows = windows.process_rows(batch_size, process_index, process_count)
 
   def own(name: str, c: Corpus, everything: list[dict]) -> EvalSet:  # bpb: every process's rows
+    weights = None if c.mask is None else np.array([float(b["weights"].sum()) for b in everything])
     return EvalSet(name, [{k: v[rows] for k, v in b.items()} for b in everything],
-                   windows.batches_bpb(c.tokenizer, everything))
+                   windows.batches_bpb(c.tokenizer, everything), weights)
 
   if not corpus.sources:
     return [own("", corpus, windows.eval_batches(corpus, *args))]
   mixed = _mixed(corpus, "val", batch_size, seq_len, seed, windows.EVAL_STREAM, slice(None))
   return [own("", corpus, [mixed[i] for i in range(n_batches)])] + \
       [own(s.name, s.corpus, windows.eval_batches(s.corpus, *args)) for s in corpus.sources]
-
-
-def eval_weights(corpus: Corpus, batch_size: int, seq_len: int, seed: int,
-                 n_batches: int) -> np.ndarray | None:
-  """The targets in the loss in each whole evaluation batch (every process's rows), by which
-  the batches' mean losses are averaged; None without weights (each batch counts the same)."""
-  if corpus.mask is None:
-    return None
-  batches = windows.eval_batches(corpus, batch_size, seq_len, seed, n_batches)
-  return np.array([float(b["weights"].sum()) for b in batches])
