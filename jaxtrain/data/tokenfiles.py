@@ -36,17 +36,6 @@ _OTHER_LLMC = {20240522: "an llm.c evaluation file (HellaSwag or MMLU examples),
 _VAL_NAME = re.compile(r"(?:^|[^a-z0-9])(?:val|valid|validation)(?:[^a-z0-9]|$)")
 
 
-@dataclasses.dataclass
-class TokenFiles:
-  tokens: Shards  # the training files' ids, then validation's
-  n_train: int
-  tokenizer: object
-  fingerprint: str
-  n_files: int
-  about: str  # the summary's data line
-  notes: list[str]
-
-
 def select(data: ml_collections.ConfigDict, files: list[Path]) -> tuple[list[Path], list[Path]] | None:
   """(token files, files left out) where `data.format` makes `files` token files; None for text."""
   form = data.format
@@ -62,9 +51,10 @@ def select(data: ml_collections.ConfigDict, files: list[Path]) -> tuple[list[Pat
 
 
 def prepare(data: ml_collections.ConfigDict, files: list[Path], left_out: list[Path],
-            vocab_size: int, show_progress: bool = True, log=print) -> TokenFiles:
-  """Reads the token files' headers, checks every id once (cached), splits off validation.
-  `vocab_size`: model.vocab_size (0: from the tokenizer), the vocabulary of flat files."""
+            vocab_size: int, show_progress: bool = True, log=print) -> dict:
+  """The token files as corpus.Corpus's fields: their headers read, every id checked once (cached),
+  the training files' ids then validation's. `vocab_size`: model.vocab_size (0: from the
+  tokenizer), the vocabulary of flat files."""
   _refuse_records(data, files[0])
   found = _inspect_all(files, data.format)
   notes = []
@@ -93,8 +83,8 @@ def prepare(data: ml_collections.ConfigDict, files: list[Path], left_out: list[P
   about = (f"{len(found)} token file(s) ({kind}), {fmt.count(len(tokens))} ids, vocabulary "
            f"{tok.vocab_size}{vocab} -> train {fmt.count(n_train)}, val "
            f"{fmt.count(len(tokens) - n_train)} ({rule})")
-  return TokenFiles(tokens, n_train, tok, hashlib.sha256(json.dumps(key).encode()).hexdigest(),
-                    len(found), about, notes)
+  return dict(tokens=tokens, n_train=n_train, tokenizer=tok, n_files=len(found), about=about,
+              fingerprint=hashlib.sha256(json.dumps(key).encode()).hexdigest(), notes=notes)
 
 
 def _refuse_records(data: ml_collections.ConfigDict, example: Path) -> None:
