@@ -23,12 +23,6 @@ EOT = "<|endoftext|>"
 BUILTIN = ("byte", "char", "bpe")
 
 
-def _hf():
-  import tokenizers  # imported when used: a byte run never needs it
-
-  return tokenizers
-
-
 class _EachText:
   def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
     return [self.encode(t) for t in texts]
@@ -122,7 +116,7 @@ def vocab_notes(tok) -> list[str]:
 
 def _hf_json(vocab: dict[str, int], kind: str, end_of_text: bool = True) -> str:
   """A tokenizer.json equivalent to the byte, char or ids tokenizer."""
-  t = _hf()
+  import tokenizers as t  # imported when used: a byte run never needs it
   if kind == "byte":
     tok = t.Tokenizer(t.models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = t.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -208,7 +202,7 @@ class HFTokenizer:
   """A `tokenizers.Tokenizer`: one trained here (`bpe`) or read from a tokenizer.json."""
 
   def __init__(self, hf_json: str, name: str = "tokenizer.json"):
-    t = _hf()
+    import tokenizers as t
     self.name, self._json = name, hf_json
     try:
       self.tok = t.Tokenizer.from_str(hf_json)
@@ -272,7 +266,7 @@ class HFTokenizer:
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> HFTokenizer:
   """Byte-level BPE (GPT-2's pre-tokenizer) with `vocab_size` tokens, end-of-text first."""
-  t = _hf()
+  import tokenizers as t
   tok = t.Tokenizer(t.models.BPE())
   tok.pre_tokenizer = t.pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = t.decoders.ByteLevel()
