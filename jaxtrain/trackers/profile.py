@@ -10,7 +10,6 @@ https://ui.perfetto.dev). Only process 0 traces.
 from pathlib import Path
 
 import jax
-import ml_collections
 
 from jaxtrain.core.steps import TrainState
 from jaxtrain.trackers.hooks import Hook, RunResult, RunView
@@ -47,9 +46,3 @@ class Profile(Hook):
     self.tracing = False
     self.say(f"profile of {what}: {self.directory} (tensorboard --logdir {self.directory}, or "
              "perfetto_trace.json.gz in https://ui.perfetto.dev)")
-
-
-def hooks(train: ml_collections.ConfigDict, workdir: Path) -> list[Profile]:
-  if train.profile_steps <= 0 or jax.process_index() != 0:
-    return []
-  return [Profile(train.profile_steps, Path(workdir) / "profile")]
