@@ -20,9 +20,7 @@ def drop_after(path: Path, step: int) -> int:
   n_lines = len(path.read_text(encoding="utf-8").splitlines())
   keep = [r for r in paths.read_jsonl(path) if isinstance(r.get("step"), int) and r["step"] <= step]
   if len(keep) != n_lines:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
-    tmp.replace(path)
+    paths.write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
   return n_lines - len(keep)
 
 
