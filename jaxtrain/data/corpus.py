@@ -149,12 +149,45 @@ def check_lengths(corpus: Corpus, seq_len: int, val_fraction: float) -> None:
   """Raises a UserError unless both splits hold a window of seq_len + 1 tokens: of each source,
   for a mixture (the error names it)."""
   if not corpus.sources:
-    return windows.check_windows(corpus, seq_len, val_fraction)
+    return _check_windows(corpus, seq_len, val_fraction)
   for s in corpus.sources:
     try:
-      windows.check_windows(s.corpus, seq_len, val_fraction)
+      _check_windows(s.corpus, seq_len, val_fraction)
     except UserError as e:
       raise UserError(f"data.mixture source {s.name} ({s.spec}): {e}") from None
+
+
+def eval_batches(corpus: Corpus, batch_size: int, seq_len: int, seed: int,
+                 n_batches: int) -> list[dict]:
+  """The same `n_batches` validation batches (every process's rows) at every evaluation, so val
+  losses compare."""
+  source = windows.WindowBatches(corpus.val, batch_size, seq_len, seed, windows.EVAL_STREAM,
+                                 mask=corpus.split_mask(train=False))
+  return [source[i] for i in range(n_batches)]
+
+
+def _check_windows(corpus: Corpus, seq_len: int, val_fraction: float) -> None:
+  """Raises a UserError unless both splits of one corpus hold a window of seq_len + 1 tokens."""
+  window = seq_len + 1
+  if isinstance(corpus.tokens, windows.Shards):
+    for name, split in (("validation", corpus.val), ("training", corpus.train)):
+      if windows.n_windows(split, window) < 1:
+        longest = max((len(p) for p in split.parts), default=0)
+        raise UserError(f"the {name} split of the token files holds no window of seq_len+1="
+                        f"{window} ids (its longest stretch in one file has {longest}); pass a "
+                        "smaller --config.model.seq_len (or, where validation is the files' "
+                        "tail, another --config.data.val_fraction)")
+    return
+  if len(corpus.val) < window:
+    need = int(window / val_fraction) + window
+    raise UserError(f"the corpus has {len(corpus.tokens)} tokens: its validation split "
+                    f"({len(corpus.val)}) is shorter than one window of seq_len+1={window}; use "
+                    f"at least ~{need} tokens of text or a smaller --config.model.seq_len")
+  if len(corpus.train) < window:
+    raise UserError(f"the corpus has {len(corpus.tokens)} tokens: its training split "
+                    f"({len(corpus.train)}) is shorter than one window of seq_len+1={window}; "
+                    "pass a smaller --config.data.val_fraction or --config.model.seq_len, or "
+                    "use more text")
 
 
 def _mixed(corpus: Corpus, split: str, batch_size: int, seq_len: int, seed: int, stream: int,
@@ -192,7 +225,7 @@ def eval_sets(corpus: Corpus, batch_size: int, seq_len: int, seed: int, n_batche
                    windows.batches_bpb(c.tokenizer, everything), weights)
 
   if not corpus.sources:
-    return [own("", corpus, windows.eval_batches(corpus, *args))]
+    return [own("", corpus, eval_batches(corpus, *args))]
   mixed = _mixed(corpus, "val", batch_size, seq_len, seed, windows.EVAL_STREAM, slice(None))
   return [own("", corpus, [mixed[i] for i in range(n_batches)])] + \
-      [own(s.name, s.corpus, windows.eval_batches(s.corpus, *args)) for s in corpus.sources]
+      [own(s.name, s.corpus, eval_batches(s.corpus, *args)) for s in corpus.sources]
