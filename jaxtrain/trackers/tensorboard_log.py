@@ -38,12 +38,6 @@ def scalars(section: str, record: dict) -> dict[str, float]:
           if key not in SKIP and isinstance(value, int | float) and not isinstance(value, bool)}
 
 
-def _hparams(cfg) -> dict:
-  """The config as flat hparams; anything that is not a number, text or bool as text."""
-  return {k: v if isinstance(v, bool | int | float | str) else str(v)
-          for k, v in loading.flatten(cfg.to_dict()).items()}
-
-
 class TensorBoard(Hook):
   """Writes the run's event file (process 0's: standard.py attaches it there)."""
 
@@ -65,7 +59,7 @@ class TensorBoard(Hook):
           continue  # the hparams are written anew below: this leg's config may differ
         seen.add(record)
         self.writer.write(record)
-    for summary in tfevents.hparams(_hparams(run.cfg), ["val/loss"]):
+    for summary in tfevents.hparams(loading.flatten(run.cfg.to_dict()), ["val/loss"]):
       self.writer.write(tfevents.event(step, summary))
     self.writer.flush()  # the kept events are safe in the new file before the old ones go
     for path in old:
