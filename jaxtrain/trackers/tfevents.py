@@ -172,13 +172,6 @@ def masked_crc32c(data: bytes) -> int:
   return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def framed(data: bytes) -> bytes:
-  """One TFRecord: 8-byte length, its checksum, the data, the data's checksum."""
-  length = struct.pack("<Q", len(data))
-  return length + struct.pack("<I", masked_crc32c(length)) + data + \
-      struct.pack("<I", masked_crc32c(data))
-
-
 def read_records(path: Path) -> list[bytes]:
   """The records of a TFRecord file; a last record that a kill cut short is left out."""
   data, records, i = path.read_bytes(), [], 0
@@ -205,8 +198,10 @@ class EventWriter:
     self.flush()
 
   def write(self, record: bytes) -> None:
-    """An Event's bytes, as one record."""
-    self._file.write(framed(record))
+    """An Event's bytes, as one TFRecord: 8-byte length, its checksum, the bytes, their checksum."""
+    length = struct.pack("<Q", len(record))
+    self._file.write(length + struct.pack("<I", masked_crc32c(length)) + record +
+                     struct.pack("<I", masked_crc32c(record)))
     if time.monotonic() - self._flushed > self.flush_secs:
       self.flush()
 
