@@ -77,7 +77,8 @@ def prepare(data: ml_collections.ConfigDict, files: list[Path], left_out: list[P
     gpt2 = "gpt2 (GPT-2's ids) or " if tok.vocab_size == GPT2_VOCAB else ""
     notes.append("no tokenizer: samples show token ids and there is no val_bpb "
                  f"(--config.data.tokenizer={gpt2}<the tokenizer.json of the ids> decodes them)")
-  tokens = Shards(_arrays([*train, *val]))
+  tokens = Shards([np.memmap(p.file.path, dtype="<u2", mode="r", offset=p.file.offset,
+                             shape=(p.file.n_ids,))[p.start:p.stop] for p in [*train, *val]])
   kind = "llm.c shards" if found[0].format == "llmc" else "flat uint16 ids"
   vocab = "" if isinstance(tok, tokenizer_lib.IdsTokenizer) else f" ({tok.name})"
   about = (f"{len(found)} token file(s) ({kind}), {fmt.count(len(tokens))} ids, vocabulary "
@@ -223,11 +224,6 @@ def _split(found: list[idscan.TokenFile], val_fraction: float) -> tuple[list[_Pa
       val.append(_Part(f, cut, f.n_ids))
     at += f.n_ids
   return train, val, f"validation: the last {val_fraction:g} of the ids"
-
-
-def _arrays(parts: list[_Part]) -> list[np.ndarray]:
-  return [np.memmap(p.file.path, dtype="<u2", mode="r", offset=p.file.offset,
-                    shape=(p.file.n_ids,))[p.start:p.stop] for p in parts]
 
 
 def check_run(cfg: ml_collections.ConfigDict, tok) -> None:
