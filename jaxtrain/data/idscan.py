@@ -3,6 +3,7 @@ read in blocks on a few threads, and cached by the file's path, size and modific
 that later starts read no ids at all."""
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -98,12 +99,10 @@ def _stamp(f: TokenFile) -> dict:
 
 
 def _cached(key: Path, f: TokenFile) -> tuple[int, str] | None:
-  try:
+  with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
     entry = json.loads(key.read_text())
     if {k: entry.get(k) for k in ("v", "size", "mtime_ns")} == _stamp(f):
       return int(entry["max_id"]), str(entry["sha256"])
-  except (OSError, ValueError, KeyError, TypeError, AttributeError):
-    pass
   return None
 
 
