@@ -91,22 +91,6 @@ class _Binary(Exception):
   pass
 
 
-class _Counted:
-  """A binary file that counts the bytes read from it (pyarrow reads through it): the bar's
-  progress."""
-
-  def __init__(self, f, bar):
-    self.f, self.bar = f, bar
-
-  def read(self, n: int = -1) -> bytes:
-    b = self.f.read(n)
-    self.bar.update(len(b))
-    return b
-
-  def __getattr__(self, name):
-    return getattr(self.f, name)
-
-
 class Documents:
   """Each usable file's documents as pieces, once per call; binary text files are skipped (or
   fatal when they are all there is)."""
@@ -213,13 +197,15 @@ class Documents:
   def _jsonl_records(self, path: Path, bar, block: int) -> Iterator[tuple]:
     import pyarrow as pa
     import pyarrow.json as pj
+    from tqdm.utils import CallbackIOWrapper
 
     kind = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])) if self.chat \
         else pa.string()
     schema = pa.schema([(field, kind) for field in self.fields])
     options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     with open(path, "rb") as raw:
-      reader = pj.open_json(_Counted(raw, bar), read_options=pj.ReadOptions(block_size=block),
+      counted = CallbackIOWrapper(bar.update, raw)  # the bar's progress: the bytes pyarrow reads
+      reader = pj.open_json(counted, read_options=pj.ReadOptions(block_size=block),
                             parse_options=options)
       for batch in reader:
         if any(batch.column(i).null_count for i in range(len(self.fields))):
