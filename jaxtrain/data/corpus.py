@@ -1,9 +1,6 @@
-"""What a run needs of its data, in one place: `prepare` (`data.path`'s text or token files, or
-`data.mixture`'s sources, as one `Corpus`), `check_lengths`, `train_iterator`, `eval_sets` and
-`loss_scope`. The parts behind it: `documents` reads text, `heldout` splits off validation,
-`tokenizer` encodes it, `tokencache` tokenizes a text corpus once, `tokenfiles` maps token ids in
-place, `mixture` schedules a mixture's rows, `windows` cuts batches of windows.
-
+"""What a run needs of its data, in one place (the parts behind it: the folder's __init__.py):
+`prepare` (`data.path`'s text or token files, or `data.mixture`'s sources, as one `Corpus`),
+`check_lengths`, `train_iterator`, `eval_sets` and `loss_scope`.
 
 Validation is a tail of whole documents (heldout.py), so every tokenizer sees the same validation
 text. A mixture tokenizes each source once, on its own, with one tokenizer for all.
