@@ -39,16 +39,12 @@ class MetricsJsonl(Hook):
     if dropped:
       run.out.print(f"{FILE}: dropped {dropped} lines past step {step}, which is trained again")
 
-  def _write(self, record: dict) -> None:
+  def on_log(self, step: int, record: dict) -> None:
     if self.path is not None:
       with open(self.path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
 
-  def on_log(self, step: int, record: dict) -> None:
-    self._write(record)
-
-  def on_eval(self, step: int, record: dict) -> None:
-    self._write(record)
+  on_eval = on_log  # an evaluation's record is a line of the file too
 
 
 def plot_losses(metrics_path: Path, png_path: Path) -> Path | None:
