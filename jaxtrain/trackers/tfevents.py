@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 FILE_PREFIX = "events.out.tfevents."
-HPARAMS_PLUGIN = "hparams"
 HPARAMS_TAGS = ("_hparams_/experiment", "_hparams_/session_start_info",
                 "_hparams_/session_end_info")
 # hparams' api.proto DataType values, and SessionEndInfo's Status.STATUS_SUCCESS
@@ -121,7 +120,7 @@ def hparams(values: dict, metrics: list[str]) -> list[bytes]:
     start += _bytes(1, _str(1, name) + _bytes(2, encoded))
   infos += b"".join(_bytes(5, _bytes(1, _str(2, tag))) for tag in metrics)
   contents = (_bytes(2, infos), _bytes(3, start), _bytes(4, _int(1, STATUS_SUCCESS)))
-  return [_bytes(1, _str(1, tag) + _plugin(HPARAMS_PLUGIN, content))
+  return [_bytes(1, _str(1, tag) + _plugin("hparams", content))
           for tag, content in zip(HPARAMS_TAGS, contents, strict=True)]
 
 

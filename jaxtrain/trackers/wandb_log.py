@@ -18,7 +18,6 @@ from jaxtrain.trackers import tensorboard_log
 from jaxtrain.trackers.hooks import Hook, RunResult, RunView
 
 RUN_FILE = "wandb.json"
-GOES_ON = "training goes on with TensorBoard only"
 # wandb.init's arguments that the environment variable beside each sets instead, when it is set.
 ENV = {"project": "WANDB_PROJECT", "mode": "WANDB_MODE", "dir": "WANDB_DIR", "id": "WANDB_RUN_ID",
        "name": "WANDB_NAME", "resume": "WANDB_RESUME"}
@@ -67,7 +66,7 @@ class WandB(Hook):
     self.say(f"W&B: run {self.run.id} ({'resumed at step ' + str(step) if step else 'new'}), {where}")
 
   def _warn(self, what: str) -> None:
-    self.say(f"warning: {what}; {GOES_ON}")
+    self.say(f"warning: {what}; training goes on with TensorBoard only")
 
   def _log(self, data: dict, step: int) -> None:
     if self.run is None or not data:
