@@ -1,4 +1,4 @@
-"""What a run needs of its data, in one place (the parts behind it: the folder's __init__.py):
+"""What a run needs of its data, in one place (docs/layout.md names the modules behind it):
 `prepare` (`data.path`'s text or token files, or `data.mixture`'s sources, as one `Corpus`),
 `check_lengths`, `train_iterator`, `eval_sets` and `loss_scope`.
 
