@@ -89,16 +89,7 @@ def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=pri
                       "(file, directory or glob), or leave it empty for the Python standard library")
   if (chosen := tokenfiles.select(data, files)) is not None:
     return Corpus(**tokenfiles.prepare(data, *chosen, vocab_size, show_progress, log), n_bytes=0)
-  return _text(data, files, show_progress, log)
-
-
-def _text(data: ml_collections.ConfigDict, files: list[Path], show_progress: bool, log,
-          tokenizer=None) -> Corpus:
-  c = tokencache.load(files, data, show_progress, log, tokenizer)
-  m = c.meta
-  return Corpus(tokens=c.tokens, tokenizer=c.tokenizer, n_train=m["n_train"],
-                fingerprint=m["fingerprint"], n_files=m["n_files"], n_bytes=m["n_bytes"],
-                notes=m["notes"], n_docs=m["n_docs"], mask=c.mask)
+  return Corpus(**tokencache.load(files, data, show_progress, log))
 
 
 def _mixture(data: ml_collections.ConfigDict, show_progress: bool, log) -> Corpus:
@@ -111,7 +102,7 @@ def _mixture(data: ml_collections.ConfigDict, show_progress: bool, log) -> Corpu
   sources = []
   total = sum(w for _, w in specs)
   for name, (spec, weight), files in zip(mixture.source_names([s for s, _ in specs]), specs, found):
-    c = _text(data, files, show_progress, log, tok)
+    c = Corpus(**tokencache.load(files, data, show_progress, log, tok))
     sources.append(Source(name, spec, weight, c))
     log(f"data: source {name} ({spec}): weight {weight:g} = {weight / total:.1%} of the rows, "
         f"{c.n_files} file(s), {fmt.count(len(c.train))} train / {fmt.count(len(c.val))} val "
