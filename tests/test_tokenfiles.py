@@ -16,7 +16,7 @@ from test_sample_cli import module, one_line_error
 
 from jaxtrain import train
 from jaxtrain.data import corpus as corpus_lib
-from jaxtrain.data import idscan, tokenfiles
+from jaxtrain.data import tokenfiles
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
@@ -166,7 +166,7 @@ def test_auto_reads_token_files_where_the_files_say_so(tmp_path):
 
 
 def test_the_check_is_cached_and_the_fingerprint_follows_the_ids(tmp_path, monkeypatch):
-  monkeypatch.setattr(idscan, "_BLOCK_BYTES", 64)  # many blocks per file
+  monkeypatch.setattr(tokenfiles, "_BLOCK_BYTES", 64)  # many blocks per file
   root = tmp_path / "d"
   files = _unique_files(root, [300, 200])
   cfg = tiny_config(**{"data.path": str(root), "data.cache_dir": str(tmp_path / "cache")})
