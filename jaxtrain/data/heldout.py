@@ -1,7 +1,5 @@
-"""Where a corpus's stream of documents splits into training and the held-out validation tail:
-one pass that sizes each document (and collects the text's characters, for a char tokenizer)
-(`survey`), the cut that holds `data.val_fraction` of the bytes (`cut`), and the pieces on either
-side of it (`split`)."""
+"""Where a corpus's stream of documents splits into training and the held-out validation tail
+(`cut`), found in one pass over the documents (`survey`), and the pieces on either side (`split`)."""
 
 from array import array
 

@@ -1,6 +1,5 @@
-"""The hooks a run has: metrics.jsonl, status.json, the given ones, TensorBoard, W&B where
-`log.wandb` asks (these four on process 0, which writes the run's files), early stopping where
-`train.early_stop_patience` asks, and a profile where `train.profile_steps` does."""
+"""The hooks a run has: the files' (on process 0, which writes the run's files), the given ones,
+and those its config asks for."""
 
 from collections.abc import Sequence
 from pathlib import Path
