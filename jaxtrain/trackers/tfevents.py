@@ -210,6 +210,5 @@ class EventWriter:
     self._flushed = time.monotonic()
 
   def close(self) -> None:
-    if not self._file.closed:
-      self.flush()
-      self._file.close()
+    self.flush()
+    self._file.close()
