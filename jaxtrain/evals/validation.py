@@ -20,10 +20,6 @@ from jaxtrain.system import runtime
 Stopped = tasks_lib.Stopped  # an evaluation given up part way: the run is stopping
 
 
-def _never() -> bool:
-  return False
-
-
 @dataclasses.dataclass
 class Validation:
   """What a run scores at each evaluation, and when: `should_eval`."""
@@ -41,7 +37,7 @@ class Validation:
 
   def score(self, programs: Programs, state: TrainState, step: int,
             elapsed_s: Callable[[], float], say: Callable[[str], None],
-            stopping: Callable[[], bool] = _never) -> dict:
+            stopping: Callable[[], bool]) -> dict:
     """The evaluation record of `state` (at `step`), its lines said; `elapsed_s()`: the run's
     training seconds so far. Every process takes part. `stopping()` is asked between batches (a
     collective where there are several processes); True raises `Stopped`."""
@@ -59,7 +55,7 @@ class Validation:
       say(f"eval step {step} by source: {line}")
     if self.tasks:
       # Process 0 alone scores the tasks: a collective `stopping` would wait for the others.
-      alone = stopping if jax.process_count() == 1 else _never
+      alone = stopping if jax.process_count() == 1 else lambda: False
       record.update(tasks_lib.score(self.tasks, state, self.tokenizer, say, alone))
     return record
 
@@ -76,7 +72,7 @@ def prepare(cfg: ml_collections.ConfigDict, data: corpus.Corpus, place: Callable
 
 
 def weighted_loss(programs: Programs, state: TrainState, s: EvalSet,
-                  stopping: Callable[[], bool] = _never) -> float:
+                  stopping: Callable[[], bool]) -> float:
   """The mean loss over the set's batches; with its weights (targets per batch), per target."""
   losses = []
   for batch in s.batches:
@@ -90,7 +86,7 @@ def weighted_loss(programs: Programs, state: TrainState, s: EvalSet,
 
 
 def by_source(programs: Programs, state: TrainState, sets: list[EvalSet],
-              stopping: Callable[[], bool] = _never) -> tuple[dict, str]:
+              stopping: Callable[[], bool]) -> tuple[dict, str]:
   """({"val/<name>/loss": mean loss over the set's batches, "val/<name>/bpb": in bits per byte},
   the line that says them: `books 1.2345 (1.7810 bits/byte) | notes ...`)."""
   record, parts = {}, []
