@@ -69,11 +69,6 @@ def describe(path: str) -> str:
   return path or f"the Python standard library's .py files in {stdlib_dir()}"
 
 
-def kind(path: Path) -> str:
-  suffix = path.suffix.lower()
-  return {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}.get(suffix, "text")
-
-
 class _Counter:
   """A codec error handler that replaces undecodable bytes with U+FFFD and counts them."""
 
@@ -124,10 +119,11 @@ class Documents:
       for f in self.files:
         if f in self.binary:
           continue
+        suffix = f.suffix.lower()
         try:
-          if kind(f) == "jsonl":
+          if suffix in (".jsonl", ".ndjson"):
             yield from self._pieces(self._jsonl(f, bar))
-          elif kind(f) == "parquet":
+          elif suffix == ".parquet":
             yield from self._pieces(self._parquet(f, bar))
           elif len(self.fields) == 2 or self.chat:
             what = "chat records (data.messages_field)" if self.chat else \
