@@ -56,11 +56,6 @@ class ByteTokenizer(_EachText):
     return _hf_json({c: i for i, c in enumerate(byte_chars()[:255])}, "byte")
 
 
-def codepoints(text: str) -> np.ndarray:
-  """The Unicode code points of `text`, as uint32."""
-  return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-
-
 class CharTokenizer(_EachText):
   """One token per Unicode character of the corpus, ids in code point order; end-of-text last.
   `ordered`: the ids are the order of `chars` as given (nanoGPT's meta.pkl); `end_of_text`
@@ -78,7 +73,7 @@ class CharTokenizer(_EachText):
     self.dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
 
   def encode(self, text: str) -> np.ndarray:
-    cps = codepoints(text)
+    cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # its code points
     at = np.minimum(np.searchsorted(self._codepoints, cps), max(len(self.chars) - 1, 0))
     unknown = self._codepoints[at] != cps if len(self.chars) else np.ones(len(cps), bool)
     if unknown.any():
