@@ -40,9 +40,8 @@ class MetricsJsonl(Hook):
       run.out.print(f"{FILE}: dropped {dropped} lines past step {step}, which is trained again")
 
   def on_log(self, step: int, record: dict) -> None:
-    if self.path is not None:
-      with open(self.path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
+    with open(self.path, "a", encoding="utf-8") as f:
+      f.write(json.dumps(record) + "\n")
 
   on_eval = on_log  # an evaluation's record is a line of the file too
 

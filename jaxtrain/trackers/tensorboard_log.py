@@ -66,8 +66,6 @@ class TensorBoard(Hook):
       path.unlink(missing_ok=True)
 
   def _scalars(self, section: str, step: int, record: dict) -> None:
-    if self.writer is None:
-      return
     wall_time = time.time()
     for name, value in scalars(section, record).items():
       self.writer.write(tfevents.event(step, tfevents.scalar(name, value), wall_time))
@@ -77,8 +75,7 @@ class TensorBoard(Hook):
 
   def on_eval(self, step: int, record: dict) -> None:
     self._scalars("val", step, record)
-    if self.writer is not None:
-      self.writer.flush()
+    self.writer.flush()
 
   def on_end(self, result: RunResult | None) -> None:
     if self.writer is None:
