@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxtrain.data import corpus as corpus_lib
-from jaxtrain.data import documents, tokenizer, windows
+from jaxtrain.data import documents, tokenizer
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
 
@@ -94,7 +94,7 @@ def test_eval_batches_are_fixed_and_from_validation(tiny, tmp_path):
   tiny.data.cache_dir = str(tmp_path / "cache")
   corpus = corpus_lib.prepare(tiny.data, show_progress=False)
   args = (tiny.train.batch_size, tiny.model.seq_len, tiny.seed, tiny.train.eval_steps)
-  a, b = windows.eval_batches(corpus, *args), windows.eval_batches(corpus, *args)
+  a, b = corpus_lib.eval_batches(corpus, *args), corpus_lib.eval_batches(corpus, *args)
   assert len(a) == tiny.train.eval_steps
   for x, y in zip(a, b):
     np.testing.assert_array_equal(x["tokens"], y["tokens"])

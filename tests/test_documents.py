@@ -19,7 +19,7 @@ from jaxtrain.config import validate
 from jaxtrain.core import model as model_lib
 from jaxtrain.core import ops
 from jaxtrain.data import corpus as corpus_lib
-from jaxtrain.data import tokenizer, windows
+from jaxtrain.data import tokenizer
 from jaxtrain.data.tokenizer import EOT
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
@@ -197,7 +197,7 @@ def test_val_bpb_by_hand(tmp_path):
   corpus = corpus_lib.prepare(cfg_for(path, tmp_path, **{"data.tokenizer": "char"}).data,
                         show_progress=False)
   factor = corpus_lib.eval_sets(corpus, batch_size=2, seq_len=3, seed=0, n_batches=2)[0].bpb
-  targets = np.concatenate([b["tokens"][:, 1:].ravel() for b in windows.eval_batches(
+  targets = np.concatenate([b["tokens"][:, 1:].ravel() for b in corpus_lib.eval_batches(
       corpus, 2, 3, 0, 2)])
   by_hand = sum(len(corpus.tokenizer.decode([t]).replace(EOT, "").encode()) for t in targets)
   assert factor == pytest.approx(len(targets) / (math.log(2) * by_hand))

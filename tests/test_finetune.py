@@ -87,7 +87,7 @@ def test_only_completions_and_their_end_of_text_are_in_the_loss(tmp_path):
   # Plain text corpora have no mask and no weights: their batches are as before.
   text = write_jsonl(tmp_path / "t.jsonl", [{"text": r["prompt"] + r["completion"]} for r in rows])
   plain = corpus_lib.prepare(task_config(text, tmp_path / "w").data, show_progress=False)
-  assert plain.mask is None and set(windows.eval_batches(plain, 2, 8, 0, 1)[0]) == {"tokens"}
+  assert plain.mask is None and set(corpus_lib.eval_batches(plain, 2, 8, 0, 1)[0]) == {"tokens"}
 
 
 def test_the_weighted_loss_is_the_mean_over_weighted_targets():

@@ -16,7 +16,7 @@ from test_sample_cli import module, one_line_error
 
 from jaxtrain import train
 from jaxtrain.data import corpus as corpus_lib
-from jaxtrain.data import idscan, tokenfiles, windows
+from jaxtrain.data import tokenfiles
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
@@ -126,7 +126,7 @@ def test_the_windows_are_the_ids_in_the_files(tmp_path):
       assert np.array_equal(row, files[k][at:at + window]) and row[-1] < stream[n_train]
       seen.add(k)
   assert seen == {0, 2, 3}  # the 20-id file holds no window of 33
-  for batch in windows.eval_batches(corpus, 8, window - 1, seed=3, n_batches=3):
+  for batch in corpus_lib.eval_batches(corpus, 8, window - 1, seed=3, n_batches=3):
     assert np.all(np.diff(batch["tokens"], axis=1) == 1) and batch["tokens"].min() >= stream[n_train]
   with pytest.raises(UserError, match=r"^the validation split of the token files holds no window "
                      r"of seq_len\+1=1001 ids \(its longest stretch in one file has 705\)"):
@@ -166,7 +166,7 @@ def test_auto_reads_token_files_where_the_files_say_so(tmp_path):
 
 
 def test_the_check_is_cached_and_the_fingerprint_follows_the_ids(tmp_path, monkeypatch):
-  monkeypatch.setattr(idscan, "_BLOCK_BYTES", 64)  # many blocks per file
+  monkeypatch.setattr(tokenfiles, "_BLOCK_BYTES", 64)  # many blocks per file
   root = tmp_path / "d"
   files = _unique_files(root, [300, 200])
   cfg = tiny_config(**{"data.path": str(root), "data.cache_dir": str(tmp_path / "cache")})

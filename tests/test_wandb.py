@@ -105,7 +105,7 @@ def test_offline_run_holds_the_history_and_a_resume_continues_it(tiny, tmp_path,
 
 def _start(tmp_path, tiny) -> tuple[wandb_log.WandB, list[str]]:
   said = []
-  hook = wandb_log.hooks(tiny.log)[0]
+  hook = wandb_log.WandB(tiny.log.wandb_project, tiny.log.wandb_mode)
   hook.on_start(types.SimpleNamespace(workdir=tmp_path, cfg=tiny,
                                       out=types.SimpleNamespace(print=said.append)), 0)
   return hook, said

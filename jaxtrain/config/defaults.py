@@ -34,181 +34,148 @@ REQUIRED = "<required>"
 TINY_SHAKESPEARE = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
 
+_DEFAULTS = dict(
+    workdir="runs/default",  # checkpoints, metrics.jsonl, config.json, samples.txt
+    seed=0,  # params, dropout and the order of training windows all follow from it
+    headless=False,  # True: one plain log line per train.log_every steps instead of a bar
+    # A new run starts from these params (then step 0, a fresh optimizer): a jaxtrain run's workdir
+    # (its newest intact checkpoint) or a Hugging Face Llama/GPT-2 directory; "": a random init.
+    init_from="",
+    finetune=dict(
+        # > 0: LoRA; only low-rank adapters (A [d_in, r], B [r, d_out]) beside each targeted layer
+        # train, and have optimizer state; the base params stay as init_from gave them. 0: off
+        lora_rank=0,
+        lora_alpha=16.0,  # an adapter adds (lora_alpha / lora_rank) * x A B to x W
+        lora_targets="qkv,out",  # layers of each block that get adapters: qkv, out, up, down
+    ),
+    model=dict(
+        # "auto": with train.time_budget, depth, width, heads, context, batch and learning rates are
+        # chosen for the budget, this machine's speed and the corpus (loop/autosize.py); fields given on
+        # the command line are kept. "": the model as set.
+        size="",
+        n_layers=4,
+        n_heads=4,
+        d_model=128,
+        seq_len=128,  # context length in tokens
+        vocab_size=0,  # 0: take it from the tokenizer (256 for byte, corpus size for char)
+        norm="rmsnorm",  # rmsnorm | layernorm (neither has a bias)
+        pos="rope",  # rope | learned
+        mlp="swiglu",  # swiglu | gelu | relu2 (relu(x)^2, ungated)
+        mlp_ratio=4.0,  # hidden width / d_model for gelu; swiglu uses 2/3 of it (same params)
+        tie_embeddings=True,  # output projection shares the token embedding
+        dropout=0.0,
+        rope_theta=10000.0,
+        dtype="float32",  # compute dtype; params and optimizer state stay float32
+        attention="auto",  # auto | xla | cudnn ("auto": cudnn on GPU when it applies)
+        n_kv_heads=0,  # key/value heads; 0: n_heads; a divisor of n_heads: grouped-query
+        qk_norm=False,  # True: queries and keys scaled to unit RMS per head
+        zero_init_out=False,  # True: attention and MLP output projections start at zero
+        doc_mask=False,  # True: tokens attend only within their document (else packed)
+        # Memory for compute: what each block keeps for the backward pass; none: everything, dots: its
+        # matmul outputs (the rest is recomputed), full: its input only (the block runs twice)
+        remat="none",
+        x0_mix=False,  # True: each layer after the first adds a learned multiple of the embeddings
+        canon=0,  # > 0: causal depthwise convolutions this wide before attention and the MLP
+        loss_chunk=0,  # > 0: cross-entropy this many tokens at a time (no whole-batch logits)
+        # True: logits in the compute dtype, their gradient written in the same pass (no float32 logits)
+        fused_loss=False,
+    ),
+    train=dict(
+        batch_size=16,  # sequences per micro-batch, over all devices and processes
+        grad_accum=1,  # micro-batches per optimizer step (optax.MultiSteps)
+        max_steps=1000,  # optimizer steps
+        time_budget="",  # e.g. "10m": train that long; the run then chooses max_steps (loop/budget.py)
+        log_every=10,
+        eval_every=200,
+        eval_steps=20,  # validation batches per evaluation (the same batches every time)
+        checkpoint_every=200,
+        keep_checkpoints=2,  # the latest ones; the best by val loss is kept on top
+        skip_nonfinite=False,  # True: drop updates whose loss or gradients are inf/nan
+        # True: the same numbers on every rerun and resume on GPUs too (XLA's deterministic ops and
+        # attention; slower). CPU steps are deterministic either way.
+        deterministic=False,
+        early_stop_patience=0,  # stop after this many evaluations without a new best; 0: off
+        # What early stopping watches: val_loss, val_bpb or a task metric (task/<stem>/exact_match, ...)
+        early_stop_metric="val_loss",
+        # Held-out .jsonl files ("a.jsonl,b.jsonl") scored at every evaluation: task/<file stem>/loss,
+        # bpb, exact_match (greedy completions), mc_accuracy; "": none
+        eval_tasks="",
+        eval_tasks_limit=64,  # records of each file scored (its first ones); 0: all
+        profile_steps=0,  # > 0: a jax.profiler trace of this many steps, into workdir/profile/
+    ),
+    optim=dict(
+        name="adamw",  # adamw | muon (Muon on hidden matrices, AdamW on the rest)
+        schedule="cosine",  # cosine | wsd (warmup, stable, linear decay) | constant
+        lr=1e-3,  # peak learning rate, after warmup (with muon: norms and other vectors)
+        min_lr_ratio=0.1,  # cosine or wsd decay ends at lr * min_lr_ratio
+        decay_fraction=0.2,  # wsd: the last fraction of the steps decays linearly
+        matrix_lr=0.02,  # muon: peak lr of the hidden matrices
+        momentum=0.95,  # muon: momentum of the hidden matrices (Nesterov)
+        muon_ns_steps=5,  # muon: Newton-Schulz iterations that orthogonalize each update
+        warmup_steps=100,
+        decay_steps=0,  # 0: decay over train.max_steps
+        weight_decay=0.1,  # on matrices only; never on norms or vectors
+        z_loss=0.0,  # adds z_loss x mean(log Z^2) of the logits to the training loss; 0: off
+        clip_norm=1.0,  # gradient norm limit; 0 turns clipping off
+        b1=0.9,
+        b2=0.95,
+        eps=1e-8,
+        loss_scaling="auto",  # auto (dynamic for float16, else off) | dynamic | off
+    ),
+    data=dict(
+        # text, .jsonl or .parquet files: a file, directory or glob; "": Python's stdlib; "<required>":
+        # the user's to give (a recipe's data)
+        path="",
+        # What data.path's files are: auto (token ids where all are .bin files, or nanoGPT's train.bin
+        # and val.bin are: llm.c's shards where they have its header, else flat uint16; else text) |
+        # text | uint16 (flat uint16 ids, nanoGPT's .bin) | llmc (llm.c's shards)
+        format="auto",
+        mixture="",  # "books/*.txt:3,notes.jsonl:1": sources (as data.path) drawn by weight; "": off
+        text_field="text",  # the .jsonl field or .parquet column that holds each document
+        # Both set: prompt/completion records (.jsonl/.parquet), each one document (prompt, completion,
+        # end-of-text); only completions (and their end-of-text) count in the loss and in val_loss.
+        prompt_field="",
+        completion_field="",
+        # Set: chat records (.jsonl/.parquet), this field a list of {"role", "content"} messages, in the
+        # chat format of jaxtrain/data/chat_format.py; only assistant turns count in the loss. "": off.
+        messages_field="",
+        tokenizer="byte",  # byte | char | bpe (trained on the corpus) | gpt2 | a tokenizer.json path
+        vocab_size=4096,  # tokens of the bpe vocabulary, end-of-text included (>= 257)
+        val_fraction=0.1,  # the last part of the token stream is held out for validation
+        cache_dir="",  # tokenized corpora; "": $JAXTRAIN_CACHE or ~/.cache/jaxtrain
+        allow_changed=False,  # True: resume even though the data differs from the run's
+    ),
+    sample=dict(
+        num_samples=3,  # printed and written to workdir/samples.txt at the end
+        max_new_tokens=256,
+        temperature=0.8,
+        top_k=0,  # 0: sample from the whole distribution
+        prompt="",  # "": start from a random stretch of validation text
+    ),
+    mesh=dict(
+        data=-1,  # data-parallel axis size; -1: all devices left after the other axes
+        fsdp=1,  # params and optimizer state sharded over this many devices
+        cpu_devices=0,  # on CPU: XLA devices to split the cores into; 0: auto; 1: one
+    ),
+    distributed=dict(
+        coordinator_address="",  # host:port of process 0; "": single process or Slurm
+        num_processes=0,  # 0: from the environment (Slurm) or 1
+        process_id=-1,  # -1: from the environment (Slurm) or 0
+        timeout_s=300,  # how long to wait for every process to join
+    ),
+    log=dict(
+        # Per-group gradient norm, param norm and update/param ratio every train.log_every steps:
+        # groups (embedding, attention, mlp, norms, head) | layers (each block's groups apart) | none
+        group_stats="groups",
+        wandb=False,  # True: also log to Weights & Biases (pip install 'jaxtrain[wandb]')
+        wandb_project="jaxtrain",  # $WANDB_PROJECT wins
+        wandb_mode="online",  # online | offline (sync later: wandb sync); $WANDB_MODE wins
+    ),
+)
+
+
 def default_config() -> ml_collections.ConfigDict:
-  cfg = ml_collections.ConfigDict()
-  cfg.workdir = "runs/default"  # checkpoints, metrics.jsonl, config.json, samples.txt
-  cfg.seed = 0  # params, dropout and the order of training windows all follow from it
-  cfg.headless = False  # True: one plain log line per train.log_every steps instead of a bar
-  # A new run starts from these params (then step 0, a fresh optimizer): a jaxtrain run's workdir
-  # (its newest intact checkpoint) or a Hugging Face Llama/GPT-2 directory; "": a random init.
-  cfg.init_from = ""
-  cfg.finetune = _finetune()
-  cfg.model = _model()
-  cfg.train = _train()
-  cfg.optim = _optim()
-  cfg.data = _data()
-  cfg.sample = _sample()
-  cfg.mesh = _mesh()
-  cfg.distributed = _distributed()
-  cfg.log = _log()
-  return cfg.lock()  # new fields: only here; a config file or override that names another fails
-
-
-def _finetune() -> ml_collections.ConfigDict:
-  finetune = ml_collections.ConfigDict()
-  # > 0: LoRA; only low-rank adapters (A [d_in, r], B [r, d_out]) beside each targeted layer
-  # train, and have optimizer state; the base params stay as init_from gave them. 0: off
-  finetune.lora_rank = 0
-  finetune.lora_alpha = 16.0  # an adapter adds (lora_alpha / lora_rank) * x A B to x W
-  finetune.lora_targets = "qkv,out"  # layers of each block that get adapters: qkv, out, up, down
-  return finetune
-
-
-def _model() -> ml_collections.ConfigDict:
-  model = ml_collections.ConfigDict()
-  # "auto": with train.time_budget, depth, width, heads, context, batch and learning rates are
-  # chosen for the budget, this machine's speed and the corpus (loop/autosize.py); fields given on
-  # the command line are kept. "": the model as set.
-  model.size = ""
-  model.n_layers = 4
-  model.n_heads = 4
-  model.d_model = 128
-  model.seq_len = 128  # context length in tokens
-  model.vocab_size = 0  # 0: take it from the tokenizer (256 for byte, corpus size for char)
-  model.norm = "rmsnorm"  # rmsnorm | layernorm (neither has a bias)
-  model.pos = "rope"  # rope | learned
-  model.mlp = "swiglu"  # swiglu | gelu | relu2 (relu(x)^2, ungated)
-  model.mlp_ratio = 4.0  # hidden width / d_model for gelu; swiglu uses 2/3 of it (same params)
-  model.tie_embeddings = True  # output projection shares the token embedding
-  model.dropout = 0.0
-  model.rope_theta = 10000.0
-  model.dtype = "float32"  # compute dtype; params and optimizer state stay float32
-  model.attention = "auto"  # auto | xla | cudnn ("auto": cudnn on GPU when it applies)
-  model.n_kv_heads = 0  # key/value heads; 0: n_heads; a divisor of n_heads: grouped-query
-  model.qk_norm = False  # True: queries and keys scaled to unit RMS per head
-  model.zero_init_out = False  # True: attention and MLP output projections start at zero
-  model.doc_mask = False  # True: tokens attend only within their document (else packed)
-  # Memory for compute: what each block keeps for the backward pass; none: everything, dots: its
-  # matmul outputs (the rest is recomputed), full: its input only (the block runs twice)
-  model.remat = "none"
-  model.x0_mix = False  # True: each layer after the first adds a learned multiple of the embeddings
-  model.canon = 0  # > 0: causal depthwise convolutions this wide before attention and the MLP
-  model.loss_chunk = 0  # > 0: cross-entropy this many tokens at a time (no whole-batch logits)
-  # True: logits in the compute dtype, their gradient written in the same pass (no float32 logits)
-  model.fused_loss = False
-  return model
-
-
-def _train() -> ml_collections.ConfigDict:
-  train = ml_collections.ConfigDict()
-  train.batch_size = 16  # sequences per micro-batch, over all devices and processes
-  train.grad_accum = 1  # micro-batches per optimizer step (optax.MultiSteps)
-  train.max_steps = 1000  # optimizer steps
-  train.time_budget = ""  # e.g. "10m": train that long; the run then chooses max_steps (loop/budget.py)
-  train.log_every = 10
-  train.eval_every = 200
-  train.eval_steps = 20  # validation batches per evaluation (the same batches every time)
-  train.checkpoint_every = 200
-  train.keep_checkpoints = 2  # the latest ones; the best by val loss is kept on top
-  train.skip_nonfinite = False  # True: drop updates whose loss or gradients are inf/nan
-  # True: the same numbers on every rerun and resume on GPUs too (XLA's deterministic ops and
-  # attention; slower). CPU steps are deterministic either way.
-  train.deterministic = False
-  train.early_stop_patience = 0  # stop after this many evaluations without a new best; 0: off
-  # What early stopping watches: val_loss, val_bpb or a task metric (task/<stem>/exact_match, ...)
-  train.early_stop_metric = "val_loss"
-  # Held-out .jsonl files ("a.jsonl,b.jsonl") scored at every evaluation: task/<file stem>/loss,
-  # bpb, exact_match (greedy completions), mc_accuracy; "": none
-  train.eval_tasks = ""
-  train.eval_tasks_limit = 64  # records of each file scored (its first ones); 0: all
-  train.profile_steps = 0  # > 0: a jax.profiler trace of this many steps, into workdir/profile/
-  return train
-
-
-def _optim() -> ml_collections.ConfigDict:
-  optim = ml_collections.ConfigDict()
-  optim.name = "adamw"  # adamw | muon (Muon on hidden matrices, AdamW on the rest)
-  optim.schedule = "cosine"  # cosine | wsd (warmup, stable, linear decay) | constant
-  optim.lr = 1e-3  # peak learning rate, after warmup (with muon: norms and other vectors)
-  optim.min_lr_ratio = 0.1  # cosine or wsd decay ends at lr * min_lr_ratio
-  optim.decay_fraction = 0.2  # wsd: the last fraction of the steps decays linearly
-  optim.matrix_lr = 0.02  # muon: peak lr of the hidden matrices
-  optim.momentum = 0.95  # muon: momentum of the hidden matrices (Nesterov)
-  optim.muon_ns_steps = 5  # muon: Newton-Schulz iterations that orthogonalize each update
-  optim.warmup_steps = 100
-  optim.decay_steps = 0  # 0: decay over train.max_steps
-  optim.weight_decay = 0.1  # on matrices only; never on norms or vectors
-  optim.z_loss = 0.0  # adds z_loss x mean(log Z^2) of the logits to the training loss; 0: off
-  optim.clip_norm = 1.0  # gradient norm limit; 0 turns clipping off
-  optim.b1 = 0.9
-  optim.b2 = 0.95
-  optim.eps = 1e-8
-  optim.loss_scaling = "auto"  # auto (dynamic for float16, else off) | dynamic | off
-  return optim
-
-
-def _data() -> ml_collections.ConfigDict:
-  data = ml_collections.ConfigDict()
-  # text, .jsonl or .parquet files: a file, directory or glob; "": Python's stdlib; "<required>":
-  # the user's to give (a recipe's data)
-  data.path = ""
-  # What data.path's files are: auto (token ids where all are .bin files, or nanoGPT's train.bin
-  # and val.bin are: llm.c's shards where they have its header, else flat uint16; else text) |
-  # text | uint16 (flat uint16 ids, nanoGPT's .bin) | llmc (llm.c's shards)
-  data.format = "auto"
-  data.mixture = ""  # "books/*.txt:3,notes.jsonl:1": sources (as data.path) drawn by weight; "": off
-  data.text_field = "text"  # the .jsonl field or .parquet column that holds each document
-  # Both set: prompt/completion records (.jsonl/.parquet), each one document (prompt, completion,
-  # end-of-text); only completions (and their end-of-text) count in the loss and in val_loss.
-  data.prompt_field = ""
-  data.completion_field = ""
-  # Set: chat records (.jsonl/.parquet), this field a list of {"role", "content"} messages, in the
-  # chat format of jaxtrain/data/chat_format.py; only assistant turns count in the loss. "": off.
-  data.messages_field = ""
-  data.tokenizer = "byte"  # byte | char | bpe (trained on the corpus) | gpt2 | a tokenizer.json path
-  data.vocab_size = 4096  # tokens of the bpe vocabulary, end-of-text included (>= 257)
-  data.val_fraction = 0.1  # the last part of the token stream is held out for validation
-  data.cache_dir = ""  # tokenized corpora; "": $JAXTRAIN_CACHE or ~/.cache/jaxtrain
-  data.allow_changed = False  # True: resume even though the data differs from the run's
-  return data
-
-
-def _sample() -> ml_collections.ConfigDict:
-  sample = ml_collections.ConfigDict()
-  sample.num_samples = 3  # printed and written to workdir/samples.txt at the end
-  sample.max_new_tokens = 256
-  sample.temperature = 0.8
-  sample.top_k = 0  # 0: sample from the whole distribution
-  sample.prompt = ""  # "": start from a random stretch of validation text
-  return sample
-
-
-def _mesh() -> ml_collections.ConfigDict:
-  mesh = ml_collections.ConfigDict()
-  mesh.data = -1  # data-parallel axis size; -1: all devices left after the other axes
-  mesh.fsdp = 1  # params and optimizer state sharded over this many devices
-  mesh.cpu_devices = 0  # on CPU: XLA devices to split the cores into; 0: auto; 1: one
-  return mesh
-
-
-def _distributed() -> ml_collections.ConfigDict:
-  distributed = ml_collections.ConfigDict()
-  distributed.coordinator_address = ""  # host:port of process 0; "": single process or Slurm
-  distributed.num_processes = 0  # 0: from the environment (Slurm) or 1
-  distributed.process_id = -1  # -1: from the environment (Slurm) or 0
-  distributed.timeout_s = 300  # how long to wait for every process to join
-  return distributed
-
-
-def _log() -> ml_collections.ConfigDict:
-  log = ml_collections.ConfigDict()
-  # Per-group gradient norm, param norm and update/param ratio every train.log_every steps:
-  # groups (embedding, attention, mlp, norms, head) | layers (each block's groups apart) | none
-  log.group_stats = "groups"
-  log.wandb = False  # True: also log to Weights & Biases (pip install 'jaxtrain[wandb]')
-  log.wandb_project = "jaxtrain"  # $WANDB_PROJECT wins
-  log.wandb_mode = "online"  # online | offline (sync later: wandb sync); $WANDB_MODE wins
-  return log
+  return ml_collections.ConfigDict(_DEFAULTS).lock()  # new fields: only in _DEFAULTS; others fail
 
 
 def higher_is_better(metric: str) -> bool:

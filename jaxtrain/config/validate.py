@@ -96,6 +96,12 @@ def _one_of(value, choices, field: str) -> None:
          f"pass --config.{field}={choices[0]} (or another of those)")
 
 
+def _within(cfg: ml_collections.ConfigDict, field: str, ok: bool, bounds: str, usual: str,
+            e_g: bool = False) -> None:
+  _check(ok, field, f"must be {bounds}, got {get(cfg, field)}",
+         f"pass {'e.g. ' if e_g else ''}--config.{field}={usual}")
+
+
 def validate(cfg: ml_collections.ConfigDict) -> None:
   """Checks every field that can be checked without devices or data; raises ConfigError."""
   _validate_types(cfg)
@@ -174,25 +180,21 @@ def validate_model(cfg: ml_collections.ConfigDict) -> None:
   _check(m.n_kv_heads == 0 or m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
          f"{m.n_kv_heads} does not divide model.n_heads={m.n_heads}",
          "pass a divisor of n_heads, or 0 for as many as n_heads")
-  _check(0 < m.mlp_ratio <= 256, "model.mlp_ratio", f"must be in (0, 256], got {m.mlp_ratio}",
-         "pass --config.model.mlp_ratio=4.0")
+  _within(cfg, "model.mlp_ratio", 0 < m.mlp_ratio <= 256, "in (0, 256]", "4.0")
   _check(m.mlp == "swiglu" or int(m.mlp_ratio * m.d_model) >= 1, "model.mlp_ratio",
          f"the MLP would have width int(mlp_ratio * d_model) = {int(m.mlp_ratio * m.d_model)}",
          "pass --config.model.mlp_ratio=4.0")
-  _check(0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {m.dropout}",
-         "pass --config.model.dropout=0.0")
+  _within(cfg, "model.dropout", 0.0 <= m.dropout < 1.0, "in [0, 1)", "0.0")
   _check(not (m.fused_loss and m.loss_chunk), "model.fused_loss", "and model.loss_chunk are "
          "two ways to take the cross-entropy; pick one", "pass --config.model.loss_chunk=0")
   # At 0 or below (or a base float32 rounds to 0), RoPE's angles become inf * 0 or nan.
-  _check(m.rope_theta >= 1e-30, "model.rope_theta", f"must be > 0 (at least 1e-30), got "
-         f"{m.rope_theta}", "pass --config.model.rope_theta=10000.0")
+  _within(cfg, "model.rope_theta", m.rope_theta >= 1e-30, "> 0 (at least 1e-30)", "10000.0")
 
 
 def _validate_finetune(cfg: ml_collections.ConfigDict) -> None:
   f = cfg.finetune
   _positive_int(cfg, "finetune.lora_rank", minimum=0)
-  _check(f.lora_alpha >= 1e-30, "finetune.lora_alpha", f"must be > 0 (at least 1e-30), got "
-         f"{f.lora_alpha}", "pass e.g. --config.finetune.lora_alpha=16")
+  _within(cfg, "finetune.lora_alpha", f.lora_alpha >= 1e-30, "> 0 (at least 1e-30)", "16", e_g=True)
   targets = lora_targets(f.lora_targets)
   if f.lora_rank == 0:
     return
@@ -256,30 +258,22 @@ def _validate_train_optim(cfg: ml_collections.ConfigDict) -> None:
 
   _one_of(o.name, defaults.OPTIMIZERS, "optim.name")
   _one_of(o.schedule, defaults.SCHEDULES, "optim.schedule")
-  _check(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}", "pass e.g. --config.optim.lr=1e-3")
-  _check(o.matrix_lr > 0, "optim.matrix_lr", f"must be > 0, got {o.matrix_lr}",
-         "pass e.g. --config.optim.matrix_lr=0.02")
-  _check(0 < o.decay_fraction <= 1, "optim.decay_fraction",
-         f"must be in (0, 1], got {o.decay_fraction}", "pass --config.optim.decay_fraction=0.2")
-  _check(0.0 <= o.momentum < FLOAT32_BELOW_1, "optim.momentum", f"must be in [0, 1), got "
-         f"{o.momentum}", "pass --config.optim.momentum=0.95")
-  _check(0.0 <= o.min_lr_ratio <= 1.0, "optim.min_lr_ratio",
-         f"must be in [0, 1], got {o.min_lr_ratio}", "pass --config.optim.min_lr_ratio=0.1")
+  _within(cfg, "optim.lr", o.lr > 0, "> 0", "1e-3", e_g=True)
+  _within(cfg, "optim.matrix_lr", o.matrix_lr > 0, "> 0", "0.02", e_g=True)
+  _within(cfg, "optim.decay_fraction", 0 < o.decay_fraction <= 1, "in (0, 1]", "0.2")
+  _within(cfg, "optim.momentum", 0.0 <= o.momentum < FLOAT32_BELOW_1, "in [0, 1)", "0.95")
+  _within(cfg, "optim.min_lr_ratio", 0.0 <= o.min_lr_ratio <= 1.0, "in [0, 1]", "0.1")
   _positive_int(cfg, "optim.muon_ns_steps")
   _positive_int(cfg, "optim.warmup_steps", minimum=0)
   _positive_int(cfg, "optim.decay_steps", minimum=0)
-  _check(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}",
-         "pass --config.optim.weight_decay=0.1")
-  _check(0.0 <= o.z_loss <= 1.0, "optim.z_loss", f"must be in [0, 1] (0 turns it off), got "
-         f"{o.z_loss}", "pass --config.optim.z_loss=1e-4")
-  _check(o.clip_norm >= 0, "optim.clip_norm", f"must be >= 0 (0 turns clipping off), got {o.clip_norm}",
-         "pass --config.optim.clip_norm=1.0")
-  for b, usual in (("b1", 0.9), ("b2", 0.95)):  # AdamW divides by 1 - b**step, in float32
-    _check(0.0 <= o[b] < FLOAT32_BELOW_1, f"optim.{b}", f"must be in [0, 1) (and below 1 in "
-           f"float32), got {o[b]}", f"pass --config.optim.{b}={usual}")
+  _within(cfg, "optim.weight_decay", o.weight_decay >= 0, ">= 0", "0.1")
+  _within(cfg, "optim.z_loss", 0.0 <= o.z_loss <= 1.0, "in [0, 1] (0 turns it off)", "1e-4")
+  _within(cfg, "optim.clip_norm", o.clip_norm >= 0, ">= 0 (0 turns clipping off)", "1.0")
+  for b, usual in (("b1", "0.9"), ("b2", "0.95")):  # AdamW divides by 1 - b**step, in float32
+    _within(cfg, f"optim.{b}", 0.0 <= o[b] < FLOAT32_BELOW_1, "in [0, 1) (and below 1 in float32)",
+            usual)
   # A smaller eps rounds to 0 in float32, and a parameter with no gradient yet gets 0 / 0.
-  _check(o.eps >= 1e-30, "optim.eps", f"must be > 0 (at least 1e-30), got {o.eps}",
-         "pass --config.optim.eps=1e-8")
+  _within(cfg, "optim.eps", o.eps >= 1e-30, "> 0 (at least 1e-30)", "1e-8")
   _one_of(o.loss_scaling, defaults.LOSS_SCALING, "optim.loss_scaling")
 
 
@@ -311,16 +305,16 @@ def _validate_data_sample(cfg: ml_collections.ConfigDict) -> None:
          "BPE (256 byte tokens + end-of-text)", "pass --config.data.vocab_size=4096 (at least 257)")
   # Whether each split holds a window depends on the corpus: data.check_lengths says at run time.
   # Underflow-sized fractions are refused here (the tokens they would need overflow a float).
-  _check(1e-30 <= d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1) (at least "
-         f"1e-30), got {d.val_fraction}", "pass --config.data.val_fraction=0.1")
+  _within(cfg, "data.val_fraction", 1e-30 <= d.val_fraction < 1, "in (0, 1) (at least 1e-30)", "0.1")
   _validate_data_path(d)
   validate_mixture(d)
 
   for f in ("num_samples", "max_new_tokens", "top_k"):
     _positive_int(cfg, f"sample.{f}", minimum=0)
   # Logits are divided by it in float32, where a smaller temperature is 0: nan samples.
-  _check(s.temperature == 0 or s.temperature >= 1e-30, "sample.temperature", f"must be >= 0 (0 "
-         f"is greedy; else at least 1e-30), got {s.temperature}", "pass --config.sample.temperature=0.8")
+  _within(cfg, "sample.temperature", s.temperature == 0 or s.temperature >= 1e-30,
+          ">= 0 (0 is greedy; else at least 1e-30)", "0.8")
+
 
 
 def _validate_format(d: ml_collections.ConfigDict) -> None:

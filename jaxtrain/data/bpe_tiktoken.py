@@ -7,6 +7,7 @@ tiktoken fetches once and keeps in its cache; without it and without network, on
 """
 
 import concurrent.futures
+import contextlib
 import functools
 import json
 import os
@@ -116,16 +117,12 @@ def gpt2_json() -> str:
   """GPT-2's tokenizer as a tokenizer.json, made once from tiktoken's copy and kept in jaxtrain's
   cache; a one-line ConfigError where tiktoken has none and cannot fetch it."""
   kept = Path(paths.cache_dir()) / GPT2_FILE
-  try:
+  with contextlib.suppress(OSError):
     return kept.read_text(encoding="utf-8")
-  except OSError:
-    pass
   made = to_hf_json(_tiktoken_gpt2())
-  try:
+  with contextlib.suppress(OSError):  # made again next time
     kept.parent.mkdir(parents=True, exist_ok=True)
     paths.write_text(kept, made)
-  except OSError:  # made again next time
-    pass
   return made
 
 

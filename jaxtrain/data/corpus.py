@@ -1,8 +1,6 @@
-"""What a run needs of its data, in one place: `prepare` (`data.path`'s text or token files, or
-`data.mixture`'s sources, as one `Corpus`), `check_lengths`, `train_iterator`, `eval_sets`,
-`eval_weights` and `loss_scope`. The parts behind it: `documents` reads text, `heldout` splits off
-validation, `tokenizer` encodes it, `tokencache` tokenizes a text corpus once, `tokenfiles` maps
-token ids in place, `mixture` schedules a mixture's rows, `windows` cuts batches of windows.
+"""What a run needs of its data, in one place (docs/layout.md names the modules behind it):
+`prepare` (`data.path`'s text or token files, or `data.mixture`'s sources, as one `Corpus`),
+`check_lengths`, `train_iterator`, `eval_sets` and `loss_scope`.
 
 Validation is a tail of whole documents (heldout.py), so every tokenizer sees the same validation
 text. A mixture tokenizes each source once, on its own, with one tokenizer for all.
@@ -67,6 +65,9 @@ class EvalSet:
   name: str  # "" for the run's own validation set (the mixed one)
   batches: list[dict]  # this process's rows
   bpb: float  # val_bpb / val_loss over every row of the set
+  # The targets in the loss of each whole batch (every process's rows), by which the batches' mean
+  # losses are averaged; None without a loss mask (each batch counts the same).
+  weights: np.ndarray | None = None
 
 
 def loss_scope(data: ml_collections.ConfigDict) -> str:
@@ -87,18 +88,8 @@ def prepare(data: ml_collections.ConfigDict, show_progress: bool = True, log=pri
                       "directory with files, or a glob)", "point --config.data.path at your text "
                       "(file, directory or glob), or leave it empty for the Python standard library")
   if (chosen := tokenfiles.select(data, files)) is not None:
-    return Corpus(**vars(tokenfiles.prepare(data, *chosen, vocab_size, show_progress, log)),
-                  n_bytes=0)
-  return _text(data, files, show_progress, log)
-
-
-def _text(data: ml_collections.ConfigDict, files: list[Path], show_progress: bool, log,
-          tokenizer=None) -> Corpus:
-  c = tokencache.load(files, data, show_progress, log, tokenizer)
-  m = c.meta
-  return Corpus(tokens=c.tokens, tokenizer=c.tokenizer, n_train=m["n_train"],
-                fingerprint=m["fingerprint"], n_files=m["n_files"], n_bytes=m["n_bytes"],
-                notes=m["notes"], n_docs=m["n_docs"], mask=c.mask)
+    return Corpus(**tokenfiles.prepare(data, *chosen, vocab_size, show_progress, log), n_bytes=0)
+  return Corpus(**tokencache.load(files, data, show_progress, log))
 
 
 def _mixture(data: ml_collections.ConfigDict, show_progress: bool, log) -> Corpus:
@@ -111,7 +102,7 @@ def _mixture(data: ml_collections.ConfigDict, show_progress: bool, log) -> Corpu
   sources = []
   total = sum(w for _, w in specs)
   for name, (spec, weight), files in zip(mixture.source_names([s for s, _ in specs]), specs, found):
-    c = _text(data, files, show_progress, log, tok)
+    c = Corpus(**tokencache.load(files, data, show_progress, log, tok))
     sources.append(Source(name, spec, weight, c))
     log(f"data: source {name} ({spec}): weight {weight:g} = {weight / total:.1%} of the rows, "
         f"{c.n_files} file(s), {fmt.count(len(c.train))} train / {fmt.count(len(c.val))} val "
@@ -146,12 +137,45 @@ def check_lengths(corpus: Corpus, seq_len: int, val_fraction: float) -> None:
   """Raises a UserError unless both splits hold a window of seq_len + 1 tokens: of each source,
   for a mixture (the error names it)."""
   if not corpus.sources:
-    return windows.check_windows(corpus, seq_len, val_fraction)
+    return _check_windows(corpus, seq_len, val_fraction)
   for s in corpus.sources:
     try:
-      windows.check_windows(s.corpus, seq_len, val_fraction)
+      _check_windows(s.corpus, seq_len, val_fraction)
     except UserError as e:
       raise UserError(f"data.mixture source {s.name} ({s.spec}): {e}") from None
+
+
+def eval_batches(corpus: Corpus, batch_size: int, seq_len: int, seed: int,
+                 n_batches: int) -> list[dict]:
+  """The same `n_batches` validation batches (every process's rows) at every evaluation, so val
+  losses compare."""
+  source = windows.WindowBatches(corpus.val, batch_size, seq_len, seed, windows.EVAL_STREAM,
+                                 mask=corpus.split_mask(train=False))
+  return [source[i] for i in range(n_batches)]
+
+
+def _check_windows(corpus: Corpus, seq_len: int, val_fraction: float) -> None:
+  """Raises a UserError unless both splits of one corpus hold a window of seq_len + 1 tokens."""
+  window = seq_len + 1
+  if isinstance(corpus.tokens, windows.Shards):
+    for name, split in (("validation", corpus.val), ("training", corpus.train)):
+      if windows.n_windows(split, window) < 1:
+        longest = max((len(p) for p in split.parts), default=0)
+        raise UserError(f"the {name} split of the token files holds no window of seq_len+1="
+                        f"{window} ids (its longest stretch in one file has {longest}); pass a "
+                        "smaller --config.model.seq_len (or, where validation is the files' "
+                        "tail, another --config.data.val_fraction)")
+    return
+  if len(corpus.val) < window:
+    need = int(window / val_fraction) + window
+    raise UserError(f"the corpus has {len(corpus.tokens)} tokens: its validation split "
+                    f"({len(corpus.val)}) is shorter than one window of seq_len+1={window}; use "
+                    f"at least ~{need} tokens of text or a smaller --config.model.seq_len")
+  if len(corpus.train) < window:
+    raise UserError(f"the corpus has {len(corpus.tokens)} tokens: its training split "
+                    f"({len(corpus.train)}) is shorter than one window of seq_len+1={window}; "
+                    "pass a smaller --config.data.val_fraction or --config.model.seq_len, or "
+                    "use more text")
 
 
 def _mixed(corpus: Corpus, split: str, batch_size: int, seq_len: int, seed: int, stream: int,
@@ -184,21 +208,12 @@ def eval_sets(corpus: Corpus, batch_size: int, seq_len: int, seed: int, n_batche
   rows = windows.process_rows(batch_size, process_index, process_count)
 
   def own(name: str, c: Corpus, everything: list[dict]) -> EvalSet:  # bpb: every process's rows
+    weights = None if c.mask is None else np.array([float(b["weights"].sum()) for b in everything])
     return EvalSet(name, [{k: v[rows] for k, v in b.items()} for b in everything],
-                   windows.batches_bpb(c.tokenizer, everything))
+                   windows.batches_bpb(c.tokenizer, everything), weights)
 
   if not corpus.sources:
-    return [own("", corpus, windows.eval_batches(corpus, *args))]
+    return [own("", corpus, eval_batches(corpus, *args))]
   mixed = _mixed(corpus, "val", batch_size, seq_len, seed, windows.EVAL_STREAM, slice(None))
   return [own("", corpus, [mixed[i] for i in range(n_batches)])] + \
-      [own(s.name, s.corpus, windows.eval_batches(s.corpus, *args)) for s in corpus.sources]
-
-
-def eval_weights(corpus: Corpus, batch_size: int, seq_len: int, seed: int,
-                 n_batches: int) -> np.ndarray | None:
-  """The targets in the loss in each whole evaluation batch (every process's rows), by which
-  the batches' mean losses are averaged; None without weights (each batch counts the same)."""
-  if corpus.mask is None:
-    return None
-  batches = windows.eval_batches(corpus, batch_size, seq_len, seed, n_batches)
-  return np.array([float(b["weights"].sum()) for b in batches])
+      [own(s.name, s.corpus, eval_batches(s.corpus, *args)) for s in corpus.sources]

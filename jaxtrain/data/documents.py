@@ -69,11 +69,6 @@ def describe(path: str) -> str:
   return path or f"the Python standard library's .py files in {stdlib_dir()}"
 
 
-def kind(path: Path) -> str:
-  suffix = path.suffix.lower()
-  return {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}.get(suffix, "text")
-
-
 class _Counter:
   """A codec error handler that replaces undecodable bytes with U+FFFD and counts them."""
 
@@ -91,22 +86,6 @@ class _Binary(Exception):
   pass
 
 
-class _Counted:
-  """A binary file that counts the bytes read from it (pyarrow reads through it): the bar's
-  progress."""
-
-  def __init__(self, f, bar):
-    self.f, self.bar = f, bar
-
-  def read(self, n: int = -1) -> bytes:
-    b = self.f.read(n)
-    self.bar.update(len(b))
-    return b
-
-  def __getattr__(self, name):
-    return getattr(self.f, name)
-
-
 class Documents:
   """Each usable file's documents as pieces, once per call; binary text files are skipped (or
   fatal when they are all there is)."""
@@ -119,6 +98,8 @@ class Documents:
     self.fields = (data.prompt_field, data.completion_field) if data.prompt_field else \
         (data.messages_field,) if data.messages_field else (data.text_field,)
     self.chat = bool(data.messages_field)
+    self.flag = "--config.data.messages_field" if self.chat else "--config.data.text_field" \
+        if len(self.fields) == 1 else "--config.data.prompt_field/completion_field"
     self.total = sum(f.stat().st_size for f in files)
     self.counter = _Counter()
     self.not_utf8: dict[Path, int] = {}  # bytes replaced with U+FFFD, by file (text files)
@@ -138,10 +119,11 @@ class Documents:
       for f in self.files:
         if f in self.binary:
           continue
+        suffix = f.suffix.lower()
         try:
-          if kind(f) == "jsonl":
+          if suffix in (".jsonl", ".ndjson"):
             yield from self._pieces(self._jsonl(f, bar))
-          elif kind(f) == "parquet":
+          elif suffix == ".parquet":
             yield from self._pieces(self._parquet(f, bar))
           elif len(self.fields) == 2 or self.chat:
             what = "chat records (data.messages_field)" if self.chat else \
@@ -207,19 +189,21 @@ class Documents:
         if "straddl" in str(e) and block < 2**30:
           block *= 8
           continue
-        _check_jsonl(path, self.fields, str(e), self.chat)
+        self._check_jsonl(path, str(e))
         return  # the file holds no records
 
   def _jsonl_records(self, path: Path, bar, block: int) -> Iterator[tuple]:
     import pyarrow as pa
     import pyarrow.json as pj
+    from tqdm.utils import CallbackIOWrapper
 
     kind = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])) if self.chat \
         else pa.string()
     schema = pa.schema([(field, kind) for field in self.fields])
     options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     with open(path, "rb") as raw:
-      reader = pj.open_json(_Counted(raw, bar), read_options=pj.ReadOptions(block_size=block),
+      counted = CallbackIOWrapper(bar.update, raw)  # the bar's progress: the bytes pyarrow reads
+      reader = pj.open_json(counted, read_options=pj.ReadOptions(block_size=block),
                             parse_options=options)
       for batch in reader:
         if any(batch.column(i).null_count for i in range(len(self.fields))):
@@ -238,7 +222,7 @@ class Documents:
     except pa.ArrowException as e:
       raise UserError(f"{path} is not a parquet file that reads ({_short(e)}); fix or remove it "
                       "from --config.data.path") from None
-    names, flag = f.schema_arrow.names, _flag(self.fields, self.chat)
+    names, flag = f.schema_arrow.names, self.flag
     for field in self.fields:
       if field not in names:
         raise UserError(f"{path} has no column {field!r} (its columns: {', '.join(names)}); "
@@ -263,6 +247,28 @@ class Documents:
       bar.update(step)
       done += step
     bar.update(size - done)
+
+  def _check_jsonl(self, path: Path, arrow_message: str) -> None:
+    """Raises a UserError naming the first line of `path` that is wrong, found by reading it again
+    line by line (only when pyarrow has refused it); returns for a file of blank lines."""
+    fix = "fix that line or leave the file out of --config.data.path"
+    records = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+      for number, record in json_lines(f, path, fix):
+        records += 1
+        for field in self.fields:
+          if field not in record:
+            raise UserError(f"{path} line {number} has no field {field!r} (it has: "
+                            f"{', '.join(record) or 'no fields'}); pass {self.flag}"
+                            f"=<the field with the {'messages' if self.chat else 'text'}>")
+          if self.chat and (why := chat_format.problem(record[field])):
+            raise UserError(f"{path} line {number}: {field!r} {why}; {fix}")
+          if not self.chat and not isinstance(record[field], str):
+            raise UserError(f"{path} line {number}: field {field!r} is "
+                            f"{type(record[field]).__name__}, not text; pass "
+                            f"{self.flag}=<a field of strings>")
+    if records:
+      raise UserError(f"{path} does not read as JSON lines ({_short(arrow_message)}); {fix}")
 
   def notes(self) -> list[str]:
     notes = []
@@ -298,32 +304,3 @@ class Documents:
 
 def _short(e: Exception) -> str:
   return " ".join(str(e).split())[:160]
-
-
-def _flag(fields: tuple[str, ...], is_chat: bool = False) -> str:
-  return "--config.data.messages_field" if is_chat else "--config.data.text_field" \
-      if len(fields) == 1 else "--config.data.prompt_field/completion_field"
-
-
-def _check_jsonl(path: Path, fields: tuple[str, ...], arrow_message: str,
-                 is_chat: bool = False) -> None:
-  """Raises a UserError naming the first line of `path` that is wrong, found by reading it again
-  line by line (only when pyarrow has refused it); returns for a file of blank lines."""
-  fix = "fix that line or leave the file out of --config.data.path"
-  records = 0
-  with open(path, encoding="utf-8", errors="replace") as f:
-    for number, record in json_lines(f, path, fix):
-      records += 1
-      for field in fields:
-        if field not in record:
-          raise UserError(f"{path} line {number} has no field {field!r} (it has: "
-                          f"{', '.join(record) or 'no fields'}); pass {_flag(fields, is_chat)}"
-                          f"=<the field with the {'messages' if is_chat else 'text'}>")
-        if is_chat and (why := chat_format.problem(record[field])):
-          raise UserError(f"{path} line {number}: {field!r} {why}; {fix}")
-        if not is_chat and not isinstance(record[field], str):
-          raise UserError(f"{path} line {number}: field {field!r} is "
-                          f"{type(record[field]).__name__}, not text; pass "
-                          f"{_flag(fields)}=<a field of strings>")
-  if records:
-    raise UserError(f"{path} does not read as JSON lines ({_short(arrow_message)}); {fix}")

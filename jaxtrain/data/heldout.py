@@ -1,37 +1,29 @@
-"""Where a corpus's stream of documents splits into training and the held-out validation tail:
-one pass that sizes each document (and collects the text's characters, for a char tokenizer)
-(`survey`), the cut that holds `data.val_fraction` of the bytes (`cut`), and the pieces on either
-side of it (`split`)."""
+"""Where a corpus's stream of documents splits into training and the held-out validation tail
+(`cut`), found in one pass over the documents (`survey`), and the pieces on either side (`split`)."""
 
 from array import array
 
 import numpy as np
 
 from jaxtrain.data import chat_format, documents
-from jaxtrain.data.tokenizer import codepoints
 
 
 def survey(docs: documents.Documents, want_chars: bool) -> tuple[np.ndarray, str]:
   """(UTF-8 bytes of each document, the characters of the text if `want_chars`): one pass, again
   if it found a text file binary only past its start (the later passes skip that file whole)."""
   while True:
-    sizes, size, seen, pending, n_pending = array("q"), 0, set(), [], 0
+    sizes, size, seen = array("q"), 0, set()
     for text, end, _ in docs("reading"):
       if not isinstance(text, chat_format.Special):  # a token, not text: no bytes, no characters
         size += len(text.encode("utf-8"))
         if want_chars:
-          pending.append(text)
-          n_pending += len(text)
-          if n_pending > documents.PIECE_CHARS:
-            seen.update(np.unique(codepoints("".join(pending))).tolist())
-            pending, n_pending = [], 0
+          seen.update(text)
       if end:
         sizes.append(size)
         size = 0
     if not docs.misread:
       break
-  seen.update(np.unique(codepoints("".join(pending))).tolist())
-  return np.frombuffer(sizes, np.int64), "".join(map(chr, seen))
+  return np.frombuffer(sizes, np.int64), "".join(seen)
 
 
 def cut(sizes: np.ndarray, val_fraction: float) -> tuple[int, int]:

@@ -1,8 +1,7 @@
 """Records read whole from a small .jsonl file, for sampling and evaluation: prompts, prompt and
 completion pairs, multiple-choice items. A record that lacks a field, or holds the wrong kind of
 value, is one line naming the file, the line and the flag that fixes it (or the caller's own fix:
-a training run's `train.eval_tasks` has no such flags). `is_records`: whether a run's data is
-prompt/completion records.
+a training run's `train.eval_tasks` has no such flags).
 """
 
 import json

@@ -8,7 +8,6 @@ tokenizer learned from several corpora together (a mixture's bpe or char) is an 
 """
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
@@ -31,19 +30,10 @@ _CACHE_VERSION = 4  # 4: a text file's BOM dropped, CR line ends noted
 _BATCH_CHARS = 4 << 20  # text encoded per call: BPE spreads a batch over all cores
 
 
-@dataclasses.dataclass
-class Cached:
-  """A complete entry, mapped: its tokens (and mask), its tokenizer and its .json."""
-  tokens: np.ndarray
-  mask: np.ndarray | None
-  tokenizer: object
-  meta: dict
-
-
 def load(files: list[Path], data: ml_collections.ConfigDict, show_progress: bool = True, log=print,
-         tokenizer=None) -> Cached:
+         tokenizer=None) -> dict:
   """`files` tokenized once (cached by file names, sizes, mtimes and the tokenizer's settings),
-  mapped. `tokenizer`: this one instead of `data.tokenizer`'s."""
+  mapped, as corpus.Corpus's fields. `tokenizer`: this one instead of `data.tokenizer`'s."""
   files = _ordered(files)
   entry = Entry(_directory(data), _cache_key(files, data, tokenizer))
   meta, damage = entry.load()
@@ -58,7 +48,8 @@ def load(files: list[Path], data: ml_collections.ConfigDict, show_progress: bool
   tokens = np.memmap(entry.bin, dtype=np.dtype(meta["dtype"]), mode="r", shape=(n,))
   mask = np.memmap(entry.mask, dtype=np.uint8, mode="r", shape=(n,)) if meta.get("masked") \
       else None
-  return Cached(tokens, mask, tokenizer_lib.from_cache(meta), meta)
+  return dict(tokens=tokens, mask=mask, tokenizer=tokenizer_lib.from_cache(meta),
+              **{k: meta[k] for k in ("n_train", "fingerprint", "n_files", "n_bytes", "notes", "n_docs")})
 
 
 def shared_tokenizer(files: list[Path], data: ml_collections.ConfigDict, show_progress: bool = True,

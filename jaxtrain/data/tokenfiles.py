@@ -5,26 +5,30 @@ Two formats (docs/data.md says when each is read): a flat array of uint16 ids wi
 the magic 20240520, [1] the version 1, [2] the number of ids; then that many uint16 ids of GPT-2's
 vocabulary). `select` says whether `data.path` is token files; `prepare` picks what decodes them,
 splits off validation (the files named so, else the last `data.val_fraction` of the ids) and
-checks every id below the vocabulary's size once per file (cached: idscan.py): the data's
-fingerprint is made of the files' hashes, so later starts read no ids.
+checks every id below the vocabulary's size once per file (`scan`, cached by the file's path,
+size and modification time): the data's fingerprint is made of the files' hashes, so later
+starts read no ids.
 """
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import re
+import threading
 from pathlib import Path
 
 import ml_collections
 import numpy as np
 
-from jaxtrain.data import idscan, meta_pkl
+from jaxtrain.data import meta_pkl
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.data.windows import Shards
-from jaxtrain.system import fmt
+from jaxtrain.system import fmt, machine, paths, signals
+from jaxtrain.system.console import Ticker
 from jaxtrain.system.errors import ConfigError, UserError
-from jaxtrain.system.paths import cache_dir as default_cache_dir
 
 LLMC_MAGIC, LLMC_VERSION = 20240520, 1
 HEADER_BYTES = 256 * 4
@@ -33,18 +37,19 @@ _OTHER_LLMC = {20240522: "an llm.c evaluation file (HellaSwag or MMLU examples),
                          "tokens; leave it out of --config.data.path",
                20240801: "an llm.c Llama 3 shard (uint32 ids); only GPT-2 shards (version 1, "
                          "uint16 ids) are read"}
+_BLOCK_BYTES = 32 << 20  # ids read, checked and hashed at a time, per file
+_SCAN_VERSION = 1
 _VAL_NAME = re.compile(r"(?:^|[^a-z0-9])(?:val|valid|validation)(?:[^a-z0-9]|$)")
 
 
 @dataclasses.dataclass
-class TokenFiles:
-  tokens: Shards  # the training files' ids, then validation's
-  n_train: int
-  tokenizer: object
-  fingerprint: str
-  n_files: int
-  about: str  # the summary's data line
-  notes: list[str]
+class TokenFile:
+  """A file of token ids: where they start, how many."""
+
+  path: Path
+  format: str  # uint16 | llmc
+  offset: int  # bytes before the first id
+  n_ids: int
 
 
 def select(data: ml_collections.ConfigDict, files: list[Path]) -> tuple[list[Path], list[Path]] | None:
@@ -62,14 +67,15 @@ def select(data: ml_collections.ConfigDict, files: list[Path]) -> tuple[list[Pat
 
 
 def prepare(data: ml_collections.ConfigDict, files: list[Path], left_out: list[Path],
-            vocab_size: int, show_progress: bool = True, log=print) -> TokenFiles:
-  """Reads the token files' headers, checks every id once (cached), splits off validation.
-  `vocab_size`: model.vocab_size (0: from the tokenizer), the vocabulary of flat files."""
+            vocab_size: int, show_progress: bool = True, log=print) -> dict:
+  """The token files as corpus.Corpus's fields: their headers read, every id checked once (cached),
+  the training files' ids then validation's. `vocab_size`: model.vocab_size (0: from the
+  tokenizer), the vocabulary of flat files."""
   _refuse_records(data, files[0])
   found = _inspect_all(files, data.format)
   notes = []
   tok = _tokenizer(data, found, vocab_size, notes)
-  scans = idscan.scan(found, Path(data.cache_dir or default_cache_dir()) / "tokenfiles", show_progress,
+  scans = scan(found, Path(data.cache_dir or paths.cache_dir()) / "tokenfiles", show_progress,
                 log)
   for f, (largest, _) in zip(found, scans):
     if largest >= tok.vocab_size:
@@ -87,14 +93,15 @@ def prepare(data: ml_collections.ConfigDict, files: list[Path], left_out: list[P
     gpt2 = "gpt2 (GPT-2's ids) or " if tok.vocab_size == GPT2_VOCAB else ""
     notes.append("no tokenizer: samples show token ids and there is no val_bpb "
                  f"(--config.data.tokenizer={gpt2}<the tokenizer.json of the ids> decodes them)")
-  tokens = Shards(_arrays([*train, *val]))
+  tokens = Shards([np.memmap(p.file.path, dtype="<u2", mode="r", offset=p.file.offset,
+                             shape=(p.file.n_ids,))[p.start:p.stop] for p in [*train, *val]])
   kind = "llm.c shards" if found[0].format == "llmc" else "flat uint16 ids"
   vocab = "" if isinstance(tok, tokenizer_lib.IdsTokenizer) else f" ({tok.name})"
   about = (f"{len(found)} token file(s) ({kind}), {fmt.count(len(tokens))} ids, vocabulary "
            f"{tok.vocab_size}{vocab} -> train {fmt.count(n_train)}, val "
            f"{fmt.count(len(tokens) - n_train)} ({rule})")
-  return TokenFiles(tokens, n_train, tok, hashlib.sha256(json.dumps(key).encode()).hexdigest(),
-                    len(found), about, notes)
+  return dict(tokens=tokens, n_train=n_train, tokenizer=tok, n_files=len(found), about=about,
+              fingerprint=hashlib.sha256(json.dumps(key).encode()).hexdigest(), notes=notes)
 
 
 def _refuse_records(data: ml_collections.ConfigDict, example: Path) -> None:
@@ -111,7 +118,7 @@ def _refuse_records(data: ml_collections.ConfigDict, example: Path) -> None:
                       "from, or leave data.tokenizer=byte (the default: ids without a tokenizer)")
 
 
-def _inspect_all(files: list[Path], form: str) -> list[idscan.TokenFile]:
+def _inspect_all(files: list[Path], form: str) -> list[TokenFile]:
   found = [_inspect(f, form) for f in files]
   kinds = {f.format: f for f in found}
   if len(kinds) > 1:  # auto: some have llm.c's header and some do not
@@ -122,7 +129,7 @@ def _inspect_all(files: list[Path], form: str) -> list[idscan.TokenFile]:
   return found
 
 
-def _inspect(path: Path, form: str) -> idscan.TokenFile:
+def _inspect(path: Path, form: str) -> TokenFile:
   """The file's format and where its ids are; one line for a file that cannot be token ids."""
   try:
     size = path.stat().st_size
@@ -141,10 +148,10 @@ def _inspect(path: Path, form: str) -> idscan.TokenFile:
     raise UserError(f"{path} holds {size} bytes, an odd number, so it is not uint16 token ids "
                     "(a flat .bin as nanoGPT writes); leave it out of --config.data.path, or pass "
                     "--config.data.format=text if it is text")
-  return idscan.TokenFile(path, "uint16", 0, size // 2)
+  return TokenFile(path, "uint16", 0, size // 2)
 
 
-def _llmc(path: Path, head: bytes, size: int, magic: int | None) -> idscan.TokenFile:
+def _llmc(path: Path, head: bytes, size: int, magic: int | None) -> TokenFile:
   if magic in _OTHER_LLMC:
     raise UserError(f"{path} is {_OTHER_LLMC[magic]}")
   if magic != LLMC_MAGIC:
@@ -165,10 +172,10 @@ def _llmc(path: Path, head: bytes, size: int, magic: int | None) -> idscan.Token
     raise UserError(f"{path}: its llm.c header says {n} ids ({HEADER_BYTES + 2 * n} bytes with "
                     f"the header) but the file holds {size} bytes (cut off, or still being "
                     "written?); write it again or leave it out of --config.data.path")
-  return idscan.TokenFile(path, "llmc", HEADER_BYTES, n)
+  return TokenFile(path, "llmc", HEADER_BYTES, n)
 
 
-def _tokenizer(data: ml_collections.ConfigDict, found: list[idscan.TokenFile], vocab_size: int,
+def _tokenizer(data: ml_collections.ConfigDict, found: list[TokenFile], vocab_size: int,
                notes: list[str]):
   """What decodes the ids and how many there are: a tokenizer.json (or gpt2), else llm.c's GPT-2,
   else nanoGPT's meta.pkl beside flat files, else `model.vocab_size` (ids with no text)."""
@@ -190,7 +197,7 @@ def _tokenizer(data: ml_collections.ConfigDict, found: list[idscan.TokenFile], v
                     "every id>, or --config.data.tokenizer=<the ids' tokenizer.json>")
 
 
-def _id_error(f: idscan.TokenFile, largest: int, tok, data: ml_collections.ConfigDict) -> UserError:
+def _id_error(f: TokenFile, largest: int, tok, data: ml_collections.ConfigDict) -> UserError:
   problem = f"{f.path} holds token id {largest}, and the vocabulary has {tok.vocab_size} ids"
   tokenizer = "--config.data.tokenizer=<the tokenizer.json the ids come from>"
   if data.tokenizer not in tokenizer_lib.BUILTIN:
@@ -205,12 +212,12 @@ def _id_error(f: idscan.TokenFile, largest: int, tok, data: ml_collections.Confi
 
 @dataclasses.dataclass
 class _Part:
-  file: idscan.TokenFile
+  file: TokenFile
   start: int  # ids of the file, [start, stop)
   stop: int
 
 
-def _split(found: list[idscan.TokenFile], val_fraction: float) -> tuple[list[_Part], list[_Part], str]:
+def _split(found: list[TokenFile], val_fraction: float) -> tuple[list[_Part], list[_Part], str]:
   """(training parts, validation parts, the rule that chose them, for the log)."""
   is_val = [bool(_VAL_NAME.search(f.path.stem.lower())) for f in found]
   if any(is_val):
@@ -233,11 +240,6 @@ def _split(found: list[idscan.TokenFile], val_fraction: float) -> tuple[list[_Pa
       val.append(_Part(f, cut, f.n_ids))
     at += f.n_ids
   return train, val, f"validation: the last {val_fraction:g} of the ids"
-
-
-def _arrays(parts: list[_Part]) -> list[np.ndarray]:
-  return [np.memmap(p.file.path, dtype="<u2", mode="r", offset=p.file.offset,
-                    shape=(p.file.n_ids,))[p.start:p.stop] for p in parts]
 
 
 def check_run(cfg: ml_collections.ConfigDict, tok) -> None:
@@ -263,3 +265,89 @@ def check_run(cfg: ml_collections.ConfigDict, tok) -> None:
     raise ConfigError("sample.prompt", f"{cfg.sample.prompt[:30]!r} is not token ids, and this "
                       "run has no tokenizer to encode text", "pass ids separated by spaces, e.g. "
                       f"--config.sample.prompt='464 2068', or {fix[5:]}") from None
+
+
+def scan(found: list[TokenFile], cache: Path, show_progress: bool, log) -> list[tuple[int, str]]:
+  """(largest id, sha256 of the ids) of each file: from the cache, else read in blocks on a few
+  threads (reading, numpy and hashlib let go of the GIL) and cached."""
+  from tqdm import tqdm
+
+  keys = [_cache_file(cache, f) for f in found]
+  results = [_cached(k, f) for k, f in zip(keys, found)]
+  todo = [i for i, r in enumerate(results) if r is None]
+  total = sum(2 * found[i].n_ids for i in todo)
+  if todo and not show_progress:
+    log(f"data: checking the ids of {len(todo)} token file(s), {fmt.nbytes(total)}, once "
+        "(then cached)")
+  with tqdm(total=total, unit="B", unit_scale=True, desc="checking ids", leave=False,
+            disable=not show_progress or not todo) as bar, \
+      concurrent.futures.ThreadPoolExecutor(max(1, min(len(todo), machine.cores(), 8))) as pool:
+    lock = threading.Lock()
+    shown = bar if show_progress else Ticker(log, "data: checking ids", total)
+
+    def progress(n: int) -> None:
+      with lock:
+        shown.update(n)
+
+    for i, r in zip(todo, pool.map(lambda i: _read_ids(found[i], progress), todo)):
+      results[i] = r
+  unwritable = None
+  for i in todo:
+    unwritable = unwritable or _store(keys[i], found[i], results[i])
+  if unwritable:
+    log(f"data: cannot cache the token files' check in {cache} ({unwritable}); it is done again "
+        "at every start (--config.data.cache_dir=<a writable directory> keeps it)")
+  return results
+
+
+def _read_ids(f: TokenFile, progress) -> tuple[int, str]:
+  sha, largest, buf = hashlib.sha256(), 0, bytearray(_BLOCK_BYTES)
+  left = 2 * f.n_ids
+  try:
+    with open(f.path, "rb") as src:
+      src.seek(f.offset)
+      while left:
+        signals.check()
+        n = src.readinto(memoryview(buf)[:min(left, _BLOCK_BYTES)])
+        if not n:
+          raise UserError(f"{f.path} ended while it was read (it holds fewer ids than it did a "
+                          "moment ago); leave it out of --config.data.path or wait until it is "
+                          "written")
+        block = memoryview(buf)[:n]
+        sha.update(block)
+        largest = max(largest, int(np.frombuffer(block, "<u2").max()))
+        left -= n
+        progress(n)
+  except OSError as e:
+    raise UserError(f"cannot read {f.path} ({e.strerror}); fix it or leave it out of "
+                    "--config.data.path") from None
+  return largest, sha.hexdigest()
+
+
+def _cache_file(cache: Path, f: TokenFile) -> Path:
+  name = f"{os.path.abspath(f.path)}\0{f.format}\0{f.offset}\0{f.n_ids}"
+  return cache / f"{hashlib.sha256(name.encode()).hexdigest()[:24]}.json"
+
+
+def _stamp(f: TokenFile) -> dict:
+  st = f.path.stat()
+  return {"v": _SCAN_VERSION, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _cached(key: Path, f: TokenFile) -> tuple[int, str] | None:
+  with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+    entry = json.loads(key.read_text())
+    if {k: entry.get(k) for k in ("v", "size", "mtime_ns")} == _stamp(f):
+      return int(entry["max_id"]), str(entry["sha256"])
+  return None
+
+
+def _store(key: Path, f: TokenFile, result: tuple[int, str]) -> str | None:
+  """Writes a cache entry (whole or not at all); what went wrong, if anything."""
+  try:
+    key.parent.mkdir(parents=True, exist_ok=True)
+    paths.write_json(key, {**_stamp(f), "path": str(f.path), "max_id": result[0],
+                           "sha256": result[1]})
+  except OSError as e:
+    return e.strerror or str(e)
+  return None

@@ -23,12 +23,6 @@ EOT = "<|endoftext|>"
 BUILTIN = ("byte", "char", "bpe")
 
 
-def _hf():
-  import tokenizers  # imported when used: a byte run never needs it
-
-  return tokenizers
-
-
 class _EachText:
   def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
     return [self.encode(t) for t in texts]
@@ -62,11 +56,6 @@ class ByteTokenizer(_EachText):
     return _hf_json({c: i for i, c in enumerate(byte_chars()[:255])}, "byte")
 
 
-def codepoints(text: str) -> np.ndarray:
-  """The Unicode code points of `text`, as uint32."""
-  return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-
-
 class CharTokenizer(_EachText):
   """One token per Unicode character of the corpus, ids in code point order; end-of-text last.
   `ordered`: the ids are the order of `chars` as given (nanoGPT's meta.pkl); `end_of_text`
@@ -84,7 +73,7 @@ class CharTokenizer(_EachText):
     self.dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
 
   def encode(self, text: str) -> np.ndarray:
-    cps = codepoints(text)
+    cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # its code points
     at = np.minimum(np.searchsorted(self._codepoints, cps), max(len(self.chars) - 1, 0))
     unknown = self._codepoints[at] != cps if len(self.chars) else np.ones(len(cps), bool)
     if unknown.any():
@@ -122,7 +111,7 @@ def vocab_notes(tok) -> list[str]:
 
 def _hf_json(vocab: dict[str, int], kind: str, end_of_text: bool = True) -> str:
   """A tokenizer.json equivalent to the byte, char or ids tokenizer."""
-  t = _hf()
+  import tokenizers as t  # imported when used: a byte run never needs it
   if kind == "byte":
     tok = t.Tokenizer(t.models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = t.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -208,7 +197,7 @@ class HFTokenizer:
   """A `tokenizers.Tokenizer`: one trained here (`bpe`) or read from a tokenizer.json."""
 
   def __init__(self, hf_json: str, name: str = "tokenizer.json"):
-    t = _hf()
+    import tokenizers as t
     self.name, self._json = name, hf_json
     try:
       self.tok = t.Tokenizer.from_str(hf_json)
@@ -272,7 +261,7 @@ class HFTokenizer:
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> HFTokenizer:
   """Byte-level BPE (GPT-2's pre-tokenizer) with `vocab_size` tokens, end-of-text first."""
-  t = _hf()
+  import tokenizers as t
   tok = t.Tokenizer(t.models.BPE())
   tok.pre_tokenizer = t.pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = t.decoders.ByteLevel()

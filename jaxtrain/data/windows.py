@@ -1,6 +1,6 @@
-"""Batches of windows from a tokenized corpus (`corpus.Corpus`): the training batches, the fixed
-evaluation batches, and what turns their loss into bits per byte; `Shards`, several memmaps (token
-files, a mixture's sources) read as one stream without joining them.
+"""Batches of windows from a tokenized corpus (`corpus.Corpus`'s tokens), and what turns their loss
+into bits per byte; `Shards`, several memmaps (token files, a mixture's sources) read as one
+stream without joining them.
 
 Micro-batch i holds `batch_size` windows of `seq_len + 1` tokens at offsets drawn from a
 generator seeded by (seed, i): any batch can be rebuilt from the seed and its index. A corpus with
@@ -8,7 +8,6 @@ a loss mask (prompt/completion records) adds `"weights"`, float32[B, T], one per
 """
 
 import math
-from typing import Protocol
 
 import numpy as np
 
@@ -57,15 +56,6 @@ class Shards:
     return np.stack(rows) if rows else np.zeros((0, window), self.dtype)
 
 
-class Corpus(Protocol):
-  """What batches need of a `corpus.Corpus` (which imports this module)."""
-
-  tokens: np.ndarray
-  train: np.ndarray
-  val: np.ndarray
-
-  def split_mask(self, train: bool) -> np.ndarray | None: ...
-
 TRAIN_STREAM, EVAL_STREAM = 0, 1  # part of each generator's seed: training draws apart from evaluation
 
 
@@ -104,39 +94,6 @@ def n_windows(tokens: np.ndarray | Shards, window: int) -> int:
 def process_rows(batch_size: int, process_index: int, process_count: int) -> slice:
   per = batch_size // process_count
   return slice(process_index * per, (process_index + 1) * per)
-
-
-def eval_batches(corpus: Corpus, batch_size: int, seq_len: int, seed: int,
-                 n_batches: int) -> list[dict]:
-  """The same `n_batches` validation batches (every process's rows) at every evaluation, so val
-  losses compare."""
-  source = WindowBatches(corpus.val, batch_size, seq_len, seed, EVAL_STREAM,
-                         mask=corpus.split_mask(train=False))
-  return [source[i] for i in range(n_batches)]
-
-
-def check_windows(corpus: Corpus, seq_len: int, val_fraction: float) -> None:
-  """Raises a UserError unless both splits of one corpus hold a window of seq_len + 1 tokens."""
-  window = seq_len + 1
-  if isinstance(corpus.tokens, Shards):
-    for name, split in (("validation", corpus.val), ("training", corpus.train)):
-      if n_windows(split, window) < 1:
-        longest = max((len(p) for p in split.parts), default=0)
-        raise UserError(f"the {name} split of the token files holds no window of seq_len+1="
-                        f"{window} ids (its longest stretch in one file has {longest}); pass a "
-                        "smaller --config.model.seq_len (or, where validation is the files' "
-                        "tail, another --config.data.val_fraction)")
-    return
-  if len(corpus.val) < window:
-    need = int(window / val_fraction) + window
-    raise UserError(f"the corpus has {len(corpus.tokens)} tokens: its validation split "
-                    f"({len(corpus.val)}) is shorter than one window of seq_len+1={window}; use "
-                    f"at least ~{need} tokens of text or a smaller --config.model.seq_len")
-  if len(corpus.train) < window:
-    raise UserError(f"the corpus has {len(corpus.tokens)} tokens: its training split "
-                    f"({len(corpus.train)}) is shorter than one window of seq_len+1={window}; "
-                    "pass a smaller --config.data.val_fraction or --config.model.seq_len, or "
-                    "use more text")
 
 
 def batches_bpb(tokenizer, batches: list[dict]) -> float:

@@ -30,16 +30,11 @@ class Task:
   in_file: int  # records in the file, of which the first eval_tasks_limit are scored
 
 
-def fields(data: ml_collections.ConfigDict) -> dict:
-  """The record fields a run's tasks are read with: the run's prompt and completion fields."""
-  return dict(scoring.FIELDS, prompt=data.prompt_field or "prompt",
-              completion=data.completion_field or "completion")
-
-
 def load(cfg: ml_collections.ConfigDict) -> list[Task]:
-  """The records of every `train.eval_tasks` file (its first `eval_tasks_limit`); a bad record
-  is one line naming the file and the line."""
-  names = fields(cfg.data)
+  """The records of every `train.eval_tasks` file (its first `eval_tasks_limit`), read with the
+  run's prompt and completion fields; a bad record is one line naming the file and the line."""
+  names = dict(scoring.FIELDS, prompt=cfg.data.prompt_field or "prompt",
+               completion=cfg.data.completion_field or "completion")
   fix = (f"fix that line: train.eval_tasks records hold {names['prompt']!r} and "
          f"{names['completion']!r} (the run's data.prompt_field and data.completion_field), or "
          f"{names['context']!r}, {names['endings']!r} and {names['label']!r} (multiple choice)")

@@ -20,18 +20,12 @@ from jaxtrain.system import runtime
 Stopped = tasks_lib.Stopped  # an evaluation given up part way: the run is stopping
 
 
-def _never() -> bool:
-  return False
-
-
 @dataclasses.dataclass
 class Validation:
   """What a run scores at each evaluation, and when: `should_eval`."""
 
   every: int  # train.eval_every
-  batches: list[dict]  # placed on the devices: the same batches at every evaluation
-  bpb: float  # val_bpb / val_loss over `batches` (data/windows.py batches_bpb)
-  weights: np.ndarray | None  # targets in the loss per batch (completions only); None: all
+  own: EvalSet  # the run's, placed on the devices: the same batches at every evaluation
   scope: str  # what the loss is on where not every token ("completions"), else ""
   sources: list[EvalSet] = dataclasses.field(default_factory=list)  # data.mixture's, placed
   tasks: list[tasks_lib.Task] = dataclasses.field(default_factory=list)  # train.eval_tasks'
@@ -43,24 +37,25 @@ class Validation:
 
   def score(self, programs: Programs, state: TrainState, step: int,
             elapsed_s: Callable[[], float], say: Callable[[str], None],
-            stopping: Callable[[], bool] = _never) -> dict:
+            stopping: Callable[[], bool]) -> dict:
     """The evaluation record of `state` (at `step`), its lines said; `elapsed_s()`: the run's
     training seconds so far. Every process takes part. `stopping()` is asked between batches (a
     collective where there are several processes); True raises `Stopped`."""
-    val = weighted_loss(programs, state, self.batches, self.weights, stopping)
+    val = weighted_loss(programs, state, self.own, stopping)
     ppl = math.exp(min(val, 50))
-    on = f" on {self.scope}" if self.scope and self.weights is not None else ""
-    bpb = {} if math.isnan(self.bpb) else {"val_bpb": val * self.bpb}  # nan: token ids, no bytes
+    on = f" on {self.scope}" if self.scope and self.own.weights is not None else ""
+    bpb = {} if math.isnan(self.own.bpb) else {"val_bpb": val * self.own.bpb}  # nan: no bytes (ids)
     say(f"eval step {step}: val loss{on} {val:.4f} | perplexity {ppl:.2f}"
         + (f" | {bpb['val_bpb']:.4f} bits/byte" if bpb else ""))
     record = {"step": step, "val_loss": val, "val_ppl": ppl, **bpb,
               "elapsed_s": round(elapsed_s(), 3)}
     if self.sources:
-      record.update(by_source(programs, state, self.sources, stopping))
-      say(source_line(step, record))
+      by, line = by_source(programs, state, self.sources, stopping)
+      record.update(by)
+      say(f"eval step {step} by source: {line}")
     if self.tasks:
       # Process 0 alone scores the tasks: a collective `stopping` would wait for the others.
-      alone = stopping if jax.process_count() == 1 else _never
+      alone = stopping if jax.process_count() == 1 else lambda: False
       record.update(tasks_lib.score(self.tasks, state, self.tokenizer, say, alone))
     return record
 
@@ -72,41 +67,32 @@ def prepare(cfg: ml_collections.ConfigDict, data: corpus.Corpus, place: Callable
   sets = corpus.eval_sets(data, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps,
                           jax.process_index(), jax.process_count())
   sets = [dataclasses.replace(s, batches=[place(b) for b in s.batches]) for s in sets]
-  return Validation(
-      every=t.eval_every, batches=sets[0].batches, bpb=sets[0].bpb,
-      weights=corpus.eval_weights(data, t.batch_size, cfg.model.seq_len, cfg.seed, t.eval_steps),
-      scope=corpus.loss_scope(cfg.data), sources=sets[1:], tasks=list(eval_tasks),
-      tokenizer=data.tokenizer)
+  return Validation(every=t.eval_every, own=sets[0], scope=corpus.loss_scope(cfg.data),
+                    sources=sets[1:], tasks=list(eval_tasks), tokenizer=data.tokenizer)
 
 
-def weighted_loss(programs: Programs, state: TrainState, batches: list[dict],
-                  weights: np.ndarray | None = None, stopping: Callable[[], bool] = _never) -> float:
-  """The mean loss over `batches`; with `weights` (targets per batch), per target."""
+def weighted_loss(programs: Programs, state: TrainState, s: EvalSet,
+                  stopping: Callable[[], bool]) -> float:
+  """The mean loss over the set's batches; with its weights (targets per batch), per target."""
   losses = []
-  for batch in batches:
+  for batch in s.batches:
     if stopping():
       raise tasks_lib.Stopped
     losses.append(programs.eval_step(state, batch)["loss"])
     runtime.throttle(losses)
   losses = np.asarray(jax.device_get(losses))
-  return float(np.mean(losses) if weights is None
-               else (losses * weights).sum() / max(weights.sum(), 1.0))
+  return float(np.mean(losses) if s.weights is None
+               else (losses * s.weights).sum() / max(s.weights.sum(), 1.0))
 
 
 def by_source(programs: Programs, state: TrainState, sets: list[EvalSet],
-              stopping: Callable[[], bool] = _never) -> dict:
-  """{"val/<name>/loss": mean loss over the set's batches, "val/<name>/bpb": in bits per byte}."""
-  record = {}
+              stopping: Callable[[], bool]) -> tuple[dict, str]:
+  """({"val/<name>/loss": mean loss over the set's batches, "val/<name>/bpb": in bits per byte},
+  the line that says them: `books 1.2345 (1.7810 bits/byte) | notes ...`)."""
+  record, parts = {}, []
   for s in sets:
-    loss = weighted_loss(programs, state, s.batches, stopping=stopping)
-    record[f"val/{s.name}/loss"] = loss
-    record[f"val/{s.name}/bpb"] = loss * s.bpb
-  return record
+    loss = weighted_loss(programs, state, s, stopping)
+    record.update({f"val/{s.name}/loss": loss, f"val/{s.name}/bpb": loss * s.bpb})
+    parts.append(f"{s.name} {loss:.4f} ({loss * s.bpb:.4f} bits/byte)")
+  return record, " | ".join(parts)
 
-
-def source_line(step: int, record: dict) -> str:
-  """`eval step N by source: books 1.2345 (1.7810 bits/byte) | notes ...`"""
-  names = [k.split("/")[1] for k in record if k.startswith("val/") and k.endswith("/loss")]
-  parts = [f"{n} {record[f'val/{n}/loss']:.4f} ({record[f'val/{n}/bpb']:.4f} bits/byte)"
-           for n in names]
-  return f"eval step {step} by source: " + " | ".join(parts)

@@ -7,8 +7,6 @@ checkpoint with the best val loss is kept by checkpoints/store.py's retention po
 
 import math
 
-import ml_collections
-
 from jaxtrain.config import defaults
 from jaxtrain.trackers.hooks import Hook
 
@@ -44,8 +42,3 @@ class EarlyStop(Hook):
     return (f"early stop: no new best {self.metric} in {self.since_best} evaluations "
             f"(train.early_stop_patience={self.patience}); the best, {self.best:.4f}, was at step "
             f"{self.best_step} (--step=best is the checkpoint with the lowest val loss)")
-
-
-def hooks(train: ml_collections.ConfigDict) -> list[EarlyStop]:
-  return [EarlyStop(train.early_stop_patience, train.early_stop_metric)] \
-      if train.early_stop_patience > 0 else []

@@ -3,6 +3,7 @@ the loop writes, and the run end (`RunResult`), and may ask it to stop. metrics.
 and the run's status file are hooks every run has (standard.py); `run(cfg, hooks=[...])` adds
 more. The loop calls them through `Hooks`, in order."""
 
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
@@ -86,10 +87,8 @@ class Hooks:
 
   def prepare(self) -> None:
     for hook in self.hooks:
-      try:
+      with contextlib.suppress(Exception):  # on_start, on the loop's thread, reports it
         hook.prepare()
-      except Exception:  # on_start, on the loop's thread, reports it
-        pass
 
   def start(self, run: RunView, step: int) -> None:
     for hook in self.hooks:

@@ -20,9 +20,7 @@ def drop_after(path: Path, step: int) -> int:
   n_lines = len(path.read_text(encoding="utf-8").splitlines())
   keep = [r for r in paths.read_jsonl(path) if isinstance(r.get("step"), int) and r["step"] <= step]
   if len(keep) != n_lines:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
-    tmp.replace(path)
+    paths.write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
   return n_lines - len(keep)
 
 
@@ -41,16 +39,11 @@ class MetricsJsonl(Hook):
     if dropped:
       run.out.print(f"{FILE}: dropped {dropped} lines past step {step}, which is trained again")
 
-  def _write(self, record: dict) -> None:
-    if self.path is not None:
-      with open(self.path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-
   def on_log(self, step: int, record: dict) -> None:
-    self._write(record)
+    with open(self.path, "a", encoding="utf-8") as f:
+      f.write(json.dumps(record) + "\n")
 
-  def on_eval(self, step: int, record: dict) -> None:
-    self._write(record)
+  on_eval = on_log  # an evaluation's record is a line of the file too
 
 
 def plot_losses(metrics_path: Path, png_path: Path) -> Path | None:

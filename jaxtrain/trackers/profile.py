@@ -10,7 +10,6 @@ https://ui.perfetto.dev). Only process 0 traces.
 from pathlib import Path
 
 import jax
-import ml_collections
 
 from jaxtrain.core.steps import TrainState
 from jaxtrain.trackers.hooks import Hook, RunResult, RunView
@@ -20,13 +19,12 @@ class Profile(Hook):
 
   def __init__(self, steps: int, directory: Path):
     self.steps, self.directory = steps, directory
-    self.start_after = self.stop_after = -1
+    self.start_after = -1
     self.tracing = False
     self.say = print
 
   def on_start(self, run: RunView, step: int) -> None:
     self.start_after = step + 1  # the leg's first step, which compiled
-    self.stop_after = self.start_after + self.steps
     self.say = run.out.print
 
   def on_step(self, step: int, state: TrainState) -> None:
@@ -34,7 +32,7 @@ class Profile(Hook):
       jax.block_until_ready(state)
       jax.profiler.start_trace(str(self.directory), create_perfetto_trace=True)
       self.tracing = True
-    elif step == self.stop_after and self.tracing:
+    elif step == self.start_after + self.steps and self.tracing:
       jax.block_until_ready(state)
       self._stop(f"steps {self.start_after + 1}-{step}")
 
@@ -47,9 +45,3 @@ class Profile(Hook):
     self.tracing = False
     self.say(f"profile of {what}: {self.directory} (tensorboard --logdir {self.directory}, or "
              "perfetto_trace.json.gz in https://ui.perfetto.dev)")
-
-
-def hooks(train: ml_collections.ConfigDict, workdir: Path) -> list[Profile]:
-  if train.profile_steps <= 0 or jax.process_index() != 0:
-    return []
-  return [Profile(train.profile_steps, Path(workdir) / "profile")]

@@ -59,8 +59,6 @@ class Status(Hook):
     """The step in the file: at every evaluation and every `train.checkpoint_every` step, and at
     other logged steps once a second at most, since an atomic write costs milliseconds on a
     network or sandboxed file system, as much as a tiny model's step."""
-    if self.path is None:
-      return
     self.info["step"] = step  # in the file at the latest when the run ends, also on a failure
     t = time.monotonic()
     if now or step % self.checkpoint_every == 0 or t - self.written >= WRITE_EVERY_S:

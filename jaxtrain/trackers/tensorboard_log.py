@@ -38,12 +38,6 @@ def scalars(section: str, record: dict) -> dict[str, float]:
           if key not in SKIP and isinstance(value, int | float) and not isinstance(value, bool)}
 
 
-def _hparams(cfg) -> dict:
-  """The config as flat hparams; anything that is not a number, text or bool as text."""
-  return {k: v if isinstance(v, bool | int | float | str) else str(v)
-          for k, v in loading.flatten(cfg.to_dict()).items()}
-
-
 class TensorBoard(Hook):
   """Writes the run's event file (process 0's: standard.py attaches it there)."""
 
@@ -65,15 +59,13 @@ class TensorBoard(Hook):
           continue  # the hparams are written anew below: this leg's config may differ
         seen.add(record)
         self.writer.write(record)
-    for summary in tfevents.hparams(_hparams(run.cfg), ["val/loss"]):
+    for summary in tfevents.hparams(loading.flatten(run.cfg.to_dict()), ["val/loss"]):
       self.writer.write(tfevents.event(step, summary))
     self.writer.flush()  # the kept events are safe in the new file before the old ones go
     for path in old:
       path.unlink(missing_ok=True)
 
   def _scalars(self, section: str, step: int, record: dict) -> None:
-    if self.writer is None:
-      return
     wall_time = time.time()
     for name, value in scalars(section, record).items():
       self.writer.write(tfevents.event(step, tfevents.scalar(name, value), wall_time))
@@ -83,8 +75,7 @@ class TensorBoard(Hook):
 
   def on_eval(self, step: int, record: dict) -> None:
     self._scalars("val", step, record)
-    if self.writer is not None:
-      self.writer.flush()
+    self.writer.flush()
 
   def on_end(self, result: RunResult | None) -> None:
     if self.writer is None:

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 FILE_PREFIX = "events.out.tfevents."
-HPARAMS_PLUGIN = "hparams"
 HPARAMS_TAGS = ("_hparams_/experiment", "_hparams_/session_start_info",
                 "_hparams_/session_end_info")
 # hparams' api.proto DataType values, and SessionEndInfo's Status.STATUS_SUCCESS
@@ -121,7 +120,7 @@ def hparams(values: dict, metrics: list[str]) -> list[bytes]:
     start += _bytes(1, _str(1, name) + _bytes(2, encoded))
   infos += b"".join(_bytes(5, _bytes(1, _str(2, tag))) for tag in metrics)
   contents = (_bytes(2, infos), _bytes(3, start), _bytes(4, _int(1, STATUS_SUCCESS)))
-  return [_bytes(1, _str(1, tag) + _plugin(HPARAMS_PLUGIN, content))
+  return [_bytes(1, _str(1, tag) + _plugin("hparams", content))
           for tag, content in zip(HPARAMS_TAGS, contents, strict=True)]
 
 
@@ -172,13 +171,6 @@ def masked_crc32c(data: bytes) -> int:
   return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def framed(data: bytes) -> bytes:
-  """One TFRecord: 8-byte length, its checksum, the data, the data's checksum."""
-  length = struct.pack("<Q", len(data))
-  return length + struct.pack("<I", masked_crc32c(length)) + data + \
-      struct.pack("<I", masked_crc32c(data))
-
-
 def read_records(path: Path) -> list[bytes]:
   """The records of a TFRecord file; a last record that a kill cut short is left out."""
   data, records, i = path.read_bytes(), [], 0
@@ -205,8 +197,10 @@ class EventWriter:
     self.flush()
 
   def write(self, record: bytes) -> None:
-    """An Event's bytes, as one record."""
-    self._file.write(framed(record))
+    """An Event's bytes, as one TFRecord: 8-byte length, its checksum, the bytes, their checksum."""
+    length = struct.pack("<Q", len(record))
+    self._file.write(length + struct.pack("<I", masked_crc32c(length)) + record +
+                     struct.pack("<I", masked_crc32c(record)))
     if time.monotonic() - self._flushed > self.flush_secs:
       self.flush()
 
@@ -216,6 +210,5 @@ class EventWriter:
     self._flushed = time.monotonic()
 
   def close(self) -> None:
-    if not self._file.closed:
-      self.flush()
-      self._file.close()
+    self.flush()
+    self._file.close()

@@ -11,7 +11,6 @@ run goes on with TensorBoard only.
 
 import os
 import secrets
-import string
 from pathlib import Path
 
 from jaxtrain.system import paths
@@ -19,19 +18,9 @@ from jaxtrain.trackers import tensorboard_log
 from jaxtrain.trackers.hooks import Hook, RunResult, RunView
 
 RUN_FILE = "wandb.json"
-GOES_ON = "training goes on with TensorBoard only"
 # wandb.init's arguments that the environment variable beside each sets instead, when it is set.
 ENV = {"project": "WANDB_PROJECT", "mode": "WANDB_MODE", "dir": "WANDB_DIR", "id": "WANDB_RUN_ID",
        "name": "WANDB_NAME", "resume": "WANDB_RESUME"}
-
-
-def hooks(log_cfg) -> list[Hook]:
-  """The W&B hook when the config's `log` section asks for it."""
-  return [WandB(log_cfg.wandb_project, log_cfg.wandb_mode)] if log_cfg.wandb else []
-
-
-def _new_id() -> str:
-  return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
 def _first_line(e: BaseException) -> str:
@@ -61,7 +50,7 @@ class WandB(Hook):
     workdir = Path(run.workdir)
     saved = paths.read_json(workdir / RUN_FILE) if (workdir / RUN_FILE).is_file() else {}
     args = {"project": self.project, "mode": self.mode, "dir": str(workdir),
-            "id": saved.get("id") or _new_id(), "name": workdir.name, "resume": "allow"}
+            "id": saved.get("id") or secrets.token_hex(4), "name": workdir.name, "resume": "allow"}
     args = {k: v for k, v in args.items() if not os.environ.get(ENV[k])}
     try:
       self.run = wandb.init(**args, settings=wandb.Settings(console="off", silent=True))
@@ -77,7 +66,7 @@ class WandB(Hook):
     self.say(f"W&B: run {self.run.id} ({'resumed at step ' + str(step) if step else 'new'}), {where}")
 
   def _warn(self, what: str) -> None:
-    self.say(f"warning: {what}; {GOES_ON}")
+    self.say(f"warning: {what}; training goes on with TensorBoard only")
 
   def _log(self, data: dict, step: int) -> None:
     if self.run is None or not data:
