@@ -75,7 +75,7 @@ def init_state(model_cfg: model_lib.ModelConfig, optimizer: optim.Optimizer, *,
   param_key, dropout_key = jax.random.split(key)
   model = model_lib.init(model_cfg, param_key, exact_shapes=exact_shapes)
   if lora is not None:
-    lora_lib.attach(model, lora, lora_lib.adapter_key(param_key))
+    lora_lib.attach(model, lora, param_key)
   graphdef, params = nnx.split(model, nnx.Param)
   params = nnx.to_pure_dict(params)
   scale = INITIAL_LOSS_SCALE if optimizer.loss_scaling else 1.0
