@@ -56,12 +56,6 @@ def differences(infos: list[runs.RunInfo], among=None) -> list[str]:
           or len({effective(info, f) is _MISSING for info in infos}) > 1]
 
 
-def measure(infos: list[runs.RunInfo]) -> str:
-  """val_bpb where the runs' tokenizers or data differ (a loss per token then does not compare),
-  else val_loss."""
-  return "val_bpb" if differences(infos, DATA_FIELDS) else "val_loss"
-
-
 # What a run's validation loss counts, the heading of each kind's group. The rule of
 # data.corpus.loss_scope, read from the flat config: importing the data pipeline takes a second.
 SCOPES = ("every token", "completions", "assistant turns")
@@ -169,11 +163,6 @@ def terminal_table(header: list[str], body: list[list[str]], width: int | None =
   return "\n".join(blocks)
 
 
-def terminal_width() -> int | None:
-  """The terminal's columns; None where the output is not a terminal (a file, a pipe)."""
-  return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
-
-
 def markdown_table(header: list[str], body: list[list[str]]) -> str:
   line = lambda r: "| " + " | ".join(c.replace("|", "\\|") for c in r) + " |"
   return "\n".join([line(header), "|" + "---|" * len(header), *map(line, body)])
@@ -235,7 +224,8 @@ def compare(patterns: list[str], out: Path | None = None, print_fn=print,
                     f"{', '.join(known) or 'none yet'}); pass --by=<one of them>")
   ranked = []
   for group in groups(infos, by):
-    key = by or measure(group)
+    # val_bpb where the runs' tokenizers or data differ: a loss per token then does not compare
+    key = by or ("val_bpb" if differences(group, DATA_FIELDS) else "val_loss")
     ranked.append((key, sorted(group, key=lambda info: rank_key(info, key))))
   infos = [info for _, group in ranked for info in group]
   fields = differences(infos)
@@ -243,7 +233,9 @@ def compare(patterns: list[str], out: Path | None = None, print_fn=print,
   apart = len(ranked) > 1
   header = ["run", *fields, *COLUMNS, *map(column, sources), *["val loss on"] * apart]
   body = [row + [scope(info)] * apart for row, info in zip(rows(infos, fields, sources), infos)]
-  print_fn(terminal_table(header, body, width if width is not None else terminal_width()))
+  if width is None and sys.stdout.isatty():  # a file or a pipe gets the table at any width
+    width = shutil.get_terminal_size().columns
+  print_fn(terminal_table(header, body, width))
   if apart:
     print_fn("note: " + ", ".join(f"{len(g)} run{'s' if len(g) > 1 else ''} on {scope(g[0])}"
                                   for _, g in ranked) +
