@@ -3,13 +3,10 @@ model as a Hugging Face transformers directory (docs/tools.md; the mapping: chec
 The directory is written whole under a temporary name and then renamed: an export stopped halfway
 leaves nothing at `out`, and an existing non-empty `out` is refused, never overwritten."""
 
-import json
 import os
 import shutil
 import sys
 from pathlib import Path
-
-import numpy as np
 
 from jaxtrain.checkpoints import hf, load
 from jaxtrain.core import lora
@@ -106,9 +103,9 @@ def write_tokenizer(tok, target: Path) -> None:
 
 def written_line(target: Path, out: str) -> str:
   """What was written and how transformers loads it."""
-  config = json.loads((target / "config.json").read_text())
+  config, tensors = hf.read_dir(target)
   arch = config["architectures"][0]
-  n = sum(int(np.prod(x.shape)) for x in hf.read_dir(target)[1].values())
+  n = sum(x.size for x in tensors.values())
   if arch != hf.CUSTOM:
     return (f"wrote {arch} ({n:,} numbers) to {out}; load it with "
             f"transformers.AutoModelForCausalLM.from_pretrained({out!r})")
