@@ -14,6 +14,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from jaxtrain.system import fmt, machine, paths, stack
@@ -65,7 +66,7 @@ def measured(what: str, parts: Sequence, measure: Callable[[Any], Any], max_age_
   mine = _here.get(name)
   if mine is not None and enough(mine.value):
     return mine
-  entry = paths.read_cache_json(FILE).get(name)
+  entry = paths.read_dict(Path(paths.cache_dir()) / FILE).get(name)
   usable = os.environ.get(AGAIN) != "1" and isinstance(entry, dict) and \
       {"value", "time"} <= set(entry) and (entry.get("load") or 0.0) <= BUSY and \
       0 <= time.time() - entry["time"] < max_age_s
@@ -73,7 +74,7 @@ def measured(what: str, parts: Sequence, measure: Callable[[Any], Any], max_age_
     return Measured(entry["value"], entry["time"], entry.get("load"), here=False)
   value, load = machine.with_load(lambda: measure(entry["value"] if usable else None))
   _here[name] = found = Measured(value, time.time(), load, here=True)
-  cache = paths.read_cache_json(FILE)  # read again: another process may have written
+  cache = paths.read_dict(Path(paths.cache_dir()) / FILE)  # again: another process may have written
   cache[name] = {"value": value, "time": found.time, "load": load}
   paths.write_cache_json(FILE, cache)
   return found
