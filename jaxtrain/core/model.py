@@ -322,11 +322,11 @@ class GPT(nnx.Module):
     x_BTD = self.wte(tokens_BT)
     rope = None
     if c.pos == "learned":
-      wpe_TD = self.wpe[:T] if cache is None else kvcache.window(self.wpe[...], pos, T)
+      wpe_TD = self.wpe[:T] if cache is None else jax.lax.dynamic_slice_in_dim(self.wpe[...], pos, T)
       x_BTD = x_BTD + wpe_TD.astype(x_BTD.dtype)
     else:
       tables = rope_tables(T if cache is None else c.seq_len, c.head_dim, c.rope_theta)
-      rope = tables if cache is None else tuple(kvcache.window(x, pos, T) for x in tables)
+      rope = tables if cache is None else tuple(jax.lax.dynamic_slice_in_dim(x, pos, T) for x in tables)
     keys = [None] * (c.n_layers + 1)
     if dropout_key is not None and c.dropout > 0:
       keys = list(jax.random.split(dropout_key, c.n_layers + 1))
