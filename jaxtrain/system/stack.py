@@ -14,7 +14,7 @@ from jaxtrain.system import invocation
 
 # (oldest jax, the oldest flax that imports and trains on it), newest first; checked by installing
 # each pair (docs/install.md has the table).
-FLAX_FOR_JAX = [((0, 11, 2), (0, 12, 10)), ((0, 11, 1), (0, 12, 9)), ((0, 10, 2), (0, 12, 8))]
+FLAX_FOR_JAX = [("0.11.2", "0.12.10"), ("0.11.1", "0.12.9"), ("0.10.2", "0.12.8")]
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain")
 
 
@@ -33,21 +33,17 @@ def _tuple(version: str) -> tuple[int, ...]:
   return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:4])
 
 
-def _dotted(version: tuple[int, ...]) -> str:
-  return ".".join(map(str, version))
-
-
 def mismatch(found: dict[str, str]) -> str | None:
   """What is wrong with the jax/flax pair in `found` (see `versions`), with the pip command that
   mends it; None when the pair works or either is missing."""
   if "jax" not in found or "flax" not in found:
     return None
   jax, flax = _tuple(found["jax"]), _tuple(found["flax"])
-  need = next((f for j, f in FLAX_FOR_JAX if jax >= j), None)
-  if need is None or flax >= need:
+  need = next((f for j, f in FLAX_FOR_JAX if jax >= _tuple(j)), None)
+  if need is None or flax >= _tuple(need):
     return None
-  return (f"flax {found['flax']} does not work with jax {found['jax']} (flax {_dotted(need)} or "
-          f"newer does): pip install 'flax>={_dotted(need)}'")
+  return (f"flax {found['flax']} does not work with jax {found['jax']} (flax {need} or "
+          f"newer does): pip install 'flax>={need}'")
 
 
 def line(found: dict[str, str] | None = None) -> str:
