@@ -169,12 +169,10 @@ def markdown_table(header: list[str], body: list[list[str]]) -> str:
 
 
 def _plot(infos: list[runs.RunInfo], x_key: str, scale: float, xlabel: str, png: Path) -> Path:
-  import matplotlib
+  from matplotlib.figure import Figure  # not pyplot: no GUI backend, no figures left open
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+  fig = Figure(figsize=(8, 4.5), dpi=110)
+  ax = fig.subplots()
   for i, (name, info) in enumerate(zip(names(infos), infos)):
     color = f"C{i % 10}"
     train = [r for r in info.train if r.get("loss") is not None and x_key in r]
@@ -194,7 +192,6 @@ def _plot(infos: list[runs.RunInfo], x_key: str, scale: float, xlabel: str, png:
   ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(png)
-  plt.close(fig)
   return png
 
 
