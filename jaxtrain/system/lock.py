@@ -79,10 +79,9 @@ class FileLock:
 
 def _same_file(fd: int, path: Path) -> bool:
   try:
-    a, b = os.fstat(fd), os.stat(path)
+    return os.path.samestat(os.fstat(fd), os.stat(path))
   except FileNotFoundError:
     return False
-  return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def is_held(path: Path) -> bool:
