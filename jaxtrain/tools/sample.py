@@ -78,40 +78,25 @@ def encode(tok, text: str) -> np.ndarray:
   return np.asarray(tok.encode(text), np.int32)  # a char outside the vocabulary: UserError
 
 
-class Printer:
-  """Writes tokens as text as they come; bytes of one UTF-8 character may arrive apart."""
-
-  def __init__(self, tok, out=sys.stdout):
-    self.tok, self.out = tok, out
-    self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace") \
-        if isinstance(tok, tokenizer_lib.ByteTokenizer) else None
-
-  def write(self, ids: np.ndarray, final: bool = False) -> None:
-    if self.utf8 is not None:
-      text = self.utf8.decode(bytes(np.asarray(ids, np.uint8).tolist()), final=final)
-    else:
-      text = self.tok.decode(ids)
-    self.out.write(text)
-    self.out.flush()
-
-
 def sample(state, tok, prompt: str, f, out=sys.stdout) -> int:
-  """Prints `f.num_samples` continuations of `prompt`; returns how many tokens were made."""
+  """Prints `f.num_samples` continuations of `prompt` as their tokens come; returns how many
+  tokens were made. Byte tokens go through a UTF-8 decoder: a character's bytes may come apart."""
   ids = fit.seen(encode(tok, prompt), "the prompt", "--max_new_tokens", f.max_new_tokens,
                  state.model_cfg.seq_len, lambda line: print(line, file=sys.stderr))
+  byte_level = isinstance(tok, tokenizer_lib.ByteTokenizer)
   made = 0
   for i in range(f.num_samples):
     if f.num_samples > 1:
       out.write(f"--- sample {i} ---\n")
     out.write(prompt)
-    printer = Printer(tok, out)
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for part in decode.stream(state, ids[None, :],
                               f.max_new_tokens, temperature=f.temperature, top_k=f.top_k,
                               top_p=f.top_p, seed=f.seed + i, chunk=CHUNK):
-      printer.write(part[0])
+      out.write(utf8.decode(bytes(np.asarray(part[0], np.uint8))) if byte_level else tok.decode(part[0]))
+      out.flush()
       made += part.shape[1]
-    printer.write(np.zeros(0, np.int32), final=True)
-    out.write("\n")
+    out.write(utf8.decode(b"", final=True) + "\n")
     out.flush()
   return made
 
