@@ -24,15 +24,6 @@ USAGE = (f"usage: {_COMMAND} --workdir=runs/chat [--system=TEXT] [flags]\n"
          "stdout.")
 
 
-def define_flags() -> None:
-  flags.DEFINE_string("workdir", None, "The run's workdir (trained with data.messages_field).")
-  flags.DEFINE_string("system", "", "A system message that opens the conversation, or @path "
-                      "to read it from a file; '': none.")
-  flags.DEFINE_integer("max_new_tokens", 256, "Tokens per reply at most (a reply ends at the "
-                       "end of its turn).", lower_bound=1, upper_bound=2**16)
-  cli.define_sampling_flags(__name__, 0.7, "Reply i uses seed + i.")
-
-
 def read_message(tty: bool) -> str | None:
   """The user's next message; None at the end of input."""
   if tty:
@@ -102,5 +93,10 @@ def run() -> None:
 
 
 def main() -> None:
-  define_flags()
+  flags.DEFINE_string("workdir", None, "The run's workdir (trained with data.messages_field).")
+  flags.DEFINE_string("system", "", "A system message that opens the conversation, or @path "
+                      "to read it from a file; '': none.")
+  flags.DEFINE_integer("max_new_tokens", 256, "Tokens per reply at most (a reply ends at the "
+                       "end of its turn).", lower_bound=1, upper_bound=2**16)
+  cli.define_sampling_flags(__name__, 0.7, "Reply i uses seed + i.")
   cli.main(run, USAGE, __name__)

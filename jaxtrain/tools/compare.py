@@ -252,14 +252,6 @@ def compare(patterns: list[str], out: Path | None = None, print_fn=print,
   return infos
 
 
-def define_flags() -> None:
-  flags.DEFINE_string("out", "", "Also write the table as DIR/compare.md and the loss plots as "
-                      "PNGs.")
-  flags.DEFINE_string("by", "", "Rank by the best of this evaluation metric: val_loss, val_bpb, "
-                      "task/<name>/exact_match, ... (accuracies: highest first). Default: val_bpb "
-                      "where the runs' tokens differ, else val_loss.")
-
-
 def run(patterns: list[str]) -> None:
   f = flags.FLAGS
   if not patterns:
@@ -269,6 +261,10 @@ def run(patterns: list[str]) -> None:
 
 
 def main() -> None:
-  define_flags()
+  flags.DEFINE_string("out", "", "Also write the table as DIR/compare.md and the loss plots as "
+                      "PNGs.")
+  flags.DEFINE_string("by", "", "Rank by the best of this evaluation metric: val_loss, val_bpb, "
+                      "task/<name>/exact_match, ... (accuracies: highest first). Default: val_bpb "
+                      "where the runs' tokens differ, else val_loss.")
   cli.main(run, USAGE, __name__, args=True, uses_jax=False, values={"out": "DIR", "by": "METRIC"},
            before=(RUN_HELP,))

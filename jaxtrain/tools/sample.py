@@ -25,24 +25,6 @@ USAGE = (f"usage: {_COMMAND} --workdir=runs/nano [--prompt=TEXT|@FILE] [flags]\n
          "Text from a saved run, printed as it is made.")
 
 
-def define_flags() -> None:
-  flags.DEFINE_string("workdir", None, "The run's workdir (e.g. runs/nano).")
-  flags.DEFINE_string("prompt", "", "Text to continue, or @path to read it from a file; "
-                      "'' starts from a newline.")
-  flags.DEFINE_integer("num_samples", 1, "Samples per prompt.", lower_bound=1, upper_bound=1024)
-  flags.DEFINE_integer("max_new_tokens", 256, "Tokens to generate per sample.", lower_bound=1,
-                       upper_bound=2**16)
-  cli.define_sampling_flags(__name__, 0.8, "Sample i uses seed + i.")
-  flags.DEFINE_string("prompts", "", "A .jsonl file of records: complete each one's prompt "
-                      "(batched, each up to its end-of-text token).")
-  flags.DEFINE_string("prompt_field", "", "The prompts' field in --prompts; '': the run's "
-                      "data.prompt_field, else 'prompt'.")
-  flags.DEFINE_string("out", "", "Where --prompts writes its completions; '': beside the "
-                      "prompts, FILE.completions.jsonl.")
-  flags.DEFINE_boolean("interactive", False, "Ask for prompts in a loop (an empty line or "
-                       "Ctrl-D ends it).")
-
-
 def read_prompt(value: str, flag: str = "prompt") -> str:
   """`--{flag}`'s text: the value, or with @PATH the file's."""
   if not value.startswith("@"):
@@ -160,5 +142,19 @@ def run() -> None:
 
 
 def main() -> None:
-  define_flags()
+  flags.DEFINE_string("workdir", None, "The run's workdir (e.g. runs/nano).")
+  flags.DEFINE_string("prompt", "", "Text to continue, or @path to read it from a file; "
+                      "'' starts from a newline.")
+  flags.DEFINE_integer("num_samples", 1, "Samples per prompt.", lower_bound=1, upper_bound=1024)
+  flags.DEFINE_integer("max_new_tokens", 256, "Tokens to generate per sample.", lower_bound=1,
+                       upper_bound=2**16)
+  cli.define_sampling_flags(__name__, 0.8, "Sample i uses seed + i.")
+  flags.DEFINE_string("prompts", "", "A .jsonl file of records: complete each one's prompt "
+                      "(batched, each up to its end-of-text token).")
+  flags.DEFINE_string("prompt_field", "", "The prompts' field in --prompts; '': the run's "
+                      "data.prompt_field, else 'prompt'.")
+  flags.DEFINE_string("out", "", "Where --prompts writes its completions; '': beside the "
+                      "prompts, FILE.completions.jsonl.")
+  flags.DEFINE_boolean("interactive", False, "Ask for prompts in a loop (an empty line or "
+                       "Ctrl-D ends it).")
   cli.main(run, USAGE, __name__)
