@@ -72,9 +72,8 @@ def chunked_token_losses(x_BTD: jax.Array, w_DV: jax.Array, targets_BT: jax.Arra
     return token_losses(logits_CV, t_C, scatter_free), (z_terms(logits_CV) if with_z else None)
 
   per_chunk = jax.lax.map(lambda xt: one_chunk(w_DV, *xt), (x_NCD, t_NC))
-  ce_BT, z_BT = (None if a_NC is None else a_NC.reshape(-1)[:n_tokens].reshape(B, T)
-                 for a_NC in per_chunk)
-  return ce_BT, z_BT
+  return tuple(None if a_NC is None else a_NC.reshape(-1)[:n_tokens].reshape(B, T)
+               for a_NC in per_chunk)
 
 
 def fused_token_losses(x_BTD: jax.Array, w_DV: jax.Array, targets_BT: jax.Array,

@@ -21,13 +21,9 @@ def is_stat(key: str) -> bool:
   return "/" in key
 
 
-def _names(path) -> list:
-  return [getattr(k, "key", getattr(k, "name", getattr(k, "idx", None))) for k in path]
-
-
 def group_of(path, muon_group: str, mode: str) -> str:
   """The statistics group of the param at `path`; `muon_group` is optim.param_groups' for it."""
-  names = _names(path)
+  names = [getattr(k, "key", getattr(k, "name", getattr(k, "idx", None))) for k in path]
   if muon_group in ("embedding", "head"):
     return muon_group
   if muon_group == "vector":
