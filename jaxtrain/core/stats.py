@@ -10,6 +10,7 @@ statistic); the loop copies them off the device only on the steps it logs.
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from jaxtrain.core import optim
 
@@ -45,10 +46,6 @@ def groups(params, mode: str) -> dict[str, list[int]]:
   return out
 
 
-def _sq(x: jax.Array) -> jax.Array:
-  return jnp.sum(jnp.square(x.astype(jnp.float32)))
-
-
 def group_stats(old_params, grads, new_params, mode: str) -> dict[str, jax.Array]:
   """The statistics of one micro-step: `old_params` before the update, `grads` of this
   micro-batch, `new_params` after it (unchanged on a micro-step that only accumulates). An update
@@ -60,14 +57,11 @@ def group_stats(old_params, grads, new_params, mode: str) -> dict[str, jax.Array
   p, g, n = (jax.tree.leaves(t) for t in (old_params, grads, new_params))
   out = {}
   for name, idx in groups(old_params, mode).items():
-    p_sq = sum(_sq(p[i]) for i in idx)
-    g_sq = sum(_sq(g[i]) for i in idx)
-    u_sq = sum(_sq(n[i].astype(jnp.float32) - p[i].astype(jnp.float32)) for i in idx)
-    p_norm = jnp.sqrt(p_sq)
-    out[f"grad_norm/{name}"] = jnp.sqrt(g_sq)
+    p_norm = optax.tree.norm([p[i] for i in idx])  # float32, as params and gradients are
+    u_norm = optax.tree.norm([n[i] - p[i] for i in idx])
+    out[f"grad_norm/{name}"] = optax.tree.norm([g[i] for i in idx])
     out[f"param_norm/{name}"] = p_norm
-    out[f"update_ratio/{name}"] = jnp.where(p_norm > 0, jnp.sqrt(u_sq) / jnp.where(p_norm > 0, p_norm, 1),
-                                            0.0)
+    out[f"update_ratio/{name}"] = jnp.where(p_norm > 0, u_norm / jnp.where(p_norm > 0, p_norm, 1), 0.0)
   return out
 
 
