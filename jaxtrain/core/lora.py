@@ -39,7 +39,6 @@ class Lora:
 
 
 def from_config(finetune: ml_collections.ConfigDict) -> Lora | None:
-  """The `finetune` section's LoRA, or None when it is off (rank 0)."""
   if not finetune.lora_rank:
     return None
   return Lora(finetune.lora_rank, float(finetune.lora_alpha),
@@ -58,10 +57,9 @@ class LoraDense(model_lib.Dense):
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x = x.astype(self.dtype)
-    y = ops.dense(x, self.kernel[...].astype(self.dtype))
     low_rank = ops.dense(ops.dense(x, self.lora_a[...].astype(self.dtype)),
                          self.lora_b[...].astype(self.dtype))
-    return y + low_rank * jnp.asarray(self.scale, self.dtype)
+    return super().__call__(x) + low_rank * jnp.asarray(self.scale, self.dtype)
 
 
 def attach(model: model_lib.GPT, lora: Lora, key: jax.Array) -> model_lib.GPT:
@@ -81,7 +79,6 @@ def attach(model: model_lib.GPT, lora: Lora, key: jax.Array) -> model_lib.GPT:
 
 
 def _select(tree: dict, adapters: bool) -> dict:
-  """The nested dict `tree` with only its adapters' leaves, or only the others."""
   flat = traverse_util.flatten_dict(tree)
   return traverse_util.unflatten_dict({k: v for k, v in flat.items() if (k[-1] in ADAPTERS) == adapters})
 
@@ -92,7 +89,6 @@ def trainable(params: dict, lora: Lora | None) -> dict:
 
 
 def base(params: dict) -> dict:
-  """`params` without adapters: the model's own params."""
   return _select(params, adapters=False)
 
 
