@@ -41,7 +41,6 @@ def core_ids() -> list[int]:
 
 
 def cores() -> int:
-  """How many cores this process may use: its affinity's, else all of them."""
   return len(core_ids()) or os.cpu_count() or 1
 
 

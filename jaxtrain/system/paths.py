@@ -84,7 +84,6 @@ def remove_stub(workdir: Path, keep: tuple[str, ...] = (), remove_dir: bool = Tr
 
 
 def is_run(path: Path) -> bool:
-  """Whether `path` is a jaxtrain run's workdir."""
   return (Path(path) / RUN_FILE).is_file()
 
 

@@ -19,7 +19,6 @@ PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain")
 
 
 def versions() -> dict[str, str]:
-  """Each of PACKAGES that is installed, with its version."""
   found = {}
   for name in PACKAGES:
     try:
