@@ -1,11 +1,6 @@
-"""What was measured on this machine, kept between runs: a matmul peak, a probe's timings.
-
-Each figure is cached in the cache dir's measured.json under this machine's `key` (its CPU, the
-cores this process may use, jax and jaxlib, XLA_FLAGS, and what the figure itself depends on),
-with when it was taken and the share of the cores other processes kept busy meanwhile
-(`Measured.load`, `machine.with_load`). A figure taken while they kept more than BUSY of them is
-not reused: the next process measures again, as it does for every figure where
-$JAXTRAIN_MEASURE_AGAIN=1. Each use says the figure's age (`Measured.said`)."""
+"""What was measured on this machine, kept between runs (a matmul peak, a probe's timings): each
+figure in the cache dir's measured.json under this machine's `key`, with when it was taken and how
+busy other processes kept the cores meanwhile (`Measured.load`; docs/cpu-speed.md)."""
 
 import dataclasses
 import hashlib
