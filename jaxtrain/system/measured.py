@@ -2,6 +2,7 @@
 figure in the cache dir's measured.json under this machine's `key`, with when it was taken and how
 busy other processes kept the cores meanwhile (`Measured.load`; docs/cpu-speed.md)."""
 
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -61,7 +62,8 @@ def measured(what: str, parts: Sequence, measure: Callable[[Any], Any], max_age_
   mine = _here.get(name)
   if mine is not None and enough(mine.value):
     return mine
-  entry = paths.read_dict(Path(paths.cache_dir()) / FILE).get(name)
+  file = Path(paths.cache_dir()) / FILE
+  entry = paths.read_dict(file).get(name)
   usable = os.environ.get(AGAIN) != "1" and isinstance(entry, dict) and \
       {"value", "time"} <= set(entry) and (entry.get("load") or 0.0) <= BUSY and \
       0 <= time.time() - entry["time"] < max_age_s
@@ -69,7 +71,9 @@ def measured(what: str, parts: Sequence, measure: Callable[[Any], Any], max_age_
     return Measured(entry["value"], entry["time"], entry.get("load"), here=False)
   value, load = machine.with_load(lambda: measure(entry["value"] if usable else None))
   _here[name] = found = Measured(value, time.time(), load, here=True)
-  cache = paths.read_dict(Path(paths.cache_dir()) / FILE)  # again: another process may have written
+  cache = paths.read_dict(file)  # read again: another process may have written
   cache[name] = {"value": value, "time": found.time, "load": load}
-  paths.write_cache_json(FILE, cache)
+  with contextlib.suppress(OSError):  # a read-only cache dir only costs the measurement again
+    file.parent.mkdir(parents=True, exist_ok=True)
+    paths.write_json(file, cache)
   return found

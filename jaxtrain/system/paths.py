@@ -1,6 +1,5 @@
 """Where things live on disk: the shared cache directory, and a run's workdir."""
 
-import contextlib
 import json
 import os
 import shutil
@@ -42,14 +41,6 @@ def read_dict(path: Path) -> dict:
   except (OSError, ValueError):
     return {}
   return data if isinstance(data, dict) else {}
-
-
-def write_cache_json(name: str, data: dict) -> None:
-  """The cache dir's JSON file `name` written whole (atomic); a read-only cache dir only costs
-  the measurement again next time."""
-  with contextlib.suppress(OSError):
-    os.makedirs(cache_dir(), exist_ok=True)
-    write_json(Path(cache_dir()) / name, data)
 
 
 def read_json(path: Path):
