@@ -29,7 +29,20 @@ def export(workdir: str, out: str, step: str = "latest") -> Path:
   # Token ids from flat files without a tokenizer may have no end-of-text id (-1): none, then.
   eos, bos = (tok.eot_id if tok.eot_id >= 0 else None), tokenizer_lib.bos_id(tok)
   config = hf.hf_config(c, eos, bos)
-  target = _target(out)
+  # A file, or a directory with anything in it (an earlier export included), is refused.
+  target = Path(out).expanduser().absolute()
+  if target.exists() and not target.is_dir():
+    raise UserError(f"--out={out} is a file; pass --out=<a new or empty directory>")
+  if target.is_dir() and any(target.iterdir()):
+    held = sorted(p.name for p in target.iterdir())
+    what = "an earlier export" if "config.json" in held else f"other files ({', '.join(held[:3])})"
+    raise UserError(f"--out={out} holds {what}; pass --out=<a new or empty directory>, or "
+                    f"remove {out} first: nothing is overwritten")
+  try:
+    target.parent.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"cannot create --out={out} ({e.strerror}); pass a directory you can "
+                    "write to") from None
   building = target.with_name(f".{target.name}.tmp{os.getpid()}")
   try:
     building.mkdir()
@@ -66,25 +79,6 @@ def _write(target: Path, state, tok, config: dict, workdir: str, eos, bos) -> No
       "eos_token_id": [turns[chat_format.END], eos] if turns else eos, "pad_token_id": eos,
       **({"bos_token_id": bos} if bos is not None else {})})
   write_tokenizer(tok, target)
-
-
-def _target(out: str) -> Path:
-  """`out` as a path whose parent exists; refused if it is a file or a directory with anything
-  in it (an earlier export included: nothing is overwritten)."""
-  path = Path(out).expanduser().absolute()
-  if path.exists() and not path.is_dir():
-    raise UserError(f"--out={out} is a file; pass --out=<a new or empty directory>")
-  if path.is_dir() and any(path.iterdir()):
-    held = sorted(p.name for p in path.iterdir())
-    what = "an earlier export" if "config.json" in held else f"other files ({', '.join(held[:3])})"
-    raise UserError(f"--out={out} holds {what}; pass --out=<a new or empty directory>, or "
-                    f"remove {out} first: nothing is overwritten")
-  try:
-    path.parent.mkdir(parents=True, exist_ok=True)
-  except OSError as e:
-    raise UserError(f"cannot create --out={out} ({e.strerror}); pass a directory you can "
-                    "write to") from None
-  return path
 
 
 def write_tokenizer(tok, target: Path) -> None:
