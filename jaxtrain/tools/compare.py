@@ -47,9 +47,7 @@ def effective(info: runs.RunInfo, field: str):
 def differences(infos: list[runs.RunInfo], among=None) -> list[str]:
   """The config fields (of `among`, else all) whose values, where they have an effect, are not the
   same in every run; in config order."""
-  fields: list[str] = []
-  for info in infos:
-    fields += [f for f in info.config if f not in fields]
+  fields = list(dict.fromkeys(f for info in infos for f in info.config))
   shown = [f for f in fields if f not in NOT_SHOWN and not f.startswith(NOT_SHOWN_SECTIONS)]
   return [f for f in (among if among is not None else shown)
           if len({repr(effective(info, f)) for info in infos} - {repr(_MISSING)}) > 1
