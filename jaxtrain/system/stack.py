@@ -6,6 +6,7 @@ pip cannot tell: flax 0.12.8 asks only for jax >= 0.10.0, yet `import flax.nnx` 
 versions are read from the installed packages' metadata, without importing jax or flax.
 """
 
+import contextlib
 import importlib.metadata
 import re
 import sys
@@ -21,10 +22,8 @@ PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain")
 def versions() -> dict[str, str]:
   found = {}
   for name in PACKAGES:
-    try:
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):  # not installed
       found[name] = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-      pass
   return found
 
 
