@@ -1,9 +1,6 @@
-"""Decoder-only, pre-norm transformer in flax NNX, with no biases anywhere.
-
-Switches: RMSNorm or LayerNorm, RoPE or learned positions, SwiGLU, GELU or ReLU^2 MLP, tied or
-separate output embedding, grouped-query attention, QK-norm and zero-initialised output
-projections. Linear layers, attention and embeddings use `ops`' backward passes (on GPUs with
-16-bit compute, attention can be cuDNN's fused kernel); blocks can be rematerialized (REMAT).
+"""Decoder-only, pre-norm transformer in flax NNX, with no biases anywhere; its switches are
+`ModelConfig`'s fields. Linear layers, attention and embeddings use `ops`' backward passes (on GPUs
+with 16-bit compute, attention can be cuDNN's fused kernel); blocks can be rematerialized (REMAT).
 One forward pass serves training and generation: given a key-value cache (`kvcache`), the same
 layers run new tokens after the cached ones and write theirs into it.
 Shape suffixes: B batch, T time, D d_model, H heads, G key/value heads, K head size, F MLP width, V vocab.

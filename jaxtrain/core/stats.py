@@ -1,11 +1,7 @@
 """Per-group training statistics, computed inside the compiled train step from trees it already
-holds: each group's gradient norm, parameter norm and update-to-parameter ratio.
-
-Groups: "embedding" (token and position embeddings), "attention" and "mlp" (the blocks' kernels),
-"norms" (norm scales), "head" (an untied output projection). With mode "layers" each block's
-groups are apart ("layer0.attention", ..., "layer0.norms"); the final norm stays "norms".
-Metric names: "grad_norm/<group>", "param_norm/<group>", "update_ratio/<group>" (a "/" marks a
-statistic); the loop copies them off the device only on the steps it logs.
+holds: each group's gradient norm, parameter norm and update-to-parameter ratio (the groups and
+the metrics' names: docs/tracking.md, Per-group statistics). A "/" in a metric's name marks a
+statistic; the loop copies them off the device only on the steps it logs.
 """
 
 import jax
