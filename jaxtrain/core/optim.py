@@ -1,5 +1,5 @@
 """AdamW, or Muon on the hidden matrices with AdamW on the rest; warmup then cosine, warmup-stable-
-decay or constant learning rates; gradient-norm clipping (global or per group) and accumulation;
+decay or constant learning rates; global gradient-norm clipping and accumulation;
 the matmul FLOPs of one optimizer step (Muon's orthogonalization)."""
 
 import dataclasses
