@@ -229,7 +229,7 @@ def test_dynamic_loss_scale_halves_on_overflow_and_the_step_is_dropped():
   cfg = tiny_config(**{"model.dtype": "bfloat16", "optim.loss_scaling": "dynamic",
                        "train.grad_accum": 2, "train.batch_size": 4})
   fresh = init(cfg)
-  assert float(fresh.loss_scale) == steps.INITIAL_LOSS_SCALE and fresh.dynamic_loss_scale
+  assert float(fresh.loss_scale) == steps.INITIAL_LOSS_SCALE and fresh.optimizer.loss_scaling
   grown, m = train_step(fresh, random_batch(cfg))  # a good micro-step: the scale creeps up
   np.testing.assert_allclose(float(grown.loss_scale),
                              steps.INITIAL_LOSS_SCALE * steps.LOSS_SCALE_GROWTH, rtol=1e-6)

@@ -31,11 +31,6 @@ def empty(c, batch: int) -> Cache:
   return [Layer(kv(), kv(), inputs(), inputs()) for _ in range(c.n_layers)]
 
 
-def window(table_SX: jax.Array, pos, T: int) -> jax.Array:
-  """Rows pos .. pos + T of a per-position table (RoPE's angles, learned positions)."""
-  return jax.lax.dynamic_slice_in_dim(table_SX, pos, T)
-
-
 def attend(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, layer: Layer,
            pos) -> tuple[jax.Array, Layer]:
   """Attention of queries at window positions pos.. over the cached positions up to each of them

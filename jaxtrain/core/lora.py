@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx
+from flax import nnx, traverse_util
 
 from jaxtrain.config import lists
 from jaxtrain.core import model as model_lib
@@ -39,7 +39,6 @@ class Lora:
 
 
 def from_config(finetune: ml_collections.ConfigDict) -> Lora | None:
-  """The `finetune` section's LoRA, or None when it is off (rank 0)."""
   if not finetune.lora_rank:
     return None
   return Lora(finetune.lora_rank, float(finetune.lora_alpha),
@@ -58,14 +57,15 @@ class LoraDense(model_lib.Dense):
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x = x.astype(self.dtype)
-    y = ops.dense(x, self.kernel[...].astype(self.dtype))
     low_rank = ops.dense(ops.dense(x, self.lora_a[...].astype(self.dtype)),
                          self.lora_b[...].astype(self.dtype))
-    return y + low_rank * jnp.asarray(self.scale, self.dtype)
+    return super().__call__(x) + low_rank * jnp.asarray(self.scale, self.dtype)
 
 
 def attach(model: model_lib.GPT, lora: Lora, key: jax.Array) -> model_lib.GPT:
-  """`model` with adapters on every block's targeted layers (in place; returned too)."""
+  """`model` with adapters on every block's targeted layers (in place; returned too); `key`: the
+  model's params key."""
+  key = jax.random.fold_in(key, STREAM)
   for i, block in enumerate(model.blocks):
     for target in lora.targets:
       owner = getattr(block, OWNERS[target])
@@ -78,41 +78,24 @@ def attach(model: model_lib.GPT, lora: Lora, key: jax.Array) -> model_lib.GPT:
   return model
 
 
-def adapter_key(key: jax.Array) -> jax.Array:
-  return jax.random.fold_in(key, STREAM)
-
-
-def _select(tree, keep, path: tuple = ()):
-  """The nested dict `tree` with only the leaves whose path `keep` accepts (None: none left)."""
-  if not isinstance(tree, dict):
-    return tree if keep(path) else None
-  out = {}
-  for k, v in tree.items():
-    kept = _select(v, keep, (*path, k))
-    if kept is not None:
-      out[k] = kept
-  return out or None
-
-
-def _is_adapter(path: tuple) -> bool:
-  return bool(path) and path[-1] in ADAPTERS
+def _select(tree: dict, adapters: bool) -> dict:
+  flat = traverse_util.flatten_dict(tree)
+  return traverse_util.unflatten_dict({k: v for k, v in flat.items() if (k[-1] in ADAPTERS) == adapters})
 
 
 def trainable(params: dict, lora: Lora | None) -> dict:
   """What the optimizer trains: the adapters under LoRA, else every param (`params` itself)."""
-  return params if lora is None else _select(params, _is_adapter) or {}
+  return params if lora is None else _select(params, adapters=True)
 
 
 def base(params: dict) -> dict:
-  """`params` without adapters: the model's own params."""
-  return _select(params, lambda path: not _is_adapter(path)) or {}
+  return _select(params, adapters=False)
 
 
 def combine(params: dict, part: dict) -> dict:
   """`params` with the leaves of `part` (a nested dict of some of its leaves) put in place."""
-  if not isinstance(part, dict):
-    return part
-  return {k: combine(v, part[k]) if k in part else v for k, v in params.items()}
+  return traverse_util.unflatten_dict({**traverse_util.flatten_dict(params),
+                                       **traverse_util.flatten_dict(part)})
 
 
 def merged(params: dict, lora: Lora | None) -> dict:
@@ -121,16 +104,12 @@ def merged(params: dict, lora: Lora | None) -> dict:
   params = jax.device_get(params)
   if lora is None:
     return params
-
-  def fold(node):
-    if not isinstance(node, dict):
-      return node
-    if "lora_a" in node:
-      a, b = np.asarray(node["lora_a"], np.float32), np.asarray(node["lora_b"], np.float32)
-      kernel = np.asarray(node["kernel"], np.float32) + np.float32(lora.scale) * (a @ b)
-      return {**{k: v for k, v in node.items() if k not in ADAPTERS}, "kernel": kernel}
-    return {k: fold(v) for k, v in node.items()}
-  return fold(params)
+  flat = traverse_util.flatten_dict(params)
+  for *layer, _ in [k for k in flat if k[-1] == "lora_a"]:
+    a, b = (np.asarray(flat.pop((*layer, name)), np.float32) for name in ADAPTERS)
+    kernel = np.asarray(flat[(*layer, "kernel")], np.float32)
+    flat[(*layer, "kernel")] = kernel + np.float32(lora.scale) * (a @ b)
+  return traverse_util.unflatten_dict(flat)
 
 
 def count(params) -> int:

@@ -1,12 +1,8 @@
-"""The next-token cross-entropy: whole, in chunks of tokens, or fused with its gradient.
-
-The whole way materializes float32 logits for every token of the micro-batch (B x T x V), and
-autodiff keeps them for the backward pass. The chunked way (`model.loss_chunk` tokens at a time)
-runs the head and log-softmax one chunk after another under `jax.checkpoint`: only one chunk's
-logits exist at once, in the backward pass too. Same loss and gradients, up to float rounding.
-The fused way (`model.fused_loss`) keeps the logits in the compute dtype and writes their
-gradient over them in the forward pass, so the backward pass is the head's two matmuls alone.
-Losses are per token first, so that a per-token weight (a prompt mask) can weigh them.
+"""The next-token cross-entropy: whole, in chunks of tokens (`model.loss_chunk`), or fused with its
+gradient (`model.fused_loss`). The whole way materializes float32 logits for every token of the
+micro-batch (B x T x V), and autodiff keeps them for the backward pass; the chunked way keeps one
+chunk's at a time (same loss and gradients, up to float rounding), the fused way keeps them in the
+compute dtype. Losses are per token first, so that a per-token weight (a prompt mask) can weigh them.
 """
 
 import functools
@@ -72,9 +68,8 @@ def chunked_token_losses(x_BTD: jax.Array, w_DV: jax.Array, targets_BT: jax.Arra
     return token_losses(logits_CV, t_C, scatter_free), (z_terms(logits_CV) if with_z else None)
 
   per_chunk = jax.lax.map(lambda xt: one_chunk(w_DV, *xt), (x_NCD, t_NC))
-  ce_BT, z_BT = (None if a_NC is None else a_NC.reshape(-1)[:n_tokens].reshape(B, T)
-                 for a_NC in per_chunk)
-  return ce_BT, z_BT
+  return tuple(None if a_NC is None else a_NC.reshape(-1)[:n_tokens].reshape(B, T)
+               for a_NC in per_chunk)
 
 
 def fused_token_losses(x_BTD: jax.Array, w_DV: jax.Array, targets_BT: jax.Array,

@@ -82,16 +82,6 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(BATCH_AXES))
 
 
-def replicated(mesh: Mesh) -> NamedSharding:
-  return NamedSharding(mesh, P())
-
-
-def global_batch(batch: dict, mesh: Mesh) -> dict:
-  """This process's rows of a micro-batch -> one global array split over the batch axes."""
-  sharding = batch_sharding(mesh)
-  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
-
-
 def one_allreduce_step(mesh: Mesh, stats: str = "none"):
   """`steps.train_step` written per device, for pure data parallelism without dropout (each
   device would draw its own mask): its rows' gradients, one all-reduce of all of them as one

@@ -1,9 +1,6 @@
-"""Decoder-only, pre-norm transformer in flax NNX, with no biases anywhere.
-
-Switches: RMSNorm or LayerNorm, RoPE or learned positions, SwiGLU, GELU or ReLU^2 MLP, tied or
-separate output embedding, grouped-query attention, QK-norm and zero-initialised output
-projections. Linear layers, attention and embeddings use `ops`' backward passes (on GPUs with
-16-bit compute, attention can be cuDNN's fused kernel); blocks can be rematerialized (REMAT).
+"""Decoder-only, pre-norm transformer in flax NNX, with no biases anywhere; its switches are
+`ModelConfig`'s fields. Linear layers, attention and embeddings use `ops`' backward passes (on GPUs
+with 16-bit compute, attention can be cuDNN's fused kernel); blocks can be rematerialized (REMAT).
 One forward pass serves training and generation: given a key-value cache (`kvcache`), the same
 layers run new tokens after the cached ones and write theirs into it.
 Shape suffixes: B batch, T time, D d_model, H heads, G key/value heads, K head size, F MLP width, V vocab.
@@ -322,11 +319,11 @@ class GPT(nnx.Module):
     x_BTD = self.wte(tokens_BT)
     rope = None
     if c.pos == "learned":
-      wpe_TD = self.wpe[:T] if cache is None else kvcache.window(self.wpe[...], pos, T)
+      wpe_TD = self.wpe[:T] if cache is None else jax.lax.dynamic_slice_in_dim(self.wpe[...], pos, T)
       x_BTD = x_BTD + wpe_TD.astype(x_BTD.dtype)
     else:
       tables = rope_tables(T if cache is None else c.seq_len, c.head_dim, c.rope_theta)
-      rope = tables if cache is None else tuple(kvcache.window(x, pos, T) for x in tables)
+      rope = tables if cache is None else tuple(jax.lax.dynamic_slice_in_dim(x, pos, T) for x in tables)
     keys = [None] * (c.n_layers + 1)
     if dropout_key is not None and c.dropout > 0:
       keys = list(jax.random.split(dropout_key, c.n_layers + 1))

@@ -34,10 +34,6 @@ def dense(x_ND: jax.Array, w_DF: jax.Array) -> jax.Array:
   return x_ND @ w_DF
 
 
-def _dense_fwd(x, w):
-  return x @ w, (x, w)
-
-
 def dense_backward(residuals: tuple[jax.Array, jax.Array], dy: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(dx, dw) of `dense(x, w)` for its output's cotangent `dy`, `residuals` being (x, w)."""
   x, w = residuals
@@ -50,7 +46,7 @@ def dense_backward(residuals: tuple[jax.Array, jax.Array], dy: jax.Array) -> tup
   return dx, dw.astype(w.dtype)
 
 
-dense.defvjp(_dense_fwd, dense_backward)
+dense.defvjp(lambda x, w: (x @ w, (x, w)), dense_backward)
 
 
 @jax.custom_vjp
@@ -60,11 +56,8 @@ def dense_f32(x_ND: jax.Array, w_DF: jax.Array) -> jax.Array:
   return jnp.matmul(x_ND, w_DF, preferred_element_type=jnp.float32)
 
 
-def _dense_f32_fwd(x, w):
-  return dense_f32(x, w), (x, w)
-
-
-dense_f32.defvjp(_dense_f32_fwd, lambda res, dy: dense_backward(res, dy.astype(res[0].dtype)))
+dense_f32.defvjp(lambda x, w: (dense_f32(x, w), (x, w)),
+                 lambda res, dy: dense_backward(res, dy.astype(res[0].dtype)))
 
 
 @jax.custom_vjp
@@ -125,10 +118,6 @@ def embed(table_VD: jax.Array, ids: jax.Array, dtype, grad: str = "scatter") -> 
   return jnp.take(table_VD, ids, axis=0).astype(dtype)
 
 
-def _embed_fwd(table, ids, dtype, grad):
-  return embed(table, ids, dtype, grad), (table, ids)
-
-
 def _embed_bwd(dtype, grad, residuals, g):
   table_VD, ids = residuals
   ids_N, g_ND = ids.reshape(-1), g.reshape(-1, g.shape[-1])
@@ -140,7 +129,7 @@ def _embed_bwd(dtype, grad, residuals, g):
   raise ValueError(f"embed: grad must be one of {EMBED_GRADS}, got {grad!r}")
 
 
-embed.defvjp(_embed_fwd, _embed_bwd)
+embed.defvjp(lambda table, ids, dtype, grad: (embed(table, ids, dtype, grad), (table, ids)), _embed_bwd)
 
 
 def segment_sums(ids_N: jax.Array, x_ND: jax.Array, V: int) -> jax.Array:

@@ -1,5 +1,5 @@
 """AdamW, or Muon on the hidden matrices with AdamW on the rest; warmup then cosine, warmup-stable-
-decay or constant learning rates; gradient-norm clipping (global or per group) and accumulation;
+decay or constant learning rates; global gradient-norm clipping and accumulation;
 the matmul FLOPs of one optimizer step (Muon's orthogonalization)."""
 
 import dataclasses
@@ -208,13 +208,12 @@ def skip_nonfinite_steps(multi: optax.MultiSteps) -> optax.GradientTransformatio
 
   def update(grads, state, params=None):
     finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
-    safe = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
+    safe = optax.tree.where(finite, grads, optax.tree.zeros_like(grads))
     updates, new_multi = multi.update(safe, state.multi, params)
     poisoned = state.poisoned | ~finite
     drop = (new_multi.mini_step == 0) & poisoned
-    updates = jax.tree.map(lambda u: jnp.where(drop, jnp.zeros_like(u), u), updates)
-    inner = jax.tree.map(lambda old, new: jnp.where(drop, old, new),
-                         state.multi.inner_opt_state, new_multi.inner_opt_state)
+    updates = optax.tree.where(drop, optax.tree.zeros_like(updates), updates)
+    inner = optax.tree.where(drop, state.multi.inner_opt_state, new_multi.inner_opt_state)
     new_multi = new_multi._replace(inner_opt_state=inner)
     return updates, SkipState(new_multi, poisoned & (new_multi.mini_step != 0),
                               state.skipped + drop.astype(jnp.int32))

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import jax
 import ml_collections
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxtrain.config import defaults
 from jaxtrain.core import attention, cpu, lora, mesh, optim, steps
@@ -48,15 +48,14 @@ class Programs:
 
   def place(self, batch: dict) -> dict:
     """This process's rows of a micro-batch -> global arrays split over the batch axes."""
-    return mesh.global_batch(batch, self.mesh)
+    sharding = mesh.batch_sharding(self.mesh)
+    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
 
   def batch_spec(self) -> dict:
-    spec = {"tokens": jax.ShapeDtypeStruct(self.batch_shape, "int32",
-                                           sharding=mesh.batch_sharding(self.mesh))}
+    (B, T1), sharding = self.batch_shape, mesh.batch_sharding(self.mesh)
+    spec = {"tokens": jax.ShapeDtypeStruct((B, T1), "int32", sharding=sharding)}
     if self.weighted:
-      B, T1 = self.batch_shape
-      spec["weights"] = jax.ShapeDtypeStruct((B, T1 - 1), "float32",
-                                             sharding=mesh.batch_sharding(self.mesh))
+      spec["weights"] = jax.ShapeDtypeStruct((B, T1 - 1), "float32", sharding=sharding)
     return spec
 
   def lower_init(self) -> jax.stages.Lowered:
@@ -151,7 +150,7 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   train_fn = mesh.one_allreduce_step(device_mesh, stats) if one_allreduce else \
       functools.partial(steps.train_step, stats=stats)
   batch = mesh.batch_sharding(device_mesh)  # every entry of a batch (tokens, weights)
-  rep = mesh.replicated(device_mesh)
+  rep = NamedSharding(device_mesh, PartitionSpec())
   return Programs(
       mesh=device_mesh, model_cfg=model_cfg, attention_why=why, optimizer=optimizer,
       abstract=abstract, shardings=shardings,

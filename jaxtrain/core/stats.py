@@ -1,15 +1,12 @@
 """Per-group training statistics, computed inside the compiled train step from trees it already
-holds: each group's gradient norm, parameter norm and update-to-parameter ratio.
-
-Groups: "embedding" (token and position embeddings), "attention" and "mlp" (the blocks' kernels),
-"norms" (norm scales), "head" (an untied output projection). With mode "layers" each block's
-groups are apart ("layer0.attention", ..., "layer0.norms"); the final norm stays "norms".
-Metric names: "grad_norm/<group>", "param_norm/<group>", "update_ratio/<group>" (a "/" marks a
-statistic); the loop copies them off the device only on the steps it logs.
+holds: each group's gradient norm, parameter norm and update-to-parameter ratio (the groups and
+the metrics' names: docs/tracking.md, Per-group statistics). A "/" in a metric's name marks a
+statistic; the loop copies them off the device only on the steps it logs.
 """
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from jaxtrain.core import optim
 
@@ -21,13 +18,9 @@ def is_stat(key: str) -> bool:
   return "/" in key
 
 
-def _names(path) -> list:
-  return [getattr(k, "key", getattr(k, "name", getattr(k, "idx", None))) for k in path]
-
-
 def group_of(path, muon_group: str, mode: str) -> str:
   """The statistics group of the param at `path`; `muon_group` is optim.param_groups' for it."""
-  names = _names(path)
+  names = [getattr(k, "key", getattr(k, "name", getattr(k, "idx", None))) for k in path]
   if muon_group in ("embedding", "head"):
     return muon_group
   if muon_group == "vector":
@@ -49,10 +42,6 @@ def groups(params, mode: str) -> dict[str, list[int]]:
   return out
 
 
-def _sq(x: jax.Array) -> jax.Array:
-  return jnp.sum(jnp.square(x.astype(jnp.float32)))
-
-
 def group_stats(old_params, grads, new_params, mode: str) -> dict[str, jax.Array]:
   """The statistics of one micro-step: `old_params` before the update, `grads` of this
   micro-batch, `new_params` after it (unchanged on a micro-step that only accumulates). An update
@@ -64,14 +53,11 @@ def group_stats(old_params, grads, new_params, mode: str) -> dict[str, jax.Array
   p, g, n = (jax.tree.leaves(t) for t in (old_params, grads, new_params))
   out = {}
   for name, idx in groups(old_params, mode).items():
-    p_sq = sum(_sq(p[i]) for i in idx)
-    g_sq = sum(_sq(g[i]) for i in idx)
-    u_sq = sum(_sq(n[i].astype(jnp.float32) - p[i].astype(jnp.float32)) for i in idx)
-    p_norm = jnp.sqrt(p_sq)
-    out[f"grad_norm/{name}"] = jnp.sqrt(g_sq)
+    p_norm = optax.tree.norm([p[i] for i in idx])  # float32, as params and gradients are
+    u_norm = optax.tree.norm([n[i] - p[i] for i in idx])
+    out[f"grad_norm/{name}"] = optax.tree.norm([g[i] for i in idx])
     out[f"param_norm/{name}"] = p_norm
-    out[f"update_ratio/{name}"] = jnp.where(p_norm > 0, jnp.sqrt(u_sq) / jnp.where(p_norm > 0, p_norm, 1),
-                                            0.0)
+    out[f"update_ratio/{name}"] = jnp.where(p_norm > 0, u_norm / jnp.where(p_norm > 0, p_norm, 1), 0.0)
   return out
 
 

@@ -38,7 +38,6 @@ class TrainState:
   graphdef: nnx.GraphDef = struct.field(pytree_node=False)
   optimizer: optim.Optimizer = struct.field(pytree_node=False)
   model_cfg: model_lib.ModelConfig = struct.field(pytree_node=False)
-  dynamic_loss_scale: bool = struct.field(pytree_node=False, default=False)
   lora: lora_lib.Lora | None = struct.field(pytree_node=False, default=None)  # None: all train
 
   @property
@@ -75,7 +74,7 @@ def init_state(model_cfg: model_lib.ModelConfig, optimizer: optim.Optimizer, *,
   param_key, dropout_key = jax.random.split(key)
   model = model_lib.init(model_cfg, param_key, exact_shapes=exact_shapes)
   if lora is not None:
-    lora_lib.attach(model, lora, lora_lib.adapter_key(param_key))
+    lora_lib.attach(model, lora, param_key)
   graphdef, params = nnx.split(model, nnx.Param)
   params = nnx.to_pure_dict(params)
   scale = INITIAL_LOSS_SCALE if optimizer.loss_scaling else 1.0
@@ -85,8 +84,7 @@ def init_state(model_cfg: model_lib.ModelConfig, optimizer: optim.Optimizer, *,
                     loss_scale=jnp.array(scale, jnp.float32),
                     schedule=jnp.asarray(optim.schedule_args(optimizer, optimizer.max_steps)),
                     graphdef=graphdef,
-                    optimizer=optimizer, model_cfg=model_cfg,
-                    dynamic_loss_scale=optimizer.loss_scaling, lora=lora)
+                    optimizer=optimizer, model_cfg=model_cfg, lora=lora)
 
 
 def loss_fn(params, graphdef: nnx.GraphDef, tokens_BT1: jax.Array,
@@ -158,7 +156,7 @@ def apply_gradients(state: TrainState, rng: jax.Array, loss: jax.Array,
   updates, opt_state = state.tx.update(grads, state.opt_state, trained)
   new = optax.apply_updates(trained, updates)
   step = state.step + optim.is_update_step(opt_state).astype(jnp.int32)
-  if state.dynamic_loss_scale:
+  if state.optimizer.loss_scaling:
     # Halve on overflow (the optimizer drops that step), else creep up, doubling over ~1000
     # good steps, so that small float16 gradients do not flush to zero.
     scale = jnp.clip(jnp.where(jnp.isfinite(grad_norm), scale * LOSS_SCALE_GROWTH, scale / 2),

@@ -124,6 +124,6 @@ def progress(r: Run, state: TrainState, elapsed_before: float, best: float) -> P
                        flops_per_token(r.programs.model_cfg),
                        peak=lambda achieved: estimate.peak_flops(jax.devices(), dtype,
                                                                  achieved)[0]),
-      pending=Pending(NonFiniteGuard(t.skip_nonfinite, r.programs.abstract.dynamic_loss_scale)),
+      pending=Pending(NonFiniteGuard(t.skip_nonfinite, r.programs.optimizer.loss_scaling)),
       val=validation.prepare(cfg, r.corpus, r.programs.place, r.tasks),
       best=lifecycle.BestVal(best))

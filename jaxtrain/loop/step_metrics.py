@@ -57,14 +57,14 @@ class Pending:
   def __init__(self, guard: NonFiniteGuard):
     self.guard = guard
     self.steps: list[tuple[int, list[dict]]] = []  # (step, its micro-batches' metrics)
-    self.in_flight: collections.deque = collections.deque()
+    self.in_flight = collections.deque(maxlen=runtime.MAX_IN_FLIGHT + 1)
     self.last_loss: float | None = None
     self.last_lr: float | None = None
 
   def queued(self, metrics: dict) -> None:
     """A micro-batch's step was just dispatched: waits while too many are ahead of the device."""
     self.in_flight.append(metrics)
-    runtime.keep_up(self.in_flight)
+    runtime.throttle(self.in_flight)
 
   def add(self, step: int, micro: list[dict]) -> None:
     self.steps.append((step, micro))

@@ -38,9 +38,6 @@ GPU_PEAK_TFLOPS = {
 }
 
 
-_PEAK_MAX_AGE_S = 7 * 24 * 3600  # MFU is only as right as its peak
-
-
 def published_peak(device_kind: str, dtype: str) -> float | None:
   """FLOP/s for a GPU whose name contains a known model (longest name wins), else None."""
   for name in sorted(GPU_PEAK_TFLOPS, key=len, reverse=True):
@@ -157,7 +154,7 @@ def matmul_peak(dtype: str = "float32", n: int | None = None, repeats: int = 5,
   n = n or (2048 if device.platform == "cpu" else 8192)
   return measured.measured("peak", [device.platform, device.device_kind, f"{len(jax.devices())}dev",
                                     dtype, n], lambda _: time_matmul(dtype, n, repeats),
-                           max_age_s=_PEAK_MAX_AGE_S, enough=lambda flops: flops >= at_least)
+                           max_age_s=7 * 24 * 3600, enough=lambda flops: flops >= at_least)
 
 
 def peak_flops(devices: list, dtype: str, achieved: float = 0.0) -> tuple[float, str]:

@@ -20,22 +20,6 @@ KNOBS = ("lower train.batch_size (raise train.grad_accum to keep the tokens per 
          "or a smaller model (model.d_model, model.n_layers)")
 
 
-def peak_rss() -> int:
-  """This process's largest resident set so far, in bytes."""
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  return peak if sys.platform == "darwin" else peak * 1024  # Linux counts KiB, macOS bytes
-
-
-def device_memory(device: jax.Device) -> tuple[int, int | None] | None:
-  """(bytes in use, limit) on an accelerator; None on a CPU or where the backend has no stats."""
-  if device.platform == "cpu":
-    return None
-  stats = device.memory_stats() or {}
-  if "bytes_in_use" not in stats:
-    return None
-  return stats["bytes_in_use"], stats.get("bytes_limit")
-
-
 class Watch:
   """Read at each log line: `read()` gives the record's memory fields, their text for the
   progress line, and a warning the first time memory runs low (None otherwise)."""
@@ -45,16 +29,18 @@ class Watch:
     self.warned = False
 
   def read(self) -> tuple[dict, str, str | None]:
-    record = {"peak_rss_bytes": peak_rss()}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # this process's largest RSS
+    record = {"peak_rss_bytes": peak if sys.platform == "darwin" else peak * 1024}  # Linux: KiB
     text = f"rss {fmt.nbytes(record['peak_rss_bytes'])}"
-    on_device = device_memory(jax.local_devices()[0])
+    device = jax.local_devices()[0]  # an accelerator's stats; a CPU's are the host's
+    stats = {} if device.platform == "cpu" else device.memory_stats() or {}
     low = []
-    if on_device is not None:
-      record["device_bytes_in_use"] = in_use = on_device[0]
+    if "bytes_in_use" in stats:
+      record["device_bytes_in_use"] = in_use = stats["bytes_in_use"]
       text += f" | device {fmt.nbytes(in_use)}"
-      if on_device[1] and on_device[1] - in_use < LOW_FRACTION * on_device[1]:
-        low.append(f"the device has {fmt.nbytes(on_device[1] - in_use)} of "
-                   f"{fmt.nbytes(on_device[1])} left")
+      limit = stats.get("bytes_limit")
+      if limit and limit - in_use < LOW_FRACTION * limit:
+        low.append(f"the device has {fmt.nbytes(limit - in_use)} of {fmt.nbytes(limit)} left")
     host = self.host()
     if host is not None and host[1] < LOW_FRACTION * host[0]:
       what = host[2] if len(host) > 2 else "RAM"

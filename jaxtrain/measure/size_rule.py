@@ -1,23 +1,17 @@
-"""The model for a time budget (`model.size="auto"`): a pure function of the budget, this
-machine's measured speed (`SpeedModel`, from measure/speed_probe.py), the corpus's unique train
-tokens and constants fitted offline (`LossLaw`), so it is tested without timing anything.
-
-Each candidate shape (depth x width from a fixed list, `heads` of 32 below width 192 and of 64
-from there on; context and batch the recipe's unless set) gets the optimizer steps that the time
-left holds after its compile (`SpeedModel.steps`), so the tokens D it trains and how many epochs
-of the corpus that is; the loss law predicts its final val bits per byte from its parameters N
-(block matrices and the output head: the ones that cost FLOPs) and D against the unique tokens U:
+"""The model for a time budget (`model.size="auto"`, docs/time-budget.md): a pure function of the
+budget, this machine's measured speed (`SpeedModel`, from measure/speed_probe.py), the corpus's
+unique train tokens U and a loss law fitted offline (`LAW`), so it is tested without timing
+anything. Each candidate shape (`candidates`) gets the steps its time left holds after its compile
+(`SpeedModel.steps`), so the tokens D it trains; the law predicts its final val bits per byte from
+its parameters N (block matrices and the output head: the ones that cost FLOPs) and D:
 
     bpb = E + A / N^alpha + B / D'^beta,   D' = D                               (D <= U)
                                            D' = U (1 + R (1 - exp(-(D/U - 1) / R)))  (D > U)
 
 D' is Muennighoff et al.'s effective data (arXiv 2305.16264): each further epoch is worth less
-than the one before, and D' never exceeds (1 + R) U, so a long budget on a small text goes to a
-larger model instead of more repeats. The pick is the lowest prediction; where another shape is
-predicted within `FLAT` of it (the valley is flat: Kaplan et al. Fig. 5), the one with fewer
-parameters (fewer epochs' overfitting, a cheaper compile). The law's constants are fitted to the
-runs in benchmarks/results/2026-11-28-auto_size-zen4/ (benchmarks/auto_size_fit.py); only the
-speed is measured on each machine, so the same rule holds wherever the budget is spent.
+than the one before, and D' never exceeds (1 + R) U. The pick is the lowest prediction; where
+another shape is predicted within `FLAT` of it (the valley is flat: Kaplan et al. Fig. 5), the one
+with fewer parameters (fewer epochs' overfitting, a cheaper compile).
 """
 
 import dataclasses

@@ -1,14 +1,11 @@
-"""This machine's speed for `model.size="auto"`: the `size_rule.SpeedModel` the choice reads,
-fitted to a probe of a few shapes (`PROBES`) and kept with the machine's other measurements
-(system/measured.py), per machine and architecture (every model field but the shape).
+"""This machine's speed for `model.size="auto"` (docs/time-budget.md): the `size_rule.SpeedModel`
+the choice reads, fitted to a probe of a few shapes (`PROBES`) and kept with the machine's other
+measurements (system/measured.py), per machine and architecture (every model field but the shape).
 
-The probe times the train step of each shape as a run builds it, smallest first, in a process of
-its own: the choice is made before jax starts in the run's process, since the chosen batch decides
-how the CPU is split into devices (core/cpu.py). It says each shape as it is measured, and stops
-where the next would not fit the share of the budget it was given: a fit of fewer shapes holds for
-steps no larger than the largest measured. Compiles are timed cold (the persistent cache off); a
-non-negative fit (every term costs time) of the step times to `size_rule.features`, and a line of
-the compiles against depth, give the model.
+The probe times each shape's train step as a run builds it, in a process of its own: the choice is
+made before jax starts in the run's process, since the chosen batch decides how the CPU is split
+into devices (core/cpu.py). Compiles are timed cold (the persistent cache off); the step times get
+a non-negative fit (every term costs time) to `size_rule.features`, the compiles a line in depth.
 """
 
 import dataclasses

@@ -95,15 +95,12 @@ class Console:
       else:
         print(line, flush=True)
     except BrokenPipeError:
-      self._stdout_closed()
-
-  def _stdout_closed(self) -> None:
-    """SIGPIPE's convention: a command whose reader left stops. Training stops as after Ctrl-C
-    (with a checkpoint); stdout goes to /dev/null so no later write or flush fails."""
-    self.closed = True
-    exiting.stdout_to_devnull()
-    if self.on_closed is not None:
-      self.on_closed()
+      # SIGPIPE's convention: a command whose reader left stops. Training stops as after Ctrl-C
+      # (with a checkpoint); stdout goes to /dev/null so no later write or flush fails.
+      self.closed = True
+      exiting.stdout_to_devnull()
+      if self.on_closed is not None:
+        self.on_closed()
 
   def start(self, total: int, initial: int) -> None:
     if self.use_bar:

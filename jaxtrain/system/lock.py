@@ -41,8 +41,9 @@ class FileLock:
         raise
       # The previous holder removes the file on release: if it did so after our open, the lock
       # we got is on a file nobody else will open again, so open the one on disk now.
-      if _same_file(fd, self.path):
-        break
+      with contextlib.suppress(FileNotFoundError):
+        if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+          break
       os.close(fd)
     self._fd = fd
     with contextlib.suppress(OSError):  # a full disk: the lock holds, only its holder goes unnamed
@@ -75,14 +76,6 @@ class FileLock:
       if time.time() >= deadline:
         return None
       time.sleep(0.05)
-
-
-def _same_file(fd: int, path: Path) -> bool:
-  try:
-    a, b = os.fstat(fd), os.stat(path)
-  except FileNotFoundError:
-    return False
-  return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def is_held(path: Path) -> bool:

@@ -41,7 +41,6 @@ def core_ids() -> list[int]:
 
 
 def cores() -> int:
-  """How many cores this process may use: its affinity's, else all of them."""
   return len(core_ids()) or os.cpu_count() or 1
 
 
@@ -194,13 +193,10 @@ def container_limit(root: Path = Path("/"), total: int | None = None) -> Limit |
 
 def _stat(path: Path, name: str) -> int:
   try:
-    for line in path.read_text().splitlines():
-      field, _, value = line.partition(" ")
-      if field == name and value.strip().isdigit():
-        return int(value)
+    found = re.search(rf"^{name} (\d+)$", path.read_text(), re.M)
   except OSError:
-    pass
-  return 0
+    return 0
+  return int(found[1]) if found else 0
 
 
 def host_memory(root: Path = Path("/")) -> tuple[int, int, str] | None:

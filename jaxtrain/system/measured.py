@@ -1,12 +1,8 @@
-"""What was measured on this machine, kept between runs: a matmul peak, a probe's timings.
+"""What was measured on this machine, kept between runs (a matmul peak, a probe's timings): each
+figure in the cache dir's measured.json under this machine's `key`, with when it was taken and how
+busy other processes kept the cores meanwhile (`Measured.load`; docs/cpu-speed.md)."""
 
-Each figure is cached in the cache dir's measured.json under this machine's `key` (its CPU, the
-cores this process may use, jax and jaxlib, XLA_FLAGS, and what the figure itself depends on),
-with when it was taken and the share of the cores other processes kept busy meanwhile
-(`Measured.load`, `machine.with_load`). A figure taken while they kept more than BUSY of them is
-not reused: the next process measures again, as it does for every figure where
-$JAXTRAIN_MEASURE_AGAIN=1. Each use says the figure's age (`Measured.said`)."""
-
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -14,6 +10,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from jaxtrain.system import fmt, machine, paths, stack
@@ -65,7 +62,8 @@ def measured(what: str, parts: Sequence, measure: Callable[[Any], Any], max_age_
   mine = _here.get(name)
   if mine is not None and enough(mine.value):
     return mine
-  entry = paths.read_cache_json(FILE).get(name)
+  file = Path(paths.cache_dir()) / FILE
+  entry = paths.read_dict(file).get(name)
   usable = os.environ.get(AGAIN) != "1" and isinstance(entry, dict) and \
       {"value", "time"} <= set(entry) and (entry.get("load") or 0.0) <= BUSY and \
       0 <= time.time() - entry["time"] < max_age_s
@@ -73,7 +71,9 @@ def measured(what: str, parts: Sequence, measure: Callable[[Any], Any], max_age_
     return Measured(entry["value"], entry["time"], entry.get("load"), here=False)
   value, load = machine.with_load(lambda: measure(entry["value"] if usable else None))
   _here[name] = found = Measured(value, time.time(), load, here=True)
-  cache = paths.read_cache_json(FILE)  # read again: another process may have written
+  cache = paths.read_dict(file)  # read again: another process may have written
   cache[name] = {"value": value, "time": found.time, "load": load}
-  paths.write_cache_json(FILE, cache)
+  with contextlib.suppress(OSError):  # a read-only cache dir only costs the measurement again
+    file.parent.mkdir(parents=True, exist_ok=True)
+    paths.write_json(file, cache)
   return found

@@ -1,6 +1,5 @@
 """Where things live on disk: the shared cache directory, and a run's workdir."""
 
-import contextlib
 import json
 import os
 import shutil
@@ -34,23 +33,14 @@ def write_text(path: Path, text: str) -> None:
     raise
 
 
-def read_cache_json(name: str) -> dict:
-  """The cache dir's JSON file `name` (measurements kept between runs); {} where it is missing
-  or unreadable."""
+def read_dict(path: Path) -> dict:
+  """A JSON file's object (status.json, the cache dir's measurements); {} where it is missing,
+  unreadable or not an object."""
   try:
-    with open(os.path.join(cache_dir(), name)) as f:
-      data = json.load(f)
+    data = read_json(path)
   except (OSError, ValueError):
     return {}
   return data if isinstance(data, dict) else {}
-
-
-def write_cache_json(name: str, data: dict) -> None:
-  """`read_cache_json`'s file written whole (atomic); a read-only cache dir only costs the
-  measurement again next time."""
-  with contextlib.suppress(OSError):
-    os.makedirs(cache_dir(), exist_ok=True)
-    write_json(Path(cache_dir()) / name, data)
 
 
 def read_json(path: Path):
@@ -85,7 +75,6 @@ def remove_stub(workdir: Path, keep: tuple[str, ...] = (), remove_dir: bool = Tr
 
 
 def is_run(path: Path) -> bool:
-  """Whether `path` is a jaxtrain run's workdir."""
   return (Path(path) / RUN_FILE).is_file()
 
 

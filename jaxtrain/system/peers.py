@@ -10,7 +10,6 @@ The state here is the process's, like jax.distributed's own: one multi-process r
 """
 
 import contextlib
-import dataclasses
 import logging
 import os
 import re
@@ -28,13 +27,9 @@ _LOST_WORDS = re.compile(r"connection (closed|reset) by peer|broken pipe|read er
                          r"socket closed", re.IGNORECASE)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Watched:
-  step: Callable[[], int]  # the step the loop is at
-  restart: Callable[[], str]  # what a restart does: "resume from the checkpoint of step 50"
-
-
-_watched: _Watched | None = None
+# While `watch_peers` runs: the step the loop is at, and what a restart does ("resume from the
+# checkpoint of step 50").
+_watched: tuple[Callable[[], int], Callable[[], str]] | None = None
 _leaving = threading.Lock()  # held by the thread that prints the line and ends the process
 
 
@@ -43,7 +38,7 @@ def watch_peers(step: Callable[[], int], restart: Callable[[], str]):
   """While the block runs, a collective that fails because another process is gone ends this one
   with a line that names `step()` and `restart()`."""
   global _watched
-  _watched = _Watched(step, restart)
+  _watched = step, restart
   try:
     with ends_if_lost():
       yield
@@ -78,7 +73,8 @@ def end_if_lost(e: BaseException) -> None:
   watched = _watched
   message = f"lost contact with {who}"
   if watched is not None:
-    message += f" at step {watched.step()} ({reason}); restart every process to {watched.restart()}"
+    step, restart = watched
+    message += f" at step {step()} ({reason}); restart every process to {restart()}"
   else:
     message += f" ({reason}); restart every process"
   error = PeerLost(message)

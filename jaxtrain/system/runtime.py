@@ -19,17 +19,11 @@ from jaxtrain.system.paths import cache_dir
 MAX_IN_FLIGHT = 4
 
 
-def throttle(results: list) -> None:
-  """Waits for the dispatch MAX_IN_FLIGHT back, so no more than that many are queued."""
+def throttle(results: list | collections.deque) -> None:
+  """Waits (without copying anything back) for the dispatch MAX_IN_FLIGHT back in `results`, so
+  no more than that many are queued ahead of the device."""
   if len(results) > MAX_IN_FLIGHT:
     jax.block_until_ready(results[-MAX_IN_FLIGHT - 1])
-
-
-def keep_up(in_flight: collections.deque) -> None:
-  """Waits (without copying anything back) until at most MAX_IN_FLIGHT dispatches of
-  `in_flight`, oldest first, are queued ahead of the device."""
-  while len(in_flight) > MAX_IN_FLIGHT:
-    jax.block_until_ready(in_flight.popleft())
 
 
 def enable_compile_cache() -> None:
@@ -67,15 +61,10 @@ def check_platform() -> str:
                     "pass --jax_platforms=cpu") from None
 
 
-def wants_distributed(distributed: ml_collections.ConfigDict) -> bool:
-  explicit = bool(distributed.coordinator_address) or distributed.num_processes > 1
-  under_srun = int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_STEP_ID" in os.environ
-  return explicit or under_srun
-
-
 def init_distributed(distributed: ml_collections.ConfigDict) -> None:
   """Joins a multi-process run: explicit `distributed.*` fields, or Slurm's environment (srun)."""
-  if not wants_distributed(distributed):
+  under_srun = int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_STEP_ID" in os.environ
+  if not (distributed.coordinator_address or distributed.num_processes > 1 or under_srun):
     return
   try:
     # The heartbeat timeout bounds how long a survivor stays blocked on a vanished process (jax
@@ -89,8 +78,7 @@ def init_distributed(distributed: ml_collections.ConfigDict) -> None:
                                initialization_timeout=distributed.timeout_s,
                                heartbeat_timeout_seconds=distributed.timeout_s)
   except Exception as e:
-    first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-    raise UserError(f"joining the multi-process run failed ({first}); check "
+    raise UserError(f"joining the multi-process run failed ({first_line(e)[:200]}); check "
                     "distributed.coordinator_address (host:port of process 0, reachable from every "
                     "process), distributed.num_processes and distributed.process_id") from None
 

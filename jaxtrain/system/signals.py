@@ -6,12 +6,9 @@ signal's number (`EXIT_CODES`): a stopped run is never status 0, so `train && ex
 export a half-trained model. Signals during that checkpoint's write are acknowledged and ignored,
 so a second Ctrl-C cannot cut the save short.
 
-Outside the loop there is no step to finish: Ctrl-C raises KeyboardInterrupt and SIGTERM
-`Terminated` (a KeyboardInterrupt), so both unwind through the same clean-up. Python drops an
-exception raised in a finalizer or gc callback (JAX registers one), so the handlers also remember
-the signal and `check()`, called in long stretches of work, raises it again. Handlers run on the
-main thread between bytecodes, so `interruptible` runs a long native call (training a BPE
-vocabulary) in a thread of its own while the main thread waits, ready.
+Outside the loop there is no step to finish: both raise (`raise_on_signals`) and unwind through
+the same clean-up; `check()` raises again one that Python dropped in a gc callback (JAX registers
+one), and `interruptible` keeps the main thread, where handlers run, free of long native calls.
 """
 
 import contextlib

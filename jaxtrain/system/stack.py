@@ -6,6 +6,7 @@ pip cannot tell: flax 0.12.8 asks only for jax >= 0.10.0, yet `import flax.nnx` 
 versions are read from the installed packages' metadata, without importing jax or flax.
 """
 
+import contextlib
 import importlib.metadata
 import re
 import sys
@@ -14,27 +15,20 @@ from jaxtrain.system import invocation
 
 # (oldest jax, the oldest flax that imports and trains on it), newest first; checked by installing
 # each pair (docs/install.md has the table).
-FLAX_FOR_JAX = [((0, 11, 2), (0, 12, 10)), ((0, 11, 1), (0, 12, 9)), ((0, 10, 2), (0, 12, 8))]
+FLAX_FOR_JAX = [("0.11.2", "0.12.10"), ("0.11.1", "0.12.9"), ("0.10.2", "0.12.8")]
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain")
 
 
 def versions() -> dict[str, str]:
-  """Each of PACKAGES that is installed, with its version."""
   found = {}
   for name in PACKAGES:
-    try:
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):  # not installed
       found[name] = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-      pass
   return found
 
 
 def _tuple(version: str) -> tuple[int, ...]:
   return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:4])
-
-
-def _dotted(version: tuple[int, ...]) -> str:
-  return ".".join(map(str, version))
 
 
 def mismatch(found: dict[str, str]) -> str | None:
@@ -43,11 +37,11 @@ def mismatch(found: dict[str, str]) -> str | None:
   if "jax" not in found or "flax" not in found:
     return None
   jax, flax = _tuple(found["jax"]), _tuple(found["flax"])
-  need = next((f for j, f in FLAX_FOR_JAX if jax >= j), None)
-  if need is None or flax >= need:
+  need = next((f for j, f in FLAX_FOR_JAX if jax >= _tuple(j)), None)
+  if need is None or flax >= _tuple(need):
     return None
-  return (f"flax {found['flax']} does not work with jax {found['jax']} (flax {_dotted(need)} or "
-          f"newer does): pip install 'flax>={_dotted(need)}'")
+  return (f"flax {found['flax']} does not work with jax {found['jax']} (flax {need} or "
+          f"newer does): pip install 'flax>={need}'")
 
 
 def line(found: dict[str, str] | None = None) -> str:

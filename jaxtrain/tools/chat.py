@@ -24,15 +24,6 @@ USAGE = (f"usage: {_COMMAND} --workdir=runs/chat [--system=TEXT] [flags]\n"
          "stdout.")
 
 
-def define_flags() -> None:
-  flags.DEFINE_string("workdir", None, "The run's workdir (trained with data.messages_field).")
-  flags.DEFINE_string("system", "", "A system message that opens the conversation, or @path "
-                      "to read it from a file; '': none.")
-  flags.DEFINE_integer("max_new_tokens", 256, "Tokens per reply at most (a reply ends at the "
-                       "end of its turn).", lower_bound=1, upper_bound=2**16)
-  cli.define_sampling_flags(__name__, 0.7, "Reply i uses seed + i.")
-
-
 def read_message(tty: bool) -> str | None:
   """The user's next message; None at the end of input."""
   if tty:
@@ -52,11 +43,17 @@ def converse(state, tok, f, tty: bool, out=sys.stdout) -> int:
       continue
     turn = [*messages, {"role": "user", "content": text.replace("\\n", "\n")}]
     try:
-      turn, dropped = fit_conversation(state, tok, turn, f.max_new_tokens, said=left_out > 0)
-      left_out += dropped
+      kept, dropped = reply.fit_turns(state, tok, turn, f.max_new_tokens, "--max_new_tokens")
     except UserError as e:  # a character outside the vocabulary, a message too long: ask again
       print(f"error: {e}", file=sys.stderr)
       continue
+    if dropped and not left_out:  # said the first time only: a line each turn would drown replies
+      n = len(reply.context(state, tok, turn))
+      holds = fit.holds("--max_new_tokens", f.max_new_tokens, state.model_cfg.seq_len)
+      print(f"note: the conversation is {n} tokens; {holds} "
+            f"{fit.room(state.model_cfg.seq_len, f.max_new_tokens)}, so from now on its earliest "
+            "exchanges are left out, as many as it takes", file=sys.stderr)
+    turn, left_out = kept, left_out + dropped
     pieces = []
     for piece in reply.stream_reply(state, tok, turn, f.max_new_tokens,
                                     temperature=f.temperature, top_k=f.top_k, top_p=f.top_p,
@@ -69,20 +66,6 @@ def converse(state, tok, f, tty: bool, out=sys.stdout) -> int:
     messages = [*turn, {"role": "assistant", "content": "".join(pieces)}]
     replies += 1
   return replies
-
-
-def fit_conversation(state, tok, turn: list[dict], max_new_tokens: int,
-                     said: bool) -> tuple[list[dict], int]:
-  """reply.fit_turns, and the first time it leaves exchanges out (`said`: not yet), one line on
-  stderr that says so and that it goes on: a line each turn would drown the replies."""
-  kept, dropped = reply.fit_turns(state, tok, turn, max_new_tokens, "--max_new_tokens")
-  if dropped and not said:
-    n = len(reply.context(state, tok, turn))
-    holds = fit.holds("--max_new_tokens", max_new_tokens, state.model_cfg.seq_len)
-    print(f"note: the conversation is {n} tokens; {holds} "
-          f"{fit.room(state.model_cfg.seq_len, max_new_tokens)}, so from now on its earliest "
-          "exchanges are left out, as many as it takes", file=sys.stderr)
-  return kept, dropped
 
 
 def run() -> None:
@@ -102,5 +85,10 @@ def run() -> None:
 
 
 def main() -> None:
-  define_flags()
+  flags.DEFINE_string("workdir", None, "The run's workdir (trained with data.messages_field).")
+  flags.DEFINE_string("system", "", "A system message that opens the conversation, or @path "
+                      "to read it from a file; '': none.")
+  flags.DEFINE_integer("max_new_tokens", 256, "Tokens per reply at most (a reply ends at the "
+                       "end of its turn).", lower_bound=1, upper_bound=2**16)
+  cli.define_sampling_flags(__name__, 0.7, "Reply i uses seed + i.")
   cli.main(run, USAGE, __name__)

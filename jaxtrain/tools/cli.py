@@ -50,15 +50,6 @@ def flag_rows(module: str, values: dict[str, str] | None = None) -> list[tuple[s
   return rows
 
 
-def show_help_if_asked(argv: list[str], usage: str, rows: list[tuple[str, str]]) -> None:
-  """`--help` anywhere in `argv`: `usage`, then one line a flag (its name, with its default, and
-  what it does) on stdout, exit status 0."""
-  if any(arg in HELP_FLAGS for arg in argv[1:] if isinstance(arg, str)):
-    width = max(len(name) for name, _ in rows) + 2
-    print("\n".join([usage, "", "flags:", *(f"  {name.ljust(width)}{text}" for name, text in rows)]))
-    sys.exit(0)
-
-
 def parse_flags(argv: list[str], known_only: bool = False) -> list[str]:
   """absl's parser, but a bad flag is one line and exit status 2. Returns the arguments that are
   not flags (with argv[0]); with `known_only`, flags defined nowhere are among them too."""
@@ -108,8 +99,11 @@ def main(run: Callable[..., None], usage: str, module: str, *, args: bool = Fals
       sys.exit(signals.EXIT_CODES[signals.name_of(e)])
 
   def parse(argv: list[str]) -> list[str]:
-    show_help_if_asked(argv, usage, [*before, *flag_rows(module, values), *after,
-                                     *(COMMON if uses_jax else ())])
+    if any(arg in HELP_FLAGS for arg in argv[1:] if isinstance(arg, str)):  # usage, a line a flag
+      rows = [*before, *flag_rows(module, values), *after, *(COMMON if uses_jax else ())]
+      width = max(len(name) for name, _ in rows) + 2
+      print("\n".join([usage, "", "flags:", *(f"  {name.ljust(width)}{text}" for name, text in rows)]))
+      sys.exit(0)
     return parse_flags(argv, known_only=known_only)
 
   if uses_jax:

@@ -47,19 +47,11 @@ def effective(info: runs.RunInfo, field: str):
 def differences(infos: list[runs.RunInfo], among=None) -> list[str]:
   """The config fields (of `among`, else all) whose values, where they have an effect, are not the
   same in every run; in config order."""
-  fields: list[str] = []
-  for info in infos:
-    fields += [f for f in info.config if f not in fields]
+  fields = list(dict.fromkeys(f for info in infos for f in info.config))
   shown = [f for f in fields if f not in NOT_SHOWN and not f.startswith(NOT_SHOWN_SECTIONS)]
   return [f for f in (among if among is not None else shown)
           if len({repr(effective(info, f)) for info in infos} - {repr(_MISSING)}) > 1
           or len({effective(info, f) is _MISSING for info in infos}) > 1]
-
-
-def measure(infos: list[runs.RunInfo]) -> str:
-  """val_bpb where the runs' tokenizers or data differ (a loss per token then does not compare),
-  else val_loss."""
-  return "val_bpb" if differences(infos, DATA_FIELDS) else "val_loss"
 
 
 # What a run's validation loss counts, the heading of each kind's group. The rule of
@@ -169,23 +161,16 @@ def terminal_table(header: list[str], body: list[list[str]], width: int | None =
   return "\n".join(blocks)
 
 
-def terminal_width() -> int | None:
-  """The terminal's columns; None where the output is not a terminal (a file, a pipe)."""
-  return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
-
-
 def markdown_table(header: list[str], body: list[list[str]]) -> str:
   line = lambda r: "| " + " | ".join(c.replace("|", "\\|") for c in r) + " |"
   return "\n".join([line(header), "|" + "---|" * len(header), *map(line, body)])
 
 
 def _plot(infos: list[runs.RunInfo], x_key: str, scale: float, xlabel: str, png: Path) -> Path:
-  import matplotlib
+  from matplotlib.figure import Figure  # not pyplot: no GUI backend, no figures left open
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+  fig = Figure(figsize=(8, 4.5), dpi=110)
+  ax = fig.subplots()
   for i, (name, info) in enumerate(zip(names(infos), infos)):
     color = f"C{i % 10}"
     train = [r for r in info.train if r.get("loss") is not None and x_key in r]
@@ -205,7 +190,6 @@ def _plot(infos: list[runs.RunInfo], x_key: str, scale: float, xlabel: str, png:
   ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(png)
-  plt.close(fig)
   return png
 
 
@@ -235,7 +219,8 @@ def compare(patterns: list[str], out: Path | None = None, print_fn=print,
                     f"{', '.join(known) or 'none yet'}); pass --by=<one of them>")
   ranked = []
   for group in groups(infos, by):
-    key = by or measure(group)
+    # val_bpb where the runs' tokenizers or data differ: a loss per token then does not compare
+    key = by or ("val_bpb" if differences(group, DATA_FIELDS) else "val_loss")
     ranked.append((key, sorted(group, key=lambda info: rank_key(info, key))))
   infos = [info for _, group in ranked for info in group]
   fields = differences(infos)
@@ -243,7 +228,9 @@ def compare(patterns: list[str], out: Path | None = None, print_fn=print,
   apart = len(ranked) > 1
   header = ["run", *fields, *COLUMNS, *map(column, sources), *["val loss on"] * apart]
   body = [row + [scope(info)] * apart for row, info in zip(rows(infos, fields, sources), infos)]
-  print_fn(terminal_table(header, body, width if width is not None else terminal_width()))
+  if width is None and sys.stdout.isatty():  # a file or a pipe gets the table at any width
+    width = shutil.get_terminal_size().columns
+  print_fn(terminal_table(header, body, width))
   if apart:
     print_fn("note: " + ", ".join(f"{len(g)} run{'s' if len(g) > 1 else ''} on {scope(g[0])}"
                                   for _, g in ranked) +
@@ -263,14 +250,6 @@ def compare(patterns: list[str], out: Path | None = None, print_fn=print,
   return infos
 
 
-def define_flags() -> None:
-  flags.DEFINE_string("out", "", "Also write the table as DIR/compare.md and the loss plots as "
-                      "PNGs.")
-  flags.DEFINE_string("by", "", "Rank by the best of this evaluation metric: val_loss, val_bpb, "
-                      "task/<name>/exact_match, ... (accuracies: highest first). Default: val_bpb "
-                      "where the runs' tokens differ, else val_loss.")
-
-
 def run(patterns: list[str]) -> None:
   f = flags.FLAGS
   if not patterns:
@@ -280,6 +259,10 @@ def run(patterns: list[str]) -> None:
 
 
 def main() -> None:
-  define_flags()
+  flags.DEFINE_string("out", "", "Also write the table as DIR/compare.md and the loss plots as "
+                      "PNGs.")
+  flags.DEFINE_string("by", "", "Rank by the best of this evaluation metric: val_loss, val_bpb, "
+                      "task/<name>/exact_match, ... (accuracies: highest first). Default: val_bpb "
+                      "where the runs' tokens differ, else val_loss.")
   cli.main(run, USAGE, __name__, args=True, uses_jax=False, values={"out": "DIR", "by": "METRIC"},
            before=(RUN_HELP,))

@@ -15,25 +15,6 @@ from jaxtrain.system.errors import UserError
 from jaxtrain.tools import cli
 
 
-def define_flags() -> None:
-  flags.DEFINE_string("workdir", None, "The run's workdir (e.g. runs/task).")
-  flags.DEFINE_string("data", None, "A .jsonl file of held-out records.")
-  flags.DEFINE_string("out", "", "Also write the results to this JSON file.")
-  flags.DEFINE_string("step", "latest", "Checkpoint: latest, best (lowest val loss) or a step.")
-  flags.DEFINE_string("prompt_field", "", "'': the run's data.prompt_field, else 'prompt'.")
-  flags.DEFINE_string("completion_field", "", "'': the run's data.completion_field, else "
-                      "'completion'.")
-  flags.DEFINE_string("context_field", "context", "Multiple choice: the context's field.")
-  flags.DEFINE_string("endings_field", "endings", "Multiple choice: the list of endings; a "
-                      "record with this field is a multiple-choice record.")
-  flags.DEFINE_string("label_field", "label", "Multiple choice: the index of the right ending.")
-  flags.DEFINE_enum("normalize", "strip", list(scoring.NORMALIZE), "Exact match compares completions "
-                    "as they are (none), stripped of surrounding whitespace (strip), or stripped "
-                    "and lowercased (lower).")
-  flags.DEFINE_integer("max_new_tokens", 0, "Tokens a greedy completion may have; 0: one more "
-                       "than the longest reference.", lower_bound=0, upper_bound=2**16)
-
-
 def run() -> None:
   f = flags.FLAGS
   if not f.workdir or not f.data:
@@ -60,5 +41,20 @@ USAGE = (f"usage: {_COMMAND} --workdir=runs/task --data=FILE.jsonl [flags]\n"
 
 
 def main() -> None:
-  define_flags()
+  flags.DEFINE_string("workdir", None, "The run's workdir (e.g. runs/task).")
+  flags.DEFINE_string("data", None, "A .jsonl file of held-out records.")
+  flags.DEFINE_string("out", "", "Also write the results to this JSON file.")
+  flags.DEFINE_string("step", "latest", "Checkpoint: latest, best (lowest val loss) or a step.")
+  flags.DEFINE_string("prompt_field", "", "'': the run's data.prompt_field, else 'prompt'.")
+  flags.DEFINE_string("completion_field", "", "'': the run's data.completion_field, else "
+                      "'completion'.")
+  flags.DEFINE_string("context_field", "context", "Multiple choice: the context's field.")
+  flags.DEFINE_string("endings_field", "endings", "Multiple choice: the list of endings; a "
+                      "record with this field is a multiple-choice record.")
+  flags.DEFINE_string("label_field", "label", "Multiple choice: the index of the right ending.")
+  flags.DEFINE_enum("normalize", "strip", list(scoring.NORMALIZE), "Exact match compares completions "
+                    "as they are (none), stripped of surrounding whitespace (strip), or stripped "
+                    "and lowercased (lower).")
+  flags.DEFINE_integer("max_new_tokens", 0, "Tokens a greedy completion may have; 0: one more "
+                       "than the longest reference.", lower_bound=0, upper_bound=2**16)
   cli.main(run, USAGE, __name__)

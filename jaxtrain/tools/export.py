@@ -3,13 +3,10 @@ model as a Hugging Face transformers directory (docs/tools.md; the mapping: chec
 The directory is written whole under a temporary name and then renamed: an export stopped halfway
 leaves nothing at `out`, and an existing non-empty `out` is refused, never overwritten."""
 
-import json
 import os
 import shutil
 import sys
 from pathlib import Path
-
-import numpy as np
 
 from jaxtrain.checkpoints import hf, load
 from jaxtrain.core import lora
@@ -32,7 +29,20 @@ def export(workdir: str, out: str, step: str = "latest") -> Path:
   # Token ids from flat files without a tokenizer may have no end-of-text id (-1): none, then.
   eos, bos = (tok.eot_id if tok.eot_id >= 0 else None), tokenizer_lib.bos_id(tok)
   config = hf.hf_config(c, eos, bos)
-  target = _target(out)
+  # A file, or a directory with anything in it (an earlier export included), is refused.
+  target = Path(out).expanduser().absolute()
+  if target.exists() and not target.is_dir():
+    raise UserError(f"--out={out} is a file; pass --out=<a new or empty directory>")
+  if target.is_dir() and any(target.iterdir()):
+    held = sorted(p.name for p in target.iterdir())
+    what = "an earlier export" if "config.json" in held else f"other files ({', '.join(held[:3])})"
+    raise UserError(f"--out={out} holds {what}; pass --out=<a new or empty directory>, or "
+                    f"remove {out} first: nothing is overwritten")
+  try:
+    target.parent.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"cannot create --out={out} ({e.strerror}); pass a directory you can "
+                    "write to") from None
   building = target.with_name(f".{target.name}.tmp{os.getpid()}")
   try:
     building.mkdir()
@@ -71,25 +81,6 @@ def _write(target: Path, state, tok, config: dict, workdir: str, eos, bos) -> No
   write_tokenizer(tok, target)
 
 
-def _target(out: str) -> Path:
-  """`out` as a path whose parent exists; refused if it is a file or a directory with anything
-  in it (an earlier export included: nothing is overwritten)."""
-  path = Path(out).expanduser().absolute()
-  if path.exists() and not path.is_dir():
-    raise UserError(f"--out={out} is a file; pass --out=<a new or empty directory>")
-  if path.is_dir() and any(path.iterdir()):
-    held = sorted(p.name for p in path.iterdir())
-    what = "an earlier export" if "config.json" in held else f"other files ({', '.join(held[:3])})"
-    raise UserError(f"--out={out} holds {what}; pass --out=<a new or empty directory>, or "
-                    f"remove {out} first: nothing is overwritten")
-  try:
-    path.parent.mkdir(parents=True, exist_ok=True)
-  except OSError as e:
-    raise UserError(f"cannot create --out={out} ({e.strerror}); pass a directory you can "
-                    "write to") from None
-  return path
-
-
 def write_tokenizer(tok, target: Path) -> None:
   """tokenizer.json and the tokenizer_config.json that transformers' AutoTokenizer reads beside
   it, with the chat template (data/chat_format.py) where the tokenizer has the chat tokens."""
@@ -106,9 +97,9 @@ def write_tokenizer(tok, target: Path) -> None:
 
 def written_line(target: Path, out: str) -> str:
   """What was written and how transformers loads it."""
-  config = json.loads((target / "config.json").read_text())
+  config, tensors = hf.read_dir(target)
   arch = config["architectures"][0]
-  n = sum(int(np.prod(x.shape)) for x in hf.read_dir(target)[1].values())
+  n = sum(x.size for x in tensors.values())
   if arch != hf.CUSTOM:
     return (f"wrote {arch} ({n:,} numbers) to {out}; load it with "
             f"transformers.AutoModelForCausalLM.from_pretrained({out!r})")

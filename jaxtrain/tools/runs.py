@@ -75,12 +75,9 @@ class RunInfo:
 
 def read(path: Path) -> RunInfo:
   path = Path(path)
-  cfg_path, status_path = path / "config.json", path / paths.STATUS_FILE
+  cfg_path = path / "config.json"
   flat = loading.flatten(paths.read_json(cfg_path)) if cfg_path.exists() else {}
-  try:
-    status = paths.read_json(status_path) if status_path.exists() else {}
-  except ValueError:
-    status = {}
+  status = paths.read_dict(path / paths.STATUS_FILE)
   records = paths.read_jsonl(path / "metrics.jsonl")
   return RunInfo(path, flat, [r for r in records if "loss" in r],
                  [r for r in records if "val_loss" in r], status)

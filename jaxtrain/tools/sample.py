@@ -25,24 +25,6 @@ USAGE = (f"usage: {_COMMAND} --workdir=runs/nano [--prompt=TEXT|@FILE] [flags]\n
          "Text from a saved run, printed as it is made.")
 
 
-def define_flags() -> None:
-  flags.DEFINE_string("workdir", None, "The run's workdir (e.g. runs/nano).")
-  flags.DEFINE_string("prompt", "", "Text to continue, or @path to read it from a file; "
-                      "'' starts from a newline.")
-  flags.DEFINE_integer("num_samples", 1, "Samples per prompt.", lower_bound=1, upper_bound=1024)
-  flags.DEFINE_integer("max_new_tokens", 256, "Tokens to generate per sample.", lower_bound=1,
-                       upper_bound=2**16)
-  cli.define_sampling_flags(__name__, 0.8, "Sample i uses seed + i.")
-  flags.DEFINE_string("prompts", "", "A .jsonl file of records: complete each one's prompt "
-                      "(batched, each up to its end-of-text token).")
-  flags.DEFINE_string("prompt_field", "", "The prompts' field in --prompts; '': the run's "
-                      "data.prompt_field, else 'prompt'.")
-  flags.DEFINE_string("out", "", "Where --prompts writes its completions; '': beside the "
-                      "prompts, FILE.completions.jsonl.")
-  flags.DEFINE_boolean("interactive", False, "Ask for prompts in a loop (an empty line or "
-                       "Ctrl-D ends it).")
-
-
 def read_prompt(value: str, flag: str = "prompt") -> str:
   """`--{flag}`'s text: the value, or with @PATH the file's."""
   if not value.startswith("@"):
@@ -78,40 +60,25 @@ def encode(tok, text: str) -> np.ndarray:
   return np.asarray(tok.encode(text), np.int32)  # a char outside the vocabulary: UserError
 
 
-class Printer:
-  """Writes tokens as text as they come; bytes of one UTF-8 character may arrive apart."""
-
-  def __init__(self, tok, out=sys.stdout):
-    self.tok, self.out = tok, out
-    self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace") \
-        if isinstance(tok, tokenizer_lib.ByteTokenizer) else None
-
-  def write(self, ids: np.ndarray, final: bool = False) -> None:
-    if self.utf8 is not None:
-      text = self.utf8.decode(bytes(np.asarray(ids, np.uint8).tolist()), final=final)
-    else:
-      text = self.tok.decode(ids)
-    self.out.write(text)
-    self.out.flush()
-
-
 def sample(state, tok, prompt: str, f, out=sys.stdout) -> int:
-  """Prints `f.num_samples` continuations of `prompt`; returns how many tokens were made."""
+  """Prints `f.num_samples` continuations of `prompt` as their tokens come; returns how many
+  tokens were made. Byte tokens go through a UTF-8 decoder: a character's bytes may come apart."""
   ids = fit.seen(encode(tok, prompt), "the prompt", "--max_new_tokens", f.max_new_tokens,
                  state.model_cfg.seq_len, lambda line: print(line, file=sys.stderr))
+  byte_level = isinstance(tok, tokenizer_lib.ByteTokenizer)
   made = 0
   for i in range(f.num_samples):
     if f.num_samples > 1:
       out.write(f"--- sample {i} ---\n")
     out.write(prompt)
-    printer = Printer(tok, out)
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for part in decode.stream(state, ids[None, :],
                               f.max_new_tokens, temperature=f.temperature, top_k=f.top_k,
                               top_p=f.top_p, seed=f.seed + i, chunk=CHUNK):
-      printer.write(part[0])
+      out.write(utf8.decode(bytes(np.asarray(part[0], np.uint8))) if byte_level else tok.decode(part[0]))
+      out.flush()
       made += part.shape[1]
-    printer.write(np.zeros(0, np.int32), final=True)
-    out.write("\n")
+    out.write(utf8.decode(b"", final=True) + "\n")
     out.flush()
   return made
 
@@ -175,5 +142,19 @@ def run() -> None:
 
 
 def main() -> None:
-  define_flags()
+  flags.DEFINE_string("workdir", None, "The run's workdir (e.g. runs/nano).")
+  flags.DEFINE_string("prompt", "", "Text to continue, or @path to read it from a file; "
+                      "'' starts from a newline.")
+  flags.DEFINE_integer("num_samples", 1, "Samples per prompt.", lower_bound=1, upper_bound=1024)
+  flags.DEFINE_integer("max_new_tokens", 256, "Tokens to generate per sample.", lower_bound=1,
+                       upper_bound=2**16)
+  cli.define_sampling_flags(__name__, 0.8, "Sample i uses seed + i.")
+  flags.DEFINE_string("prompts", "", "A .jsonl file of records: complete each one's prompt "
+                      "(batched, each up to its end-of-text token).")
+  flags.DEFINE_string("prompt_field", "", "The prompts' field in --prompts; '': the run's "
+                      "data.prompt_field, else 'prompt'.")
+  flags.DEFINE_string("out", "", "Where --prompts writes its completions; '': beside the "
+                      "prompts, FILE.completions.jsonl.")
+  flags.DEFINE_boolean("interactive", False, "Ask for prompts in a loop (an empty line or "
+                       "Ctrl-D ends it).")
   cli.main(run, USAGE, __name__)
