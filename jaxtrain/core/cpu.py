@@ -113,6 +113,8 @@ def split_cpu(cfg: ml_collections.ConfigDict) -> str | None:
       runtime.planned_platform() != "cpu":
     return None
   n = cpu_device_count(cfg)
+  if n in CHOSEN and jax.config.jax_num_cpu_devices == n:  # split so by an earlier run here
+    return split_note(cfg)
   try:
     jax.config.update("jax_num_cpu_devices", n)
   except RuntimeError:  # the backend already started (a notebook, a test): it stays as it is
