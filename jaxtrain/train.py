@@ -89,7 +89,10 @@ class Due:
 def _loop(r: Run, p: Progress, state: TrainState) -> RunResult:
   """The leg's steps, from `p.step` (before `p.end`: at least one) to its end or a stop."""
   with signals.GracefulStop() as stop, r.saving.peers_watched(lambda: p.step):
-    _open(r, p, stop)
+    r.out.on_closed = lambda: stop.request("SIGPIPE")  # a closed stdout stops it as a signal would
+    if r.out.closed:
+      stop.request("SIGPIPE")
+    r.out.start(p.end, p.step)
     due = Due()
     if p.step >= p.end:  # stopped in its last evaluation: this leg makes it, then the samples
       r.out.print(f"step {p.step} is the run's last; making its evaluation, then the samples")
@@ -153,14 +156,6 @@ def _due(r: Run, p: Progress, stop: signals.GracefulStop, new_best: bool | None)
              log_next=unread and not save and p.step % r.cfg.train.log_every == 0)
 
 
-def _open(r: Run, p: Progress, stop: signals.GracefulStop) -> None:
-  """The leg's training begins: a closed stdout (SIGPIPE) stops it as a signal would."""
-  r.out.on_closed = lambda: stop.request("SIGPIPE")
-  if r.out.closed:
-    stop.request("SIGPIPE")
-  r.out.start(p.end, p.step)
-
-
 def _signalled(stop: signals.GracefulStop, step: int) -> str | None:
   """The signal every process stops on at this step: one the loop caught, or one jax's
   preemption notifier caught before the loop began (multi-process runs). A collective."""
@@ -200,7 +195,7 @@ def _step(r: Run, p: Progress, state: TrainState) -> TrainState:
     p.timeline.add("start-up", r.t_compile - r.t_start)
     p.timeline.add("compile", time.time() - r.t_compile)
     p.meter.start(p.step, time.perf_counter())
-  p.pending.add(p.step, micro)
+  p.pending.steps.append((p.step, micro))
   return state
 
 

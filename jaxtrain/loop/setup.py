@@ -76,20 +76,19 @@ def start(r: Run) -> tuple[Run, TrainState, float, float]:
   """(the run with its train step compiled, the state to train from on the plan's schedule,
   training seconds and the best val loss so far): init (or a restore) runs beside the compiles
   (warmup.py), or after them where a time budget's measurement compiled already."""
-  t_compile = r.t_compile if r.compiled else time.time()
+  t_compile = time.time()
   latest = r.saving.ckpts.latest_step()
   if latest is None:
     init = r.programs.lower_init()  # traced here, compiled beside the train step
     begin = lambda: (r.programs.abstract.with_arrays(init.compile()()), 0.0, math.inf, ())  # noqa: E731
   else:
     begin = lambda: _restore(r)  # noqa: E731
-  ahead = r.ahead
   if r.compiled:
-    built, (state, elapsed, best, changes) = r.programs, begin()
+    state, elapsed, best, changes = begin()
   else:
     ready = warmup.side_by_side(r.programs, r.cfg, r.corpus, r.hooks, begin)
-    built, (state, elapsed, best, changes), ahead = ready.programs, ready.beside, ready.ahead
-  r = dataclasses.replace(r, programs=built, t_compile=t_compile, ahead=ahead)
+    state, elapsed, best, changes = ready.beside
+    r = dataclasses.replace(r, programs=ready.programs, t_compile=t_compile, ahead=ready.ahead)
   if latest is None and r.cfg.init_from:
     state = init_from.apply(r.cfg.init_from, state, r.programs, r.corpus.tokenizer, r.out.print)
   if latest is None:

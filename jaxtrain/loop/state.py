@@ -50,7 +50,6 @@ class Run:
     return isinstance(self.programs.train_step, jax.stages.Compiled)
 
   def view(self) -> RunView:
-    """What the hooks see of it."""
     return RunView(self.cfg, self.workdir, self.out, self.programs, self.t_start)
 
 

@@ -66,9 +66,6 @@ class Pending:
     self.in_flight.append(metrics)
     runtime.keep_up(self.in_flight)
 
-  def add(self, step: int, micro: list[dict]) -> None:
-    self.steps.append((step, micro))
-
   def read(self, say: Callable[[str], None], upto: int | None = None,
            stats: dict | None = None) -> float | None:
     """Reads the steps up to `upto` (default: all), waiting for them, and checks each for
