@@ -74,9 +74,8 @@ def blockers(c: ModelConfig) -> list[str]:
   """The switches of `c` that neither Llama nor GPT-2 has (empty: one of them is exact)."""
   name, needs = ("Llama", (("norm", "rmsnorm"), ("mlp", "swiglu"))) if c.pos == "rope" else \
       ("GPT-2", (("norm", "layernorm"), ("mlp", "gelu")))
-  found = [f"model.{field}={getattr(c, field)}" for field, off in
-           (("qk_norm", False), ("x0_mix", False), ("canon", 0))
-           if getattr(c, field) != off]
+  found = [f"model.{field}={getattr(c, field)}" for field in ("qk_norm", "x0_mix", "canon")
+           if getattr(c, field) != getattr(ModelConfig, field)]
   if c.pos != "rope" and c.kv_heads != c.n_heads:
     found.append(f"model.n_kv_heads={c.n_kv_heads} with model.pos=learned")
   found += [f"model.{field}={getattr(c, field)} with model.pos={c.pos} ({name} has "

@@ -32,8 +32,7 @@ class BestVal:
     self.best = best
     self.since = 0
 
-  def update(self, val: float) -> bool:
-    """True when `val` is a new best."""
+  def update(self, val: float) -> bool:  # whether `val` is a new best
     if val < self.best:
       self.best, self.since = val, 0
       return True
@@ -80,7 +79,7 @@ class Saving:
 
   def check(self, step: int) -> None:
     """Raises, as one line, the error of a background write that failed."""
-    _writing(self.ckpts, self.ckpts.check, step)
+    _writing(self.ckpts, self.ckpts.manager.check_for_errors, step)
 
   def finish(self, step: int) -> None:
     """Waits for pending writes; a failed one raises as one line."""
@@ -121,7 +120,7 @@ def _os_reason(e: Exception) -> str:
 
 def _resume_hint(ckpts: Checkpoints) -> str:
   """What a restart resumes from: a half-written checkpoint is not among the complete steps."""
-  complete = ckpts.complete_steps()
+  complete = store.complete_steps(ckpts.directory.parent)
   if not complete:
     return "start afresh (no checkpoint was saved yet)"
   return f"resume from the intact checkpoint of step {complete[-1]}"

@@ -2,6 +2,7 @@
 notebooks): the state of a checkpoint on one device, its tokenizer, which checkpoint
 `--step=latest|best|N` names, and a field of its saved config. No data is needed."""
 
+import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -57,24 +58,17 @@ def data_field(workdir: str, name: str, given: str, fallback: str) -> str:
   return (saved.get("data") or {}).get(name) or fallback
 
 
-def val_losses(workdir: Path) -> dict[int, float]:
-  """{step: val loss} of every evaluation in metrics.jsonl (the later one where a step repeats)."""
-  return {int(r["step"]): float(r["val_loss"]) for r in paths.read_jsonl(workdir / "metrics.jsonl")
-          if isinstance(r, dict) and r.get("val_loss") is not None}
-
-
 def _steps_on_disk(workdir) -> list[int]:
-  ckpts = read_only(workdir)
-  try:
+  with contextlib.closing(read_only(workdir)) as ckpts:
     return ckpts.all_steps()
-  finally:
-    ckpts.close()
 
 
 def best_step(workdir: Path) -> int:
-  """The checkpointed step with the lowest validation loss (the run keeps that checkpoint)."""
+  """The checkpointed step with the lowest validation loss (the run keeps that checkpoint), as
+  metrics.jsonl has it (the later evaluation where a step repeats)."""
   on_disk = set(_steps_on_disk(workdir))
-  evaluated = {s: v for s, v in val_losses(workdir).items() if s in on_disk}
+  evaluated = {int(r["step"]): float(r["val_loss"]) for r in paths.read_jsonl(workdir / "metrics.jsonl")
+               if r.get("val_loss") is not None and int(r["step"]) in on_disk}
   if not evaluated:
     raise UserError(f"no checkpoint of {workdir} has a validation loss (steps on disk: "
                     f"{sorted(on_disk) or 'none'}); pass --step=latest or a step number")
@@ -117,8 +111,7 @@ def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
   whole (a damaged one is skipped with a warning on stderr and left where it is: reading a run
   changes none of its files, and only its training sets a damaged checkpoint aside), or step
   `step`."""
-  ckpts = read_only(workdir)
-  try:
+  with contextlib.closing(read_only(workdir)) as ckpts:
     def read(s: int):
       meta = ckpts.read_meta(s)
       programs = _programs(workdir, meta)
@@ -135,8 +128,6 @@ def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
       raise UserError(f"no checkpoint of step {step} in {ckpts.directory} (it has steps "
                       f"{ckpts.all_steps()})")
     return recover.read_one(ckpts, step, read)
-  finally:
-    ckpts.close()
 
 
 def _programs(workdir: str, meta: dict) -> programs_lib.Programs:

@@ -45,7 +45,6 @@ def newest_intact(ckpts, read: Callable, warn: Callable[[str], None], *, using: 
   multi = collective and jax.process_count() > 1
   damaged = []
   for step in _steps(ckpts, multi):
-    state = saved = extra = reason = None
     code = OK
     try:
       state, saved, extra = read(step)
@@ -130,7 +129,7 @@ def _set_aside(ckpts, damaged: list, then: str, warn, collective: bool, move: bo
            f"{then}")
   if collective:
     runtime.barrier("jaxtrain: damaged checkpoints set aside")
-  ckpts.reload()
+  ckpts.manager.reload()  # it lists the steps on disk when it starts
 
 
 def classify(e: BaseException, step_dir: Path) -> int:
