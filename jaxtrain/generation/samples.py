@@ -51,8 +51,6 @@ def warm(s: ml_collections.ConfigDict, seq_len: int, seed: int, abstract: steps.
   """Compiles the programs `write_samples` will run (the same shapes and settings; zeros for
   params) by decoding a token; `timed`: then makes the samples once, and returns how long
   they took, as they will at the end (else 0)."""
-  if not wanted(s):
-    return 0.0
   prompts = run_prompts(s, seq_len, seed, val_tokens, tok)
   zeros = jax.tree.map(lambda a: np.broadcast_to(np.zeros((), a.dtype), a.shape), abstract.params)
   state = abstract.replace(params=zeros)
