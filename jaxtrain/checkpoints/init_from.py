@@ -32,8 +32,7 @@ from jaxtrain.system.errors import UserError
 # (model.seq_len too with learned positions.) The others (dropout, dtype, attention, seq_len with
 # RoPE, ...) are free to change; unset, they also take the source's value.
 MATCH_FIELDS = ("n_layers", "n_heads", "d_model", "vocab_size", "norm", "pos", "mlp", "mlp_ratio",
-                "tie_embeddings", "rope_theta", "n_kv_heads", "qk_norm", "x0_mix",
-                "canon")
+                "tie_embeddings", "rope_theta", "n_kv_heads", "qk_norm", "x0_mix", "canon")
 _FIX = "pass --config.init_from=<a run's workdir or an exported model directory>"
 
 
@@ -201,11 +200,11 @@ def _check_tokenizer(source: Path, tokenizer) -> bool:
 def _grown(flat: dict[str, np.ndarray], what: str, vocab_size: int) -> tuple[dict, str]:
   """`flat` with the embedding's rows (and an untied head's columns) up to `vocab_size`, each new
   one the mean of the source's; `vocab_size` 0 or no larger: as it is."""
-  n = len(flat["wte/embedding"])
+  table = flat["wte/embedding"]
+  n = len(table)
   if vocab_size <= n:
     return flat, what
   out = dict(flat)
-  table = flat["wte/embedding"]
   rows = np.broadcast_to(table.mean(0), (vocab_size - n, table.shape[1]))
   out["wte/embedding"] = np.concatenate([table, rows])
   if "lm_head/kernel" in flat:

@@ -132,21 +132,18 @@ def resume(ckpts: Checkpoints, programs, iterator, run_meta: dict,
   reads whole and fits this config, with `iterator` at its position. A damaged one is set aside
   with a warning line, and an earlier one used; none that reads whole is a UserError that says
   how to start afresh."""
-  found = []
-
   def read(step: int):
     meta = ckpts.read_meta(step)
-    found[:] = check_resumable(meta, run_meta, cfg.workdir, cfg.data.allow_changed)
+    notes, changes = check_resumable(meta, run_meta, cfg.workdir, cfg.data.allow_changed)
     state, saved = ckpts.read(step, programs.abstract, programs.shardings, iterator)
     position, k = iterator.get_state()["next_index"], cfg.train.grad_accum
     if position != step * k:
       raise Damaged(f"its data position {position} is not step x grad_accum = {step * k}")
-    return state, saved, meta
+    return state, saved, (meta, notes, changes)
 
-  step, state, meta = newest_intact(
+  step, state, (meta, notes, changes) = newest_intact(
       ckpts, read, out.print, using="resuming from",
       fresh=f"to start afresh, pass a new --config.workdir, or move {ckpts.directory} away")
-  notes, changes = found
   for note in notes:
     out.print(note)
   return step, state, meta, tuple(changes)

@@ -67,8 +67,7 @@ def newest_intact(ckpts, read: Callable, warn: Callable[[str], None], *, using: 
       _set_aside(ckpts, damaged, f"{using} step {step}", warn, collective, move, held)
       return step, state, extra
     damaged.append((step, reason))
-  found = "; ".join(f"step {step}: {reason}" for step, reason in damaged)
-  found = found or "each was removed while being read"
+  found = "; ".join(f"step {step}: {r}" for step, r in damaged) or "each was removed while being read"
   raise UserError(f"no checkpoint in {ckpts.directory} can be read ({found}); {fresh}")
 
 
