@@ -75,7 +75,6 @@ def score(state, pairs: list[tuple[np.ndarray, np.ndarray]], batch_size: int = 3
   """Summed log-probability (nats) of each continuation given its context: float64[N]. A pair
   longer than the model's window keeps its last seq_len + 1 tokens (the context's start goes)."""
   window = state.model_cfg.seq_len + 1
-  params = state.params
   seqs = [np.concatenate([c, x])[-window:] for c, x in pairs]
   counts = [min(len(x), window - 1) for _, x in pairs]
   out = np.zeros(len(pairs))
@@ -87,7 +86,7 @@ def score(state, pairs: list[tuple[np.ndarray, np.ndarray]], batch_size: int = 3
     tokens_BL = np.zeros((decode._bucket(len(group), 1), L), np.int32)
     for row, i in enumerate(group):
       tokens_BL[row, :len(seqs[i])] = seqs[i]
-    logp_BT = np.asarray(_target_logprobs(params, state.graphdef, jnp.asarray(tokens_BL)))
+    logp_BT = np.asarray(_target_logprobs(state.params, state.graphdef, jnp.asarray(tokens_BL)))
     for row, i in enumerate(group):
       n = len(seqs[i])
       out[i] = float(logp_BT[row, n - 1 - counts[i]:n - 1].astype(np.float64).sum())
