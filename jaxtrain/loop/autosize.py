@@ -71,10 +71,22 @@ def resolve(cfg: ml_collections.ConfigDict, budget_s: float, explicit: Collectio
   values = pick.shape.fields() | {f: v for f, v in LRS.items() if cfg.optim.name == "muon"}
   cfg = loading.override(cfg.copy_and_resolve_references(),
                          **{f: v for f, v in values.items() if f not in explicit})
+  # What was chosen and why, and the nearest candidates rejected.
   probed = f" (the speed probe took {fmt.duration(found.value['seconds'])} of it)" * found.here
-  return cfg, [*lines, *describe(pick, near, f"{fmt.duration(left_s)} left of train.time_budget="
-                                 f"{cfg.train.time_budget}{probed}", len(corpus.train), fixed, cfg,
-                                 found.said())], corpus
+  s = pick.shape
+  lrs = (f", Muon lr {cfg.optim.matrix_lr:g}, AdamW lr {cfg.optim.lr:g}"
+         if cfg.optim.name == "muon" else f", lr {cfg.optim.lr:g}")
+  kept = f"; kept as given: {', '.join(fixed)}" if fixed else ""
+  lines.append(f"model.size=auto: {s.name} ({s.n_heads} heads, context {s.seq_len}, batch "
+               f"{s.batch_size}{lrs}) for the {fmt.duration(left_s)} left of train.time_budget="
+               f"{cfg.train.time_budget}{probed}: {_said(pick)} (of the "
+               f"{fmt.count(len(corpus.train))} train tokens; this machine's speed, measured "
+               f"{found.said()}){kept}")
+  for o in near:
+    why = "more params than the time trains well" if o.params > pick.params \
+        else "fewer params than the time can train"
+    lines.append(f"  rejected {o.shape.name}: {_said(o)} ({why})")
+  return cfg, lines, corpus
 
 
 def _corpus(cfg: ml_collections.ConfigDict, explicit: Collection[str], say
@@ -109,23 +121,6 @@ def _none_fits(cfg, fixed: dict, shapes: list, left_s: float) -> ConfigError:
 def _said(o: size_rule.Option) -> str:
   return (f"{fmt.count(o.params)} params, {fmt.count(o.tokens)} tokens = {o.epochs:.1f} epochs "
           f"at {fmt.count(o.tokens_per_s)} tok/s, predicted val {o.bpb:.3f} bits/byte")
-
-
-def describe(pick: size_rule.Option, near: list[size_rule.Option], left: str, unique: int,
-             fixed: dict, cfg: ml_collections.ConfigDict, measured: str) -> list[str]:
-  """What was chosen and why, and the nearest candidates rejected."""
-  s = pick.shape
-  lrs = (f", Muon lr {cfg.optim.matrix_lr:g}, AdamW lr {cfg.optim.lr:g}"
-         if cfg.optim.name == "muon" else f", lr {cfg.optim.lr:g}")
-  kept = f"; kept as given: {', '.join(fixed)}" if fixed else ""
-  lines = [f"model.size=auto: {s.name} ({s.n_heads} heads, context {s.seq_len}, batch "
-           f"{s.batch_size}{lrs}) for the {left}: {_said(pick)} (of the {fmt.count(unique)} "
-           f"train tokens; this machine's speed, measured {measured}){kept}"]
-  for o in near:
-    why = "more params than the time trains well" if o.params > pick.params \
-        else "fewer params than the time can train"
-    lines.append(f"  rejected {o.shape.name}: {_said(o)} ({why})")
-  return lines
 
 
 def _recorded(cfg: ml_collections.ConfigDict, workdir: Path,

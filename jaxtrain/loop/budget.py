@@ -215,9 +215,5 @@ def schedule_at(ends: Sequence[Sequence[int]], step: int, optimizer: optim.Optim
 
 def on_schedule(plan: Plan, step: int, state: TrainState) -> TrainState:
   """`state` following the plan's schedule at `step`: where a leg starts, and where an end takes
-  over (`takes_over`)."""
+  over."""
   return state.replace(schedule=schedule_at(plan.ends, step, state.optimizer))
-
-
-def takes_over(plan: Plan, step: int) -> bool:
-  return any(start == step for start, _ in plan.ends[1:])

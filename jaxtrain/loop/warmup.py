@@ -73,7 +73,12 @@ def side_by_side(programs: Programs, cfg: ml_collections.ConfigDict, corpus: Cor
   hooks' imports); elsewhere those follow here only for a `measure`ment (a time budget's plan
   needs them compiled, the samples timed), and are otherwise left to `Ahead`. Returns once all
   of it is done."""
-  extras = {"hooks": hooks.prepare, "eval": lambda: compile_eval(programs),  # in the order needed
+  # The eval step compiled for states and batches placed as the run places them: its jitted
+  # function then finds it in its cache at the first evaluation.
+  placed = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        programs.abstract, programs.shardings)
+  extras = {"hooks": hooks.prepare,  # in the order needed
+            "eval": lambda: programs.eval_step.lower(placed, programs.batch_spec()).compile(),
             "checkpoints": lambda: store.compile_survey(programs.abstract, programs.shardings)}
   if jax.process_index() == 0 and samples.wanted(cfg.sample):  # process 0 samples
     extras["samples"] = lambda: samples.warm(cfg.sample, cfg.model.seq_len, cfg.seed,
@@ -95,11 +100,3 @@ def side_by_side(programs: Programs, cfg: ml_collections.ConfigDict, corpus: Cor
   later = {} if parallel or measure else {k: v for k, v in extras.items() if k != "hooks"}
   return Ready(dataclasses.replace(programs, train_step=train_step), made, done.get("samples", 0.0),
                Ahead(later))
-
-
-def compile_eval(programs: Programs) -> None:
-  """The eval step compiled for states and batches placed as the run places them: its jitted
-  function then finds it in its cache at the first evaluation."""
-  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                       programs.abstract, programs.shardings)
-  programs.eval_step.lower(state, programs.batch_spec()).compile()

@@ -91,9 +91,7 @@ def environment(base: dict | None = None, argv: list[str] | None = None) -> dict
   library = mimalloc_library() if wanted else None
   if library:
     env["LD_PRELOAD"] = library
-    # The reservation: the memory the process may use (RAM, or a container's lower limit), at
-    # most 16 GiB (address space only).
-    gib = (machine.host_memory() or (2**33,))[0] // 2**30
+    gib = (machine.host_memory() or (2**33,))[0] // 2**30  # RAM, or a container's lower limit
     for name, value in {**MIMALLOC_OPTIONS, "MIMALLOC_ARENA_RESERVE": f"{max(1, min(16, gib))}GiB"}.items():
       env.setdefault(name, value)  # the user's own settings win
   tunables = env.get("GLIBC_TUNABLES", "")
