@@ -5,7 +5,7 @@ import shlex
 import sys
 import textwrap
 
-from jaxtrain.system import allocator, exiting
+from jaxtrain.system import allocator, exiting, invocation, signals
 
 if __name__ == "__main__":
   allocator.reexec()  # first of all: the allocator is chosen when a process starts
@@ -18,10 +18,8 @@ from ml_collections import config_flags  # noqa: E402
 
 from jaxtrain import train  # noqa: E402
 from jaxtrain.config import defaults, loading, schema  # noqa: E402
-from jaxtrain.system import invocation, signals  # noqa: E402
 from jaxtrain.system.errors import UserError  # noqa: E402
-from jaxtrain.tools import cli  # noqa: E402
-from jaxtrain.tools.cli import fail  # noqa: E402
+from jaxtrain.tools.cli import fail, parse_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
                                           lock_config=True)
@@ -126,7 +124,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
       fail(str(e))
     _refuse_unknown_field(argv[1:])
   try:
-    return cli.parse_flags(argv)
+    return parse_flags(argv)
   except Exception as e:  # raised by ml_collections for a value of the wrong type, and the like
     fail(f"the config could not be loaded ({type(e).__name__}: {schema.message_of(e)}); fix the "
          "config file or the override")
