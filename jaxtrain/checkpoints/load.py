@@ -35,18 +35,6 @@ def read_only(workdir) -> Checkpoints:
     absl_logger.removeFilter(_not_read_only_notice)
 
 
-def check_run(workdir: str) -> Path:
-  """The workdir of a jaxtrain run, or a one-line UserError."""
-  path = Path(workdir).expanduser()
-  if not path.is_dir():
-    raise UserError(f"workdir {path} does not exist; pass --workdir=<the workdir of a run>, "
-                    "e.g. runs/nano")
-  if not (path / paths.RUN_FILE).exists():
-    raise UserError(f"{path} is not a jaxtrain run (no {paths.RUN_FILE}); pass --workdir=<the "
-                    "workdir of a run>, e.g. runs/nano")
-  return path
-
-
 def data_field(workdir: str, name: str, given: str, fallback: str) -> str:
   """`given` (a command's flag), else the run's data.<name> (its config.json), else `fallback`."""
   if given:
@@ -88,8 +76,15 @@ def resolve_step(workdir: Path, step: str) -> int | None:
 
 
 def load(workdir: str, step: str = "latest") -> tuple[steps.TrainState, object]:
-  """(state on one device, tokenizer) of a run's checkpoint named by `step`."""
-  path = check_run(workdir)
+  """(state on one device, tokenizer) of a run's checkpoint named by `step`; a workdir that is no
+  jaxtrain run, or has no checkpoint yet, is a one-line UserError."""
+  path = Path(workdir).expanduser()
+  if not path.is_dir():
+    raise UserError(f"workdir {path} does not exist; pass --workdir=<the workdir of a run>, "
+                    "e.g. runs/nano")
+  if not (path / paths.RUN_FILE).exists():
+    raise UserError(f"{path} is not a jaxtrain run (no {paths.RUN_FILE}); pass --workdir=<the "
+                    "workdir of a run>, e.g. runs/nano")
   if step not in ("latest", "best") and not str(step).isdigit():
     resolve_step(path, step)  # raises: a typo in --step is named before anything is read
   if not (path / "tokenizer.json").exists():
@@ -113,8 +108,7 @@ def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
   `step`."""
   with contextlib.closing(read_only(workdir)) as ckpts:
     def read(s: int):
-      meta = ckpts.read_meta(s)
-      programs = _programs(workdir, meta)
+      programs = _programs(workdir, ckpts.read_meta(s))
       return *ckpts.read(s, programs.abstract, programs.shardings), None
 
     if step is None:

@@ -96,9 +96,7 @@ class Checkpoints:
 
   def read_meta(self, step: int) -> dict:
     """The `meta` that step `step` was saved with."""
-    meta = self._read_meta(step)
-    meta.pop("checksums", None)
-    return meta
+    return {k: v for k, v in self._read_meta(step).items() if k != "checksums"}
 
   def _read_meta(self, step: int) -> dict:
     with naming("meta/metadata"):
@@ -112,8 +110,7 @@ class Checkpoints:
     is repositioned in place. Reads this process's part only, with no collectives: a damaged
     checkpoint raises here, on each process that finds it. `verify` the state before use."""
     if shardings is None:
-      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-      shardings = jax.tree.map(lambda _: device, state)
+      shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), state)
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           state.arrays(), shardings.arrays())
     if iterator is not None:

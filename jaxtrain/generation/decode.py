@@ -154,8 +154,7 @@ def stream(state, prompts_BP: np.ndarray, n_new: int, *,
   for done in range(0, n_new, chunk):
     carry = _decode(params, graphdef, carry, jnp.int32(chunk), use_cache=use_cache, keep=keep,
                     temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
-    # A host copy, sliced: no program per chunk.
-    yield np.array(carry[0])[:, P + done:P + min(done + chunk, n_new)]
+    yield np.array(carry[0])[:, P + done:P + min(done + chunk, n_new)]  # host slice: no program per chunk
 
 
 def _bucket(n: int, smallest: int) -> int:

@@ -43,8 +43,14 @@ def resolve(cfg: ml_collections.ConfigDict, budget_s: float, explicit: Collectio
   if cfg.model.size != "auto":
     return cfg, [], None
   workdir = Path(str(cfg.workdir)).expanduser()
-  if paths.is_run(workdir) and (workdir / "config.json").is_file():
-    return *_recorded(cfg, workdir, explicit), None
+  if paths.is_run(workdir) and (workdir / "config.json").is_file():  # a resumed run's own choice
+    saved = loading.flatten(paths.read_json(workdir / "config.json"))
+    values = {f: saved[f] for f in FIELDS if f in saved and f not in explicit}
+    cfg = loading.override(cfg.copy_and_resolve_references(), **values)
+    m = cfg.model
+    return cfg, [f"model.size=auto: {m.n_layers}x{m.d_model} ({m.n_heads} heads, context "
+                 f"{m.seq_len}, batch {cfg.train.batch_size}), as the run chose when it started "
+                 f"({workdir / 'config.json'}); a resumed run never chooses again"], None
   if all(f in explicit for f in size_rule.SHAPE_FIELDS):
     return cfg, ["model.size=auto: the shape is given in full on the command line "
                  f"({', '.join(size_rule.SHAPE_FIELDS)}): nothing to choose"], None
@@ -121,15 +127,3 @@ def _none_fits(cfg, fixed: dict, shapes: list, left_s: float) -> ConfigError:
 def _said(o: size_rule.Option) -> str:
   return (f"{fmt.count(o.params)} params, {fmt.count(o.tokens)} tokens = {o.epochs:.1f} epochs "
           f"at {fmt.count(o.tokens_per_s)} tok/s, predicted val {o.bpb:.3f} bits/byte")
-
-
-def _recorded(cfg: ml_collections.ConfigDict, workdir: Path,
-              explicit: Collection[str]) -> tuple[ml_collections.ConfigDict, list[str]]:
-  """A resumed run's own choice, from its config.json."""
-  saved = loading.flatten(paths.read_json(workdir / "config.json"))
-  values = {f: saved[f] for f in FIELDS if f in saved and f not in explicit}
-  cfg = loading.override(cfg.copy_and_resolve_references(), **values)
-  m = cfg.model
-  return cfg, [f"model.size=auto: {m.n_layers}x{m.d_model} ({m.n_heads} heads, context "
-               f"{m.seq_len}, batch {cfg.train.batch_size}), as the run chose when it started "
-               f"({workdir / 'config.json'}); a resumed run never chooses again"]

@@ -61,8 +61,7 @@ class Pending:
     self.last_loss: float | None = None
     self.last_lr: float | None = None
 
-  def queued(self, metrics: dict) -> None:
-    """A micro-batch's step was just dispatched: waits while too many are ahead of the device."""
+  def queued(self, metrics: dict) -> None:  # a micro-batch's step was just dispatched
     self.in_flight.append(metrics)
     runtime.keep_up(self.in_flight)
 

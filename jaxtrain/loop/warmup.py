@@ -73,8 +73,7 @@ def side_by_side(programs: Programs, cfg: ml_collections.ConfigDict, corpus: Cor
   hooks' imports); elsewhere those follow here only for a `measure`ment (a time budget's plan
   needs them compiled, the samples timed), and are otherwise left to `Ahead`. Returns once all
   of it is done."""
-  # The eval step compiled for states and batches placed as the run places them: its jitted
-  # function then finds it in its cache at the first evaluation.
+  # The eval step compiled as the run places its states and batches: the first evaluation finds it cached.
   placed = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                         programs.abstract, programs.shardings)
   extras = {"hooks": hooks.prepare,  # in the order needed

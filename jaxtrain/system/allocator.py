@@ -107,10 +107,9 @@ def _started_as_cli() -> bool:
 
 
 def split_early() -> None:
-  """At `import jaxtrain`, before jax is imported, in a process that is none of jaxtrain's commands
-  (they split the CPU themselves): as many XLA CPU devices as cores (JAX_NUM_CPU_DEVICES, which
-  jax reads at its import), where jax will run on the CPU and neither JAX_NUM_CPU_DEVICES nor
-  XLA_FLAGS chose a count. A run takes the ones its batch splits over (core/cpu.py)."""
+  """As many XLA CPU devices as cores (JAX_NUM_CPU_DEVICES, which jax reads at its import), in a
+  process that is none of jaxtrain's commands (they split the CPU themselves) and chose no count.
+  A run takes the ones its batch splits over (core/cpu.py)."""
   ran = invocation.started() or ""
   if "jax" in sys.modules or ran.startswith("-m jaxtrain") or invocation.script() in \
       invocation.SCRIPTS.values() or "JAX_NUM_CPU_DEVICES" in os.environ or \
