@@ -42,7 +42,7 @@ def prepare(res: resolution.Resolved, out: Console, hooks: Sequence[Hook], t_sta
   if res.budget_s is not None:
     if paths.is_run(workdir):  # a resumed run follows the ends it recorded
       plan = budget.recorded(res.budget_s, workdir)
-    else:  # a new run's: measured on the programs it runs, compiled (with the rest) before
+    else:  # a new run measures the programs it runs, compiled first (with the rest, side by side)
       spent = lambda: time.time() - t_start  # noqa: E731
       budget.check_left(cfg, res.budget_s, spent())
       ready = warmup.side_by_side(built, cfg, corpus, run_hooks, built.init,  # the probe's state
