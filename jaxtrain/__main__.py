@@ -1,10 +1,11 @@
 """`python -m jaxtrain --config=configs/nano.py [--config.a.b=v ...] [--jax_platforms=cpu]`."""
 
+import contextlib
 import shlex
 import sys
 import textwrap
 
-from jaxtrain.system import allocator, exiting
+from jaxtrain.system import allocator, exiting, invocation, signals
 
 if __name__ == "__main__":
   allocator.reexec()  # first of all: the allocator is chosen when a process starts
@@ -17,10 +18,8 @@ from ml_collections import config_flags  # noqa: E402
 
 from jaxtrain import train  # noqa: E402
 from jaxtrain.config import defaults, loading, schema  # noqa: E402
-from jaxtrain.system import invocation, signals  # noqa: E402
 from jaxtrain.system.errors import UserError  # noqa: E402
-from jaxtrain.tools import cli  # noqa: E402
-from jaxtrain.tools.cli import fail  # noqa: E402
+from jaxtrain.tools.cli import fail, parse_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
                                           lock_config=True)
@@ -66,19 +65,21 @@ def _config_value(argv: list[str]) -> tuple[int, str | None]:
   return -1, None
 
 
-def _unknown_field(argv: list[str]) -> str | None:
-  """The first `--config.a.b=v` override that names no field, with the closest real names."""
+def _explicit(argv: list[str]) -> list[str]:
+  """The fields set on the command line (`--config.a.b=v`)."""
+  return [a[len("--config."):].split("=")[0] for a in argv if a.startswith("--config.")]
+
+
+def _refuse_unknown_field(argv: list[str]) -> None:
+  """A `--config.a.b=v` override that names no field is refused, with the closest real names."""
   known = loading.field_names()
-  for arg in argv:
-    if arg.startswith("--config."):
-      name = arg[len("--config."):].split("=")[0]
-      if name not in known:
-        return f"--config.{name} is not a config field; {schema.suggestion(name, known, '--config.')}"
-  return None
+  for name in _explicit(argv):
+    if name not in known:
+      fail(f"--config.{name} is not a config field; {schema.suggestion(name, known, '--config.')}")
 
 
-def _field_as_flag(argv: list[str]) -> str | None:
-  """The first `--NAME=v` that is no flag but the last name of config fields (`--max_steps=5`),
+def _refuse_field_as_flag(argv: list[str]) -> None:
+  """A `--NAME=v` that is no flag but the last name of config fields (`--max_steps=5`) is refused,
   with the overrides it likely means: absl would suggest two unrelated JAX flags."""
   fields = loading.field_names()
   for i, arg in enumerate(argv):
@@ -92,9 +93,8 @@ def _field_as_flag(argv: list[str]) -> str | None:
       if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
         value = argv[i + 1]  # `--max_steps 5`
       shown = " or ".join(f"--config.{f}={value or '...'}" for f in matches)
-      return (f"--{name} is not a flag of {invocation.command()}; config fields are set as "
-              f"--config.SECTION.FIELD=VALUE: did you mean {shown}?")
-  return None
+      fail(f"--{name} is not a flag of {invocation.command()}; config fields are set as "
+           f"--config.SECTION.FIELD=VALUE: did you mean {shown}?")
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -103,11 +103,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
   if any(arg in ("--help", "-h", "-help", "--helpshort") for arg in argv[1:]):
     print(_help())
     exiting.exit_now(0)
-  field = _field_as_flag(argv[1:])
-  if field:
-    fail(field)
+  _refuse_field_as_flag(argv[1:])
   at, value = _config_value(argv)
-  if value is None and any(arg.startswith("--config.") for arg in argv[1:]):
+  if value is None and _explicit(argv[1:]):
     fail("--config=FILE is missing: --config.* flags set fields of a config file's config; pass "
          "e.g. --config=nano (a recipe) or --config=configs/nano.py before them (see --help)")
   if value is not None:
@@ -124,19 +122,12 @@ def _parse_flags(argv: list[str]) -> list[str]:
         loading.load_config(path)
     except UserError as e:
       fail(str(e))
-    unknown = _unknown_field(argv[1:])
-    if unknown:
-      fail(unknown)
+    _refuse_unknown_field(argv[1:])
   try:
-    return cli.parse_flags(argv)
+    return parse_flags(argv)
   except Exception as e:  # raised by ml_collections for a value of the wrong type, and the like
     fail(f"the config could not be loaded ({type(e).__name__}: {schema.message_of(e)}); fix the "
          "config file or the override")
-
-
-def _explicit(argv: list[str]) -> list[str]:
-  """The fields set on the command line (`--config.a.b=v`)."""
-  return [a[len("--config."):].split("=")[0] for a in argv if a.startswith("--config.")]
 
 
 def _dry_run(cfg) -> None:
@@ -170,15 +161,12 @@ def main(argv: list[str]) -> None:
   try:
     result = train.run(cfg, library_log=True, explicit=_explicit(sys.argv[1:]))
   except UserError as e:  # the run has finished or abandoned its checkpoint writes
-    print("; ".join([f"error: {e}", *getattr(e, "__notes__", [])]), file=sys.stderr)
-    exiting.exit_now(e.exit_code)
+    fail("; ".join([str(e), *getattr(e, "__notes__", [])]), e.exit_code)
   end = cfg.train.max_steps if result.max_steps is None else result.max_steps  # a budget's end
   # Step 0: nothing to resume; the last step: only where its evaluation was left.
   if result.stopped_by and 0 < result.step and (result.step < end or result.end_left):
-    try:
+    with contextlib.suppress(BrokenPipeError):  # stdout's reader left: this line is the one lost
       print(f"to resume: {invocation.command()} {shlex.join(sys.argv[1:])}", flush=True)
-    except BrokenPipeError:  # stdout's reader left: the line above is the only one lost
-      pass
   exiting.exit_now(result.exit_code)
 
 if __name__ == "__main__":

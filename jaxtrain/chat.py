@@ -1,11 +1,7 @@
 """`python -m jaxtrain.chat --workdir=runs/chat [--system=...]`: talk with a run trained on chat
-records.
+records."""
 
-The command lives in jaxtrain/tools/chat.py."""
-
-from jaxtrain.system import exiting
-from jaxtrain.tools.chat import main
+from jaxtrain import commands
 
 if __name__ == "__main__":
-  exiting.quiet_broken_pipe()
-  main()
+  commands.tool("jaxtrain.tools.chat")

@@ -1,10 +1,6 @@
-"""`python -m jaxtrain.compare RUN... [--out=DIR]`: runs side by side, best first.
+"""`python -m jaxtrain.compare RUN... [--out=DIR]`: runs side by side, best first."""
 
-The command lives in jaxtrain/tools/compare.py."""
-
-from jaxtrain.system import exiting
-from jaxtrain.tools.compare import main
+from jaxtrain import commands
 
 if __name__ == "__main__":
-  exiting.quiet_broken_pipe()
-  main()
+  commands.tool("jaxtrain.tools.compare")

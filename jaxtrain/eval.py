@@ -1,12 +1,6 @@
-"""`python -m jaxtrain.eval --workdir=runs/task --data=held_out.jsonl`: task scores of a run.
+"""`python -m jaxtrain.eval --workdir=runs/task --data=held_out.jsonl`: task scores of a run."""
 
-The command lives in jaxtrain/tools/eval.py."""
-
-from jaxtrain.system import exiting
+from jaxtrain import commands
 
 if __name__ == "__main__":
-  exiting.install()  # before jax is imported: the command ends without XLA's teardown
-  exiting.quiet_broken_pipe()
-  from jaxtrain.tools.eval import main
-
-  main()
+  commands.tool("jaxtrain.tools.eval", before_jax=True)

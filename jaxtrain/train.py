@@ -24,7 +24,7 @@ from jaxtrain.loop.workdir import claimed
 from jaxtrain.measure import speed as speed_lib
 from jaxtrain.system import machine, runtime, signals
 from jaxtrain.system.console import Console
-from jaxtrain.trackers.hooks import Hook, RunResult
+from jaxtrain.trackers.hooks import Hook, RunResult, RunView
 
 
 def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
@@ -58,7 +58,7 @@ def run(cfg: ml_collections.ConfigDict, *, show_progress: bool = True,
       else:
         signals.check()
         p = setup.progress(r, state, elapsed_before, best)
-        r.hooks.start(r.view(), p.step)
+        r.hooks.start(RunView(r.cfg, r.workdir, r.out, r.programs, r.t_start), p.step)
         phase = "training"
         result = _loop(r, p, state)
     except KeyboardInterrupt as e:  # SIGINT or SIGTERM (signals.Terminated) outside the loop
@@ -87,9 +87,12 @@ class Due:
 
 
 def _loop(r: Run, p: Progress, state: TrainState) -> RunResult:
-  """The leg's steps, from `p.step` (before `p.end`: at least one) to its end or a stop."""
+  """The leg's steps, from `p.step` (before `p.end`: at least one) to its end or a stop: the result."""
   with signals.GracefulStop() as stop, r.saving.peers_watched(lambda: p.step):
-    _open(r, p, stop)
+    r.out.on_closed = lambda: stop.request("SIGPIPE")  # a closed stdout stops it as a signal would
+    if r.out.closed:
+      stop.request("SIGPIPE")
+    r.out.start(p.end, p.step)
     due = Due()
     if p.step >= p.end:  # stopped in its last evaluation: this leg makes it, then the samples
       r.out.print(f"step {p.step} is the run's last; making its evaluation, then the samples")
@@ -101,7 +104,12 @@ def _loop(r: Run, p: Progress, state: TrainState) -> RunResult:
     r.out.close()
     with stop.saving_now(), p.timeline.timing("checkpoints"):
       r.saving.finish(p.step)  # the last checkpoint written whole
-  return _end(r, p, state, due)
+  speed = p.meter.last.tokens_per_sec if p.meter.last else None
+  if due.signal:
+    return ending.stopped(r, p, due.signal, speed)
+  if due.hook:
+    r.out.print(f"stopped at step {p.step}: {due.hook}")
+  return ending.finish(r, p, state, speed)
 
 
 def _train(r: Run, p: Progress, state: TrainState, stop: signals.GracefulStop
@@ -136,8 +144,7 @@ def _due(r: Run, p: Progress, stop: signals.GracefulStop, new_best: bool | None)
   evaluated), decided here once:
   - stop: on a signal every process got, else on a hook's reason (asked after the evaluation,
     which early stopping reads); both are collectives, asked at every step;
-  - save: when the checkpoints' timing says (`Saving.should_save`: every `checkpoint_every` steps,
-    the loop's last step, a new best val loss, a stop);
+  - save: when the checkpoints' timing says (`Saving.should_save`);
   - read: a step that saves reads its metrics first (as one that evaluates did before its
     evaluation), so that the non-finite guard stops the run before a checkpoint of a step whose
     loss was not finite is written, and its line (the run's last, where it stops) comes first;
@@ -151,14 +158,6 @@ def _due(r: Run, p: Progress, stop: signals.GracefulStop, new_best: bool | None)
   unread = bool(p.pending.steps)
   return Due(signal, hook, save, read=save and unread,
              log_next=unread and not save and p.step % r.cfg.train.log_every == 0)
-
-
-def _open(r: Run, p: Progress, stop: signals.GracefulStop) -> None:
-  """The leg's training begins: a closed stdout (SIGPIPE) stops it as a signal would."""
-  r.out.on_closed = lambda: stop.request("SIGPIPE")
-  if r.out.closed:
-    stop.request("SIGPIPE")
-  r.out.start(p.end, p.step)
 
 
 def _signalled(stop: signals.GracefulStop, step: int) -> str | None:
@@ -180,7 +179,8 @@ def _follow_plan(r: Run, p: Progress, state: TrainState) -> TrainState:
     r.out.print(f"time budget: train.max_steps={end} from step {p.step} (the loop's pace, "
                 f"{p.pace.step_s * 1e3:.1f} ms/step, moved the end; the schedule decays to it "
                 "from where it is)")
-  return budget.on_schedule(p.plan, p.step, state) if budget.takes_over(p.plan, p.step) else state
+  takes_over = any(start == p.step for start, _ in p.plan.ends[1:])
+  return budget.on_schedule(p.plan, p.step, state) if takes_over else state
 
 
 def _step(r: Run, p: Progress, state: TrainState) -> TrainState:
@@ -200,7 +200,7 @@ def _step(r: Run, p: Progress, state: TrainState) -> TrainState:
     p.timeline.add("start-up", r.t_compile - r.t_start)
     p.timeline.add("compile", time.time() - r.t_compile)
     p.meter.start(p.step, time.perf_counter())
-  p.pending.add(p.step, micro)
+  p.pending.steps.append((p.step, micro))
   return state
 
 
@@ -240,12 +240,3 @@ def _validate(r: Run, p: Progress, state: TrainState, stop: signals.GracefulStop
   p.last_val = record["val_loss"]
   r.hooks.eval(p.step, record)
   return p.last_val
-
-
-def _end(r: Run, p: Progress, state: TrainState, due: Due) -> RunResult:
-  speed = p.meter.last.tokens_per_sec if p.meter.last else None
-  if due.signal:
-    return ending.stopped(r, p, due.signal, speed)
-  if due.hook:
-    r.out.print(f"stopped at step {p.step}: {due.hook}")
-  return ending.finish(r, p, state, speed)

@@ -74,9 +74,8 @@ def blockers(c: ModelConfig) -> list[str]:
   """The switches of `c` that neither Llama nor GPT-2 has (empty: one of them is exact)."""
   name, needs = ("Llama", (("norm", "rmsnorm"), ("mlp", "swiglu"))) if c.pos == "rope" else \
       ("GPT-2", (("norm", "layernorm"), ("mlp", "gelu")))
-  found = [f"model.{field}={getattr(c, field)}" for field, off in
-           (("qk_norm", False), ("x0_mix", False), ("canon", 0))
-           if getattr(c, field) != off]
+  found = [f"model.{field}={getattr(c, field)}" for field in ("qk_norm", "x0_mix", "canon")
+           if getattr(c, field) != getattr(ModelConfig, field)]
   if c.pos != "rope" and c.kv_heads != c.n_heads:
     found.append(f"model.n_kv_heads={c.n_kv_heads} with model.pos=learned")
   found += [f"model.{field}={getattr(c, field)} with model.pos={c.pos} ({name} has "
@@ -119,55 +118,45 @@ def hf_config(c: ModelConfig, eos_id: int | None, bos_id: int | None = None) -> 
           "scale_attn_weights": True, **common}
 
 
-def _llama_names(i: int, D: int, KV: int, F: int) -> list[tuple[str, str, slice | None, bool]]:
-  """(HF name, jaxtrain name, columns of the jaxtrain kernel, transposed) of layer i; KV: the
-  width of the keys (and of the values)."""
-  hf, jt = f"model.layers.{i}.", f"blocks/{i}/"
-  return [(hf + "input_layernorm.weight", jt + "norm1/scale", None, False),
-          (hf + "self_attn.q_proj.weight", jt + "attn/qkv/kernel", slice(0, D), True),
-          (hf + "self_attn.k_proj.weight", jt + "attn/qkv/kernel", slice(D, D + KV), True),
-          (hf + "self_attn.v_proj.weight", jt + "attn/qkv/kernel", slice(D + KV, D + 2 * KV), True),
-          (hf + "self_attn.o_proj.weight", jt + "attn/out/kernel", None, True),
-          (hf + "post_attention_layernorm.weight", jt + "norm2/scale", None, False),
-          (hf + "mlp.gate_proj.weight", jt + "mlp/up/kernel", slice(0, F), True),
-          (hf + "mlp.up_proj.weight", jt + "mlp/up/kernel", slice(F, 2 * F), True),
-          (hf + "mlp.down_proj.weight", jt + "mlp/down/kernel", None, True)]
-
-
-def _gpt2_names(i: int) -> list[tuple[str, str, slice | None, bool]]:
-  hf, jt = f"transformer.h.{i}.", f"blocks/{i}/"
-  return [(hf + "ln_1.weight", jt + "norm1/scale", None, False),
-          (hf + "attn.c_attn.weight", jt + "attn/qkv/kernel", None, False),
-          (hf + "attn.c_proj.weight", jt + "attn/out/kernel", None, False),
-          (hf + "ln_2.weight", jt + "norm2/scale", None, False),
-          (hf + "mlp.c_fc.weight", jt + "mlp/up/kernel", None, False),
-          (hf + "mlp.c_proj.weight", jt + "mlp/down/kernel", None, False)]
-
-
-def _names(arch: str, c: ModelConfig):
+def _names(arch: str, c: ModelConfig) -> list[tuple[str, str, slice | None, bool]]:
+  """(HF name, jaxtrain name, columns of the jaxtrain kernel, transposed) of each tensor."""
   if arch == LLAMA:
+    D, KV, F = c.d_model, c.kv_heads * c.head_dim, c.mlp_hidden  # KV: the width of the keys
     names = [("model.embed_tokens.weight", "wte/embedding", None, False),
              ("model.norm.weight", "norm_f/scale", None, False)]
-    kv_width = c.kv_heads * c.head_dim
-    names += [n for i in range(c.n_layers)
-              for n in _llama_names(i, c.d_model, kv_width, c.mlp_hidden)]
+    for i in range(c.n_layers):
+      hf, jt = f"model.layers.{i}.", f"blocks/{i}/"
+      names += [(hf + "input_layernorm.weight", jt + "norm1/scale", None, False),
+                (hf + "self_attn.q_proj.weight", jt + "attn/qkv/kernel", slice(0, D), True),
+                (hf + "self_attn.k_proj.weight", jt + "attn/qkv/kernel", slice(D, D + KV), True),
+                (hf + "self_attn.v_proj.weight", jt + "attn/qkv/kernel", slice(D + KV, D + 2 * KV), True),
+                (hf + "self_attn.o_proj.weight", jt + "attn/out/kernel", None, True),
+                (hf + "post_attention_layernorm.weight", jt + "norm2/scale", None, False),
+                (hf + "mlp.gate_proj.weight", jt + "mlp/up/kernel", slice(0, F), True),
+                (hf + "mlp.up_proj.weight", jt + "mlp/up/kernel", slice(F, 2 * F), True),
+                (hf + "mlp.down_proj.weight", jt + "mlp/down/kernel", None, True)]
   else:
     names = [("transformer.wte.weight", "wte/embedding", None, False),
              ("transformer.wpe.weight", "wpe", None, False),
              ("transformer.ln_f.weight", "norm_f/scale", None, False)]
-    names += [n for i in range(c.n_layers) for n in _gpt2_names(i)]
+    for i in range(c.n_layers):
+      hf, jt = f"transformer.h.{i}.", f"blocks/{i}/"
+      names += [(hf + "ln_1.weight", jt + "norm1/scale", None, False),
+                (hf + "attn.c_attn.weight", jt + "attn/qkv/kernel", None, False),
+                (hf + "attn.c_proj.weight", jt + "attn/out/kernel", None, False),
+                (hf + "ln_2.weight", jt + "norm2/scale", None, False),
+                (hf + "mlp.c_fc.weight", jt + "mlp/up/kernel", None, False),
+                (hf + "mlp.c_proj.weight", jt + "mlp/down/kernel", None, False)]
   if not c.tie_embeddings:
     names.append(("lm_head.weight", "lm_head/kernel", None, True))
   return names
 
 
-def _biases(arch: str, n_layers: int) -> list[str]:
-  """GPT-2's bias tensors, which jaxtrain's layers lack (written as zeros)."""
-  if arch != GPT2:
-    return []
-  per_layer = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
-  return ["transformer.ln_f.bias"] + [f"transformer.h.{i}.{m}.bias" for i in range(n_layers)
-                                      for m in per_layer]
+def _biases(arch: str, c: ModelConfig) -> list[str]:
+  """GPT-2's bias tensors, which jaxtrain's layers lack (written as zeros): one beside the weight
+  of each of its norms and linear layers."""
+  return [name.replace(".weight", ".bias") for name, *_ in _names(arch, c)
+          if arch == GPT2 and name.startswith(("transformer.h.", "transformer.ln_f."))]
 
 
 def to_hf(flat: dict[str, np.ndarray], c: ModelConfig) -> dict[str, np.ndarray]:
@@ -180,7 +169,7 @@ def to_hf(flat: dict[str, np.ndarray], c: ModelConfig) -> dict[str, np.ndarray]:
     x = np.asarray(flat[jt_name], np.float32)
     x = x[:, cols] if cols is not None else x
     out[hf_name] = np.ascontiguousarray(x.T if transposed else x)
-  for name in _biases(arch, c.n_layers):
+  for name in _biases(arch, c):
     width = out[name.replace(".bias", ".weight")].shape[-1]
     out[name] = np.zeros(width, np.float32)
   return out
@@ -227,7 +216,7 @@ def from_hf(hf_cfg: dict, tensors: dict[str, np.ndarray], c: ModelConfig,
   if hf_cfg["architectures"][0] == CUSTOM:  # jaxtrain's own names: fill() checks each shape
     return {name.replace(".", "/"): np.asarray(x, np.float32) for name, x in tensors.items()}
   arch = LLAMA if c.pos == "rope" else GPT2
-  biases = set(_biases(arch, c.n_layers))
+  biases = set(_biases(arch, c))
   known = {hf for hf, *_ in _names(arch, c)} | biases
   if c.tie_embeddings:
     known.add("lm_head.weight")  # some savers write the tied copy too

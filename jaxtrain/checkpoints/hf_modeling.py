@@ -165,7 +165,6 @@ class JaxtrainForCausalLM(PreTrainedModel, GenerationMixin):
   config_class = JaxtrainConfig
   base_model_prefix = "jaxtrain"
   _no_split_modules = ["Block"]
-  main_input_name = "input_ids"
 
   def __init__(self, config: JaxtrainConfig):
     super().__init__(config)

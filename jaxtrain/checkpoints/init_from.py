@@ -32,8 +32,7 @@ from jaxtrain.system.errors import UserError
 # (model.seq_len too with learned positions.) The others (dropout, dtype, attention, seq_len with
 # RoPE, ...) are free to change; unset, they also take the source's value.
 MATCH_FIELDS = ("n_layers", "n_heads", "d_model", "vocab_size", "norm", "pos", "mlp", "mlp_ratio",
-                "tie_embeddings", "rope_theta", "n_kv_heads", "qk_norm", "x0_mix",
-                "canon")
+                "tie_embeddings", "rope_theta", "n_kv_heads", "qk_norm", "x0_mix", "canon")
 _FIX = "pass --config.init_from=<a run's workdir or an exported model directory>"
 
 
@@ -141,12 +140,20 @@ def load_flat(path: str, c: ModelConfig, tokenizer) -> tuple[dict[str, np.ndarra
   """(flat params for a model of config `c`, what they are, for the log) from `path`."""
   source = Path(path).expanduser()
   kind = _kind(source)
-  grow = _check_tokenizer(source, _tokenizer_at(source), tokenizer)
+  grow = _check_tokenizer(source, tokenizer)
   if kind == "run":
-    return _grown(*_from_run(source, c, grow), c.vocab_size if grow else 0)
-  hf_cfg, tensors = hf.read_dir(source)
-  flat = hf.from_hf(hf_cfg, tensors, c, str(source))
-  return _grown(flat, f"the {hf_cfg['architectures'][0]} in {source}", c.vocab_size if grow else 0)
+    state = load_state(str(source))  # the newest intact checkpoint
+    src = state.model_cfg
+    grown = {"vocab_size": src.vocab_size} if grow and src.vocab_size <= c.vocab_size else {}
+    _check_match(vars(src), {**vars(c), **grown}, source)
+    # A LoRA run gives its adapters folded into its kernels: the model it trained.
+    flat = hf.flatten(lora.merged(state.params, state.lora))
+    what = f"step {int(state.step)} of {source}"
+  else:
+    hf_cfg, tensors = hf.read_dir(source)
+    flat = hf.from_hf(hf_cfg, tensors, c, str(source))
+    what = f"the {hf_cfg['architectures'][0]} in {source}"
+  return _grown(flat, what, c.vocab_size if grow else 0)
 
 
 def _kind(source: Path) -> str:
@@ -166,21 +173,18 @@ def _kind(source: Path) -> str:
                   f"Hugging Face model directory (config.json + model.safetensors); {_FIX}")
 
 
-def _tokenizer_at(source: Path):
-  """The tokenizer in a run's workdir or an export (its tokenizer.json), None if it has none."""
+def _check_tokenizer(source: Path, tokenizer) -> bool:
+  """Token ids mean the same on both sides: the same tokenizer.json (a run's or an export's, where
+  it has one), whatever its kind's name. True when this run's is the source's with the chat tokens
+  added after its own."""
   path = source / "tokenizer.json"
   if not path.exists():
-    return None
+    return False
   try:
-    return tokenizer_lib.load(str(path))
+    theirs = tokenizer_lib.load(str(path))
   except (OSError, ValueError, KeyError) as e:
     raise UserError(f"init_from: {path} does not load ({e}); {_FIX}") from None
-
-
-def _check_tokenizer(source: Path, theirs, tokenizer) -> bool:
-  """Token ids mean the same on both sides: the same tokenizer.json, whatever its kind's name.
-  True when this run's is the source's with the chat tokens added after its own."""
-  if theirs is None or tokenizer is None:
+  if tokenizer is None:
     return False
   mine = json.loads(tokenizer.hf_json())
   if json.loads(theirs.hf_json()) == mine:
@@ -193,23 +197,14 @@ def _check_tokenizer(source: Path, theirs, tokenizer) -> bool:
                   "same --config.data.tokenizer (and, for char or bpe, the same text)")
 
 
-def _from_run(source: Path, c: ModelConfig, grow: bool) -> tuple[dict[str, np.ndarray], str]:
-  state = load_state(str(source))  # the newest intact checkpoint
-  src = state.model_cfg
-  grown = {"vocab_size": src.vocab_size} if grow and src.vocab_size <= c.vocab_size else {}
-  _check_match(vars(src), {**vars(c), **grown}, source)
-  # A LoRA run gives its adapters folded into its kernels: the model it trained.
-  return hf.flatten(lora.merged(state.params, state.lora)), f"step {int(state.step)} of {source}"
-
-
 def _grown(flat: dict[str, np.ndarray], what: str, vocab_size: int) -> tuple[dict, str]:
   """`flat` with the embedding's rows (and an untied head's columns) up to `vocab_size`, each new
   one the mean of the source's; `vocab_size` 0 or no larger: as it is."""
-  n = len(flat["wte/embedding"])
+  table = flat["wte/embedding"]
+  n = len(table)
   if vocab_size <= n:
     return flat, what
   out = dict(flat)
-  table = flat["wte/embedding"]
   rows = np.broadcast_to(table.mean(0), (vocab_size - n, table.shape[1]))
   out["wte/embedding"] = np.concatenate([table, rows])
   if "lm_head/kernel" in flat:

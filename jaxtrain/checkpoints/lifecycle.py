@@ -32,8 +32,7 @@ class BestVal:
     self.best = best
     self.since = 0
 
-  def update(self, val: float) -> bool:
-    """True when `val` is a new best."""
+  def update(self, val: float) -> bool:  # whether `val` is a new best
     if val < self.best:
       self.best, self.since = val, 0
       return True
@@ -80,7 +79,7 @@ class Saving:
 
   def check(self, step: int) -> None:
     """Raises, as one line, the error of a background write that failed."""
-    _writing(self.ckpts, self.ckpts.check, step)
+    _writing(self.ckpts, self.ckpts.manager.check_for_errors, step)
 
   def finish(self, step: int) -> None:
     """Waits for pending writes; a failed one raises as one line."""
@@ -121,7 +120,7 @@ def _os_reason(e: Exception) -> str:
 
 def _resume_hint(ckpts: Checkpoints) -> str:
   """What a restart resumes from: a half-written checkpoint is not among the complete steps."""
-  complete = ckpts.complete_steps()
+  complete = store.complete_steps(ckpts.directory.parent)
   if not complete:
     return "start afresh (no checkpoint was saved yet)"
   return f"resume from the intact checkpoint of step {complete[-1]}"
@@ -133,21 +132,18 @@ def resume(ckpts: Checkpoints, programs, iterator, run_meta: dict,
   reads whole and fits this config, with `iterator` at its position. A damaged one is set aside
   with a warning line, and an earlier one used; none that reads whole is a UserError that says
   how to start afresh."""
-  found = []
-
   def read(step: int):
     meta = ckpts.read_meta(step)
-    found[:] = check_resumable(meta, run_meta, cfg.workdir, cfg.data.allow_changed)
+    notes, changes = check_resumable(meta, run_meta, cfg.workdir, cfg.data.allow_changed)
     state, saved = ckpts.read(step, programs.abstract, programs.shardings, iterator)
     position, k = iterator.get_state()["next_index"], cfg.train.grad_accum
     if position != step * k:
       raise Damaged(f"its data position {position} is not step x grad_accum = {step * k}")
-    return state, saved, meta
+    return state, saved, (meta, notes, changes)
 
-  step, state, meta = newest_intact(
+  step, state, (meta, notes, changes) = newest_intact(
       ckpts, read, out.print, using="resuming from",
       fresh=f"to start afresh, pass a new --config.workdir, or move {ckpts.directory} away")
-  notes, changes = found
   for note in notes:
     out.print(note)
   return step, state, meta, tuple(changes)

@@ -2,6 +2,7 @@
 notebooks): the state of a checkpoint on one device, its tokenizer, which checkpoint
 `--step=latest|best|N` names, and a field of its saved config. No data is needed."""
 
+import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -34,18 +35,6 @@ def read_only(workdir) -> Checkpoints:
     absl_logger.removeFilter(_not_read_only_notice)
 
 
-def check_run(workdir: str) -> Path:
-  """The workdir of a jaxtrain run, or a one-line UserError."""
-  path = Path(workdir).expanduser()
-  if not path.is_dir():
-    raise UserError(f"workdir {path} does not exist; pass --workdir=<the workdir of a run>, "
-                    "e.g. runs/nano")
-  if not (path / paths.RUN_FILE).exists():
-    raise UserError(f"{path} is not a jaxtrain run (no {paths.RUN_FILE}); pass --workdir=<the "
-                    "workdir of a run>, e.g. runs/nano")
-  return path
-
-
 def data_field(workdir: str, name: str, given: str, fallback: str) -> str:
   """`given` (a command's flag), else the run's data.<name> (its config.json), else `fallback`."""
   if given:
@@ -57,24 +46,17 @@ def data_field(workdir: str, name: str, given: str, fallback: str) -> str:
   return (saved.get("data") or {}).get(name) or fallback
 
 
-def val_losses(workdir: Path) -> dict[int, float]:
-  """{step: val loss} of every evaluation in metrics.jsonl (the later one where a step repeats)."""
-  return {int(r["step"]): float(r["val_loss"]) for r in paths.read_jsonl(workdir / "metrics.jsonl")
-          if isinstance(r, dict) and r.get("val_loss") is not None}
-
-
 def _steps_on_disk(workdir) -> list[int]:
-  ckpts = read_only(workdir)
-  try:
+  with contextlib.closing(read_only(workdir)) as ckpts:
     return ckpts.all_steps()
-  finally:
-    ckpts.close()
 
 
 def best_step(workdir: Path) -> int:
-  """The checkpointed step with the lowest validation loss (the run keeps that checkpoint)."""
+  """The checkpointed step with the lowest validation loss (the run keeps that checkpoint), as
+  metrics.jsonl has it (the later evaluation where a step repeats)."""
   on_disk = set(_steps_on_disk(workdir))
-  evaluated = {s: v for s, v in val_losses(workdir).items() if s in on_disk}
+  evaluated = {int(r["step"]): float(r["val_loss"]) for r in paths.read_jsonl(workdir / "metrics.jsonl")
+               if r.get("val_loss") is not None and int(r["step"]) in on_disk}
   if not evaluated:
     raise UserError(f"no checkpoint of {workdir} has a validation loss (steps on disk: "
                     f"{sorted(on_disk) or 'none'}); pass --step=latest or a step number")
@@ -94,8 +76,15 @@ def resolve_step(workdir: Path, step: str) -> int | None:
 
 
 def load(workdir: str, step: str = "latest") -> tuple[steps.TrainState, object]:
-  """(state on one device, tokenizer) of a run's checkpoint named by `step`."""
-  path = check_run(workdir)
+  """(state on one device, tokenizer) of a run's checkpoint named by `step`; a workdir that is no
+  jaxtrain run, or has no checkpoint yet, is a one-line UserError."""
+  path = Path(workdir).expanduser()
+  if not path.is_dir():
+    raise UserError(f"workdir {path} does not exist; pass --workdir=<the workdir of a run>, "
+                    "e.g. runs/nano")
+  if not (path / paths.RUN_FILE).exists():
+    raise UserError(f"{path} is not a jaxtrain run (no {paths.RUN_FILE}); pass --workdir=<the "
+                    "workdir of a run>, e.g. runs/nano")
   if step not in ("latest", "best") and not str(step).isdigit():
     resolve_step(path, step)  # raises: a typo in --step is named before anything is read
   if not (path / "tokenizer.json").exists():
@@ -117,11 +106,9 @@ def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
   whole (a damaged one is skipped with a warning on stderr and left where it is: reading a run
   changes none of its files, and only its training sets a damaged checkpoint aside), or step
   `step`."""
-  ckpts = read_only(workdir)
-  try:
+  with contextlib.closing(read_only(workdir)) as ckpts:
     def read(s: int):
-      meta = ckpts.read_meta(s)
-      programs = _programs(workdir, meta)
+      programs = _programs(workdir, ckpts.read_meta(s))
       return *ckpts.read(s, programs.abstract, programs.shardings), None
 
     if step is None:
@@ -135,8 +122,6 @@ def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
       raise UserError(f"no checkpoint of step {step} in {ckpts.directory} (it has steps "
                       f"{ckpts.all_steps()})")
     return recover.read_one(ckpts, step, read)
-  finally:
-    ckpts.close()
 
 
 def _programs(workdir: str, meta: dict) -> programs_lib.Programs:

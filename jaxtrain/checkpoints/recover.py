@@ -45,7 +45,6 @@ def newest_intact(ckpts, read: Callable, warn: Callable[[str], None], *, using: 
   multi = collective and jax.process_count() > 1
   damaged = []
   for step in _steps(ckpts, multi):
-    state = saved = extra = reason = None
     code = OK
     try:
       state, saved, extra = read(step)
@@ -68,8 +67,7 @@ def newest_intact(ckpts, read: Callable, warn: Callable[[str], None], *, using: 
       _set_aside(ckpts, damaged, f"{using} step {step}", warn, collective, move, held)
       return step, state, extra
     damaged.append((step, reason))
-  found = "; ".join(f"step {step}: {reason}" for step, reason in damaged)
-  found = found or "each was removed while being read"
+  found = "; ".join(f"step {step}: {r}" for step, r in damaged) or "each was removed while being read"
   raise UserError(f"no checkpoint in {ckpts.directory} can be read ({found}); {fresh}")
 
 
@@ -130,7 +128,7 @@ def _set_aside(ckpts, damaged: list, then: str, warn, collective: bool, move: bo
            f"{then}")
   if collective:
     runtime.barrier("jaxtrain: damaged checkpoints set aside")
-  ckpts.reload()
+  ckpts.manager.reload()  # it lists the steps on disk when it starts
 
 
 def classify(e: BaseException, step_dir: Path) -> int:

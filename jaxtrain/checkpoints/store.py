@@ -81,29 +81,22 @@ class Checkpoints:
   def all_steps(self) -> list[int]:
     return list(self.manager.all_steps())
 
-  def complete_steps(self) -> list[int]:
-    return complete_steps(self.directory.parent)
-
   def save(self, state: steps.TrainState, iterator: grain.DatasetIterator | None = None,
            meta: dict | None = None, val_loss: float | None = None,
            sums: dict[str, int] | None = None) -> None:
     """Starts an async save of `state` at its step; returns once the arrays are copied. `sums`:
     its arrays' checksums where `survey` gave them already."""
-    step = int(state.step)
     # The checksums travel in the metadata: any tool that reads orbax checkpoints reads these.
     meta = {**(meta or {}), "checksums": survey(state.arrays())[1] if sums is None else sums}
     items = {"state": ocp.args.PyTreeSave(state.arrays()), "meta": ocp.args.JsonSave(meta)}
     if iterator is not None:
       items["data"] = grain.checkpoint.CheckpointSave(iterator)
-    args = ocp.args.Composite(**items)
     metrics = None if val_loss is None else {"val_loss": float(val_loss)}
-    self.manager.save(step, args=args, metrics=metrics, force=True)
+    self.manager.save(int(state.step), args=ocp.args.Composite(**items), metrics=metrics, force=True)
 
   def read_meta(self, step: int) -> dict:
     """The `meta` that step `step` was saved with."""
-    meta = self._read_meta(step)
-    meta.pop("checksums", None)
-    return meta
+    return {k: v for k, v in self._read_meta(step).items() if k != "checksums"}
 
   def _read_meta(self, step: int) -> dict:
     with naming("meta/metadata"):
@@ -117,8 +110,7 @@ class Checkpoints:
     is repositioned in place. Reads this process's part only, with no collectives: a damaged
     checkpoint raises here, on each process that finds it. `verify` the state before use."""
     if shardings is None:
-      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-      shardings = jax.tree.map(lambda _: device, state)
+      shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), state)
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           state.arrays(), shardings.arrays())
     if iterator is not None:
@@ -158,7 +150,7 @@ class Checkpoints:
   def set_aside(self, step: int) -> Path | None:
     """Renames step `step`'s directory to `<step>.damaged-<time>`: orbax takes only numbers for
     steps, so neither restores nor retention nor the clean-up of temporary directories touch
-    it, and its files stay for a look. None if it is gone already. Call `reload` after."""
+    it, and its files stay for a look. None if it is gone already. Reload the manager after."""
     target = self.directory / f"{step}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
     n = 1
     while target.exists():
@@ -169,14 +161,6 @@ class Checkpoints:
     except FileNotFoundError:
       return None
     return target
-
-  def reload(self) -> None:
-    """Lists the steps on disk again (the manager reads them once, when it starts)."""
-    self.manager.reload()
-
-  def check(self) -> None:
-    """Raises the error of a background save that failed, if any."""
-    self.manager.check_for_errors()
 
   def close(self) -> None:
     """Waits for pending saves; raises what a failed background write raised."""
@@ -233,8 +217,7 @@ def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
   """orbax's handlers, except that an array replicated over devices is written by one of them
   unless each replica's part would hold 16 MiB or more. orbax otherwise splits every replicated
   array among its replicas (its default unless JAX_PLATFORMS names a GPU), which compiles a slice
-  for each array shape and device: ~1 s of a small model's first save on a 2-core CPU, for parts
-  that one host's memory holds anyway."""
+  for each array shape and device (benchmarks/results/), for parts one host's memory holds anyway."""
   # (no per-array metadata files: orbax keeps them for typed PRNG keys; a state's rng is raw data)
   arrays = ocp.type_handlers.ArrayHandler(min_slice_bytes_for_replica_parallel=16 << 20,
                                           array_metadata_store=None)

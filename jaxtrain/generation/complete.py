@@ -42,19 +42,15 @@ def complete(state, tok, prompts: list[str], max_new_tokens: int, *, temperature
   for rows in by_length.values():
     for at in range(0, len(rows), batch_size):
       group = rows[at:at + batch_size]
-      prompts_BP = _pad_rows(np.stack([ids[i] for i in group]))
+      # Rows repeated up to a power of two, so that a few batch sizes share the compiles.
+      padded = group + group[:1] * (decode._bucket(len(group), 1) - len(group))
+      prompts_BP = np.stack([ids[i] for i in padded])
       new_BN = _until_eot(state, prompts_BP, max_new_tokens, tok.eot_id, len(group),
                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
       for i, row in zip(group, new_BN):
         ends = np.flatnonzero(row == tok.eot_id)
         out[i] = tok.decode(row[:ends[0]] if len(ends) else row)
   return out
-
-
-def _pad_rows(x_BL: np.ndarray) -> np.ndarray:
-  """Rows repeated up to a power of two, so that a few batch sizes share the compiles."""
-  B = decode._bucket(len(x_BL), 1)
-  return np.concatenate([x_BL, np.repeat(x_BL[:1], B - len(x_BL), axis=0)])
 
 
 def _until_eot(state, prompts_BP: np.ndarray, n_new: int, eot_id: int, rows: int,
@@ -79,7 +75,6 @@ def score(state, pairs: list[tuple[np.ndarray, np.ndarray]], batch_size: int = 3
   """Summed log-probability (nats) of each continuation given its context: float64[N]. A pair
   longer than the model's window keeps its last seq_len + 1 tokens (the context's start goes)."""
   window = state.model_cfg.seq_len + 1
-  params = state.params
   seqs = [np.concatenate([c, x])[-window:] for c, x in pairs]
   counts = [min(len(x), window - 1) for _, x in pairs]
   out = np.zeros(len(pairs))
@@ -91,7 +86,7 @@ def score(state, pairs: list[tuple[np.ndarray, np.ndarray]], batch_size: int = 3
     tokens_BL = np.zeros((decode._bucket(len(group), 1), L), np.int32)
     for row, i in enumerate(group):
       tokens_BL[row, :len(seqs[i])] = seqs[i]
-    logp_BT = np.asarray(_target_logprobs(params, state.graphdef, jnp.asarray(tokens_BL)))
+    logp_BT = np.asarray(_target_logprobs(state.params, state.graphdef, jnp.asarray(tokens_BL)))
     for row, i in enumerate(group):
       n = len(seqs[i])
       out[i] = float(logp_BT[row, n - 1 - counts[i]:n - 1].astype(np.float64).sum())

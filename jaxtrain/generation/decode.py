@@ -60,11 +60,11 @@ def pick(logits_BV: jax.Array, key: jax.Array, temperature: float, top_k: int,
   return jax.random.categorical(key, logits_BV, axis=-1)
 
 
-def _logits_at(model, buf_BL, n, start, cache, *, use_cache: bool, keep: int):
-  """The logits for token n (the model knows buf[:, :n], its window starts at `start`), and the
-  cache with token n - 1 (or the restarted window) in it."""
-  c = model.c
-  T = c.seq_len
+def _logits_at(model, buf_BL, n, cache, *, use_cache: bool, keep: int):
+  """The logits for token n (the model knows buf[:, :n]), and the cache with token n - 1 (or the
+  restarted window) in it."""
+  T = model.c.seq_len
+  start = window_start(n, T, keep)
   if not use_cache:  # the whole window, padded: the model is causal, so padding is never seen
     window_BT = jax.lax.dynamic_slice_in_dim(buf_BL, start, T, axis=1)
     logits_BTV = model(window_BT)
@@ -93,7 +93,6 @@ def _decode(params, graphdef, carry, n_steps, *, use_cache: bool, keep: int,
   """`n_steps` tokens (traced: one compile for any count): each is drawn from the carried logits,
   written to the buffer, then run through the model for the next logits."""
   model = nnx.merge(graphdef, params)
-  T = model.c.seq_len
 
   def body(_, carry):
     buf_BL, cache, n, logits_BV, key = carry
@@ -101,8 +100,7 @@ def _decode(params, graphdef, carry, n_steps, *, use_cache: bool, keep: int,
     next_B = pick(logits_BV, sub, temperature, top_k, top_p).astype(buf_BL.dtype)
     buf_BL = jax.lax.dynamic_update_slice_in_dim(buf_BL, next_B[:, None], n, axis=1)
     n = n + 1
-    start = window_start(n, T, keep)
-    logits_BV, cache = _logits_at(model, buf_BL, n, start, cache, use_cache=use_cache, keep=keep)
+    logits_BV, cache = _logits_at(model, buf_BL, n, cache, use_cache=use_cache, keep=keep)
     return buf_BL, cache, n, logits_BV, key
 
   return jax.lax.fori_loop(0, n_steps, body, carry)
@@ -122,9 +120,7 @@ def _prefill(params, graphdef, window_BW, length):
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "keep"))
 def _prefill_uncached(params, graphdef, buf_BL, n, *, keep: int):
-  model = nnx.merge(graphdef, params)
-  start = window_start(n, model.c.seq_len, keep)
-  return _logits_at(model, buf_BL, n, start, None, use_cache=False, keep=keep)[0]
+  return _logits_at(nnx.merge(graphdef, params), buf_BL, n, None, use_cache=False, keep=keep)[0]
 
 
 def stream(state, prompts_BP: np.ndarray, n_new: int, *,
@@ -155,13 +151,10 @@ def stream(state, prompts_BP: np.ndarray, n_new: int, *,
     logits_BV, cache = _prefill_uncached(params, graphdef, jnp.asarray(buf_BL), jnp.int32(P),
                                          keep=keep), None
   carry = (jnp.asarray(buf_BL), cache, jnp.int32(P), logits_BV, jax.random.PRNGKey(seed))
-  done = 0
-  for _ in range(n_chunks):
+  for done in range(0, n_new, chunk):
     carry = _decode(params, graphdef, carry, jnp.int32(chunk), use_cache=use_cache, keep=keep,
                     temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
-    take = min(chunk, n_new - done)
-    yield np.array(carry[0])[:, P + done:P + done + take]  # a host copy, sliced: no program per chunk
-    done += take
+    yield np.array(carry[0])[:, P + done:P + min(done + chunk, n_new)]  # host slice: no program per chunk
 
 
 def _bucket(n: int, smallest: int) -> int:

@@ -38,7 +38,6 @@ def fits(n_tokens: int, seq_len: int) -> bool:
 
 
 def holds(flag: str, max_new_tokens: int, seq_len: int) -> str:
-  """`with --max_new_tokens=256, the model's context (model.seq_len=128) holds`."""
   return f"with {flag}={max_new_tokens}, the model's context (model.seq_len={seq_len}) holds"
 
 
@@ -54,7 +53,6 @@ def cut_line(what: str, n: int, flag: str, max_new_tokens: int, seq_len: int) ->
 
 
 def lines(numbers: list[int]) -> str:
-  """`lines 3, 8, 12` (the first SHOWN of them, then ...)."""
   shown = ", ".join(map(str, numbers[:SHOWN])) + (", ..." if len(numbers) > SHOWN else "")
   return f"line{'s' if len(numbers) > 1 else ''} {shown}"
 

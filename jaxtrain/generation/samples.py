@@ -15,35 +15,29 @@ from jaxtrain.generation import decode, fit
 from jaxtrain.system import signals
 
 
-def prompts_from_text(tokens: np.ndarray, newline_id: int | None, n: int, length: int,
-                      seed: int) -> np.ndarray:
-  """`n` prompts of `length` tokens taken from `tokens`, each starting after a newline if possible."""
-  rng = np.random.default_rng([seed, 2])
-  rows = []
-  for start in rng.integers(0, len(tokens) - 2 * length, size=n):
-    chunk = np.asarray(tokens[start:start + 2 * length])
-    if newline_id is not None:
-      hits = np.flatnonzero(chunk[:length] == newline_id)
-      if len(hits):
-        start += hits[0] + 1
-    rows.append(np.asarray(tokens[start:start + length], np.int32))
-  return np.stack(rows)
-
-
 def wanted(s: ml_collections.ConfigDict) -> bool:
   return s.num_samples > 0 and s.max_new_tokens > 0
 
 
 def run_prompts(s: ml_collections.ConfigDict, seq_len: int, seed: int, val_tokens: np.ndarray,
                 tok, say=None) -> np.ndarray:
-  """The prompts of the `sample` section's samples: its `prompt`, or lines of the validation text.
-  `say`: where the line goes that says what of a long `prompt` was cut."""
+  """The prompts of the `sample` section's samples: its `prompt`, or windows of the validation
+  text, each starting after a newline if possible. `say`: where the line goes that says what of a
+  long `prompt` was cut."""
   if s.prompt:
     ids = fit.seen(np.asarray(tok.encode(s.prompt), np.int32), "sample.prompt",
                    "sample.max_new_tokens", s.max_new_tokens, seq_len, say)
     return np.tile(ids, (s.num_samples, 1))
-  return prompts_from_text(val_tokens, tokenizer_lib.newline_id(tok), s.num_samples,
-                           min(32, seq_len // 2), seed)
+  length, newline_id = min(32, seq_len // 2), tokenizer_lib.newline_id(tok)
+  rng = np.random.default_rng([seed, 2])
+  rows = []
+  for start in rng.integers(0, len(val_tokens) - 2 * length, size=s.num_samples):
+    if newline_id is not None:
+      hits = np.flatnonzero(np.asarray(val_tokens[start:start + length]) == newline_id)
+      if len(hits):
+        start += hits[0] + 1
+    rows.append(np.asarray(val_tokens[start:start + length], np.int32))
+  return np.stack(rows)
 
 
 def warm(s: ml_collections.ConfigDict, seq_len: int, seed: int, abstract: steps.TrainState,
@@ -51,8 +45,6 @@ def warm(s: ml_collections.ConfigDict, seq_len: int, seed: int, abstract: steps.
   """Compiles the programs `write_samples` will run (the same shapes and settings; zeros for
   params) by decoding a token; `timed`: then makes the samples once, and returns how long
   they took, as they will at the end (else 0)."""
-  if not wanted(s):
-    return 0.0
   prompts = run_prompts(s, seq_len, seed, val_tokens, tok)
   zeros = jax.tree.map(lambda a: np.broadcast_to(np.zeros((), a.dtype), a.shape), abstract.params)
   state = abstract.replace(params=zeros)

@@ -43,8 +43,14 @@ def resolve(cfg: ml_collections.ConfigDict, budget_s: float, explicit: Collectio
   if cfg.model.size != "auto":
     return cfg, [], None
   workdir = Path(str(cfg.workdir)).expanduser()
-  if paths.is_run(workdir) and (workdir / "config.json").is_file():
-    return *_recorded(cfg, workdir, explicit), None
+  if paths.is_run(workdir) and (workdir / "config.json").is_file():  # a resumed run's own choice
+    saved = loading.flatten(paths.read_json(workdir / "config.json"))
+    values = {f: saved[f] for f in FIELDS if f in saved and f not in explicit}
+    cfg = loading.override(cfg.copy_and_resolve_references(), **values)
+    m = cfg.model
+    return cfg, [f"model.size=auto: {m.n_layers}x{m.d_model} ({m.n_heads} heads, context "
+                 f"{m.seq_len}, batch {cfg.train.batch_size}), as the run chose when it started "
+                 f"({workdir / 'config.json'}); a resumed run never chooses again"], None
   if all(f in explicit for f in size_rule.SHAPE_FIELDS):
     return cfg, ["model.size=auto: the shape is given in full on the command line "
                  f"({', '.join(size_rule.SHAPE_FIELDS)}): nothing to choose"], None
@@ -71,10 +77,22 @@ def resolve(cfg: ml_collections.ConfigDict, budget_s: float, explicit: Collectio
   values = pick.shape.fields() | {f: v for f, v in LRS.items() if cfg.optim.name == "muon"}
   cfg = loading.override(cfg.copy_and_resolve_references(),
                          **{f: v for f, v in values.items() if f not in explicit})
+  # What was chosen and why, and the nearest candidates rejected.
   probed = f" (the speed probe took {fmt.duration(found.value['seconds'])} of it)" * found.here
-  return cfg, [*lines, *describe(pick, near, f"{fmt.duration(left_s)} left of train.time_budget="
-                                 f"{cfg.train.time_budget}{probed}", len(corpus.train), fixed, cfg,
-                                 found.said())], corpus
+  s = pick.shape
+  lrs = (f", Muon lr {cfg.optim.matrix_lr:g}, AdamW lr {cfg.optim.lr:g}"
+         if cfg.optim.name == "muon" else f", lr {cfg.optim.lr:g}")
+  kept = f"; kept as given: {', '.join(fixed)}" if fixed else ""
+  lines.append(f"model.size=auto: {s.name} ({s.n_heads} heads, context {s.seq_len}, batch "
+               f"{s.batch_size}{lrs}) for the {fmt.duration(left_s)} left of train.time_budget="
+               f"{cfg.train.time_budget}{probed}: {_said(pick)} (of the "
+               f"{fmt.count(len(corpus.train))} train tokens; this machine's speed, measured "
+               f"{found.said()}){kept}")
+  for o in near:
+    why = "more params than the time trains well" if o.params > pick.params \
+        else "fewer params than the time can train"
+    lines.append(f"  rejected {o.shape.name}: {_said(o)} ({why})")
+  return cfg, lines, corpus
 
 
 def _corpus(cfg: ml_collections.ConfigDict, explicit: Collection[str], say
@@ -109,32 +127,3 @@ def _none_fits(cfg, fixed: dict, shapes: list, left_s: float) -> ConfigError:
 def _said(o: size_rule.Option) -> str:
   return (f"{fmt.count(o.params)} params, {fmt.count(o.tokens)} tokens = {o.epochs:.1f} epochs "
           f"at {fmt.count(o.tokens_per_s)} tok/s, predicted val {o.bpb:.3f} bits/byte")
-
-
-def describe(pick: size_rule.Option, near: list[size_rule.Option], left: str, unique: int,
-             fixed: dict, cfg: ml_collections.ConfigDict, measured: str) -> list[str]:
-  """What was chosen and why, and the nearest candidates rejected."""
-  s = pick.shape
-  lrs = (f", Muon lr {cfg.optim.matrix_lr:g}, AdamW lr {cfg.optim.lr:g}"
-         if cfg.optim.name == "muon" else f", lr {cfg.optim.lr:g}")
-  kept = f"; kept as given: {', '.join(fixed)}" if fixed else ""
-  lines = [f"model.size=auto: {s.name} ({s.n_heads} heads, context {s.seq_len}, batch "
-           f"{s.batch_size}{lrs}) for the {left}: {_said(pick)} (of the {fmt.count(unique)} "
-           f"train tokens; this machine's speed, measured {measured}){kept}"]
-  for o in near:
-    why = "more params than the time trains well" if o.params > pick.params \
-        else "fewer params than the time can train"
-    lines.append(f"  rejected {o.shape.name}: {_said(o)} ({why})")
-  return lines
-
-
-def _recorded(cfg: ml_collections.ConfigDict, workdir: Path,
-              explicit: Collection[str]) -> tuple[ml_collections.ConfigDict, list[str]]:
-  """A resumed run's own choice, from its config.json."""
-  saved = loading.flatten(paths.read_json(workdir / "config.json"))
-  values = {f: saved[f] for f in FIELDS if f in saved and f not in explicit}
-  cfg = loading.override(cfg.copy_and_resolve_references(), **values)
-  m = cfg.model
-  return cfg, [f"model.size=auto: {m.n_layers}x{m.d_model} ({m.n_heads} heads, context "
-               f"{m.seq_len}, batch {cfg.train.batch_size}), as the run chose when it started "
-               f"({workdir / 'config.json'}); a resumed run never chooses again"]

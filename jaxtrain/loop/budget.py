@@ -53,8 +53,8 @@ class Costs:
     return self.eval_s + self.last_save_s + self.sample_s + END_S
 
 
-def measure(programs, state: TrainState, batches: Iterator[dict], grad_accum: int,
-            eval_steps: int, min_s: float = 1.0, max_steps: int = 20) -> Costs:
+def measure(programs, state: TrainState, batches: Iterator[dict], grad_accum: int, eval_steps: int
+            ) -> Costs:
   """The `Costs` of `programs` (compiled) as the loop runs them, from `state` (a new one, used
   up): host batches read, placed and stepped, metrics read back, an evaluation and saves. For a
   small model that host work is most of a step."""
@@ -64,16 +64,12 @@ def measure(programs, state: TrainState, batches: Iterator[dict], grad_accum: in
       state, m = programs.train_step(state, programs.place(next(batches)))
     jax.device_get(m)
 
-  step_s = machine.seconds(one, for_s=min_s, at_most=max_steps)
+  step_s = machine.seconds(one, for_s=1.0, at_most=20)
   batch = programs.place(next(batches))
   eval_s = machine.seconds(lambda: jax.device_get(programs.eval_step(state, batch)), untimed=0,
                            pick=min)
-  return Costs(step_s, eval_steps * eval_s, *_save_s(state))
-
-
-def _save_s(state) -> tuple[float, float]:
-  """(what a save holds the loop: the copy and checksums, the write being async; what it takes
-  until written): the second of two saves, the first having compiled the checksums."""
+  # What a save holds the loop (the copy and checksums, the write being async) and what it takes
+  # until written: the second of two saves, the first having compiled the checksums.
   with tempfile.TemporaryDirectory(prefix="jaxtrain-probe-") as tmp:
     ckpts = Checkpoints(tmp, keep=1)
     try:
@@ -84,7 +80,7 @@ def _save_s(state) -> tuple[float, float]:
     finally:
       ckpts.close()
       written = time.perf_counter() - t
-  return held, written
+  return Costs(step_s, eval_steps * eval_s, held, written)
 
 
 def fit_steps(left_s: float, costs: Costs, train) -> int:
@@ -105,17 +101,6 @@ def check_left(cfg: ml_collections.ConfigDict, budget_s: float, spent_s: float,
                       f"{fmt.duration(spent_s)} already",
                       "pass a longer one" + (" (a rerun starts faster: the compiles are cached)"
                                              if compiled else ""))
-
-
-def too_short(cfg: ml_collections.ConfigDict, spent_s: float, costs: Costs) -> ConfigError:
-  """A budget that holds no step: what it would take, in one line."""
-  need = spent_s + costs.step_s + costs.close_s()
-  return ConfigError(
-      "train.time_budget", f"{cfg.train.time_budget} is too short for this run: it needs at "
-      f"least {fmt.duration(need)} ({fmt.duration(spent_s)} to start and compile, "
-      f"{costs.step_s * 1e3:.0f} ms a step, {fmt.duration(costs.close_s())} to evaluate, save "
-      f"and sample at the end)", f"pass --config.train.time_budget={int(need * 1.2) + 1}s or "
-      "more (a rerun starts faster: the compiles are cached)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +134,6 @@ class Pace:
 
 
 def with_end(cfg: ml_collections.ConfigDict, max_steps: int) -> ml_collections.ConfigDict:
-  """A copy of `cfg` that ends at `max_steps`."""
   cfg = cfg.copy_and_resolve_references()
   cfg.train.max_steps = max_steps
   return cfg
@@ -179,8 +163,14 @@ def fit(cfg: ml_collections.ConfigDict, budget_s: float, ready, log: Callable[[s
   costs.sample_s = ready.sample_s
   spent_s = spent()
   steps = runtime.from_process_0(fit_steps(budget_s - spent_s, costs, t))
-  if steps < 1:
-    raise too_short(cfg, spent_s, costs)
+  if steps < 1:  # what the budget would take, in one line
+    need = spent_s + costs.step_s + costs.close_s()
+    raise ConfigError(
+        "train.time_budget", f"{cfg.train.time_budget} is too short for this run: it needs at "
+        f"least {fmt.duration(need)} ({fmt.duration(spent_s)} to start and compile, "
+        f"{costs.step_s * 1e3:.0f} ms a step, {fmt.duration(costs.close_s())} to evaluate, save "
+        f"and sample at the end)", f"pass --config.train.time_budget={int(need * 1.2) + 1}s or "
+        "more (a rerun starts faster: the compiles are cached)")
   log(f"time budget {fmt.duration(budget_s)}: train.max_steps={steps} fit "
       f"({costs.step_s * 1e3:.1f} ms/step, {costs.eval_s:.2f}s/eval, {costs.save_s * 1e3:.0f} "
       f"ms/save measured; {fmt.duration(costs.close_s())} to end the run; "
@@ -225,9 +215,5 @@ def schedule_at(ends: Sequence[Sequence[int]], step: int, optimizer: optim.Optim
 
 def on_schedule(plan: Plan, step: int, state: TrainState) -> TrainState:
   """`state` following the plan's schedule at `step`: where a leg starts, and where an end takes
-  over (`takes_over`)."""
+  over."""
   return state.replace(schedule=schedule_at(plan.ends, step, state.optimizer))
-
-
-def takes_over(plan: Plan, step: int) -> bool:
-  return any(start == step for start, _ in plan.ends[1:])

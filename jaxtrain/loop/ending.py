@@ -74,9 +74,8 @@ def _summary(r: Run, p: Progress, wall: float) -> None:
   start's time went."""
   if jax.process_index() != 0:
     return
-  t = r.cfg.train
   records = paths.read_jsonl(r.workdir / metrics_jsonl.FILE)
-  r.out.print(summary.closing(records, p.step, t.batch_size * t.grad_accum * r.cfg.model.seq_len))
+  r.out.print(summary.closing(records, p.step, p.meter.tokens_per_step))
   r.out.print(p.timeline.line(wall, resumed=p.elapsed_before > 0))
 
 

@@ -17,8 +17,7 @@ from jaxtrain.measure import estimate
 from jaxtrain.system import fmt
 from jaxtrain.system.console import Console
 
-# Model FLOPs utilization the recipes reach (about 40% on a 2-core Zen 4 and on an H200, in
-# benchmarks/results/): the dry run's time. A small model on a GPU reaches less.
+# Model FLOPs utilization the recipes reach (benchmarks/results/): the dry run's time.
 REALISTIC_MFU = 0.4
 
 
@@ -48,7 +47,8 @@ def _count(start: int, end: int, every: int) -> int:
 def plan_lines(cfg: ml_collections.ConfigDict, built: programs.Programs, train_tokens: int,
                start: int) -> list[str]:
   """The run's plan from step `start`: steps, tokens and FLOPs, evaluations, checkpoints,
-  samples, the time its steps take here. With a time budget the steps are the run's to decide."""
+  samples, the time its steps take here (at REALISTIC_MFU of the devices' peak). With a time
+  budget the steps are the run's to decide."""
   t, T = cfg.train, cfg.model.seq_len
   per_step = t.batch_size * t.grad_accum * T
   flops_token = model.flops_per_token(built.model_cfg)
@@ -76,17 +76,12 @@ def plan_lines(cfg: ml_collections.ConfigDict, built: programs.Programs, train_t
   if cfg.sample.num_samples:
     lines.append(f"samples: {cfg.sample.num_samples} of {cfg.sample.max_new_tokens} tokens at "
                  "the end")
-  return lines + time_lines(flops, list(built.mesh.devices.flat), built.model_cfg.dtype)
-
-
-def time_lines(flops: float, devices: list, dtype: str) -> list[str]:
-  """The plan's FLOPs as time on these devices: at REALISTIC_MFU of their peak (a known GPU's
-  datasheet, else this machine's measured matmul peak, from the cache)."""
-  peak, source = estimate.peak_flops(devices, dtype)
+  # The peak: a known GPU's datasheet, else this machine's measured matmul peak (from the cache).
+  peak, source = estimate.peak_flops(list(built.mesh.devices.flat), built.model_cfg.dtype)
   seconds = flops / (peak * REALISTIC_MFU)
-  return [f"time: about {fmt.duration(seconds)} of training steps here, at {REALISTIC_MFU:.0%} MFU "
-          f"(what the recipes reach) of {source}; start-up, compiles, evaluations and "
-          "checkpoints come on top"]
+  return lines + [f"time: about {fmt.duration(seconds)} of training steps here, at "
+                  f"{REALISTIC_MFU:.0%} MFU (what the recipes reach) of {source}; start-up, "
+                  "compiles, evaluations and checkpoints come on top"]
 
 
 def dry_run(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()) -> None:

@@ -1,10 +1,10 @@
 """What a run of a config is, worked out without a write to its workdir: the config settled
 (validated, init_from's fields taken, the budget's seconds and model.size=auto's corpus handed on)
-and the platform set up for it (`settle`), then the tasks,
-the workdir checked, the data read, the programs built (nothing compiled) and said, and the step a
-run would resume from (`resolve`). A run (train.py) and `--dry_run` (loop/preview.py) both call
-both, so a check added here refuses the same config in both; only the run claims the workdir (the
-`claim` it passes), writes to it and attaches hooks."""
+and the platform set up for it (`settle`), then the tasks, the workdir checked, the data read, the
+programs built (nothing compiled) and said, and the step a run would resume from (`resolve`).
+A run (train.py) and `--dry_run` (loop/preview.py) both call both, so a check added here refuses
+the same config in both; only the run claims the workdir (the `claim` it passes), writes to it and
+attaches hooks."""
 
 import dataclasses
 from collections.abc import Callable, Collection

@@ -9,12 +9,10 @@ import time
 from collections.abc import Sequence
 
 import jax
-import ml_collections
 
 from jaxtrain import __version__
 from jaxtrain.checkpoints import init_from, lifecycle
 from jaxtrain.checkpoints.store import Checkpoints
-from jaxtrain.core import programs
 from jaxtrain.core.model import flops_per_token
 from jaxtrain.core.steps import TrainState
 from jaxtrain.data import corpus as corpus_lib
@@ -42,9 +40,15 @@ def prepare(res: resolution.Resolved, out: Console, hooks: Sequence[Hook], t_sta
   run_hooks = standard.for_run(cfg, workdir, hooks)
   plan, t_compile = budget.Plan(((0, cfg.train.max_steps),)), time.time()  # (compiles from here)
   if res.budget_s is not None:
-    spent = lambda: time.time() - t_start  # noqa: E731
-    built, plan = _plan(cfg, res.budget_s, built, corpus, run_hooks, workdir, out.print, spent,
-                        batches)
+    if paths.is_run(workdir):  # a resumed run follows the ends it recorded
+      plan = budget.recorded(res.budget_s, workdir)
+    else:  # a new run measures the programs it runs, compiled first (with the rest, side by side)
+      spent = lambda: time.time() - t_start  # noqa: E731
+      budget.check_left(cfg, res.budget_s, spent())
+      ready = warmup.side_by_side(built, cfg, corpus, run_hooks, built.init,  # the probe's state
+                                  measure=True)
+      budget.check_left(cfg, res.budget_s, spent(), compiled=True)
+      built, plan = ready.programs, budget.fit(cfg, res.budget_s, ready, out.print, spent, batches)
     cfg = budget.with_end(cfg, plan.final)  # the run's train.max_steps from here on
     resolution.say_epochs(out, cfg, len(corpus.train), plan.final)
   signals.check()
@@ -59,37 +63,23 @@ def prepare(res: resolution.Resolved, out: Console, hooks: Sequence[Hook], t_sta
              plan=plan, tasks=res.tasks, t_compile=t_compile)
 
 
-def _plan(cfg: ml_collections.ConfigDict, budget_s: float, built: programs.Programs, corpus,
-          hooks, workdir, say, spent, batches) -> tuple[programs.Programs, budget.Plan]:
-  """A time budget's plan: the ends a resumed run recorded; a new run's from a measurement of
-  the programs it runs, compiled (with the rest, side by side) before the plan is made."""
-  if paths.is_run(workdir):
-    return built, budget.recorded(budget_s, workdir)
-  budget.check_left(cfg, budget_s, spent())
-  ready = warmup.side_by_side(built, cfg, corpus, hooks, built.init,  # the probe's own state
-                              measure=True)
-  budget.check_left(cfg, budget_s, spent(), compiled=True)
-  return ready.programs, budget.fit(cfg, budget_s, ready, say, spent, batches)
-
-
 def start(r: Run) -> tuple[Run, TrainState, float, float]:
   """(the run with its train step compiled, the state to train from on the plan's schedule,
   training seconds and the best val loss so far): init (or a restore) runs beside the compiles
   (warmup.py), or after them where a time budget's measurement compiled already."""
-  t_compile = r.t_compile if r.compiled else time.time()
+  t_compile = time.time()
   latest = r.saving.ckpts.latest_step()
   if latest is None:
     init = r.programs.lower_init()  # traced here, compiled beside the train step
     begin = lambda: (r.programs.abstract.with_arrays(init.compile()()), 0.0, math.inf, ())  # noqa: E731
   else:
     begin = lambda: _restore(r)  # noqa: E731
-  ahead = r.ahead
-  if r.compiled:
-    built, (state, elapsed, best, changes) = r.programs, begin()
+  if isinstance(r.programs.train_step, jax.stages.Compiled):
+    state, elapsed, best, changes = begin()
   else:
     ready = warmup.side_by_side(r.programs, r.cfg, r.corpus, r.hooks, begin)
-    built, (state, elapsed, best, changes), ahead = ready.programs, ready.beside, ready.ahead
-  r = dataclasses.replace(r, programs=built, t_compile=t_compile, ahead=ahead)
+    state, elapsed, best, changes = ready.beside
+    r = dataclasses.replace(r, programs=ready.programs, t_compile=t_compile, ahead=ready.ahead)
   if latest is None and r.cfg.init_from:
     state = init_from.apply(r.cfg.init_from, state, r.programs, r.corpus.tokenizer, r.out.print)
   if latest is None:

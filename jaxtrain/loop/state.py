@@ -6,7 +6,6 @@ import dataclasses
 import time
 from pathlib import Path
 
-import jax
 import ml_collections
 
 from jaxtrain.checkpoints.lifecycle import BestVal, Saving
@@ -22,7 +21,7 @@ from jaxtrain.measure.memory import Watch
 from jaxtrain.measure.speed import Throughput
 from jaxtrain.measure.summary import Timeline
 from jaxtrain.system.console import Console
-from jaxtrain.trackers.hooks import Hooks, RunView
+from jaxtrain.trackers.hooks import Hooks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,15 +42,6 @@ class Run:
   tasks: list[Task] = dataclasses.field(default_factory=list)  # train.eval_tasks' records
   t_compile: float = 0.0  # when compiling began: the first step's line counts from it
   ahead: Ahead = dataclasses.field(default_factory=Ahead)  # compiles once training runs (CPU)
-
-  @property
-  def compiled(self) -> bool:
-    """The train step is compiled (a time budget's measurement compiles it in `prepare`)."""
-    return isinstance(self.programs.train_step, jax.stages.Compiled)
-
-  def view(self) -> RunView:
-    """What the hooks see of it."""
-    return RunView(self.cfg, self.workdir, self.out, self.programs, self.t_start)
 
 
 @dataclasses.dataclass

@@ -61,13 +61,9 @@ class Pending:
     self.last_loss: float | None = None
     self.last_lr: float | None = None
 
-  def queued(self, metrics: dict) -> None:
-    """A micro-batch's step was just dispatched: waits while too many are ahead of the device."""
+  def queued(self, metrics: dict) -> None:  # a micro-batch's step was just dispatched
     self.in_flight.append(metrics)
     runtime.throttle(self.in_flight)
-
-  def add(self, step: int, micro: list[dict]) -> None:
-    self.steps.append((step, micro))
 
   def read(self, say: Callable[[str], None], upto: int | None = None,
            stats: dict | None = None) -> float | None:

@@ -60,8 +60,6 @@ def _quietly(job: Callable[[], Any]) -> None:
 
 @dataclasses.dataclass
 class Ready:
-  """What `side_by_side` made ready."""
-
   programs: Programs  # the train step compiled (a `Compiled`), the eval step's compile cached
   beside: Any  # what `beside` returned
   sample_s: float  # what the samples at the end take, compiled (a `measure`ment; else 0)
@@ -69,26 +67,30 @@ class Ready:
 
 
 def side_by_side(programs: Programs, cfg: ml_collections.ConfigDict, corpus: Corpus, hooks: Hooks,
-                 beside: Callable[[], Any] | None = None, measure: bool = False) -> Ready:
+                 beside: Callable[[], Any], measure: bool = False) -> Ready:
   """Compiles `programs`' train step here (unless compiled already) while a pool runs `beside`
-  and, where `extras_beside`, the extras (the eval step, the checksums, the samples' programs, the
+  and, on an accelerator, the extras (the eval step, the checksums, the samples' programs, the
   hooks' imports); elsewhere those follow here only for a `measure`ment (a time budget's plan
   needs them compiled, the samples timed), and are otherwise left to `Ahead`. Returns once all
   of it is done."""
-  extras = {"hooks": hooks.prepare, "eval": lambda: compile_eval(programs),  # in the order needed
+  # The eval step compiled as the run places its states and batches: the first evaluation finds it cached.
+  placed = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        programs.abstract, programs.shardings)
+  extras = {"hooks": hooks.prepare,  # in the order needed
+            "eval": lambda: programs.eval_step.lower(placed, programs.batch_spec()).compile(),
             "checkpoints": lambda: store.compile_survey(programs.abstract, programs.shardings)}
   if jax.process_index() == 0 and samples.wanted(cfg.sample):  # process 0 samples
     extras["samples"] = lambda: samples.warm(cfg.sample, cfg.model.seq_len, cfg.seed,
                                              programs.abstract, corpus.val, corpus.tokenizer, measure)
   if jax.process_index() == 0:  # the loss plot (hooks.prepare imports it too, before on_start)
     extras["plot"] = lambda: importlib.import_module("matplotlib.figure")
-  parallel = extras_beside(programs)
+  parallel = programs.mesh.devices.flat[0].platform != "cpu"  # a CPU: its cores compile the step
   # Traced before the pool starts: tracing holds the GIL, which the pool's tracing and imports
   # would share with it; XLA's compile, the longest part, then runs beside them without it.
   lowered = None if isinstance(programs.train_step, jax.stages.Compiled) else \
       programs.lower_train()
   with allocator.purging(), concurrent.futures.ThreadPoolExecutor(4 if parallel else 1) as pool:
-    job = pool.submit(beside or (lambda: None))
+    job = pool.submit(beside)
     jobs = {name: pool.submit(extra) for name, extra in extras.items()} if parallel else {}
     train_step = programs.train_step if lowered is None else lowered.compile()
     made, done = job.result(), {name: j.result() for name, j in jobs.items()}
@@ -97,18 +99,3 @@ def side_by_side(programs: Programs, cfg: ml_collections.ConfigDict, corpus: Cor
   later = {} if parallel or measure else {k: v for k, v in extras.items() if k != "hooks"}
   return Ready(dataclasses.replace(programs, train_step=train_step), made, done.get("samples", 0.0),
                Ahead(later))
-
-
-def extras_beside(programs: Programs) -> bool:
-  """Whether compiles beside the train step's save time: on an accelerator, whose compile is host
-  work beside an idle device, yes; on a CPU, whose cores the train step's compile keeps busy, they
-  only slow it down (benchmarks/results/)."""
-  return programs.mesh.devices.flat[0].platform != "cpu"
-
-
-def compile_eval(programs: Programs) -> None:
-  """The eval step compiled for states and batches placed as the run places them: its jitted
-  function then finds it in its cache at the first evaluation."""
-  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                       programs.abstract, programs.shardings)
-  programs.eval_step.lower(state, programs.batch_spec()).compile()

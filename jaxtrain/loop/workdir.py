@@ -55,8 +55,7 @@ class Claim:
     if self.library_log:
       self.log = LibraryLog(workdir / "logs" / f"process_{jax.process_index()}.log")
 
-  def errors(self) -> int:
-    """How many errors the libraries logged."""
+  def errors(self) -> int:  # how many the libraries logged
     return self.log.errors if self.log is not None else 0
 
   def release(self, leave_stub: bool) -> None:

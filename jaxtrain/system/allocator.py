@@ -78,13 +78,6 @@ def _glibc_hugetlb() -> bool:
   return tuple(int(x) for x in version.split(".")[:2]) >= (2, 35) and "[madvise]" in mode
 
 
-def _reserve() -> str:
-  """mimalloc's up-front reservation: the memory the process may use, at most 16 GiB (address
-  space only)."""
-  total = (machine.host_memory() or (2**33,))[0]  # RAM, or a container's lower limit
-  return f"{max(1, min(16, total // 2**30))}GiB"
-
-
 def environment(base: dict | None = None, argv: list[str] | None = None) -> dict | None:
   """The environment a process started with `base` and `argv` (default: this one's) should run
   under, or None where it already does (or cannot, or the user opted out)."""
@@ -98,7 +91,8 @@ def environment(base: dict | None = None, argv: list[str] | None = None) -> dict
   library = mimalloc_library() if wanted else None
   if library:
     env["LD_PRELOAD"] = library
-    for name, value in {**MIMALLOC_OPTIONS, "MIMALLOC_ARENA_RESERVE": _reserve()}.items():
+    gib = (machine.host_memory() or (2**33,))[0] // 2**30  # RAM, or a container's lower limit
+    for name, value in {**MIMALLOC_OPTIONS, "MIMALLOC_ARENA_RESERVE": f"{max(1, min(16, gib))}GiB"}.items():
       env.setdefault(name, value)  # the user's own settings win
   tunables = env.get("GLIBC_TUNABLES", "")
   if HUGE_PAGES.split("=")[0] not in tunables and _glibc_hugetlb():
@@ -113,10 +107,9 @@ def _started_as_cli() -> bool:
 
 
 def split_early() -> None:
-  """At `import jaxtrain`, before jax is imported, in a process that is none of jaxtrain's commands
-  (they split the CPU themselves): as many XLA CPU devices as cores (JAX_NUM_CPU_DEVICES, which
-  jax reads at its import), where jax will run on the CPU and neither JAX_NUM_CPU_DEVICES nor
-  XLA_FLAGS chose a count. A run takes the ones its batch splits over (core/cpu.py)."""
+  """As many XLA CPU devices as cores (JAX_NUM_CPU_DEVICES, which jax reads at its import), in a
+  process that is none of jaxtrain's commands (they split the CPU themselves) and chose no count.
+  A run takes the ones its batch splits over (core/cpu.py)."""
   ran = invocation.started() or ""
   if "jax" in sys.modules or ran.startswith("-m jaxtrain") or invocation.script() in \
       invocation.SCRIPTS.values() or "JAX_NUM_CPU_DEVICES" in os.environ or \
