@@ -71,7 +71,9 @@ def test_ci_runs_the_readme_test_commands():
   readme = (ROOT / "README.md").read_text()
   ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
   oldest, newest = bash_commands(_section(readme, "Tests"))
-  assert [ci_lines[-3], ci_lines[-1]] == [oldest, newest] and ci_lines[-2] == "deactivate"
+  # (each leg ends in `|| exit 1`: set -e does not stop at a failure inside an && list)
+  assert [ci_lines[-3], ci_lines[-1]] == [f"{oldest} || exit 1", f"{newest} || exit 1"]
+  assert ci_lines[-2] == "deactivate"
   assert oldest.startswith("python3 -m venv .venv && ") and "pip install -e '.[test]' -c " \
       "constraints/jax-0.10.2-py3.11.txt" in oldest and oldest.endswith(" && python -m pytest")
   assert newest.startswith("python3.12 -m venv .venv-newest && ") and \
