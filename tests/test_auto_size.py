@@ -4,6 +4,7 @@ config.json and a resumed run keeps it; given fields are kept; conflicts are one
 
 import json
 import math
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from jaxtrain.core import model as model_lib
 from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.loop import autosize, preview
 from jaxtrain.measure import size_rule, speed_probe
-from jaxtrain.system import measured
+from jaxtrain.system import machine, measured
 from jaxtrain.system.errors import ConfigError
 from jaxtrain.trackers.hooks import Hook
 
@@ -132,6 +133,11 @@ def _speed(model: size_rule.SpeedModel | None, rows: int = len(speed_probe.PROBE
   return lambda *args, **kwargs: (model, measured.Measured(value, time.time() - 60, 0.0, False))
 
 
+def _but_load(lines: list[str]) -> list[str]:
+  """`lines` but the one a busy machine adds (a cached probe read while others use the cores)."""
+  return [line for line in lines if "of the cores busy now" not in line]
+
+
 def _rows(speed: size_rule.SpeedModel) -> list[dict]:
   shapes = [size_rule.Shape(n, d, d // 32, 128, 24) for n, d in speed_probe.PROBES]
   return [{"features": size_rule.features(BASE, s, 5), "step_s": speed.step_s(BASE, s),
@@ -145,7 +151,7 @@ def test_the_dry_run_says_what_it_would_choose_and_why(tmp_path, corpus_file):
                 f"--config.workdir={tmp_path / 'run'}", "--config.model.size=auto",
                 "--config.train.time_budget=10m", "--dry_run", env={"JAXTRAIN_CACHE": str(cache)})
   assert res.returncode == 0, res.stderr[-2000:]
-  said = [line for line in res.stdout.splitlines() if "model.size=auto" in line
+  said = [line for line in _but_load(res.stdout.splitlines()) if "model.size=auto" in line
           or line.startswith("  rejected")]
   assert said[0].startswith("model.size=auto: ") and "params" in said[0] and "epochs" in said[0]
   assert "predicted val" in said[0] and len(said) >= 2 and "predicted val" in said[1]
@@ -267,9 +273,38 @@ def test_the_probe_keeps_to_its_share_and_a_later_one_takes_up_what_it_left(tiny
   (tmp_path / measured.FILE).write_text(json.dumps(cached))
   monkeypatch.setattr(measured, "_here", {})
   model, found = speed_probe.speed_model(tiny, 66, "cpu", 0.005, said.append)
+  said = _but_load(said)
   assert not found.here and found.value["rows"] == rows and len(said) == 1
   assert model.max_flops == rows[1]["features"][2]  # two shapes: a fit up to the larger
   monkeypatch.setattr(measured, "_here", {})
   model, found = speed_probe.speed_model(tiny, 66, "cpu", 0.01, said.append)
   assert found.here and found.value["rows"] == rows  # the two kept; none more in 0.01 s
   assert said[-1].startswith("model.size=auto: measuring this machine's speed on 4 more shapes")
+
+
+def test_a_cached_probe_is_slowed_by_the_load_now(tiny, tmp_path, monkeypatch):
+  # Speeds cached on quiet cores, read while other processes keep every core busy: the steps are
+  # counted at the share left to the run (MIN_SHARE here, the cores all taken), and it is said.
+  monkeypatch.setenv("JAXTRAIN_CACHE", str(tmp_path))
+  monkeypatch.setattr(measured, "_here", {})
+  speed_probe.speed_model(tiny, 66, "cpu", 0.0, lambda line: None)
+  cached = json.loads((tmp_path / measured.FILE).read_text())
+  rows = json.loads(json.dumps(_rows(SPEED)))
+  for entry in cached.values():
+    entry.update(value={"rows": rows, "seconds": 1.0, "share_s": 60.0}, load=0.0)
+  (tmp_path / measured.FILE).write_text(json.dumps(cached))
+  monkeypatch.setattr(measured, "_here", {})
+  quiet = speed_probe.fit(rows, 0)
+  busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+          for _ in range(machine.cores())]
+  try:
+    time.sleep(0.5)
+    said = []
+    model, found = speed_probe.speed_model(tiny, 66, "cpu", 60.0, said.append)
+  finally:
+    for p in busy:
+      p.kill()
+  assert not found.here and len(said) == 1 and said[0].startswith(
+      "model.size=auto: other processes keep ") and said[0].endswith(
+      f"its steps are counted at {speed_probe.MIN_SHARE:.0%} of them"), said
+  assert model.coef == pytest.approx([c / speed_probe.MIN_SHARE for c in quiet.coef])

@@ -34,6 +34,10 @@ GROWTH = 1.5  # the next shape takes up to this many times the last one's time (
 # measurement, the last evaluation, save and samples (benchmarks/results/2026-11-28-auto_size-zen4)
 RUN_FIXED_S = 6.0
 COMPILE_FACTOR = 1.3
+# A cached probe was taken on quiet cores: where others keep them busy now, its step times are
+# divided by the share left to the run (no less than MIN_SHARE), sampled over LOAD_SAMPLE_S.
+LOAD_SAMPLE_S = 0.3
+MIN_SHARE = 0.25
 
 
 def architecture(cfg: ml_collections.ConfigDict, platform: str) -> list[str]:
@@ -93,7 +97,15 @@ def speed_model(cfg: ml_collections.ConfigDict, vocab: int, platform: str, share
   found = measured.measured("auto_speed", architecture(cfg, platform), probe, enough=enough)
   rows = found.value["rows"]
   ns = cfg.optim.muon_ns_steps if cfg.optim.name == "muon" else 0
-  return (fit(rows, ns) if len(rows) >= MIN_SHAPES else None), found
+  model = fit(rows, ns) if len(rows) >= MIN_SHAPES else None
+  _, now = machine.with_load(lambda: time.sleep(LOAD_SAMPLE_S)) if model and not found.here \
+      else (None, None)
+  if now is not None and now > measured.BUSY:
+    share = max(1.0 - now, MIN_SHARE)
+    model = dataclasses.replace(model, coef=tuple(c / share for c in model.coef))
+    say(f"model.size=auto: other processes keep {now:.0%} of the cores busy now (the cached "
+        f"speeds were measured on quiet cores): its steps are counted at {share:.0%} of them")
+  return model, found
 
 
 def run_probe(cfg: ml_collections.ConfigDict, vocab: int, platform: str, share_s: float,
