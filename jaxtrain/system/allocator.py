@@ -115,8 +115,7 @@ def split_early() -> None:
       invocation.SCRIPTS.values() or "JAX_NUM_CPU_DEVICES" in os.environ or \
       "device_count" in os.environ.get("XLA_FLAGS", "") or not _runs_on_cpu(os.environ, []):
     return
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-  if cores > 1:
+  if (cores := machine.cores()) > 1:
     os.environ["JAX_NUM_CPU_DEVICES"] = os.environ[SPLIT] = str(cores)
 
 
