@@ -98,13 +98,13 @@ def speed_model(cfg: ml_collections.ConfigDict, vocab: int, platform: str, share
   rows = found.value["rows"]
   ns = cfg.optim.muon_ns_steps if cfg.optim.name == "muon" else 0
   model = fit(rows, ns) if len(rows) >= MIN_SHAPES else None
-  _, now = machine.with_load(lambda: time.sleep(LOAD_SAMPLE_S)) if model and not found.here \
-      else (None, None)
-  if now is not None and now > measured.BUSY:
-    share = max(1.0 - now, MIN_SHARE)
-    model = dataclasses.replace(model, coef=tuple(c / share for c in model.coef))
-    say(f"model.size=auto: other processes keep {now:.0%} of the cores busy now (the cached "
-        f"speeds were measured on quiet cores): its steps are counted at {share:.0%} of them")
+  if model and not found.here:  # cached: how busy the cores are now
+    _, now = machine.with_load(lambda: time.sleep(LOAD_SAMPLE_S))
+    if now is not None and now > measured.BUSY:
+      share = max(1.0 - now, MIN_SHARE)
+      model = dataclasses.replace(model, coef=tuple(c / share for c in model.coef))
+      say(f"model.size=auto: other processes keep {now:.0%} of the cores busy now (the cached "
+          f"speeds were measured on quiet cores): its steps are counted at {share:.0%} of them")
   return model, found
 
 
