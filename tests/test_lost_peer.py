@@ -26,8 +26,9 @@ class Job:
 
   def __init__(self, workdir, corpus, max_steps: int):
     address = f"127.0.0.1:{free_port()}"
-    args = [*kh.cli_args(workdir, corpus, max_steps), "--jax_num_cpu_devices=1",
-            "--config.train.grad_accum=1", "--config.train.checkpoint_every=2",
+    # The CPU split as the command line makes it (nothing of the devices given).
+    args = [*kh.cli_args(workdir, corpus, max_steps), "--config.train.grad_accum=1",
+            "--config.train.checkpoint_every=2",
             f"--config.distributed.timeout_s={TIMEOUT_S}",
             f"--config.distributed.coordinator_address={address}",
             "--config.distributed.num_processes=2"]
@@ -84,7 +85,9 @@ def test_a_lost_process_stops_the_others_with_one_line_and_a_restart_resumes(cor
   finally:
     job.kill_all()
   assert code == 4, job.err[0]
-  assert took < TIMEOUT_S, took
+  # At once where the broken connection fails a collective; after distributed.timeout_s where a
+  # collective waits for the lost process silently (XLA:CPU's over several devices a process).
+  assert took < TIMEOUT_S + 30, took
   assert len(job.err[0]) == 1, job.err[0]  # one line, and nothing else on stderr
   found = LINE.fullmatch(job.err[0][0])
   assert found, job.err[0][0]

@@ -6,6 +6,9 @@ talk through gloo, as a CPU cluster does. Every process is bounded in time and k
 
 import json
 import os
+import re
+import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -25,9 +28,11 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def args_for(workdir, corpus, max_steps: int, devices: int, *extra: str) -> list[str]:
-  return [*kh.cli_args(workdir, corpus, max_steps), f"--jax_num_cpu_devices={devices}",
-          "--config.optim.decay_steps=12", "--config.train.batch_size=8", *extra]
+def args_for(workdir, corpus, max_steps: int, devices: int | str, *extra: str) -> list[str]:
+  """`devices`: a count for --jax_num_cpu_devices, or a flag of its own that gives them."""
+  given = f"--jax_num_cpu_devices={devices}" if isinstance(devices, int) else devices
+  return [*kh.cli_args(workdir, corpus, max_steps), given, "--config.optim.decay_steps=12",
+          "--config.train.batch_size=8", *extra]
 
 
 def launch(args: list[str], processes: int = 1, timeout: float = 300) -> list[str]:
@@ -80,7 +85,10 @@ def test_data_parallel_and_fsdp_match_a_single_device():
 def test_two_processes_match_one_process_with_four_devices(corpus_file, tmp_path):
   mesh = ["--config.mesh.data=2", "--config.mesh.fsdp=2"]
   one = launch(args_for(tmp_path / "one", corpus_file, 8, 4, *mesh))[0]
-  two = launch(args_for(tmp_path / "two", corpus_file, 8, 2, *mesh), processes=2)
+  # Each process's devices given in the config (mesh.cpu_devices); test_checkpoints_move_between_
+  # topologies gives them with --jax_num_cpu_devices, the documented command not at all.
+  two = launch(args_for(tmp_path / "two", corpus_file, 8, "--config.mesh.cpu_devices=2", *mesh),
+               processes=2)
   assert "cpu x4 (mesh data=2 fsdp=2)" in one and "cpu x4 (mesh data=2 fsdp=2)" in two[0]
   assert "step      8/8" in two[0] and "step " not in two[1]  # process 0 alone reports
   assert sorted(p.name for p in (tmp_path / "two" / "checkpoints" / "8" / "data").iterdir()
@@ -110,3 +118,63 @@ def test_checkpoints_move_between_topologies(corpus_file, tmp_path):
   arrays, position = kh.final_state(moved)
   assert position == ref_position
   assert max_diff(arrays, ref) < TOL
+
+
+def documented_command(page: str) -> str:
+  """The multi-process command of a docs page's "Without Slurm" form, as written there."""
+  from test_docs import bash_commands
+
+  return next(c for c in bash_commands((ROOT / "docs" / page).read_text())
+              if "--config.distributed.process_id=0" in c)
+
+
+def as_processes(command: str, workdir, corpus, max_steps: int) -> list[list[str]]:
+  """Each process's argv of the documented `command` on this machine: process 0 listens on
+  127.0.0.1, the workdir and data are the test's, the model tiny; nothing of the devices is added
+  (the default CPU split)."""
+  port = free_port()
+  command = re.sub(r"coordinator_address=\S+", f"coordinator_address=127.0.0.1:{port}", command)
+  command = re.sub(r"--config\.workdir=\S+", f"--config.workdir={workdir}", command)
+  args = shlex.split(command)[3:]  # after `python -m jaxtrain`
+  assert not any("cpu_devices" in a for a in args), args
+  tiny = ["--config.model.n_layers=1", "--config.model.d_model=32", "--config.model.n_heads=2",
+          "--config.model.seq_len=32", "--config.train.batch_size=8", "--config.train.log_every=1",
+          "--config.train.eval_every=30", "--config.train.eval_steps=1", "--config.sample.num_samples=0",
+          "--config.train.checkpoint_every=6", "--config.optim.warmup_steps=2",
+          f"--config.data.path={corpus}", f"--config.train.max_steps={max_steps}",
+          "--config.headless=True"]
+  base = [a for a in args if "process_id" not in a] + tiny
+  return [[*base, f"--config.distributed.process_id={i}"] for i in range(2)]
+
+
+@pytest.mark.slow
+def test_the_documented_two_process_command_trains_and_resumes_bit_exactly(corpus_file, tmp_path):
+  """The docs' command for hosts without Slurm, two processes on one machine, with the default CPU
+  split: each process feeds its half of the batch on its own devices, and a job killed at step ~20
+  and started again ends bit for bit where the whole job ended."""
+  commands = {documented_command(page) for page in ("clusters.md", "many-devices.md")}
+  assert len(commands) == 1, commands  # the two pages give the same command: one run tests both
+  command = commands.pop()
+  whole = [kh.Proc(a) for a in as_processes(command, tmp_path / "whole", corpus_file, 30)]
+  codes = [p.finish(300) for p in whole]
+  assert codes == [0, 0], [p.err[-5:] for p in whole]
+  header = next(line for line in whole[0].out if line.startswith("jaxtrain "))
+  n = int(re.search(r"cpu x(\d+)", header).group(1))
+  assert n % 2 == 0 and n >= 2, header  # both processes' devices in one mesh
+  assert any(line.startswith("done: step 30") for line in whole[0].out), whole[0].out[-5:]
+
+  cut = tmp_path / "cut"
+  argv = as_processes(command, cut, corpus_file, 30)
+  first = [kh.Proc(a) for a in argv]
+  try:
+    first[0].wait_for(lambda: (cut / "checkpoints" / "18" / "data").is_dir(), timeout=300)
+  finally:
+    for p in first:
+      p.proc.send_signal(signal.SIGKILL)
+      p.finish(30)
+  again = [kh.Proc(a) for a in as_processes(command, cut, corpus_file, 30)]
+  assert [p.finish(300) for p in again] == [0, 0], [p.err[-5:] for p in again]
+  assert any(line.startswith("resumed from checkpoint") for line in again[0].out), again[0].out
+  a, position_a = kh.final_state(tmp_path / "whole")
+  b, position_b = kh.final_state(cut)
+  assert kh.trees_equal(a, b) and position_a == position_b

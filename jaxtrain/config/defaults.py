@@ -161,7 +161,7 @@ _DEFAULTS = dict(
         coordinator_address="",  # host:port of process 0; "": single process or Slurm
         num_processes=0,  # 0: from the environment (Slurm) or 1
         process_id=-1,  # -1: from the environment (Slurm) or 0
-        timeout_s=300,  # how long to wait for every process to join
+        timeout_s=300,  # how long to wait for every process to join, or for a silent one
     ),
     log=dict(
         # Per-group gradient norm, param norm and update/param ratio every train.log_every steps:

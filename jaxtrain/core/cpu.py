@@ -3,6 +3,7 @@ steps, chosen from a step's FLOPs and dtype and from what this CPU is (`CPU_KIND
 measured on each kind of CPU met so far; a short probe, cached, where a choice was never measured).
 Measured on 2 cores: benchmarks/results/, docs/cpu-speed.md."""
 
+import collections
 import dataclasses
 import math
 import os
@@ -65,7 +66,7 @@ def cpu_device_count(cfg: ml_collections.ConfigDict, cores: int | None = None) -
   """
   if cfg.mesh.cpu_devices:
     return cfg.mesh.cpu_devices
-  processes = max(cfg.distributed.num_processes, 1)
+  processes = runtime.planned_processes(cfg.distributed)
   data, fsdp = cfg.mesh.data, cfg.mesh.fsdp
   if data > 0 and fsdp > 0:  # the whole mesh is given: that many devices over the processes
     return max(data * fsdp // processes, 1)
@@ -80,7 +81,7 @@ def split_note(cfg: ml_collections.ConfigDict, cores: int | None = None) -> str 
   """The line that says the automatic split leaves cores out because the batch does not split
   over them (None where it uses them all, or where the count was asked for)."""
   cores = cores or machine.cores()
-  processes = max(cfg.distributed.num_processes, 1)
+  processes = runtime.planned_processes(cfg.distributed)
   rows = cfg.train.batch_size // processes
   n = cpu_device_count(cfg, cores)
   if cfg.mesh.cpu_devices or max(cfg.mesh.data, cfg.mesh.fsdp) > 1 or n >= min(cores, rows):
@@ -137,12 +138,19 @@ def split_cpu(cfg: ml_collections.ConfigDict) -> str | None:
 
 def run_devices(cfg: ml_collections.ConfigDict) -> list:
   """The devices a run of `cfg` trains on: all of them, but of a CPU that jaxtrain split before
-  this run's own split could (`import jaxtrain`, an earlier run), the `cpu_device_count` first."""
+  this run's own split could (`import jaxtrain`, an earlier run), each process's
+  `cpu_device_count` first (of a multi-process run, `jax.devices()` lists every process's)."""
   devices = jax.devices()
-  if devices[0].platform == "cpu" and \
-      jax.config.jax_num_cpu_devices in {allocator.early_split(), *CHOSEN}:
-    return devices[:cpu_device_count(cfg)]
-  return devices
+  if devices[0].platform != "cpu" or \
+      jax.config.jax_num_cpu_devices not in {allocator.early_split(), *CHOSEN}:
+    return devices
+  n, taken = cpu_device_count(cfg), collections.Counter()
+  kept = []
+  for device in devices:
+    if taken[device.process_index] < n:
+      taken[device.process_index] += 1
+      kept.append(device)
+  return kept
 
 
 def cpu_step_options(flops: float, xla_flags: str = "", dtype: str = "float32",

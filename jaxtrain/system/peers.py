@@ -2,10 +2,11 @@
 names the lost process and the checkpoint a restart resumes from, instead of waiting in
 barriers for a process that will not come back.
 
-A survivor's next collective fails (gloo: its connection to the dead process breaks); after it,
+A survivor's next collective fails (gloo: its connection to the dead process breaks, or a CPU
+collective waits `distributed.timeout_s` in vain: runtime.COLLECTIVE_TIMEOUT); after it,
 orbax's commits and jax's exit handler would wait for the dead process until the heartbeat
 timeout, so the survivor ends itself with os._exit. One that blocks without an error (an NCCL
-collective, a barrier) is ended by jax itself after `distributed.timeout_s`, with jax's report.
+collective, a barrier) is ended by jax itself, with jax's report, 30 s after that.
 The state here is the process's, like jax.distributed's own: one multi-process run per process.
 """
 
@@ -24,7 +25,7 @@ from jaxtrain.system.errors import PeerLost, UserError
 # Only the words of a broken connection to another process (gloo's TCP transport, the system's
 # errors): nothing else that fails in a collective means that a process is gone.
 _LOST_WORDS = re.compile(r"connection (closed|reset) by peer|broken pipe|read error|write error|"
-                         r"socket closed", re.IGNORECASE)
+                         r"socket closed|timed out waiting", re.IGNORECASE)
 
 
 # While `watch_peers` runs: the step the loop is at, and what a restart does ("resume from the

@@ -61,11 +61,33 @@ def check_platform() -> str:
                     "pass --jax_platforms=cpu") from None
 
 
+def _srun_tasks() -> int:
+  """The tasks of the srun job step this process is one of (1: none, or not under srun)."""
+  return int(os.environ.get("SLURM_NTASKS", "1")) if "SLURM_STEP_ID" in os.environ else 1
+
+
+def planned_processes(distributed: ml_collections.ConfigDict) -> int:
+  """How many processes the run will have once `init_distributed` joins them, known before jax
+  starts: `distributed.num_processes`, else Slurm's task count under srun, else 1. What is split
+  per process (the CPU's devices, the batch's rows) is decided from it before the join."""
+  return distributed.num_processes or _srun_tasks()
+
+
+# A CPU collective waits this long for another process before it fails (gloo's own wait is far
+# longer): a dead peer's connection does not always break (XLA:CPU's collectives over several
+# devices of each process wait for it silently), and the survivor must stop with its own line
+# before jax's heartbeat ends it with pages of C++ (distributed.timeout_s after that).
+COLLECTIVE_TIMEOUT = "--xla_cpu_collective_timeout_seconds"
+HEARTBEAT_GRACE_S = 30
+
+
 def init_distributed(distributed: ml_collections.ConfigDict) -> None:
   """Joins a multi-process run: explicit `distributed.*` fields, or Slurm's environment (srun)."""
-  under_srun = int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_STEP_ID" in os.environ
-  if not (distributed.coordinator_address or distributed.num_processes > 1 or under_srun):
+  if not (distributed.coordinator_address or planned_processes(distributed) > 1):
     return
+  flags = os.environ.get("XLA_FLAGS", "")
+  if COLLECTIVE_TIMEOUT not in flags:  # read when the CPU backend starts, after this
+    os.environ["XLA_FLAGS"] = f"{flags} {COLLECTIVE_TIMEOUT}={distributed.timeout_s}".strip()
   try:
     # The heartbeat timeout bounds how long a survivor stays blocked on a vanished process (jax
     # then ends it); a collective that fails ends it at once (peers.py). jax's preemption notifier
@@ -76,7 +98,7 @@ def init_distributed(distributed: ml_collections.ConfigDict) -> None:
                                num_processes=distributed.num_processes or None,
                                process_id=pid if pid >= 0 else None,
                                initialization_timeout=distributed.timeout_s,
-                               heartbeat_timeout_seconds=distributed.timeout_s)
+                               heartbeat_timeout_seconds=distributed.timeout_s + HEARTBEAT_GRACE_S)
   except Exception as e:
     raise UserError(f"joining the multi-process run failed ({first_line(e)[:200]}); check "
                     "distributed.coordinator_address (host:port of process 0, reachable from every "
