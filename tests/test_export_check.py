@@ -22,11 +22,13 @@ from jaxtrain.tools import export
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_run(directory: Path, cfg, model_extra: dict | None = None) -> jt.TrainState:
+def make_run(directory: Path, cfg, model_extra: dict | None = None,
+             tokenizer=None) -> jt.TrainState:
   """A run's workdir as training leaves it, its params noisy so that every weight matters; its
   checkpoint's config holds `model_extra` too, as a run of a fork or an extension would save."""
-  tok = tokenizer_lib.ByteTokenizer()
-  state = jt.build(cfg, 256, jax.devices()[:1], eot_id=tok.eot_id).init()
+  tok = tokenizer or tokenizer_lib.ByteTokenizer()
+  state = jt.build(cfg, cfg.model.vocab_size or tok.vocab_size, jax.devices()[:1],
+                   eot_id=tok.eot_id).init()
   rng = np.random.default_rng(0)
   state = state.replace(params=jax.tree.map(
       lambda x: np.asarray(x) + rng.normal(0, 0.3, x.shape).astype(np.float32),
