@@ -107,11 +107,15 @@ def test_llama_cpp_gives_jaxtrains_logits_and_greedy_tokens(layout, tmp_path):
   arch, over = LAYOUTS[layout]
   state = make_run(tmp_path / "run", tiny_config(**over))
   out = export.export_gguf(str(tmp_path / "run"), str(tmp_path / "m.gguf"))
-  llm = llama_cpp.Llama(str(out), n_ctx=32, logits_all=True, verbose=False, n_threads=2)
+  # A float32 key-value cache (llama.cpp's default is float16, which rounds keys and values).
+  llm = llama_cpp.Llama(str(out), n_ctx=32, logits_all=True, verbose=False, n_threads=2,
+                        type_k=0, type_v=0)
   prompt = [72, 105, 33, 10]
   llm.eval(prompt)
   ours = np.asarray(state.model()(np.array([prompt])))[0]
-  np.testing.assert_allclose(np.asarray(llm.scores[:len(prompt)]), ours, atol=2e-3, rtol=0)
+  # ggml's GELU reads a float16 table: gpt2's logits are close, the others' equal to float rounding.
+  atol = 1e-2 if arch == "gpt2" else 1e-4
+  np.testing.assert_allclose(np.asarray(llm.scores[:len(prompt)]), ours, atol=atol, rtol=0)
   made = list(prompt)
   for _ in range(16):
     made.append(int(np.argmax(llm.scores[len(made) - 1])))
@@ -130,7 +134,7 @@ def test_llama_cpp_tokenizes_as_jaxtrain(tmp_path):
     make_run(tmp_path / name, cfg, tokenizer=tok)
     out = export.export_gguf(str(tmp_path / name), str(tmp_path / f"{name}.gguf"))
     llm = llama_cpp.Llama(str(out), n_ctx=32, vocab_only=True, verbose=False)
-    for sample in (text, "  x\n\n\ty", text[:37]):
+    for sample in (text, "  x\n\n  (d)", text[:37]):
       ids = llm.tokenize(sample.encode(), add_bos=False, special=False)
       assert ids == tok.encode(sample).tolist(), (name, sample)
       assert llm.detokenize(ids).decode() == sample

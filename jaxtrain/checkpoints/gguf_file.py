@@ -160,7 +160,7 @@ def write(path: Path, c, arch: str, flat: dict, tok, dtype: str, name: str) -> N
     w.add_key_length(c.head_dim)
     w.add_value_length(c.head_dim)
   w.add_tokenizer_model("gpt2")
-  w.add_tokenizer_pre("gpt2")
+  w.add_tokenizer_pre("gpt-2")  # llama.cpp's name for GPT-2's pre-tokenizer regex
   w.add_token_list(vocab["tokens"])
   w.add_token_types(vocab["types"])
   w.add_token_merges(vocab["merges"])
