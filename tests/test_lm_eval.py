@@ -20,7 +20,7 @@ lm_eval = pytest.importorskip("lm_eval", reason="the lm_eval extra (pip install 
 from conftest import with_root_on_path  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 from test_export_check import make_run  # noqa: E402
-from test_finetune import FIELDS, keyed, task_config, write_jsonl  # noqa: E402
+from test_finetune import FIELDS, KEYS, keyed, pattern, task_config, write_jsonl  # noqa: E402
 
 import jaxtrain as jt  # noqa: E402
 from jaxtrain.checkpoints import load  # noqa: E402
@@ -100,26 +100,27 @@ def test_loglikelihood_rolling_and_generation_tasks_give_jaxtrains_numbers(tmp_p
 
 @pytest.mark.slow
 def test_the_in_training_mc_accuracy_is_lm_evals_acc_bytes(tmp_path):
-  """A short run scores 24 multiple-choice records at every evaluation; lm_eval on its last
-  checkpoint, same records, gives the same accuracy."""
+  """A short run scores 24 multiple-choice records at its evaluation; lm_eval on that
+  checkpoint, same records, gives the same accuracy (0.79 here, part way through learning; lm_eval's
+  unnormalized `acc` picks the short cut ending: 0.0)."""
   train = write_jsonl(tmp_path / "train.jsonl", keyed(600, seed=0))
-  rows = keyed(24, seed=2)
-  items = [{"context": r["prompt"], "endings": [r["completion"], r["completion"][::-1],
-                                                r["completion"][:2] + "q"], "label": i % 3}
-           for i, r in enumerate(rows)]
-  for item in items:  # the right ending at the label's place
-    e = item["endings"]
-    e[0], e[item["label"]] = e[item["label"]], e[0]
+  # The right pattern for the key, another key's (which only a model that learned the keys
+  # tells apart), and a cut one; the right one at each place in turn.
+  items = []
+  for i, r in enumerate(keyed(24, seed=2)):
+    endings = [pattern((KEYS.index(r["prompt"][3]) + 1) % 8), pattern(0)[:2]]
+    endings.insert(i % 3, r["completion"])
+    items.append({"context": r["prompt"], "endings": endings, "label": i % 3})
   mc = write_jsonl(tmp_path / "mc.jsonl", items)
   cfg = task_config(train, tmp_path / "run", **FIELDS, **{
-      "train.max_steps": 30, "train.eval_every": 30, "train.checkpoint_every": 30,
+      "train.max_steps": 16, "train.eval_every": 16, "train.checkpoint_every": 16,
       "train.eval_tasks": str(mc)})
   jt.run(cfg)
   logged = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
   last = [r for r in logged if "task/mc/mc_accuracy" in r][-1]
-  assert last["step"] == 30
+  assert last["step"] == 16
   task_yaml(tmp_path / "tasks", "jt_mc", mc, MC)
-  results = evaluate(tmp_path / "run", tmp_path / "tasks", "jt_mc", step="30")["jt_mc"]
+  results = evaluate(tmp_path / "run", tmp_path / "tasks", "jt_mc", step="16")["jt_mc"]
   assert results["acc_bytes,none"] == last["task/mc/mc_accuracy"], (results, last)
   print(f"in training: mc_accuracy {last['task/mc/mc_accuracy']}; lm_eval: acc_bytes "
         f"{results['acc_bytes,none']}, acc {results['acc,none']}")
