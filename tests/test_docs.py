@@ -32,6 +32,8 @@ NOT_HERE = [
     (r"JAXTRAIN_TEST_GPU=1", "needs a GPU (the tests skip themselves, saying so, without one)"),
     (r"^git clone|gpu_side_by_side", "fetches nanoGPT from the network, and measures on a GPU"),
     (r"^curl ", "downloads a file; the test writes its own input.txt"),
+    (r"^(llama-completion|llama-server|ollama) ", "needs llama.cpp or Ollama built and installed "
+     "(tests/test_gguf.py runs GGUF files through llama.cpp's Python binding where it is installed)"),
     (r"--config\.data\.tokenizer=gpt2", "fetches GPT-2's tokenizer once from the network "
      "(tests/test_first_week.py checks how it is made, and the line where it cannot be had)"),
     (r"^wandb (login|sync)", "talks to the W&B service over the network (tests/test_wandb.py "

@@ -10,12 +10,14 @@ jaxtrain's kernels [in, out]; GPT-2's Conv1D stores [in, out] as jaxtrain does.
 Params here are flat: {"blocks/0/attn/qkv/kernel": array} (`flatten`).
 """
 
+import dataclasses
 import json
 from pathlib import Path
 
 import jax
 import numpy as np
 
+from jaxtrain.checkpoints import targets
 from jaxtrain.core.model import ModelConfig
 from jaxtrain.system.errors import UserError
 
@@ -84,10 +86,9 @@ def blockers(c: ModelConfig) -> list[str]:
 
 
 def architecture(c: ModelConfig) -> str:
-  """LLAMA or GPT2 where one computes what `c` does; else CUSTOM, jaxtrain's own modeling file."""
-  if blockers(c):
-    return CUSTOM
-  return LLAMA if c.pos == "rope" else GPT2
+  """LLAMA or GPT2 where one computes what `c` does; else CUSTOM, jaxtrain's own modeling file
+  (the table of targets.py)."""
+  return targets.choose("hf", dataclasses.asdict(c))
 
 
 def hf_config(c: ModelConfig, eos_id: int | None, bos_id: int | None = None) -> dict:

@@ -46,6 +46,14 @@ def data_field(workdir: str, name: str, given: str, fallback: str) -> str:
   return (saved.get("data") or {}).get(name) or fallback
 
 
+def model_section(workdir: str, step: int) -> dict:
+  """The model.* fields that checkpoint `step` of a run was saved with, as saved (a field this
+  jaxtrain does not know included), on today's defaults of those it knows."""
+  with contextlib.closing(read_only(workdir)) as ckpts:
+    saved = (ckpts.read_meta(step).get("config") or {}).get("model") or {}
+  return {**loading.default_config().model.to_dict(), **saved}
+
+
 def _steps_on_disk(workdir) -> list[int]:
   with contextlib.closing(read_only(workdir)) as ckpts:
     return ckpts.all_steps()

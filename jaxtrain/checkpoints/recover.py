@@ -165,11 +165,13 @@ def _chain(e: BaseException) -> list[BaseException]:
 
 
 def _reason(e: BaseException) -> str:
-  """The innermost error's first line: tensorstore's outer ones only say where it read."""
+  """The innermost error's whole explanation on one line (orbax's tree-structure mismatch names
+  every differing path on lines of its own); tensorstore's outer errors only say where it read."""
   e = next((x for x in reversed(_chain(e)) if str(x)), e)
   text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
-  text = re.sub(r' in OCDBT database at local file "[^"]*"| ?\[tensorstore_spec=.*', "",
-                text.splitlines()[0] if text else "")
+  lines = [re.sub(r' in OCDBT database at local file "[^"]*"| ?\[tensorstore_spec=.*', "", line).strip()
+           for line in text.splitlines()]
+  text = " ".join(line for line in lines if line)
   name = type(e).__name__
   text = text if name in ("Damaged", "ValueError", "Exception") else f"{name}: {text}"
-  return text if len(text) <= 240 else text[:237] + "..."
+  return text if len(text) <= 4000 else text[:3997] + "..."

@@ -168,6 +168,17 @@ STATE_FIELDS = (
     "model.canon",
 )
 LORA_FIELDS = ("finetune.lora_alpha", "finetune.lora_targets")  # breaking where LoRA is on
+# The model and optimizer fields known not to change the state's shapes or what its numbers mean:
+# a resume may change these (the rest of training's course, its speed or memory). Any other
+# model.* or optim.* field that changed, one added since (by a fork, or a user's own code) included,
+# is taken as changing the state: a resume across it is refused by name.
+HARMLESS = (
+    "model.size", "model.dropout", "model.dtype", "model.attention", "model.zero_init_out",
+    "model.remat", "model.loss_chunk", "model.fused_loss",
+    "optim.schedule", "optim.lr", "optim.min_lr_ratio", "optim.decay_fraction", "optim.matrix_lr",
+    "optim.momentum", "optim.muon_ns_steps", "optim.warmup_steps", "optim.decay_steps",
+    "optim.weight_decay", "optim.z_loss", "optim.clip_norm", "optim.b1", "optim.b2", "optim.eps",
+)
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -181,16 +192,31 @@ def flatten(d: dict, prefix: str = "") -> dict:
   return out
 
 
+def _state_field(field: str) -> bool:
+  """Whether a change of `field` forbids a resume (LoRA's and clipping's aside)."""
+  unknown = field.startswith(("model.", "optim.")) and field not in HARMLESS
+  return field in STATE_FIELDS or unknown
+
+
 def config_changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:
-  """(changes that forbid a resume, harmless changes), each as 'field: old -> new'."""
-  old, new = flatten(from_saved(saved).to_dict()), flatten(current)
+  """(changes that forbid a resume, harmless changes), each as 'field: old -> new'. A model or
+  optimizer field that only one side has (a field added by other code than this jaxtrain's) is a
+  change too, from or to `<absent>`."""
+  flat_saved = flatten(saved)
+  old, new = {**flatten(from_saved(saved).to_dict()), **{
+      k: v for k, v in flat_saved.items()
+      if k.startswith(("model.", "optim.")) and k not in REMOVED}}, flatten(current)
   breaking, harmless = [], []
-  for field in sorted(new):
-    if field in old and old[field] != new[field]:
+  for field in sorted(set(new) | set(old)):
+    if _state_field(field) and (field in old) != (field in new):
+      change = f"{field}: {old.get(field, '<absent>')!r} -> {new.get(field, '<absent>')!r}"
+      breaking.append(change.replace("'<absent>'", "<absent>"))
+      continue
+    if field in old and field in new and old[field] != new[field]:
       change = f"{field}: {old[field]!r} -> {new[field]!r}"
       # Clipping on or off adds or removes an optimizer-state entry; its value alone does not.
       toggles_clip = field == "optim.clip_norm" and (old[field] == 0) != (new[field] == 0)
       # Adapters' scale and placement change the state's meaning and shapes, if there are any.
       lora = field in LORA_FIELDS and (old["finetune.lora_rank"] or new["finetune.lora_rank"])
-      (breaking if field in STATE_FIELDS or toggles_clip or lora else harmless).append(change)
+      (breaking if _state_field(field) or toggles_clip or lora else harmless).append(change)
   return breaking, harmless

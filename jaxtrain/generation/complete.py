@@ -68,16 +68,19 @@ def _until_eot(state, prompts_BP: np.ndarray, n_new: int, eot_id: int, rows: int
 def _target_logprobs(params, graphdef, tokens_BL):
   logits_BTV = nnx.merge(graphdef, params)(tokens_BL[:, :-1]).astype(jnp.float32)
   logp_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
-  return jnp.take_along_axis(logp_BTV, tokens_BL[:, 1:, None], axis=-1)[..., 0]
+  top_BT = jnp.argmax(logits_BTV, axis=-1) == tokens_BL[:, 1:]
+  return jnp.take_along_axis(logp_BTV, tokens_BL[:, 1:, None], axis=-1)[..., 0], top_BT
 
 
-def score(state, pairs: list[tuple[np.ndarray, np.ndarray]], batch_size: int = 32) -> np.ndarray:
+def score(state, pairs: list[tuple[np.ndarray, np.ndarray]], batch_size: int = 32,
+          greedy: list | None = None) -> np.ndarray:
   """Summed log-probability (nats) of each continuation given its context: float64[N]. A pair
-  longer than the model's window keeps its last seq_len + 1 tokens (the context's start goes)."""
+  longer than the model's window keeps its last seq_len + 1 tokens (the context's start goes).
+  `greedy`: a list that gets, for each pair, whether every continuation token is the likeliest."""
   window = state.model_cfg.seq_len + 1
   seqs = [np.concatenate([c, x])[-window:] for c, x in pairs]
   counts = [min(len(x), window - 1) for _, x in pairs]
-  out = np.zeros(len(pairs))
+  out, tops = np.zeros(len(pairs)), [False] * len(pairs)
   order = np.argsort([len(s) for s in seqs])  # similar lengths share a batch and a compile
   for at in range(0, len(order), batch_size):
     group = order[at:at + batch_size]
@@ -86,8 +89,12 @@ def score(state, pairs: list[tuple[np.ndarray, np.ndarray]], batch_size: int = 3
     tokens_BL = np.zeros((decode._bucket(len(group), 1), L), np.int32)
     for row, i in enumerate(group):
       tokens_BL[row, :len(seqs[i])] = seqs[i]
-    logp_BT = np.asarray(_target_logprobs(state.params, state.graphdef, jnp.asarray(tokens_BL)))
+    logp_BT, top_BT = map(np.asarray, _target_logprobs(state.params, state.graphdef,
+                                                       jnp.asarray(tokens_BL)))
     for row, i in enumerate(group):
       n = len(seqs[i])
       out[i] = float(logp_BT[row, n - 1 - counts[i]:n - 1].astype(np.float64).sum())
+      tops[i] = bool(top_BT[row, n - 1 - counts[i]:n - 1].all())
+  if greedy is not None:
+    greedy[:] = tops
   return out
