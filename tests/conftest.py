@@ -30,6 +30,33 @@ import jax  # noqa: E402  (after the environment above)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+def pytest_addoption(parser):
+  parser.addoption("--all", action="store_true", default=False,
+                   help="every tier: the slow one too (tests that train or spawn processes); CI runs it")
+
+
+def _fast_tier_only(config) -> bool:
+  """The default run leaves the slow tier out; --all, a marker expression (-m chooses for itself)
+  or a test named by its id (FILE::NAME) runs what was asked."""
+  return not (config.getoption("--all") or config.getoption("markexpr")
+              or any("::" in str(arg) for arg in config.args))
+
+
+def pytest_collection_modifyitems(config, items):
+  if _fast_tier_only(config):
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+      config.hook.pytest_deselected(items=slow)
+      items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+def pytest_terminal_summary(terminalreporter, config):
+  if _fast_tier_only(config) and not hasattr(config, "workerinput"):
+    terminalreporter.write_line("the fast tier ran; the tests marked slow (they train or spawn "
+                                "processes) were left out: `python -m pytest --all` runs every test, "
+                                "as CI does; `-m slow` only those")
+
+
 @pytest.fixture(scope="session")
 def corpus_file(tmp_path_factory) -> Path:
   """~60 KB of English-like text made from a fixed seed: enough for tiny models to learn."""

@@ -91,6 +91,7 @@ def test_a_finished_run_without_status_file_counts_by_its_steps(tmp_path):
   assert runs.read(tmp_path / "short").state == "unfinished"
 
 
+@pytest.mark.slow
 def test_cli_says_what_is_wrong_in_one_line(tmp_path):
   res = subprocess.run([sys.executable, "-m", "jaxtrain.compare", str(tmp_path / "nothing*")],
                        capture_output=True, text=True, cwd=ROOT, timeout=60)

@@ -303,6 +303,7 @@ def test_json_errors_ending_in_at_read_once(tmp_path):
                           "fix that line or leave the file out of --config.data.path")
 
 
+@pytest.mark.slow
 def test_the_command_line_names_the_bad_jsonl_line_and_exits_2(tmp_path):
   path = bad(tmp_path, "docs.jsonl", '{"body": "fine"}\n{"body": "fine"}\n{body: 1}\n')
   result = run_cli("--config=configs/nano.py", "--jax_platforms=cpu",

@@ -58,6 +58,7 @@ def _commands() -> dict[str, str]:
   return found
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_every_file_of_the_package_and_the_recipes(wheel):
   names = zipfile.ZipFile(wheel).namelist()
   tree = {n for n in _files() if n.startswith("jaxtrain/")}
@@ -70,6 +71,7 @@ def test_the_wheel_holds_every_file_of_the_package_and_the_recipes(wheel):
   assert {n.split("/")[0] for n in names} == {"jaxtrain", wheel.name.split("-py3")[0] + ".dist-info"}
 
 
+@pytest.mark.slow
 def test_every_command_has_its_console_script(wheel, monkeypatch):
   (entry_points,) = [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith("entry_points.txt")]
   parser = configparser.ConfigParser()

@@ -21,6 +21,7 @@ DOCS = [ROOT / "README.md", ROOT / "docs" / "testing-api.md"]
 HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "grain", "ml_collections", "matplotlib")
 
 
+@pytest.mark.slow
 def test_import_is_cheap_and_loads_jax_on_first_use():
   probe = (
       "import json, sys\n"

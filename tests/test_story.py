@@ -51,6 +51,7 @@ TINY = ["--config=configs/nano.py", "--jax_platforms=cpu", "--config.model.n_lay
         "--config.sample.num_samples=0", "--config.headless=True"]
 
 
+@pytest.mark.slow
 def test_a_dry_run_shows_the_config_memory_and_plan_and_writes_nothing(corpus_file, tmp_path):
   workdir = tmp_path / "run"
   args = [*TINY, f"--config.data.path={corpus_file}", f"--config.workdir={workdir}"]
@@ -102,6 +103,7 @@ def _memory_cgroup(limit: int):
   pytest.skip("no memory cgroup can be made here (needs root and a writable cgroup file system)")
 
 
+@pytest.mark.slow
 def test_the_memory_estimate_names_the_containers_limit(corpus_file, tmp_path):
   # A run under a 3 GiB limit on a host with much more RAM was killed (137) with no warning.
   big = ["--config.model.d_model=512", "--config.model.n_heads=8", "--config.model.seq_len=1024",
@@ -121,6 +123,7 @@ def test_the_memory_estimate_names_the_containers_limit(corpus_file, tmp_path):
   assert "container memory limit" in warning and "be killed (exit status 137)" in warning
 
 
+@pytest.mark.slow
 def test_a_check_in_the_resolution_refuses_the_run_and_the_dry_run_alike(tiny, monkeypatch):
   """Both resolve a run the one way (loop/resolution.py): a check added there fires in both, and
   the run's claim on its workdir leaves nothing behind."""

@@ -65,6 +65,7 @@ def test_bad_arguments_say_what_to_do(argv, message, tiny_file):
     sweep.grid(sweep.parse(argv))
 
 
+@pytest.mark.slow
 def test_bad_values_stop_the_sweep_before_any_run(tiny_file, tmp_path):
   with pytest.raises(UserError, match="'fast' is not a number"):
     sweep.grid(sweep.parse([f"--config={tiny_file}", "--sweep=optim.lr=1e-3,fast",

@@ -223,6 +223,7 @@ def _bad(tmp_path, case: str):
   return root, flags
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case,message", [
     ("id past the vocabulary", "a.bin holds token id 512, and the vocabulary has 512 ids "
                                "(model.vocab_size): every id must be below it; pass "
@@ -293,6 +294,7 @@ def test_what_token_files_refuse(write, overrides, error, tmp_path):
     _prepare(tmp_path, write, **overrides)
 
 
+@pytest.mark.slow
 def test_what_a_run_without_a_tokenizer_refuses_up_front():
   tok = tokenizer_lib.IdsTokenizer(512)
   for overrides, error in [

@@ -23,6 +23,7 @@ def _checkpoints(workdir: Path) -> list[int]:
   return sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) if ckpts.is_dir() else []
 
 
+@pytest.mark.slow
 def test_a_second_run_into_a_live_workdir_exits_2_and_changes_nothing(corpus_file, tmp_path):
   workdir = tmp_path / "run"
   args = kh.cli_args(workdir, corpus_file, 100_000)
@@ -70,6 +71,7 @@ def test_a_killed_run_leaves_no_stale_lock(corpus_file, tmp_path):
   assert not lock_file.exists()
 
 
+@pytest.mark.slow
 def test_a_held_lock_refuses_an_in_process_run_before_it_writes(tiny, tmp_path):
   workdir = Path(tiny.workdir)
   workdir.mkdir()
@@ -146,6 +148,7 @@ def test_ctrl_c_during_tokenizing_exits_130_with_one_line(big_corpus, tmp_path):
   assert not (tmp_path / "run" / lock.WORKDIR_LOCK).exists()
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_tokenizing_is_one_line_and_leaves_no_cache(big_corpus, tmp_path):
   # The OS refuses to grow any file past 4 MiB (EFBIG), as a full disk refuses with ENOSPC.
   limit = 4 << 20
@@ -166,6 +169,7 @@ def test_a_full_disk_during_tokenizing_is_one_line_and_leaves_no_cache(big_corpu
   assert not (tmp_path / "run").exists()  # the run wrote nothing, so it left no directory
 
 
+@pytest.mark.slow
 def test_runs_in_one_process_take_turns(tiny):
   # Each run releases the workdir when it ends, so the next one in this process may resume it.
   tiny.sample.num_samples = 0
