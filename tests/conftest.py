@@ -1,8 +1,8 @@
 """Test setup: CPU only (unless JAXTRAIN_TEST_GPU=1), compiles made for tests, and one XLA compile
 cache and token cache shared by the whole session.
 
-Subprocess tests inherit the same caches through the environment, so a shape compiled once is
-never compiled again, in this process or another.
+Subprocess tests and pytest-xdist's workers inherit the same caches through the environment, so a
+shape compiled once is never compiled again, in this process or another.
 """
 
 import os
@@ -23,6 +23,10 @@ if os.environ.get("JAXTRAIN_TEST_GPU") != "1":
   # few steps each. Subprocesses inherit it; JAX_DISABLE_MOST_OPTIMIZATIONS=0 turns it off.
   os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_CACHE / "xla"))
+# Two pytest-xdist workers and the processes the tests start share that cache: with a size limit
+# jax takes a file lock around each read and write of it, so that none reads an entry another is
+# still writing.
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(16 << 30))
 os.environ["JAXTRAIN_CACHE"] = str(_CACHE)
 
 import jax  # noqa: E402  (after the environment above)
