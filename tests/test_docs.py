@@ -17,6 +17,7 @@ import pytest
 from test_layout import missing_names
 
 from jaxtrain.config.defaults import default_config
+from jaxtrain.system import fmt
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -262,11 +263,11 @@ def _run(command: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
   runs, on a machine of any speed."""
   out = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, input="def \n",
                        capture_output=True, text=True, timeout=300)
-  # "... too short: starting up and compiling took 32.9s already" or "... too short for this
-  # run: ...; pass --config.train.time_budget=41s"
-  short = re.search(r"time_budget: \S+ is too short.*(?:took ([\d.]+)s|time_budget=(\d+)s)", out.stderr)
+  # "... too short: starting up and compiling took 32.9s already" (1m05s on a slow machine) or
+  # "... too short for this run: ...; pass --config.train.time_budget=41s"
+  short = re.search(r"time_budget: \S+ is too short.*(?:took (\S+) already|time_budget=(\d+)s)", out.stderr)
   if out.returncode == 2 and short:  # once: the rerun starts faster (its compiles are cached)
-    longer = f"--config.train.time_budget={int(float(short[1] or short[2])) + 15}s"
+    longer = f"--config.train.time_budget={int(fmt.parse_duration(short[1] or short[2])) + 15}s"
     out = subprocess.run(["bash", "-c", re.sub(r"--config\.train\.time_budget=\S+$", longer, command)],
                          cwd=cwd, env=env, input="def \n", capture_output=True, text=True, timeout=300)
   return out
