@@ -5,6 +5,7 @@ virtual environment outside the checkout that installs the wheel, as a user does
 import ast
 import configparser
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -82,8 +83,8 @@ def test_every_command_has_its_console_script(wheel, monkeypatch):
   for script, target in scripts.items():
     module_name, function = target.split(":")
     assert module_name == "jaxtrain.commands", target
-    ran = []
-    monkeypatch.setattr(commands, "_run", ran.append)
+    ran = []  # the module each runs as __main__ (what `python -m MODULE` runs)
+    monkeypatch.setattr(runpy, "run_module", lambda module, ran=ran, **kwargs: ran.append(module))
     getattr(commands, function)()
     assert ran == [expected[script]], f"{script} runs {ran}, not {expected[script]}"
 
