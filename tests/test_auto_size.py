@@ -259,6 +259,7 @@ def test_a_probe_cut_short_holds_for_shapes_up_to_its_largest():
   assert speed_probe.fit(rows + rows[:3], 5).max_flops == math.inf  # six rows: the whole probe
 
 
+@pytest.mark.slow
 def test_the_probe_keeps_to_its_share_and_a_later_one_takes_up_what_it_left(tiny, tmp_path,
                                                                              monkeypatch):
   # A share too short for one shape measures none. A probe cut short (two shapes here) is read as

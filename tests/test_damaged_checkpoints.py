@@ -170,6 +170,7 @@ def test_with_every_checkpoint_damaged_the_run_stops_and_moves_nothing(runs, tmp
   assert sorted(p.name for p in ckpt_dir.iterdir()) == ["2", "4"]
 
 
+@pytest.mark.slow
 def test_load_state_uses_the_newest_intact_checkpoint(runs, tmp_path, capsys):
   cfg, ckpt_dir = _copy(runs, tmp_path)
   expected = load.load_state(cfg.workdir, step=2)
@@ -230,6 +231,7 @@ def test_two_processes_agree_on_the_checkpoint_when_only_one_cannot_read_it(corp
   assert f"step      {TOTAL}/{TOTAL}" in out[0] and "warning" not in out[1]
 
 
+@pytest.mark.slow
 def test_a_step_removed_while_being_read_is_skipped_not_moved(runs, tmp_path, capsys,
                                                                monkeypatch):
   cfg, ckpt_dir = _copy(runs, tmp_path)
@@ -281,6 +283,7 @@ def test_an_error_that_is_not_damage_stops_with_one_line_and_moves_nothing(
   assert sorted(p.name for p in ckpt_dir.iterdir()) == ["2", "4"]
 
 
+@pytest.mark.slow
 def test_load_state_moves_nothing_while_a_run_holds_the_workdir(runs, tmp_path, capsys):
   cfg, ckpt_dir = _copy(runs, tmp_path)
   DAMAGE["bytes flipped inside array data"](ckpt_dir / str(FIRST))

@@ -62,6 +62,7 @@ def _metrics(workdir):
   return [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["nanogpt", "llmc"])
 def test_token_files_train_and_the_loss_falls(kind, tiny, corpus_file, tmp_path):
   ids = text_ids(corpus_file)
