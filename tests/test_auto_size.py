@@ -86,6 +86,7 @@ def test_the_speed_fit_recovers_the_model_the_times_came_from():
   assert fitted.compile_per_layer_s == pytest.approx(0.5 * speed_probe.COMPILE_FACTOR)
 
 
+@pytest.mark.slow
 def test_the_law_is_the_one_fitted_to_the_measured_runs():
   # fit.json keeps the points the law was fitted to (each a run in runs.jsonl or an earlier
   # result); fitting them again gives the constants the rule uses.

@@ -322,6 +322,7 @@ def test_an_exported_chat_model_replies_in_transformers_as_in_jaxtrain(chat_run,
     assert hf_tok.decode(made[:-1]) == jt.chat_reply(state, tok, turn, 12, temperature=0)
 
 
+@pytest.mark.slow
 def test_an_unreadable_system_file_names_the_system_flag(tmp_path):
   proc = module("jaxtrain.chat", f"--workdir={tmp_path}", f"--system=@{tmp_path / 'none.txt'}")
   one_line_error(proc, "cannot read the system file", "pass --system=@<a UTF-8 text file>")
