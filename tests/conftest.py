@@ -54,6 +54,7 @@ def pytest_collection_modifyitems(config, items):
       items[:] = [item for item in items if not item.get_closest_marker("slow")]
 
 
+@pytest.hookimpl(trylast=True)  # after the durations: the line before the counts
 def pytest_terminal_summary(terminalreporter, config):
   if _fast_tier_only(config) and not hasattr(config, "workerinput"):
     terminalreporter.write_line("the fast tier ran; the tests marked slow (they train or spawn "
