@@ -99,7 +99,7 @@ def test_train_evaluate_checkpoint_sample_then_resume(corpus_file, tmp_path):
 ])
 def test_bad_input_is_one_line_and_exit_2(flag, message, tmp_path):
   result = run_cli("--config=configs/nano.py", "--jax_platforms=cpu",
-                   f"--config.workdir={tmp_path / 'run'}", flag, timeout=120)
+                   f"--config.workdir={tmp_path / 'run'}", flag, timeout=600)
   assert result.returncode == 2
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr

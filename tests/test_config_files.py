@@ -128,7 +128,7 @@ def test_the_nearest_field_is_suggested(name, expected):
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
   env = with_root_on_path()
   return subprocess.run([sys.executable, "-m", "jaxtrain", *args], cwd=cwd, env=env,
-                        capture_output=True, text=True, timeout=120)
+                        capture_output=True, text=True, timeout=600)
 
 
 def one_line(result: subprocess.CompletedProcess) -> str:

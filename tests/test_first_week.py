@@ -242,12 +242,12 @@ def test_the_installed_command_names_itself_in_help_hints_and_the_resume_line(co
   script = Path(sys.executable).parent / "jaxtrain"
   if not script.is_file():
     pytest.skip("jaxtrain is not installed in this environment (pip install -e .)")
-  shown = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+  shown = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=600)
   assert shown.stdout.startswith("usage: jaxtrain --config=FILE ")
   defaults = shown.stdout.split("Every field with its default: ")[1].split()[0]
   assert Path(defaults).is_file()
   wrong = subprocess.run([str(script), "--config=nano", "--max_steps=5"], capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=600)
   assert wrong.returncode == 2 and wrong.stderr.startswith(
       "error: --max_steps is not a flag of jaxtrain; config fields are set as")
   args = kh.cli_args(tmp_path / "run", corpus_file, 500)
@@ -257,6 +257,6 @@ def test_the_installed_command_names_itself_in_help_hints_and_the_resume_line(co
     if line.startswith("compiled and ran the first step"):
       proc.send_signal(signal.SIGINT)
       break
-  out, _ = proc.communicate(timeout=120)
+  out, _ = proc.communicate(timeout=600)
   assert proc.returncode == 130
   assert out.splitlines()[-1] == f"to resume: jaxtrain {' '.join(args)}"

@@ -28,7 +28,7 @@ OWN_FLAGS = {
 
 def module(name: str, *args: str):
   return subprocess.run([sys.executable, "-m", name, *args], cwd=ROOT, capture_output=True,
-                        text=True, timeout=120)
+                        text=True, timeout=600)
 
 
 @pytest.mark.slow

@@ -54,7 +54,7 @@ def execute(nb: nbformat.NotebookNode, cwd: Path) -> nbformat.NotebookNode:
     return max(1, int(min(CELL_TIMEOUT_S, deadline - time.monotonic())))
 
   client = NotebookClient(nb, kernel_name=KERNEL_NAME, timeout_func=cell_timeout,
-                          startup_timeout=120, resources={"metadata": {"path": str(cwd)}})
+                          startup_timeout=600, resources={"metadata": {"path": str(cwd)}})
   return client.execute()
 
 

@@ -55,7 +55,7 @@ TINY = ["--config=configs/nano.py", "--jax_platforms=cpu", "--config.model.n_lay
 def test_a_dry_run_shows_the_config_memory_and_plan_and_writes_nothing(corpus_file, tmp_path):
   workdir = tmp_path / "run"
   args = [*TINY, f"--config.data.path={corpus_file}", f"--config.workdir={workdir}"]
-  result = run_cli(*args, "--dry_run", timeout=120)
+  result = run_cli(*args, "--dry_run", timeout=600)
   assert result.returncode == 0, result.stderr
   out = result.stdout
   assert out.startswith("config, resolved (* differs from the default):\n")
@@ -72,7 +72,7 @@ def test_a_dry_run_shows_the_config_memory_and_plan_and_writes_nothing(corpus_fi
   trained = run_cli(*args, "--config.train.max_steps=10")
   assert trained.returncode == 0, trained.stderr[-2000:]
   before = sorted((p, p.stat().st_mtime_ns) for p in workdir.rglob("*"))
-  result = run_cli(*args, "--dry_run", "--config.train.time_budget=2m", timeout=120)
+  result = run_cli(*args, "--dry_run", "--config.train.time_budget=2m", timeout=600)
   assert result.returncode == 0, result.stderr
   assert f"resume: a run would resume from the checkpoint of step 10 in {workdir}" in result.stdout
   assert "plan: train.time_budget=2m: the steps are decided at run time" in result.stdout
@@ -114,7 +114,7 @@ def test_the_memory_estimate_names_the_containers_limit(corpus_file, tmp_path):
         ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs"), sys.executable,
          "-m", "jaxtrain", *TINY, f"--config.data.path={corpus_file}",
          f"--config.workdir={tmp_path / 'run'}", *big, "--dry_run"], cwd=ROOT, text=True,
-        capture_output=True, timeout=120, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        capture_output=True, timeout=600, env=dict(os.environ, PYTHONUNBUFFERED="1"))
   assert result.returncode == 0, result.stderr
   line = next(x for x in result.stdout.splitlines() if x.startswith("memory per device"))
   assert re.search(r"; [\d.]+ (GiB|MiB) free of the 3\.00 GiB container memory limit \(cgroup "

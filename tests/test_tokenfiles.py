@@ -239,7 +239,7 @@ def test_a_bad_token_file_is_one_line_and_exit_2(case, message, tmp_path):
   root, flags = _bad(tmp_path, case)
   result = run_cli("--config=configs/nano.py", "--jax_platforms=cpu",
                    f"--config.workdir={tmp_path / 'run'}", f"--config.data.path={root}",
-                   f"--config.data.cache_dir={tmp_path / 'cache'}", *flags, timeout=120)
+                   f"--config.data.cache_dir={tmp_path / 'cache'}", *flags, timeout=600)
   one_line_error(result, message)
   assert len(result.stderr.strip().splitlines()) == 1
   assert not (tmp_path / "run").exists()
