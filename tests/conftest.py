@@ -1,8 +1,8 @@
 """Test setup: CPU only (unless JAXTRAIN_TEST_GPU=1), compiles made for tests, and one XLA compile
 cache and token cache shared by the whole session.
 
-Subprocess tests inherit the same caches through the environment, so a shape compiled once is
-never compiled again, in this process or another.
+Subprocess tests and pytest-xdist's workers inherit the same caches through the environment, so a
+shape compiled once is never compiled again, in this process or another.
 """
 
 import os
@@ -23,11 +23,43 @@ if os.environ.get("JAXTRAIN_TEST_GPU") != "1":
   # few steps each. Subprocesses inherit it; JAX_DISABLE_MOST_OPTIMIZATIONS=0 turns it off.
   os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_CACHE / "xla"))
+# Two pytest-xdist workers and the processes the tests start share that cache: with a size limit
+# jax takes a file lock around each read and write of it, so that none reads an entry another is
+# still writing.
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(16 << 30))
 os.environ["JAXTRAIN_CACHE"] = str(_CACHE)
 
 import jax  # noqa: E402  (after the environment above)
 
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def pytest_addoption(parser):
+  parser.addoption("--all", action="store_true", default=False,
+                   help="every tier: the slow one too (tests that train or spawn processes); CI runs it")
+
+
+def _fast_tier_only(config) -> bool:
+  """The default run leaves the slow tier out; --all, a marker expression (-m chooses for itself)
+  or a test named by its id (FILE::NAME) runs what was asked."""
+  return not (config.getoption("--all") or config.getoption("markexpr")
+              or any("::" in str(arg) for arg in config.args))
+
+
+def pytest_collection_modifyitems(config, items):
+  if _fast_tier_only(config):
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+      config.hook.pytest_deselected(items=slow)
+      items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+@pytest.hookimpl(trylast=True)  # after the durations: the line before the counts
+def pytest_terminal_summary(terminalreporter, config):
+  if _fast_tier_only(config) and not hasattr(config, "workerinput"):
+    terminalreporter.write_line("the fast tier ran; the tests marked slow (they train or spawn "
+                                "processes) were left out: `python -m pytest --all` runs every test, "
+                                "as CI does; `-m slow` only those")
 
 
 @pytest.fixture(scope="session")

@@ -87,14 +87,14 @@ class Proc:
     for line in stream:
       lines.append(line.rstrip("\n"))
 
-  def wait_for(self, predicate, timeout: float = 60) -> None:
+  def wait_for(self, predicate, timeout: float = 600) -> None:
     deadline = time.time() + timeout
     while not predicate():
       assert self.proc.poll() is None, f"exited {self.proc.returncode}: {self.out[-5:]} {self.err}"
       assert time.time() < deadline, f"timed out: {self.out[-5:]} {self.err}"
       time.sleep(0.002)
 
-  def finish(self, timeout: float = 60) -> int:
+  def finish(self, timeout: float = 600) -> int:
     try:
       code = self.proc.wait(timeout)
     finally:
@@ -159,7 +159,7 @@ def final_state(workdir: Path) -> tuple[dict, dict]:
           "s = load_state(sys.argv[1]); "
           "sys.stdout.buffer.write(pickle.dumps(jax.device_get(s.arrays())))")
   blob = subprocess.run([sys.executable, "-c", code, str(workdir)], cwd=ROOT, capture_output=True,
-                        check=True, timeout=120).stdout
+                        check=True, timeout=600).stdout
   import pickle
 
   arrays = pickle.loads(blob)

@@ -86,6 +86,7 @@ def test_the_speed_fit_recovers_the_model_the_times_came_from():
   assert fitted.compile_per_layer_s == pytest.approx(0.5 * speed_probe.COMPILE_FACTOR)
 
 
+@pytest.mark.slow
 def test_the_law_is_the_one_fitted_to_the_measured_runs():
   # fit.json keeps the points the law was fitted to (each a run in runs.jsonl or an earlier
   # result); fitting them again gives the constants the rule uses.
@@ -101,6 +102,7 @@ def test_the_law_is_the_one_fitted_to_the_measured_runs():
         size_rule.LAW.bpb(pt["n"], pt["d"], pt["u"]), rel=2e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,message", [
     (["--config.model.size=auto"], "config.model.size: is auto, which needs train.time_budget"),
     (["--config.model.size=big"], "config.model.size: 'big' is not auto or empty"),
@@ -144,6 +146,7 @@ def _rows(speed: size_rule.SpeedModel) -> list[dict]:
            "layers": s.n_layers, "compile_s": 1.0} for s in shapes]
 
 
+@pytest.mark.slow
 def test_the_dry_run_says_what_it_would_choose_and_why(tmp_path, corpus_file):
   cache = tmp_path / "cache"
   _seed_speed(cache, corpus_file, _rows(SPEED))
@@ -170,6 +173,7 @@ class _StopAt(Hook):
     return "test stop" if getattr(self, "at_now", 0) >= self.at else None
 
 
+@pytest.mark.slow
 def test_a_run_writes_its_choice_and_a_resume_keeps_it(tiny, tmp_path, monkeypatch):
   # Small context and batch given (kept), depth and width chosen. A machine this slow trains only
   # small candidates; a resume on a machine 1000x faster keeps the choice.
@@ -208,6 +212,7 @@ def test_a_given_field_is_kept_and_an_impossible_one_is_an_error(tiny, monkeypat
     autosize.resolve(tiny, 600.0, ("model.n_layers", "model.n_heads"), t_start=time.time())
 
 
+@pytest.mark.slow
 def test_the_corpus_is_read_once_and_handed_on(tiny, monkeypatch, capsys):
   # The choice counts the corpus's tokens; the run (here its dry run) trains on that same read.
   monkeypatch.setattr(speed_probe, "speed_model", _speed(SPEED))
@@ -255,6 +260,7 @@ def test_a_probe_cut_short_holds_for_shapes_up_to_its_largest():
   assert speed_probe.fit(rows + rows[:3], 5).max_flops == math.inf  # six rows: the whole probe
 
 
+@pytest.mark.slow
 def test_the_probe_keeps_to_its_share_and_a_later_one_takes_up_what_it_left(tiny, tmp_path,
                                                                              monkeypatch):
   # A share too short for one shape measures none. A probe cut short (two shapes here) is read as
@@ -282,6 +288,7 @@ def test_the_probe_keeps_to_its_share_and_a_later_one_takes_up_what_it_left(tiny
   assert said[-1].startswith("model.size=auto: measuring this machine's speed on 4 more shapes")
 
 
+@pytest.mark.slow
 def test_a_cached_probe_is_slowed_by_the_load_now(tiny, tmp_path, monkeypatch):
   # Speeds cached on quiet cores, read while other processes keep every core busy: the steps are
   # counted at the share left to the run (MIN_SHARE here, the cores all taken), and it is said.

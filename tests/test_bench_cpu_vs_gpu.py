@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 
 
-def run_benchmark(script: str, *args: str, timeout: float = 240) -> str:
+def run_benchmark(script: str, *args: str, timeout: float = 600) -> str:
   result = subprocess.run([sys.executable, f"benchmarks/{script}", *args], cwd=ROOT,
                           env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True,
                           text=True, timeout=timeout)

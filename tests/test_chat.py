@@ -189,6 +189,7 @@ def test_chat_config_is_checked_up_front(tmp_path):
     prepare(text, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_chat_run_starts_from_a_text_run_with_the_chat_tokens_added(tmp_path, capsys):
   untied = {"model.tie_embeddings": False}
   source = tmp_path / "text"
@@ -216,6 +217,7 @@ def test_a_chat_run_starts_from_a_text_run_with_the_chat_tokens_added(tmp_path, 
   assert "with 4 new token embeddings (the chat tokens)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_tiny_model_learns_the_chat_task_and_keeps_the_conversation(chat_run):
   out = chat_run["stdout"]
   assert "data: chat records ('messages')" in out and "count in the loss" in out
@@ -264,7 +266,7 @@ def test_ctrl_c_ends_the_chat_command_with_130_and_no_traceback(chat_run):
   proc.stdin.flush()
   assert proc.stdout.readline() == "C33\n"  # answered; now it waits for the next message
   proc.send_signal(signal.SIGINT)
-  _, err = proc.communicate(timeout=60)
+  _, err = proc.communicate(timeout=600)
   assert proc.returncode == 130 and "Traceback" not in err, err
 
 
@@ -300,6 +302,7 @@ def test_transformers_chat_template_gives_jaxtrains_tokens(tmp_path):
   assert "chat_template" not in json.loads((tmp_path / "plain" / "tokenizer_config.json").read_text())
 
 
+@pytest.mark.slow
 def test_an_exported_chat_model_replies_in_transformers_as_in_jaxtrain(chat_run, tmp_path):
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")
@@ -319,6 +322,7 @@ def test_an_exported_chat_model_replies_in_transformers_as_in_jaxtrain(chat_run,
     assert hf_tok.decode(made[:-1]) == jt.chat_reply(state, tok, turn, 12, temperature=0)
 
 
+@pytest.mark.slow
 def test_an_unreadable_system_file_names_the_system_flag(tmp_path):
   proc = module("jaxtrain.chat", f"--workdir={tmp_path}", f"--system=@{tmp_path / 'none.txt'}")
   one_line_error(proc, "cannot read the system file", "pass --system=@<a UTF-8 text file>")

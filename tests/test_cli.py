@@ -6,7 +6,7 @@ import sys
 import pytest
 from conftest import run_cli
 
-from jaxtrain.system import allocator
+from jaxtrain.system import allocator, fmt
 
 pytestmark = pytest.mark.newest  # CI runs it on the newest JAX too
 
@@ -53,14 +53,19 @@ def test_train_evaluate_checkpoint_sample_then_resume(corpus_file, tmp_path):
   assert lines[done + 1] == (f"summary: best val loss {best['val_loss']:.4f} at step {best['step']}"
                              " | 5.12k tokens seen (20 steps x 256)")
   time_line = lines[done + 2]
-  wall = float(lines[done].split("| wall ")[1].split("s |")[0])
-  parts = dict(p.rsplit(" ", 1) for p in time_line.split(" = ")[1].split(" + "))
+  wall_text = lines[done].split("| wall ")[1].split(" |")[0]
+  wall = fmt.parse_duration(wall_text)
+  parts = {k: fmt.parse_duration(v) for k, v in
+           (p.rsplit(" ", 1) for p in time_line.split(" = ")[1].split(" + "))}
   # Phases in their order; one under 0.05 s is left out, and the eval (compiled while training
   # ran) or the loss plot (drawn beside the samples) can be (only the train part is always said).
   phases = ["start-up", "compile", "train", "eval", "checkpoints", "samples", "loss plot"]
-  assert time_line.startswith(f"time: {wall:.1f}s = start-up ") and "train" in parts, time_line
+  assert time_line.startswith(f"time: {wall_text} = start-up ") and "train" in parts, time_line
   assert list(parts) == [p for p in phases if p in parts], time_line
-  assert abs(sum(float(v.rstrip("s")) for v in parts.values()) - wall) < 0.35, time_line
+  # Each figure is rounded as printed: to 0.1 s under a minute, to whole seconds from one on (a
+  # slow or busy machine takes minutes).
+  slack = sum(0.05 if v < 60 else 1.0 for v in parts.values()) + (1.0 if wall >= 60 else 0.0)
+  assert abs(sum(parts.values()) - wall) < slack, time_line
 
   # The same run in a new directory, its programs now from XLA's compile cache: same numbers.
   again = run_cli(*[a.replace(str(workdir), str(tmp_path / "again")) for a in args],
@@ -94,7 +99,7 @@ def test_train_evaluate_checkpoint_sample_then_resume(corpus_file, tmp_path):
 ])
 def test_bad_input_is_one_line_and_exit_2(flag, message, tmp_path):
   result = run_cli("--config=configs/nano.py", "--jax_platforms=cpu",
-                   f"--config.workdir={tmp_path / 'run'}", flag, timeout=120)
+                   f"--config.workdir={tmp_path / 'run'}", flag, timeout=600)
   assert result.returncode == 2
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr

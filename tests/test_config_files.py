@@ -128,7 +128,7 @@ def test_the_nearest_field_is_suggested(name, expected):
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
   env = with_root_on_path()
   return subprocess.run([sys.executable, "-m", "jaxtrain", *args], cwd=cwd, env=env,
-                        capture_output=True, text=True, timeout=120)
+                        capture_output=True, text=True, timeout=600)
 
 
 def one_line(result: subprocess.CompletedProcess) -> str:
@@ -190,6 +190,7 @@ def finetune(source: Path, corpus_file: Path, workdir: Path, **model) -> ml_coll
       "train.batch_size": 8, "sample.num_samples": 0})
 
 
+@pytest.mark.slow
 def test_a_finetune_takes_its_model_from_the_run_it_starts_from(source, corpus_file, tmp_path):
   result = jt.run(finetune(source, corpus_file, tmp_path / "tuned", **{"model.dropout": 0.1}),
                   show_progress=False)
@@ -203,6 +204,7 @@ def test_a_finetune_takes_its_model_from_the_run_it_starts_from(source, corpus_f
   assert json.loads((tmp_path / "tuned" / "config.json").read_text())["model"] == ours
 
 
+@pytest.mark.slow
 def test_a_finetune_that_sets_other_model_fields_names_every_one(source, corpus_file, tmp_path):
   cfg = finetune(source, corpus_file, tmp_path / "tuned", **{"model.n_layers": 5})
   with pytest.raises(UserError) as e:  # tie_embeddings=True is its default, but set explicitly
@@ -214,6 +216,7 @@ def test_a_finetune_that_sets_other_model_fields_names_every_one(source, corpus_
   assert not (tmp_path / "tuned").exists()
 
 
+@pytest.mark.slow
 def test_a_finetune_refused_at_start_leaves_no_run_behind(source, corpus_file, tmp_path):
   cfg = finetune(source, corpus_file, tmp_path / "tuned", **{"data.tokenizer": "char"})
   with pytest.raises(UserError, match="another tokenizer"):  # found once setup wrote its files

@@ -116,6 +116,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_a_damaged_checkpoint_is_set_aside_and_the_run_goes_on_from_the_one_before(
     runs, tmp_path, capsys, damage):
@@ -143,6 +144,7 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_run_goes_on_from_the_one_befo
   assert kh.losses(Path(whole.workdir)) == kh.losses(Path(cfg.workdir))
 
 
+@pytest.mark.slow
 def test_the_reason_names_the_damage(runs, tmp_path, capsys):
   cfg, ckpt_dir = _copy(runs, tmp_path)
   DAMAGE["bytes flipped inside array data"](ckpt_dir / str(FIRST))
@@ -152,6 +154,7 @@ def test_the_reason_names_the_damage(runs, tmp_path, capsys):
   assert "(array data differs from what was saved: checksum of " in line, line
 
 
+@pytest.mark.slow
 def test_with_every_checkpoint_damaged_the_run_stops_and_moves_nothing(runs, tmp_path):
   cfg, ckpt_dir = _copy(runs, tmp_path)
   for step in (2, FIRST):
@@ -167,6 +170,7 @@ def test_with_every_checkpoint_damaged_the_run_stops_and_moves_nothing(runs, tmp
   assert sorted(p.name for p in ckpt_dir.iterdir()) == ["2", "4"]
 
 
+@pytest.mark.slow
 def test_load_state_uses_the_newest_intact_checkpoint(runs, tmp_path, capsys):
   cfg, ckpt_dir = _copy(runs, tmp_path)
   expected = load.load_state(cfg.workdir, step=2)
@@ -187,6 +191,7 @@ def test_load_state_uses_the_newest_intact_checkpoint(runs, tmp_path, capsys):
     load.load_state(cfg.workdir)
 
 
+@pytest.mark.slow
 def test_cli_with_every_checkpoint_damaged_exits_2_with_one_line(corpus_file, tmp_path):
   workdir = tmp_path / "cli"
   args = kh.cli_args(workdir, corpus_file, 6)
@@ -226,6 +231,7 @@ def test_two_processes_agree_on_the_checkpoint_when_only_one_cannot_read_it(corp
   assert f"step      {TOTAL}/{TOTAL}" in out[0] and "warning" not in out[1]
 
 
+@pytest.mark.slow
 def test_a_step_removed_while_being_read_is_skipped_not_moved(runs, tmp_path, capsys,
                                                                monkeypatch):
   cfg, ckpt_dir = _copy(runs, tmp_path)
@@ -251,6 +257,7 @@ TRANSIENT = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("error", TRANSIENT)
 def test_an_error_that_is_not_damage_stops_with_one_line_and_moves_nothing(
     runs, tmp_path, monkeypatch, error):
@@ -276,6 +283,7 @@ def test_an_error_that_is_not_damage_stops_with_one_line_and_moves_nothing(
   assert sorted(p.name for p in ckpt_dir.iterdir()) == ["2", "4"]
 
 
+@pytest.mark.slow
 def test_load_state_moves_nothing_while_a_run_holds_the_workdir(runs, tmp_path, capsys):
   cfg, ckpt_dir = _copy(runs, tmp_path)
   DAMAGE["bytes flipped inside array data"](ckpt_dir / str(FIRST))

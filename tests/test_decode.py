@@ -33,7 +33,9 @@ def _lively(state, seed: int = 0):
   return state.replace(params=params)
 
 
-@pytest.mark.parametrize("name", SWITCHES)
+# The default model in the fast tier, every other switch in the slow one.
+@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] if i else [])
+                                  for i, name in enumerate(SWITCHES)])
 def test_cached_greedy_tokens_equal_uncached(name):
   cfg = tiny_config(**{"model.seq_len": 16, **SWITCHES[name]})
   state = _lively(init(cfg))

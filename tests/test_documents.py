@@ -303,12 +303,13 @@ def test_json_errors_ending_in_at_read_once(tmp_path):
                           "fix that line or leave the file out of --config.data.path")
 
 
+@pytest.mark.slow
 def test_the_command_line_names_the_bad_jsonl_line_and_exits_2(tmp_path):
   path = bad(tmp_path, "docs.jsonl", '{"body": "fine"}\n{"body": "fine"}\n{body: 1}\n')
   result = run_cli("--config=configs/nano.py", "--jax_platforms=cpu",
                    f"--config.workdir={tmp_path / 'run'}", f"--config.data.path={path}",
                    "--config.data.text_field=body", "--config.data.tokenizer=bpe",
-                   f"--config.data.cache_dir={tmp_path / 'cache'}", timeout=120)
+                   f"--config.data.cache_dir={tmp_path / 'cache'}", timeout=600)
   assert result.returncode == 2, result.stderr
   assert result.stderr.strip().splitlines() == [
       f"error: {path} line 3 is not JSON (Expecting property name enclosed in double quotes at "

@@ -71,6 +71,7 @@ print(json.dumps({"measured": status("VmHWM") - before, "estimate": est}))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK),
                     reason="needs Linux's /proc/self/clear_refs, writable")
 @pytest.mark.parametrize("overrides", [

@@ -52,6 +52,7 @@ def scored(tmp_path_factory):
           "evals": evals(cfg.workdir)}
 
 
+@pytest.mark.slow
 def test_every_evaluation_has_the_task_scores_and_exact_match_rises(scored):
   rows = scored["evals"]
   assert [r["step"] for r in rows] == list(range(10, scored["result"].step + 1, 10))
@@ -70,6 +71,7 @@ def test_every_evaluation_has_the_task_scores_and_exact_match_rises(scored):
     assert scored["out"].index(f"eval step {step} task mc: mc_accuracy ", held) > held
 
 
+@pytest.mark.slow
 def test_early_stopping_on_a_task_metric_stops_when_it_stops_rising(scored):
   steps = [r[METRIC] for r in scored["evals"]]
   assert scored["result"].step < 120
@@ -95,6 +97,7 @@ def test_accuracies_are_better_higher_and_losses_lower():
   assert hook.stop_reason() is None
 
 
+@pytest.mark.slow
 def test_tensorboard_and_wandb_get_the_task_scores(scored):
   acc = event_accumulator.EventAccumulator(str(scored["cfg"].workdir),
                                            size_guidance={"scalars": 0}).Reload()
@@ -105,6 +108,7 @@ def test_tensorboard_and_wandb_get_the_task_scores(scored):
   assert tensorboard_log.scalars("val", scored["evals"][-1])[METRIC] == scored["evals"][-1][METRIC]  # W&B's
 
 
+@pytest.mark.slow
 def test_compare_shows_task_accuracies_and_ranks_by_one(scored, tmp_path):
   printed = []
   compare.compare([str(scored["cfg"].workdir)], print_fn=printed.append, width=400)
@@ -132,6 +136,7 @@ def test_compare_shows_task_accuracies_and_ranks_by_one(scored, tmp_path):
     compare.compare(runs, by="task/x/exact_match")
 
 
+@pytest.mark.slow
 def test_task_files_are_checked_before_anything_runs(tmp_path):
   held = write_jsonl(tmp_path / "held.jsonl", keyed(4, seed=1))
   other = tmp_path / "other"

@@ -58,6 +58,7 @@ def torch_logits(directory: Path, tokens: np.ndarray) -> np.ndarray:
     return model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_exported_model_gives_jaxtrains_logits_in_transformers(layout, tmp_path):
   cfg = tiny_config(**LAYOUTS[layout])
@@ -78,6 +79,7 @@ def test_exported_model_gives_jaxtrains_logits_in_transformers(layout, tmp_path)
     init_from.load_flat(str(out), state.model_cfg, tokenizer_lib.CharTokenizer("abc"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("umask", [0o022, 0o002])
 def test_exported_files_get_the_mode_the_umask_gives(umask, tmp_path):
   make_run(tmp_path / "run", tiny_config())
@@ -119,6 +121,7 @@ def _check_own_class(out: Path, state, tokens: np.ndarray) -> None:
   jt.assert_trees_equal(hf.fill(state.params, flat, "x"), jax.device_get(state.params))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("switch,value", [("norm", "layernorm"), ("qk_norm", True),
                                           ("mlp", "relu2"), ("x0_mix", True), ("canon", 4)])
 def test_a_layout_without_a_transformers_class_exports_with_its_own_code(switch, value, tmp_path):
@@ -132,6 +135,7 @@ def test_a_layout_without_a_transformers_class_exports_with_its_own_code(switch,
   assert line.endswith("from_pretrained('hf', trust_remote_code=True)")
 
 
+@pytest.mark.slow
 def test_document_masks_and_a_learned_position_model_of_its_own_class(tmp_path):
   cfg = tiny_config(**{"model.doc_mask": True, "model.canon": 3, "model.pos": "learned",
                        "model.n_kv_heads": 1})
@@ -144,6 +148,7 @@ def test_document_masks_and_a_learned_position_model_of_its_own_class(tmp_path):
   _check_own_class(out, state, tokens)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in (ROOT / "configs").glob("*.py")))
 def test_every_recipes_model_exports_to_transformers_with_equal_logits(recipe, tmp_path):
   from jaxtrain.config import loading
@@ -163,6 +168,7 @@ def test_every_recipes_model_exports_to_transformers_with_equal_logits(recipe, t
                                atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_an_export_never_overwrites_and_leaves_nothing_half_written(tmp_path):
   make_run(tmp_path / "run", tiny_config())
   out = export.export(str(tmp_path / "run"), str(tmp_path / "hf"))
@@ -178,6 +184,7 @@ def test_an_export_never_overwrites_and_leaves_nothing_half_written(tmp_path):
   assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "hf", "run"]  # no temporary left
 
 
+@pytest.mark.slow
 def test_the_export_carries_end_of_text_in_every_file(tmp_path):
   tok = tokenizer_lib.CharTokenizer("abcdef \n")
   make_run(tmp_path / "run", tiny_config(), tok)
@@ -204,6 +211,7 @@ def test_a_tokenizer_json_with_a_beginning_token_exports_it_as_bos():
                       tokenizer_lib.bos_id(tok))["bos_token_id"] == 2
 
 
+@pytest.mark.slow
 def test_generate_stops_at_end_of_text_and_a_pipeline_warns_nothing(tmp_path, caplog):
   make_run(tmp_path / "run", tiny_config(**LAYOUTS["gpt2"]))
   caplog.set_level(logging.WARNING)
@@ -285,6 +293,7 @@ def test_init_from_a_transformers_model_made_with_save_pretrained(arch, tmp_path
     hf.fill(wide.abstract.params, flat, str(tmp_path / "hf"))
 
 
+@pytest.mark.slow
 def test_init_from_a_run_checks_tokenizer_and_switches(tmp_path):
   cfg = tiny_config()
   state = make_run(tmp_path / "run", cfg)

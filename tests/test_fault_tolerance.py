@@ -96,6 +96,7 @@ def _one_line_error(result, exit_code: int = 2) -> str:
   return lines[0]
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_names_the_step_and_keeps_the_last_checkpoint(corpus_file, tmp_path):
   workdir = tmp_path / "nan"
   args = kh.cli_args(workdir, corpus_file, 6)
@@ -118,6 +119,7 @@ def finished_run(corpus_file, tmp_path_factory):
   return workdir, args
 
 
+@pytest.mark.slow
 def test_resume_with_a_shape_changing_config_lists_each_field(finished_run):
   workdir, args = finished_run
   before = (workdir / "config.json").read_text()
@@ -127,6 +129,7 @@ def test_resume_with_a_shape_changing_config_lists_each_field(finished_run):
   assert (workdir / "config.json").read_text() == before  # nothing overwritten
 
 
+@pytest.mark.slow
 def test_resume_with_harmless_changes_is_allowed_and_logged(corpus_file, tmp_path):
   workdir = tmp_path / "harmless"
   args = kh.cli_args(workdir, corpus_file, 6)
@@ -138,6 +141,7 @@ def test_resume_with_harmless_changes_is_allowed_and_logged(corpus_file, tmp_pat
       in result.stdout
 
 
+@pytest.mark.slow
 def test_resume_on_different_data_needs_opt_in(finished_run, tmp_path):
   workdir, args = finished_run
   other = tmp_path / "other.txt"
@@ -155,12 +159,14 @@ def _tiny_args(workdir: Path, data: Path | str) -> list[str]:
   return kh.cli_args(workdir, Path(data), 4)
 
 
+@pytest.mark.slow
 def test_missing_data(tmp_path):
   line = _one_line_error(run_cli(*_tiny_args(tmp_path / "run", tmp_path / "nope.txt")))
   assert "data.path" in line and "matches no file" in line
   assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_empty_data(tmp_path):
   (tmp_path / "empty.txt").write_text("")
   line = _one_line_error(run_cli(*_tiny_args(tmp_path / "run", tmp_path / "empty.txt")))
@@ -168,6 +174,7 @@ def test_empty_data(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_binary_data(tmp_path):
   (tmp_path / "weights.pt").write_bytes(bytes(range(256)) * 100)
   line = _one_line_error(run_cli(*_tiny_args(tmp_path / "run", tmp_path / "weights.pt")))
@@ -178,6 +185,7 @@ def test_binary_data(tmp_path):
   assert "flat token files (model.bin) do not say how many ids" in line
 
 
+@pytest.mark.slow
 def test_non_utf8_data_is_replaced_and_reported(tmp_path):
   (tmp_path / "latin1.txt").write_bytes("Un café très noir, s'il vous plaît. ".encode("latin-1") * 200)
   result = run_cli(*_tiny_args(tmp_path / "run", tmp_path / "latin1.txt"))
@@ -185,12 +193,14 @@ def test_non_utf8_data_is_replaced_and_reported(tmp_path):
   assert "byte(s) that are not UTF-8 with U+FFFD" in result.stdout
 
 
+@pytest.mark.slow
 def test_corpus_shorter_than_one_window(tmp_path):
   (tmp_path / "short.txt").write_text("too short for a window of 33 tokens " * 3)
   line = _one_line_error(run_cli(*_tiny_args(tmp_path / "run", tmp_path / "short.txt")))
   assert "shorter than one window" in line and "seq_len" in line
 
 
+@pytest.mark.slow
 def test_unwritable_workdir(corpus_file, tmp_path):
   blocker = tmp_path / "a_file"
   blocker.write_text("keep me")
@@ -199,6 +209,7 @@ def test_unwritable_workdir(corpus_file, tmp_path):
   assert blocker.read_text() == "keep me"
 
 
+@pytest.mark.slow
 def test_workdir_that_is_not_a_jaxtrain_run(corpus_file, tmp_path):
   workdir = tmp_path / "photos"
   workdir.mkdir()
@@ -209,12 +220,14 @@ def test_workdir_that_is_not_a_jaxtrain_run(corpus_file, tmp_path):
   assert (workdir / "holiday.jpg").read_bytes() == b"\xff\xd8 precious"
 
 
+@pytest.mark.slow
 def test_unknown_config_field(corpus_file, tmp_path):
   line = _one_line_error(run_cli(*_tiny_args(tmp_path / "run", corpus_file),
                                  "--config.train.max_stpes=5"))
   assert "--config.train.max_stpes is not a config field; did you mean --config.train.max_steps" in line
 
 
+@pytest.mark.slow
 def test_cuda_platform_without_a_gpu_backend(corpus_file, tmp_path):
   pytest.importorskip("jax")
   import importlib.util
@@ -239,6 +252,7 @@ def _run_with_file_size_limit(args: list[str], limit: int, cache: Path) -> subpr
                         capture_output=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(corpus_file, tmp_path):
   # A real write error from the OS inside orbax's save: files are capped at 32 KiB (EFBIG).
   workdir = tmp_path / "run"
@@ -256,6 +270,7 @@ def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(corpus_file, tm
   assert "resumed from checkpoint" in again.text() and "at step 3" in again.text()
 
 
+@pytest.mark.slow
 def test_out_of_disk_space(corpus_file, tmp_path):
   mount = tmp_path / "small_disk"
   mount.mkdir()
@@ -271,6 +286,7 @@ def test_out_of_disk_space(corpus_file, tmp_path):
     subprocess.run(["umount", str(mount)], capture_output=True)
 
 
+@pytest.mark.slow
 def test_a_signal_during_a_routine_save_still_stops_the_run():
   from jaxtrain.system import signals
 

@@ -3,6 +3,7 @@ are copied back only for the steps that log, once the next step is queued."""
 
 import jax
 import numpy as np
+import pytest
 
 from jaxtrain import train
 from jaxtrain.core import programs
@@ -51,6 +52,7 @@ class _Order(Hook):
     self.events.append(("log", step))
 
 
+@pytest.mark.slow
 def test_a_log_line_is_read_once_the_next_step_is_queued(tiny):
   cfg = tiny.copy_and_resolve_references()
   cfg.train.max_steps, cfg.train.log_every, cfg.train.eval_every = 12, 3, 100
@@ -66,6 +68,7 @@ def test_a_log_line_is_read_once_the_next_step_is_queued(tiny):
   assert order.events.index(("log", 12)) == order.events.index(("step", 12)) + 1
 
 
+@pytest.mark.slow
 def test_between_log_steps_nothing_is_copied_back(tiny, monkeypatch):
   cfg = tiny.copy_and_resolve_references()
   cfg.train.max_steps, cfg.train.log_every, cfg.train.eval_every = 12, 4, 100

@@ -128,6 +128,7 @@ def test_prompt_completion_config_is_checked_up_front(tmp_path):
     corpus_lib.prepare(task_config(text, tmp_path / "w", **FIELDS).data, show_progress=False)
 
 
+@pytest.mark.slow
 def test_a_fine_tuned_model_completes_held_out_prompts(task):
   state, tok = load.load(str(task["cfg"].workdir))
   assert state.model_cfg.doc_mask  # records packed into one window do not see each other
@@ -143,6 +144,7 @@ def test_a_fine_tuned_model_completes_held_out_prompts(task):
   assert evals[-1] < 0.6 * evals[0]
 
 
+@pytest.mark.slow
 def test_masking_the_prompts_is_visible_in_the_loss(task, tmp_path):
   """The same records as plain text (prompts in the loss): random prompts are unpredictable, so
   its loss stays far above the masked run's, which counts only the learnable completions."""
@@ -153,6 +155,7 @@ def test_masking_the_prompts_is_visible_in_the_loss(task, tmp_path):
       (task["result"].val_loss, result.val_loss)
 
 
+@pytest.mark.slow
 def test_init_from_a_run_fine_tunes_on_records(task, tmp_path):
   cfg = task_config(task["train"], tmp_path / "ft", **FIELDS,
                     **{"train.max_steps": 10, "init_from": str(task["cfg"].workdir),

@@ -109,6 +109,7 @@ def test_meta_pkl_gives_characters_ids_or_one_line_never_running_code(tmp_path):
     meta_pkl.read(path)
 
 
+@pytest.mark.slow
 def test_flat_token_files_without_meta_pkl_suggest_gpt2_by_name(tmp_path):
   data = tmp_path / "owt"
   data.mkdir()
@@ -119,6 +120,7 @@ def test_flat_token_files_without_meta_pkl_suggest_gpt2_by_name(tmp_path):
   assert "meta.pkl is not beside them" in line and "50257" not in line
 
 
+@pytest.mark.slow
 def test_gpt2_by_name_without_network_or_cached_files_is_one_line(tmp_path, corpus_file):
   env = {"TIKTOKEN_CACHE_DIR": str(tmp_path / "tiktoken"), "JAXTRAIN_CACHE": str(tmp_path / "c"),
          "HTTPS_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
@@ -146,6 +148,7 @@ def test_a_tiktoken_vocabulary_becomes_a_tokenizer_json_with_the_same_ids(corpus
   assert tok.eot_id == trained.eot_id and tok.vocab_size == trained.vocab_size
 
 
+@pytest.mark.slow
 def test_a_latin1_file_gets_a_warning_with_its_share_and_the_fix(tmp_path):
   latin1 = tmp_path / "roman.txt"
   latin1.write_bytes("Un café très noir, s'il vous plaît. ".encode("latin-1") * 200)
@@ -158,6 +161,7 @@ def test_a_latin1_file_gets_a_warning_with_its_share_and_the_fix(tmp_path):
           ) in result.stdout.splitlines()
 
 
+@pytest.mark.slow
 def test_a_char_vocabulary_of_thousands_of_symbols_gets_a_note(tmp_path):
   text = "".join(chr(c) for c in range(0x4E00, 0x4E00 + 2000)) * 4
   (tmp_path / "han.txt").write_text(text, encoding="utf-8")
@@ -170,6 +174,7 @@ def test_a_char_vocabulary_of_thousands_of_symbols_gets_a_note(tmp_path):
           ) in result.stdout.splitlines()
 
 
+@pytest.mark.slow
 def test_the_dry_run_gives_the_time_here_and_warns_of_many_epochs(corpus_file, tmp_path):
   result = run_cli(*kh.cli_args(tmp_path / "run", corpus_file, 20000), "--dry_run")
   assert result.returncode == 0, result.stderr
@@ -201,6 +206,7 @@ class _StopAtOnce(jt.Hook):
     return "seen enough"
 
 
+@pytest.mark.slow
 def test_a_real_run_warns_of_many_epochs_in_its_first_lines(tmp_path, capsys):
   text = tmp_path / "small.txt"  # 3 kB: a few hundred steps are tens of epochs
   text.write_text("A line of a small text, said again and again.\n" * 64, encoding="utf-8")
@@ -236,12 +242,12 @@ def test_the_installed_command_names_itself_in_help_hints_and_the_resume_line(co
   script = Path(sys.executable).parent / "jaxtrain"
   if not script.is_file():
     pytest.skip("jaxtrain is not installed in this environment (pip install -e .)")
-  shown = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+  shown = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=600)
   assert shown.stdout.startswith("usage: jaxtrain --config=FILE ")
   defaults = shown.stdout.split("Every field with its default: ")[1].split()[0]
   assert Path(defaults).is_file()
   wrong = subprocess.run([str(script), "--config=nano", "--max_steps=5"], capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=600)
   assert wrong.returncode == 2 and wrong.stderr.startswith(
       "error: --max_steps is not a flag of jaxtrain; config fields are set as")
   args = kh.cli_args(tmp_path / "run", corpus_file, 500)
@@ -251,6 +257,6 @@ def test_the_installed_command_names_itself_in_help_hints_and_the_resume_line(co
     if line.startswith("compiled and ran the first step"):
       proc.send_signal(signal.SIGINT)
       break
-  out, _ = proc.communicate(timeout=120)
+  out, _ = proc.communicate(timeout=600)
   assert proc.returncode == 130
   assert out.splitlines()[-1] == f"to resume: jaxtrain {' '.join(args)}"

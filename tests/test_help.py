@@ -29,9 +29,10 @@ OWN_FLAGS = {
 
 def module(name: str, *args: str):
   return subprocess.run([sys.executable, "-m", name, *args], cwd=ROOT, capture_output=True,
-                        text=True, timeout=120)
+                        text=True, timeout=600)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(OWN_FLAGS))
 def test_help_lists_the_commands_own_flags_and_exits_0(name):
   proc = module(name, "--help")
@@ -47,6 +48,7 @@ def test_help_lists_the_commands_own_flags_and_exits_0(name):
   assert "Try --helpfull" not in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(OWN_FLAGS))
 def test_an_unknown_flag_is_one_line_pointing_to_help(name):
   proc = module(name, "--no_such_flag=1")
@@ -55,6 +57,7 @@ def test_an_unknown_flag_is_one_line_pointing_to_help(name):
   assert len(lines) == 1 and lines[0].startswith("error: ") and "--help" in lines[0], lines
 
 
+@pytest.mark.slow
 def test_output_into_a_closed_pipe_ends_with_141_and_no_traceback():
   code = ("from jaxtrain.system import exiting; exiting.quiet_broken_pipe()\n"
           "while True:\n  print('x' * 1000, flush=True)")

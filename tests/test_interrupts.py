@@ -51,7 +51,7 @@ def test_ctrl_c_while_a_bpe_vocabulary_trains_stops_at_once_and_progress_shows(w
                  "--config.data.vocab_size=4096", f"--config.data.cache_dir={tmp_path / 'cache'}",
                  "--config.headless=True"])
   # Output into a pipe, not a terminal: the BPE's work shows as progress lines.
-  run.wait_for(lambda: any(x.startswith("data: BPE: ") for x in run.out), timeout=120)
+  run.wait_for(lambda: any(x.startswith("data: BPE: ") for x in run.out), timeout=600)
   seconds = _stop(run)
   assert run.proc.returncode == 130
   # ~15 s of the merges are left when the signal comes (more on any machine slower than a quiet
@@ -103,7 +103,7 @@ def test_ctrl_c_in_a_periodic_evaluation_stops_within_seconds_with_a_checkpoint(
                                                                                 tmp_path):
   args = _eval_args(tmp_path / "run", corpus_file, 50, 2)
   run = kh.Proc(args)
-  run.wait_for(_in_evaluation(run, 2, 50), timeout=120)
+  run.wait_for(_in_evaluation(run, 2, 50), timeout=600)
   time.sleep(1.0)
   _stop(run)  # the evaluation, ~20 s (longer on a slower machine), given up: no record of it
   assert run.proc.returncode == 130, (run.out[-3:], run.err)
@@ -120,7 +120,7 @@ def test_ctrl_c_in_the_last_evaluation_ends_as_interrupted_and_a_restart_ends_th
     corpus_file, tmp_path):
   args = _eval_args(tmp_path / "run", corpus_file, 2, 100)
   run = kh.Proc(args)
-  run.wait_for(_in_evaluation(run, 2, 2), timeout=120)
+  run.wait_for(_in_evaluation(run, 2, 2), timeout=600)
   time.sleep(1.0)
   _stop(run)
   assert run.proc.returncode == 130, (run.out[-3:], run.err)

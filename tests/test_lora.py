@@ -60,6 +60,7 @@ def runs(tmp_path_factory):
           "held": held, "cfg": cfg, "result": result}
 
 
+@pytest.mark.slow
 def test_only_the_adapters_train_and_the_base_stays_bit_for_bit(runs):
   source = jax.device_get(load.load_state(str(runs["source"])).params)
   state, tok = load.load(str(runs["lora"]))
@@ -77,6 +78,7 @@ def test_only_the_adapters_train_and_the_base_stays_bit_for_bit(runs):
   assert {x.shape for x in moments} == {x.shape for x in jax.tree.leaves(adapters)}
 
 
+@pytest.mark.slow
 def test_the_lora_run_learns_the_task(runs):
   state, tok = load.load(str(runs["lora"]))
   before = scoring.evaluate(load.load_state(str(runs["source"])), tok, str(runs["held"]),
@@ -125,6 +127,7 @@ def test_bad_lora_settings_are_refused_up_front(overrides, message):
     validate.validate(tiny_config(**{**LORA, "init_from": "runs/x", **overrides}))
 
 
+@pytest.mark.slow
 def test_a_bad_target_is_one_line_from_the_command_line(tmp_path):
   proc = run_cli("--config=configs/finetune_lora.py", f"--config.workdir={tmp_path / 'w'}",
                  "--config.finetune.lora_targets=q,v")
@@ -134,6 +137,7 @@ def test_a_bad_target_is_one_line_from_the_command_line(tmp_path):
   assert "qkv, out, up, down" in lines[0] and not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow
 def test_export_merges_the_adapters_into_an_ordinary_model(runs, tmp_path):
   torch = pytest.importorskip("torch", reason="the test extra installs torch (CPU)")
   transformers = pytest.importorskip("transformers")

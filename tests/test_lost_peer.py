@@ -100,7 +100,7 @@ def test_a_lost_process_stops_the_others_with_one_line_and_a_restart_resumes(cor
 
   restart = Job(workdir, corpus_file, max_steps=named + 1)
   try:
-    codes = [restart.wait(i, timeout=180) for i in range(2)]
+    codes = [restart.wait(i, timeout=600) for i in range(2)]
   finally:
     restart.kill_all()
   assert codes == [0, 0], restart.err
@@ -119,7 +119,7 @@ def test_a_sigterm_before_the_loop_stops_every_process_at_its_first_step(corpus_
       time.sleep(0.01)
     assert not any(line.startswith("step ") for line in job.out[0]), "the loop began already"
     job.procs[1].send_signal(signal.SIGTERM)
-    codes = [job.wait(i, timeout=120) for i in range(2)]
+    codes = [job.wait(i, timeout=600) for i in range(2)]
   finally:
     job.kill_all()
   assert codes == [143, 143], job.err  # both stopped by the one SIGTERM, with its status

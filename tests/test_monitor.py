@@ -116,6 +116,7 @@ def test_a_hook_sees_the_records_and_ends_the_run_right_after_them(tiny):
   assert jt.Checkpoints(tiny.workdir, read_only=True).latest_step() == 10
 
 
+@pytest.mark.slow
 def test_a_hook_stop_on_any_step_saves_and_logs_that_step(tiny):
   tiny.sample.num_samples = 0
   tiny.train.max_steps = 100

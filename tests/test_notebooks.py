@@ -54,7 +54,7 @@ def execute(nb: nbformat.NotebookNode, cwd: Path) -> nbformat.NotebookNode:
     return max(1, int(min(CELL_TIMEOUT_S, deadline - time.monotonic())))
 
   client = NotebookClient(nb, kernel_name=KERNEL_NAME, timeout_func=cell_timeout,
-                          startup_timeout=120, resources={"metadata": {"path": str(cwd)}})
+                          startup_timeout=600, resources={"metadata": {"path": str(cwd)}})
   return client.execute()
 
 
@@ -62,6 +62,7 @@ def load_unexecuted(path: Path) -> nbformat.NotebookNode:
   return nbformat.read(path, as_version=4)
 
 
+@pytest.mark.slow
 def test_the_kernel_is_this_python_with_this_environment(kernel_env):
   probe = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
       "import os, sys\nprint(sys.executable)\nprint(os.environ['JAX_PLATFORMS'])\n"

@@ -4,11 +4,14 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
+
 from jaxtrain import train
 from jaxtrain.config.loading import override
 from jaxtrain.trackers import hooks
 
 
+@pytest.mark.slow
 def test_profile_steps_writes_a_trace_of_steps_after_the_first(tiny, capsys):
   override(tiny, **{"train.max_steps": 4, "train.profile_steps": 2, "train.eval_every": 100,
                     "train.checkpoint_every": 100, "sample.num_samples": 0})

@@ -49,6 +49,7 @@ def test_the_room_leaves_the_continuation_its_place_and_at_least_half_the_contex
   assert fit.fits(SEQ + 1, SEQ) and not fit.fits(SEQ + 2, SEQ)
 
 
+@pytest.mark.slow
 def test_sample_keeps_the_end_of_a_long_prompt_and_says_so(run):
   proc = module("jaxtrain.sample", f"--workdir={run}", f"--prompt={LONG}", "--max_new_tokens=4",
                 "--temperature=0")
@@ -67,6 +68,7 @@ def test_sample_keeps_the_end_of_a_long_prompt_and_says_so(run):
       "tokens")
 
 
+@pytest.mark.slow
 def test_batched_completions_keep_the_end_of_a_long_prompt_and_name_its_line(run, tmp_path):
   prompts = tmp_path / "p.jsonl"
   prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("ab", LONG, LONG[-27:])))
@@ -83,6 +85,7 @@ def test_batched_completions_keep_the_end_of_a_long_prompt_and_name_its_line(run
   assert rows[1]["completion"] == tok.decode(greedy(state, LONG[-28:], 4))
 
 
+@pytest.mark.slow
 def test_eval_leaves_out_and_counts_a_record_longer_than_the_context(run, tmp_path):
   records = [{"prompt": "ab", "completion": "cd"}, {"prompt": LONG, "completion": "x"},
              {"context": "ab", "endings": ["c", LONG], "label": 0}, {"prompt": "ef", "completion": "g"}]
@@ -106,6 +109,7 @@ def test_eval_leaves_out_and_counts_a_record_longer_than_the_context(run, tmp_pa
                  f"no record of {data} fits the model's context (model.seq_len=32)")
 
 
+@pytest.mark.slow
 def test_task_scores_in_a_run_say_what_they_left_out(run, tmp_path):
   state, tok = load.load(str(run))
   pairs = [(1, "ab", "cd"), (2, LONG, "x")]
@@ -125,6 +129,7 @@ def msg(role: str, content: str) -> dict:
   return {"role": role, "content": content}
 
 
+@pytest.mark.slow
 def test_chat_leaves_out_the_earliest_exchanges_and_keeps_the_system_message(run):
   state, tok = load.load(str(run))
   system, old, new = msg("system", "hi"), [msg("user", "abcdef"), msg("assistant", "ghijk")], \
@@ -140,6 +145,7 @@ def test_chat_leaves_out_the_earliest_exchanges_and_keeps_the_system_message(run
     reply.fit_turns(state, tok, [system, *old, msg("user", LONG[:35])], 4, "--max_new_tokens")
 
 
+@pytest.mark.slow
 def test_the_chat_command_says_what_it_left_out_and_refuses_a_message_too_long(run):
   # 15 tokens a message (an end-of-text token, <|user|>, 11 bytes, <|end|>, <|assistant|>): the
   # second with the first exchange passes the 28 the context holds beside 4 new tokens.
@@ -157,6 +163,7 @@ def test_the_chat_command_says_what_it_left_out_and_refuses_a_message_too_long(r
   assert len(err) == 2  # asked again after the refusal; the last message fits
 
 
+@pytest.mark.slow
 def test_the_samples_at_a_runs_end_say_when_their_prompt_is_cut(run, tmp_path):
   state, tok = load.load(str(run))
   cfg = tiny_config(**{"sample.prompt": LONG, "sample.num_samples": 1, "sample.max_new_tokens": 8,

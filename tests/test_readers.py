@@ -60,6 +60,7 @@ def run(name: str, *args: str):
                         capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_command_that_reads_a_run_changes_none_of_its_files(damaged_run, command):
   before = snapshot(damaged_run)
@@ -74,6 +75,7 @@ def test_a_command_that_reads_a_run_changes_none_of_its_files(damaged_run, comma
                             "its training sets it aside); loading step 0")
 
 
+@pytest.mark.slow
 def test_load_state_skips_a_damaged_checkpoint_and_leaves_it(damaged_run, capsys):
   before = snapshot(damaged_run)
   assert int(load.load_state(str(damaged_run)).step) == 0

@@ -58,6 +58,7 @@ def test_resume_is_bit_for_bit_with_bpe_on_jsonl_documents(tiny, tmp_path):
     train.run(tiny, show_progress=False)
 
 
+@pytest.mark.slow
 def test_a_resume_the_config_forbids_is_refused_before_any_data_work(tiny, tmp_path, capsys):
   tiny.train.max_steps, tiny.train.checkpoint_every, tiny.sample.num_samples = 2, 2, 0
   train.run(tiny, show_progress=False)

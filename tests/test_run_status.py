@@ -28,6 +28,7 @@ class _FailAt(jt.Hook):
       raise RuntimeError("the tracker's server went away")
 
 
+@pytest.mark.slow
 def test_a_failed_run_records_the_last_step_it_reached(tiny):
   tiny.sample.num_samples = 0
   with pytest.raises(RuntimeError, match="server went away"):
@@ -37,6 +38,7 @@ def test_a_failed_run_records_the_last_step_it_reached(tiny):
   assert status["pid"] == os.getpid() and status["host"] == socket.gethostname()
 
 
+@pytest.mark.slow
 def test_status_holds_the_wall_time_of_every_leg_start_up_included(tiny):
   tiny.sample.num_samples, tiny.train.max_steps = 0, 4
   walls = []
@@ -57,6 +59,7 @@ def _status(path, pid: int, started: float) -> dict:
           "started": started}
 
 
+@pytest.mark.slow
 def test_a_running_status_counts_as_running_while_its_process_lives(tmp_path):
   # A file system without locks (the run said "cannot lock"): the PID on this host decides.
   child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -71,6 +71,7 @@ def test_early_stop_then_sample_export_and_fine_tune(corpus_file, tmp_path):
   assert "starting a new run at step 0" in proc.stdout
 
 
+@pytest.mark.slow
 def test_bad_workdirs_are_one_line_and_exit_2(tmp_path):
   one_line_error(module("jaxtrain.sample", f"--workdir={tmp_path / 'none'}"), "does not exist")
   one_line_error(module("jaxtrain.export", f"--workdir={tmp_path}", f"--out={tmp_path / 'o'}"),
@@ -81,6 +82,7 @@ def test_bad_workdirs_are_one_line_and_exit_2(tmp_path):
   one_line_error(module("jaxtrain.sample", f"--workdir={tmp_path}", "--step=last"), "--step")
 
 
+@pytest.mark.slow
 def test_step_best_is_the_kept_checkpoint_with_the_lowest_val_loss(tmp_path):
   tmp_path = tmp_path / "run"
   state = make_run(tmp_path, tiny_config())  # saves step 0
@@ -99,6 +101,7 @@ def test_step_best_is_the_kept_checkpoint_with_the_lowest_val_loss(tmp_path):
     load.best_step(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_missing_init_from_is_one_line_before_any_data_is_read(corpus_file, tmp_path):
   missing = tmp_path / "no_such_run"
   proc = run_cli("--config=configs/nano.py", "--jax_platforms=cpu", *TINY,
@@ -111,6 +114,7 @@ def test_a_missing_init_from_is_one_line_before_any_data_is_read(corpus_file, tm
   assert proc.stdout == "" and not (tmp_path / "tuned").exists()  # no data line, no workdir
 
 
+@pytest.mark.slow
 def test_a_resumed_fine_tune_does_not_need_its_source_any_more(tmp_path):
   from jaxtrain.checkpoints import init_from
 

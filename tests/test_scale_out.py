@@ -65,6 +65,7 @@ def max_diff(a, b) -> float:
              for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+@pytest.mark.slow
 def test_data_parallel_and_fsdp_match_a_single_device():
   out = subprocess.run([sys.executable, str(ROOT / "tests" / "multidevice_steps.py"), "4"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True).stdout

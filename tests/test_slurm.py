@@ -47,15 +47,15 @@ def slurm(tmp_path_factory):
   env = dict(os.environ, JAXTRAIN_SLURM_DIR=str(directory),
              JAXTRAIN_SLURMCTLD_PORT=str(_free_port()), JAXTRAIN_SLURMD_PORT=str(_free_port()))
   script = str(EXAMPLE / "local-cluster.sh")
-  started = subprocess.run([script, "start"], env=env, capture_output=True, text=True, timeout=120)
+  started = subprocess.run([script, "start"], env=env, capture_output=True, text=True, timeout=600)
   if started.returncode != 0:
-    subprocess.run([script, "stop"], env=env, timeout=60)
+    subprocess.run([script, "stop"], env=env, timeout=600)
     pytest.skip(f"the local Slurm did not start: {started.stderr.strip()[-500:]}")
   env.update(SLURM_CONF=str(directory / "slurm.conf"), JAXTRAIN_PYTHON=sys.executable,
              PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
              PYTHONUNBUFFERED="1")
   yield env
-  subprocess.run([script, "stop"], env=env, timeout=60)
+  subprocess.run([script, "stop"], env=env, timeout=600)
   print("\n" + subprocess.run(["sacct", "-c", "--format=JobID,JobName,NNodes,NodeList,State,"
                                "ExitCode,Start,End"], env=env, capture_output=True,
                               text=True).stdout)
@@ -117,7 +117,7 @@ def test_two_tasks_train_together_and_resume_after_scancel(slurm, corpus_file, t
   while not (cut / "checkpoints" / "10").is_dir() and job_state(slurm, job) and \
       time.time() < deadline:
     time.sleep(0.05)
-  subprocess.run(["scancel", "--signal=TERM", job], env=slurm, check=True, timeout=60)
+  subprocess.run(["scancel", "--signal=TERM", job], env=slurm, check=True, timeout=600)
   while job_state(slurm, job) and time.time() < deadline:
     time.sleep(0.2)
   text = (tmp_path / "cut.out").read_text()

@@ -38,6 +38,7 @@ def test_the_installed_pair_passes_and_is_named_as_installed():
       "jax 0.12.0.1, jaxlib 0.12.0, flax 0.12.12"
 
 
+@pytest.mark.slow
 def test_a_run_names_the_versions_it_runs_on_in_its_header_line(tmp_path):
   """The header a run starts with (a dry run prints the resolved config before it)."""
   done = run_cli("--config=configs/nano.py", "--dry_run", f"--config.workdir={tmp_path / 'run'}")

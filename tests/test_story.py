@@ -51,10 +51,11 @@ TINY = ["--config=configs/nano.py", "--jax_platforms=cpu", "--config.model.n_lay
         "--config.sample.num_samples=0", "--config.headless=True"]
 
 
+@pytest.mark.slow
 def test_a_dry_run_shows_the_config_memory_and_plan_and_writes_nothing(corpus_file, tmp_path):
   workdir = tmp_path / "run"
   args = [*TINY, f"--config.data.path={corpus_file}", f"--config.workdir={workdir}"]
-  result = run_cli(*args, "--dry_run", timeout=120)
+  result = run_cli(*args, "--dry_run", timeout=600)
   assert result.returncode == 0, result.stderr
   out = result.stdout
   assert out.startswith("config, resolved (* differs from the default):\n")
@@ -71,7 +72,7 @@ def test_a_dry_run_shows_the_config_memory_and_plan_and_writes_nothing(corpus_fi
   trained = run_cli(*args, "--config.train.max_steps=10")
   assert trained.returncode == 0, trained.stderr[-2000:]
   before = sorted((p, p.stat().st_mtime_ns) for p in workdir.rglob("*"))
-  result = run_cli(*args, "--dry_run", "--config.train.time_budget=2m", timeout=120)
+  result = run_cli(*args, "--dry_run", "--config.train.time_budget=2m", timeout=600)
   assert result.returncode == 0, result.stderr
   assert f"resume: a run would resume from the checkpoint of step 10 in {workdir}" in result.stdout
   assert "plan: train.time_budget=2m: the steps are decided at run time" in result.stdout
@@ -102,6 +103,7 @@ def _memory_cgroup(limit: int):
   pytest.skip("no memory cgroup can be made here (needs root and a writable cgroup file system)")
 
 
+@pytest.mark.slow
 def test_the_memory_estimate_names_the_containers_limit(corpus_file, tmp_path):
   # A run under a 3 GiB limit on a host with much more RAM was killed (137) with no warning.
   big = ["--config.model.d_model=512", "--config.model.n_heads=8", "--config.model.seq_len=1024",
@@ -112,7 +114,7 @@ def test_the_memory_estimate_names_the_containers_limit(corpus_file, tmp_path):
         ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs"), sys.executable,
          "-m", "jaxtrain", *TINY, f"--config.data.path={corpus_file}",
          f"--config.workdir={tmp_path / 'run'}", *big, "--dry_run"], cwd=ROOT, text=True,
-        capture_output=True, timeout=120, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        capture_output=True, timeout=600, env=dict(os.environ, PYTHONUNBUFFERED="1"))
   assert result.returncode == 0, result.stderr
   line = next(x for x in result.stdout.splitlines() if x.startswith("memory per device"))
   assert re.search(r"; [\d.]+ (GiB|MiB) free of the 3\.00 GiB container memory limit \(cgroup "
@@ -121,6 +123,7 @@ def test_the_memory_estimate_names_the_containers_limit(corpus_file, tmp_path):
   assert "container memory limit" in warning and "be killed (exit status 137)" in warning
 
 
+@pytest.mark.slow
 def test_a_check_in_the_resolution_refuses_the_run_and_the_dry_run_alike(tiny, monkeypatch):
   """Both resolve a run the one way (loop/resolution.py): a check added there fires in both, and
   the run's claim on its workdir leaves nothing behind."""

@@ -65,6 +65,7 @@ def test_bad_arguments_say_what_to_do(argv, message, tiny_file):
     sweep.grid(sweep.parse(argv))
 
 
+@pytest.mark.slow
 def test_bad_values_stop_the_sweep_before_any_run(tiny_file, tmp_path):
   with pytest.raises(UserError, match="'fast' is not a number"):
     sweep.grid(sweep.parse([f"--config={tiny_file}", "--sweep=optim.lr=1e-3,fast",
@@ -82,7 +83,7 @@ def test_cores_are_split_between_concurrent_runs(monkeypatch):
   assert sweep.core_slots(1) == [list(range(8))]
 
 
-def _wait_for_a_train_line(metrics: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+def _wait_for_a_train_line(metrics: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
   deadline = time.monotonic() + timeout
   while time.monotonic() < deadline and proc.poll() is None:
     if metrics.exists() and '"loss"' in metrics.read_text():
@@ -149,7 +150,7 @@ def test_a_sweep_interrupted_and_run_again_continues(tiny_file, tmp_path):
   proc = _sweep(*argv)
   _wait_for_a_train_line(first / "metrics.jsonl", proc)
   proc.send_signal(signal.SIGTERM)
-  out, _ = proc.communicate(timeout=120)
+  out, _ = proc.communicate(timeout=600)
   assert proc.returncode == 143, out
   assert "[1/2] lr=1e-3_n_layers=1: stopped at step" in out
   assert "run the same command again to continue" in out
@@ -177,7 +178,7 @@ def test_a_sweep_interrupted_and_run_again_continues(tiny_file, tmp_path):
   assert (root / "compare.md").exists() and (root / "loss_vs_step.png").exists()
 
   proc = _sweep(*argv)  # a third call: nothing left to do
-  out, _ = proc.communicate(timeout=120)
+  out, _ = proc.communicate(timeout=600)
   assert proc.returncode == 0 and "sweep: ran 0, skipped 2, failed 0" in out, out
 
 
@@ -185,7 +186,7 @@ def test_a_sweep_interrupted_and_run_again_continues(tiny_file, tmp_path):
 def test_a_failed_run_is_reported_and_the_status_is_non_zero(tiny_file, tmp_path):
   proc = _sweep(f"--config={tiny_file}", "--sweep=optim.lr=1e-3", f"--root={tmp_path / 's'}",
                 f"--config.data.path={tmp_path / 'missing.txt'}")
-  out, _ = proc.communicate(timeout=120)
+  out, _ = proc.communicate(timeout=600)
   assert proc.returncode == 1, out
   assert "[1/1] lr=1e-3: FAILED (exit status 2)" in out and "missing.txt" in out
   assert "failed 1" in out

@@ -56,6 +56,7 @@ class _StopAt(Hook):
     return "asked by the test" if self.now >= self.step else None
 
 
+@pytest.mark.slow
 def test_a_budgeted_run_resumes_to_the_steps_it_chose_bit_for_bit(tiny, tmp_path, monkeypatch):
   # The number the measurement gives depends on the machine's load; what must hold for any
   # number is that it is the run's from then on.
@@ -131,6 +132,7 @@ def test_a_moved_end_decays_the_schedule_from_where_it_is():
   assert lrs[-1] < 0.02 and abs(lrs[40] - _lrs("cosine", [[0, 100]])[40]) < 1e-6
 
 
+@pytest.mark.slow
 def test_a_resume_from_before_a_moved_end_trains_as_the_run_did(tiny, tmp_path, monkeypatch):
   # The end is moved at step 4 (the real one is moved by the measured pace); a second run is
   # stopped at 6 and its checkpoint 6 lost, so it resumes at 3: before the move, which it replays.
@@ -151,6 +153,7 @@ def test_a_resume_from_before_a_moved_end_trains_as_the_run_did(tiny, tmp_path, 
   assert_trees_equal(jt.load_state(whole.workdir).params, jt.load_state(tiny.workdir).params)
 
 
+@pytest.mark.slow
 def test_a_given_max_steps_is_said_to_be_unused(tiny, monkeypatch, capsys):
   monkeypatch.setattr(budget, "fit_steps", lambda *args: 2)
   monkeypatch.setattr(budget, "new_end", lambda *args: None)
@@ -160,6 +163,7 @@ def test_a_given_max_steps_is_said_to_be_unused(tiny, monkeypatch, capsys):
       capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_budget_too_short_for_a_step_says_what_it_needs(tiny, tmp_path, monkeypatch):
   monkeypatch.setattr(budget, "fit_steps", lambda *args: 0)
   tiny.train.time_budget = "20s"
@@ -170,6 +174,7 @@ def test_a_budget_too_short_for_a_step_says_what_it_needs(tiny, tmp_path, monkey
   assert not (tmp_path / "run").exists()  # nothing of a run that never started is left
 
 
+@pytest.mark.slow
 def test_the_command_says_up_front_when_starting_up_used_the_budget(tmp_path, corpus_file):
   res = subprocess.run([sys.executable, "-m", "jaxtrain", "--config=configs/shakespeare_char.py",
                         f"--config.data.path={corpus_file}", f"--config.workdir={tmp_path / 'run'}",
@@ -193,6 +198,7 @@ class _Compiles:
       self.seen.append((kwargs.get("fun_name", "?"), self.at.now, threading.current_thread().name))
 
 
+@pytest.mark.slow
 def test_a_budgeted_run_compiles_its_steps_once_before_it_measures(tiny, monkeypatch):
   # The measurement's train step is the run's, whatever end the plan and a moved end give; the
   # eval step and the samples' programs are compiled beside it, none after the first step.
@@ -213,6 +219,7 @@ def test_a_budgeted_run_compiles_its_steps_once_before_it_measures(tiny, monkeyp
   assert not late & {"jit(train_step)", "jit(eval_step)", "jit(_prefill)", "jit(_decode)"}, late
 
 
+@pytest.mark.slow
 def test_what_the_end_of_a_run_runs_compiles_while_it_trains(tiny):
   # On a CPU, the eval step, the checksums and the samples' programs compile in a thread of their
   # own once the first speed reading is out (warmup.Ahead); the loop's thread compiles none.

@@ -62,6 +62,7 @@ def _metrics(workdir):
   return [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["nanogpt", "llmc"])
 def test_token_files_train_and_the_loss_falls(kind, tiny, corpus_file, tmp_path):
   ids = text_ids(corpus_file)
@@ -223,6 +224,7 @@ def _bad(tmp_path, case: str):
   return root, flags
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case,message", [
     ("id past the vocabulary", "a.bin holds token id 512, and the vocabulary has 512 ids "
                                "(model.vocab_size): every id must be below it; pass "
@@ -237,7 +239,7 @@ def test_a_bad_token_file_is_one_line_and_exit_2(case, message, tmp_path):
   root, flags = _bad(tmp_path, case)
   result = run_cli("--config=configs/nano.py", "--jax_platforms=cpu",
                    f"--config.workdir={tmp_path / 'run'}", f"--config.data.path={root}",
-                   f"--config.data.cache_dir={tmp_path / 'cache'}", *flags, timeout=120)
+                   f"--config.data.cache_dir={tmp_path / 'cache'}", *flags, timeout=600)
   one_line_error(result, message)
   assert len(result.stderr.strip().splitlines()) == 1
   assert not (tmp_path / "run").exists()
@@ -293,6 +295,7 @@ def test_what_token_files_refuse(write, overrides, error, tmp_path):
     _prepare(tmp_path, write, **overrides)
 
 
+@pytest.mark.slow
 def test_what_a_run_without_a_tokenizer_refuses_up_front():
   tok = tokenizer_lib.IdsTokenizer(512)
   for overrides, error in [

@@ -23,6 +23,7 @@ def _checkpoints(workdir: Path) -> list[int]:
   return sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) if ckpts.is_dir() else []
 
 
+@pytest.mark.slow
 def test_a_second_run_into_a_live_workdir_exits_2_and_changes_nothing(corpus_file, tmp_path):
   workdir = tmp_path / "run"
   args = kh.cli_args(workdir, corpus_file, 100_000)
@@ -31,7 +32,7 @@ def test_a_second_run_into_a_live_workdir_exits_2_and_changes_nothing(corpus_fil
     first.wait_for(first.first_step)
     marks = {name: (workdir / name).stat().st_mtime_ns
              for name in ("config.json", paths.RUN_FILE, "tokenizer.json")}
-    second = run_cli(*args, timeout=120)
+    second = run_cli(*args, timeout=600)
     assert second.returncode == 2, (second.stdout, second.stderr)
     lines = second.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: workdir {workdir} is in use by another "
@@ -64,12 +65,13 @@ def test_a_killed_run_leaves_no_stale_lock(corpus_file, tmp_path):
   assert json.loads(lock_file.read_text())["pid"] == first.proc.pid  # its file stays behind,
   assert not lock.is_held(lock_file)  # but the kernel dropped the lock with the process
   latest = _checkpoints(workdir)[-1]
-  again = kh.complete(kh.cli_args(workdir, corpus_file, latest + 3), timeout=120)
+  again = kh.complete(kh.cli_args(workdir, corpus_file, latest + 3), timeout=600)
   assert f"resumed from checkpoint {workdir / 'checkpoints' / str(latest)} at step {latest}" \
       in again.text()
   assert not lock_file.exists()
 
 
+@pytest.mark.slow
 def test_a_held_lock_refuses_an_in_process_run_before_it_writes(tiny, tmp_path):
   workdir = Path(tiny.workdir)
   workdir.mkdir()
@@ -126,7 +128,7 @@ def test_tokenizing_killed_midway_leaves_no_trusted_cache(big_corpus, tmp_path):
     first.proc.send_signal(signal.SIGKILL)
   first.finish()
   assert "json" not in _cache_files(tmp_path)  # only the unfinished temporary file
-  again = kh.complete(args, timeout=120)
+  again = kh.complete(args, timeout=600)
   assert "data: tokenizing 1 file(s)" in again.text() and "done: step 2" in again.text()
   assert _cache_files(tmp_path) == ["bin", "json"]  # the dead writer's temporary file is gone
 
@@ -146,6 +148,7 @@ def test_ctrl_c_during_tokenizing_exits_130_with_one_line(big_corpus, tmp_path):
   assert not (tmp_path / "run" / lock.WORKDIR_LOCK).exists()
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_tokenizing_is_one_line_and_leaves_no_cache(big_corpus, tmp_path):
   # The OS refuses to grow any file past 4 MiB (EFBIG), as a full disk refuses with ENOSPC.
   limit = 4 << 20
@@ -154,7 +157,7 @@ def test_a_full_disk_during_tokenizing_is_one_line_and_leaves_no_cache(big_corpu
               f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
               "os.execv(sys.executable, [sys.executable, '-m', 'jaxtrain', *sys.argv[1:]])")
   result = subprocess.run([sys.executable, "-c", launcher, *_tokenizing_args(tmp_path, big_corpus)],
-                          cwd=ROOT, env=env, text=True, capture_output=True, timeout=120)
+                          cwd=ROOT, env=env, text=True, capture_output=True, timeout=600)
   assert result.returncode == 2, result.stderr
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1, result.stderr
@@ -166,6 +169,7 @@ def test_a_full_disk_during_tokenizing_is_one_line_and_leaves_no_cache(big_corpu
   assert not (tmp_path / "run").exists()  # the run wrote nothing, so it left no directory
 
 
+@pytest.mark.slow
 def test_runs_in_one_process_take_turns(tiny):
   # Each run releases the workdir when it ends, so the next one in this process may resume it.
   tiny.sample.num_samples = 0

@@ -110,7 +110,9 @@ class Checkpoints:
     is repositioned in place. Reads this process's part only, with no collectives: a damaged
     checkpoint raises here, on each process that finds it. `verify` the state before use."""
     if shardings is None:
-      shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), state)
+      # jax's constructor, not the SingleDeviceSharding class (deprecated from jax 0.12.1 on)
+      one = jax.sharding.make_single_device_sharding(jax.devices()[0])
+      shardings = jax.tree.map(lambda _: one, state)
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           state.arrays(), shardings.arrays())
     if iterator is not None:
