@@ -20,11 +20,14 @@ def check(ok: bool, field: str, problem: str, fix: str) -> None:
 
 
 def show(value) -> str:
-  """A value as an error message shows it: one short line, whatever the value is."""
+  """A value as an error message shows it: one short line, whatever the value is.
+
+  A long value keeps its start and its end (a path's file name is what tells one from another).
+  """
   if isinstance(value, dict | ml_collections.ConfigDict):
     return "a section (a dict of fields)"
   text = " ".join(repr(value).split())
-  return text if len(text) <= 60 else text[:57] + "..."
+  return text if len(text) <= 60 else text[:24] + "..." + text[-33:]
 
 
 def lora_targets(spec: str) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ from jaxtrain.core.model import flops_per_token
 from jaxtrain.core.steps import TrainState
 from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.evals import validation
-from jaxtrain.loop import budget, resolution, warmup
+from jaxtrain.loop import budget, ending, resolution, warmup
 from jaxtrain.loop.feed import DeviceFeed
 from jaxtrain.loop.state import Progress, Run
 from jaxtrain.loop.step_metrics import NonFiniteGuard, Pending
@@ -74,7 +74,13 @@ def start(r: Run) -> tuple[Run, TrainState, float, float]:
     begin = lambda: (r.programs.abstract.with_arrays(init.compile()()), 0.0, math.inf, ())  # noqa: E731
   else:
     begin = lambda: _restore(r)  # noqa: E731
-  if isinstance(r.programs.train_step, jax.stages.Compiled):
+  done = None
+  if latest is not None and latest >= r.plan.final and not ending.end_left(r.workdir, latest):
+    # A finished run: restored, nothing compiled
+    done = begin()  # (unless its end was damaged and it fell back to a step that still trains)
+    begin = lambda: done  # noqa: E731
+  if isinstance(r.programs.train_step, jax.stages.Compiled) or \
+      (done is not None and int(done[0].step) >= r.plan.final):
     state, elapsed, best, changes = begin()
   else:
     ready = warmup.side_by_side(r.programs, r.cfg, r.corpus, r.hooks, begin)
