@@ -1,6 +1,7 @@
 """What an install gets: the wheel built from the repository holds every file of jaxtrain/ and the
 recipes of configs/, a console script for every `python -m jaxtrain[.X]` command, and a fresh
-virtual environment outside the checkout that installs the wheel, as a user does, trains with it."""
+virtual environment outside the checkout that installs the wheel, as a user does, trains with it;
+the wheel and the sdist carry the LICENSE that pyproject.toml names."""
 
 import ast
 import configparser
@@ -8,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 import zipfile
 from pathlib import Path
@@ -68,6 +70,27 @@ def test_the_wheel_holds_every_file_of_the_package_and_the_recipes(wheel):
   assert sorted((tree | recipes) - packaged) == [], "missing from the wheel"
   assert sorted(packaged - tree - recipes) == [], "in the wheel, but not in the tree"
   assert {n.split("/")[0] for n in names} == {"jaxtrain", wheel.name.split("-py3")[0] + ".dist-info"}
+
+
+def test_the_wheel_and_the_sdist_carry_the_license_that_pyproject_names(wheel, tmp_path):
+  text = (ROOT / "LICENSE").read_text()
+  assert "Apache License" in text and "Version 2.0, January 2004" in text and len(text) > 10_000
+  assert 'license = "Apache-2.0"' in (ROOT / "pyproject.toml").read_text()
+  with zipfile.ZipFile(wheel) as z:
+    (meta,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+    assert "License-Expression: Apache-2.0" in z.read(meta).decode()
+    assert z.read(meta.replace("METADATA", "licenses/LICENSE")).decode() == text
+  src = tmp_path / "src"  # a fresh clone with your changes, as the wheel is built from
+  for name in _files():
+    (src / name).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(ROOT / name, src / name)
+  code = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
+  proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=src, capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  with tarfile.open(tmp_path / proc.stdout.split()[-1]) as t:
+    (member,) = [m for m in t.getnames() if m.count("/") == 1 and m.endswith("/LICENSE")]
+    assert t.extractfile(member).read().decode() == text
 
 
 def test_every_command_has_its_console_script(wheel, monkeypatch):
