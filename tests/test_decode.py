@@ -101,6 +101,8 @@ def test_pick_top_p_keeps_the_smallest_set_reaching_p():
   assert draws == {0, 1}  # 0.5 < 0.7 <= 0.5 + 0.3
   draws = {int(decode.pick(logits, jax.random.PRNGKey(i), 1.0, 0, 0.81)[0]) for i in range(200)}
   assert draws == {0, 1, 2}
+  logits = logits[:, ::-1]  # the likeliest last: top_p=0 keeps it alone, as it keeps the likeliest
+  assert {int(decode.pick(logits, jax.random.PRNGKey(i), 1.0, 0, 0.0)[0]) for i in range(50)} == {3}
 
 
 class _Lowerings:

@@ -56,7 +56,7 @@ def pick(logits_BV: jax.Array, key: jax.Array, temperature: float, top_k: int,
     sorted_BV = jnp.sort(logits_BV, axis=-1)[:, ::-1]
     probs_BV = jax.nn.softmax(sorted_BV, axis=-1)
     before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV  # probability of the likelier tokens
-    kept_BV = before_BV < top_p  # the likeliest token is always kept
+    kept_BV = (before_BV < top_p) | (jnp.arange(logits_BV.shape[-1]) == 0)  # the likeliest always
     lowest_B1 = jnp.min(jnp.where(kept_BV, sorted_BV, jnp.inf), axis=-1, keepdims=True)
     logits_BV = jnp.where(logits_BV < lowest_B1, -jnp.inf, logits_BV)
   return jax.random.categorical(key, logits_BV, axis=-1)
