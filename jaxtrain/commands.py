@@ -39,3 +39,4 @@ chat = _command("jaxtrain.chat")
 eval = _command("jaxtrain.eval")  # named as its command, jaxtrain.eval
 compare = _command("jaxtrain.compare")
 sweep = _command("jaxtrain.sweep")
+serve = _command("jaxtrain.serve")

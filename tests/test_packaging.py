@@ -127,6 +127,19 @@ def test_no_module_imports_a_test_only_package_at_import_time():
   assert not found, found
 
 
+def test_only_the_http_app_imports_the_serve_extra():
+  """A training install leaves out the [serve] extra: FastAPI, uvicorn and starlette load only
+  with jaxtrain/serving/app.py, which jaxtrain-serve imports after checking they are there."""
+  extra = {"fastapi", "uvicorn", "starlette"}
+  found = []
+  for path in sorted((ROOT / "jaxtrain").rglob("*.py")):
+    for node in ast.parse(path.read_text()).body:  # module level only
+      names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+          [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+      found += [f"{path.relative_to(ROOT)}" for n in names if n.split(".")[0] in extra]
+  assert set(found) == {"jaxtrain/serving/app.py"}, found
+
+
 def _user_env(venv: Path) -> dict:
   """The environment of a user whose only jaxtrain is the venv's: no PYTHONPATH, no other venv;
   the test caches (tokens, compiled programs) are kept."""
