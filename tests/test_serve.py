@@ -117,8 +117,11 @@ def test_a_choices_text_ends_before_a_stop_string_and_holds_back_its_start():
 
 @pytest.fixture(scope="module")
 def lively():
-  """A tiny model with noise on its params (every token matters), 32 tokens of context."""
-  return _lively(init(tiny_config(**{"model.seq_len": 32, "model.n_layers": 1})))
+  """A tiny model with noise on its params (every token matters), 32 tokens of context, and the
+  switches whose caches hold more than keys and values (convolutions, x0-mix; GQA, QK-norm)."""
+  return _lively(init(tiny_config(**{"model.seq_len": 32, "model.n_layers": 2, "model.canon": 3,
+                                     "model.x0_mix": True, "model.n_kv_heads": 2,
+                                     "model.qk_norm": True})))
 
 
 SETTINGS = [dict(temperature=0.0, top_k=0, top_p=1.0, seed=0),
@@ -127,14 +130,17 @@ SETTINGS = [dict(temperature=0.0, top_k=0, top_p=1.0, seed=0),
             dict(temperature=1.0, top_k=0, top_p=0.0, seed=3)]
 
 
+@pytest.mark.slow  # compiles the engine's programs and generate's for four settings
 def test_rows_decoded_together_make_the_tokens_generate_makes_for_each_alone(lively):
   prompts = [np.random.default_rng(i).integers(0, 256, n).astype(np.int32)
              for i, n in enumerate((3, 17, 30, 8))]
   engine = Engine(lively, rows=4, max_tokens=40, steps=8)
   made = {i: [] for i in range(4)}
-  engine.admit(1, prompts[1], **SETTINGS[1])
-  made[1] += engine.advance()[1].tolist()  # the others join one advance later, at other lengths
-  for i in (0, 2, 3):
+  engine.admit(0, prompts[0], **SETTINGS[0])
+  first = engine.advance()
+  assert first.shape == (1, 8)  # one live row: a one-row advance
+  made[0] += first[0].tolist()  # the others join one advance later, at other lengths
+  for i in (1, 2, 3):
     engine.admit(i, prompts[i], **SETTINGS[i])
   for _ in range(5):  # 40 tokens: every prompt passes the 32-token window, which restarts
     for i, row in enumerate(engine.advance()):
@@ -145,9 +151,10 @@ def test_rows_decoded_together_make_the_tokens_generate_makes_for_each_alone(liv
   assert len(set(made[0][:40])) > 5, "a degenerate model proves nothing"
 
 
+@pytest.mark.slow
 def test_the_scheduler_batches_requests_as_they_come_and_bounds_its_queue(lively):
   said, got = [], {}
-  sched = Scheduler(Engine(lively, rows=2, max_tokens=20, steps=4), queue_limit=3, say=said.append)
+  sched = Scheduler(Engine(lively, rows=2, max_tokens=20, steps=4), queue_limit=2, say=said.append)
   prompts = [np.random.default_rng(10 + i).integers(0, 256, 5 + 3 * i).astype(np.int32) for i in range(5)]
   done = threading.Event()
 
@@ -163,9 +170,9 @@ def test_the_scheduler_batches_requests_as_they_come_and_bounds_its_queue(lively
 
   first = jt.generate(lively, prompts[0], 20, **SETTINGS[0])[len(prompts[0]):]
   rows = [row(0, 20, frozenset({int(first[7])})), row(1, 13), row(2, 20)]
-  sched.submit(rows)  # three rows, two places: one waits
+  sched.submit(rows)  # three rows, two places: one will wait
   with pytest.raises(Full):
-    sched.submit([row(3, 5), row(4, 5)])  # 3 waiting at most
+    sched.submit([row(3, 5), row(4, 5)])  # two places, and two may wait beyond them
   sched.start()
   time.sleep(0.5)
   sched.submit([row(3, 11)])  # arrives while the others decode

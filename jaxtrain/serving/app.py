@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from jaxtrain.serving import requests, scheduler
 from jaxtrain.serving.flight import Flight
 from jaxtrain.serving.requests import ApiError, Ask
-from jaxtrain.serving.served import Served
+from jaxtrain.serving.served import Served, TooLong
 from jaxtrain.system.errors import UserError, first_line
 
 MAX_BODY = 4 * 2**20  # bytes: a longer body is refused (413) before it is read whole
@@ -59,9 +59,8 @@ def _rows(served: Served, ask: Ask) -> tuple[list[scheduler.Row], list[int], lis
     try:
       ids, said = (served.conversation if ask.chat else served.prompt)(prompt, ask.max_tokens)
     except UserError as e:
-      too_long = "holds" in str(e)
       raise ApiError(400, str(e), param="messages" if ask.chat else "prompt",
-                     code="context_length_exceeded" if too_long else None) from None
+                     code="context_length_exceeded" if isinstance(e, TooLong) else None) from None
     counts.append(len(ids))
     notes += [n.removeprefix("note: ") for n in said]
     for j in range(ask.n):  # completion j of a prompt: seed + j, as the sample command's sample j

@@ -9,10 +9,13 @@ forward pass for one row, vmapped over the rows. A row whose window passes the c
 it as decode.py does (from its latest half). So a request's tokens are those `jt.generate` makes
 for its prompt alone, whoever shares the batch: the same seed, the same tokens.
 
-Static shapes (rows, buffer length, tokens per advance): a handful of programs, compiled once.
+Static shapes (rows, buffer length, tokens per advance): a handful of programs, compiled once. An
+advance runs the first 1, 4, 16, ... rows that hold every live one (`row_buckets`; a request takes
+the first free row), so a lone request on a large batch does not pay for the free rows.
 Shape suffixes as in core/model.py, plus R rows, L token buffer length, S tokens per advance.
 """
 
+import concurrent.futures
 import functools
 from typing import NamedTuple
 
@@ -111,9 +114,12 @@ def _row_logits(model, buf_L, n, cache, *, keep: int, restart: bool):
   return logits_1TV[0, -1], jax.tree.map(lambda x: x[0], cache_1)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "keep", "steps"), donate_argnames=("rows",))
-def _advance(params, graphdef, rows: Rows, *, keep: int, steps: int) -> tuple[Rows, jax.Array]:
-  """`steps` tokens of every live row: (the rows, int32[R, steps] the tokens drawn)."""
+@functools.partial(jax.jit, static_argnames=("graphdef", "keep", "steps", "first"),
+                   donate_argnames=("rows",))
+def _advance(params, graphdef, rows: Rows, *, keep: int, steps: int,
+             first: int) -> tuple[Rows, jax.Array]:
+  """`steps` tokens of every live row among the `first` rows (the others are left as they are):
+  (the rows, int32[first, steps] the tokens drawn)."""
   model = nnx.merge(graphdef, params)
   T = model.c.seq_len
   step = jax.vmap(functools.partial(_row_logits, model, keep=keep, restart=False))
@@ -128,18 +134,30 @@ def _advance(params, graphdef, rows: Rows, *, keep: int, steps: int) -> tuple[Ro
     n_R = rows.n_R + rows.live_R
     restarted_R = rows.live_R & (decode.window_start(n_R, T, keep) != decode.window_start(n_R - 1, T, keep))
 
-    def some_restart(cache):  # each row computes both and keeps its own: only where one restarts
-      both = restart(buf_RL, n_R, cache), step(buf_RL, n_R, cache)
-      pick = lambda a, b: jnp.where(restarted_R.reshape(-1, *[1] * (a.ndim - 1)), a, b)  # noqa: E731
-      return jax.tree.map(pick, *both)
+    stepped = step(buf_RL, n_R, rows.cache)
 
-    logits_RV, cache = jax.lax.cond(jnp.any(restarted_R), some_restart,
-                                    lambda cache: step(buf_RL, n_R, cache), rows.cache)
+    def with_restarts(stepped):  # only where a row restarts: that row's window run whole instead
+      # The restart rewrites the cache's first `keep` positions, the step's write among them.
+      fresh = restart(buf_RL, n_R, stepped[1])
+      pick = lambda a, b: jnp.where(restarted_R.reshape(-1, *[1] * (a.ndim - 1)), a, b)  # noqa: E731
+      return jax.tree.map(pick, fresh, stepped)
+
+    logits_RV, cache = jax.lax.cond(jnp.any(restarted_R), with_restarts, lambda s: s, stepped)
     rows = rows._replace(buf_RL=buf_RL, cache=cache, n_R=n_R, logits_RV=logits_RV, key_R2=key_R2)
     return rows, made_RS.at[:, t].set(next_R.astype(jnp.int32))
 
-  made_RS = jnp.zeros((rows.n_R.shape[0], steps), jnp.int32)
-  return jax.lax.fori_loop(0, steps, body, (rows, made_RS))
+  part = jax.tree.map(lambda x: x[:first], rows)
+  part, made_RS = jax.lax.fori_loop(0, steps, body, (part, jnp.zeros((first, steps), jnp.int32)))
+  return jax.tree.map(lambda x, y: jax.lax.dynamic_update_slice_in_dim(x, y, 0, 0), rows, part), made_RS
+
+
+def row_buckets(rows: int) -> list[int]:
+  """The numbers of first rows an advance runs: 1, 4, 16, ... (x4) and `rows`, so that a few
+  requests on a large batch do not pay for its free rows."""
+  sizes = [1]
+  while sizes[-1] * 4 < rows:
+    sizes.append(sizes[-1] * 4)
+  return sizes + [rows] * (sizes[-1] < rows)
 
 
 class Engine:
@@ -153,6 +171,7 @@ class Engine:
     # A row's prompt, every token it may make and a whole advance past them.
     self.length = self.c.seq_len + max_tokens + steps
     self.rows = empty_rows(self.c, rows, self.length)
+    self.live: set[int] = set()
 
   def admit(self, row: int, prompt: np.ndarray, *, temperature: float, top_k: int, top_p: float,
             seed: int) -> None:
@@ -161,31 +180,46 @@ class Engine:
     assert 0 < P <= self.c.seq_len, P
     window_W = np.zeros(decode.prompt_bucket(P, self.c.seq_len), np.int32)
     window_W[:P] = prompt
+    self.live.add(row)
     self.rows = _admit(self.params, self.graphdef, self.rows, jnp.int32(row), jnp.asarray(window_W),
                        jnp.int32(P), jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),
                        jax.random.PRNGKey(seed))
 
   def release(self, row: int) -> None:
+    self.live.discard(row)
     self.rows = _release(self.rows, jnp.int32(row))
 
   def advance(self) -> np.ndarray:
-    """int32[rows, steps]: the next tokens of every row (a free row's are noise)."""
+    """int32[first rows, steps]: the next tokens of the first rows, every live one among them
+    (a free row's are noise)."""
+    first = next(k for k in row_buckets(self.n_rows) if k > max(self.live, default=0))
     self.rows, made_RS = _advance(self.params, self.graphdef, self.rows, keep=self.keep,
-                                  steps=self.steps)
+                                  steps=self.steps, first=first)
     return np.asarray(made_RS)
 
   def reset(self) -> None:
     """Every row free, on fresh buffers (after a failed call, whose donated ones are gone)."""
     self.rows = empty_rows(self.c, self.n_rows, self.length)
+    self.live = set()
 
-  def warm(self) -> None:
-    """Compiles what serving runs: a prefill for each padded prompt length, and the advance."""
-    size = decode.PROMPT_BUCKET
-    while True:
-      self.admit(0, np.zeros(min(size, self.c.seq_len), np.int32), temperature=0.0, top_k=0,
-                 top_p=1.0, seed=0)
-      if size >= self.c.seq_len:
-        break
-      size *= 4
-    self.advance()
-    self.reset()
+  def warm(self, threads: int = 2) -> None:
+    """Compiles what serving runs, `threads` programs at a time: a prefill for each padded prompt
+    length, and an advance for each row bucket."""
+    sizes = [decode.PROMPT_BUCKET]
+    while sizes[-1] < self.c.seq_len:
+      sizes.append(sizes[-1] * 4)
+
+    def prefill(size: int) -> None:
+      _admit(self.params, self.graphdef, empty_rows(self.c, self.n_rows, self.length), jnp.int32(0),
+             jnp.zeros(min(size, self.c.seq_len), jnp.int32), jnp.int32(1), jnp.float32(0.0),
+             jnp.int32(0), jnp.float32(1.0), jax.random.PRNGKey(0))
+
+    def advance(first: int) -> None:
+      _advance(self.params, self.graphdef, empty_rows(self.c, self.n_rows, self.length),
+               keep=self.keep, steps=self.steps, first=first)[1].block_until_ready()
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
+      done = [pool.submit(advance, k) for k in row_buckets(self.n_rows)]
+      done += [pool.submit(prefill, size) for size in sizes]
+      for future in done:
+        future.result()

@@ -54,12 +54,13 @@ class Scheduler:
     self._thread.start()
 
   def submit(self, rows: list[Row]) -> None:
-    """Queues `rows` (all or none): Full where the queue has no room for them, Closed while the
-    server stops."""
+    """Queues `rows` (all or none): Full where more than `queue_limit` rows would wait for a free
+    one, Closed while the server stops."""
     with self._cv:
       if self._stopping:
         raise Closed()
-      if len(self._waiting) + len(rows) > self.queue_limit:
+      free = sum(row is None for row in self._rows)
+      if len(self._waiting) + len(rows) > self.queue_limit + free:
         raise Full()
       self._waiting.extend(rows)
       self._cv.notify()

@@ -25,6 +25,10 @@ PLAIN = ("plain continuation: the run was not trained on chat records, so a conv
          "messages are joined by newlines and continued as text")
 
 
+class TooLong(UserError):
+  """A conversation whose last message does not fit the context even alone."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Served:
   name: str
@@ -69,14 +73,17 @@ class Served:
   def conversation(self, messages: list[dict], max_tokens: int) -> tuple[np.ndarray, list[str]]:
     """(the tokens the model reads before its reply, notes): the chat template and <|assistant|>,
     its earliest exchanges left out where the conversation passes the context (a note says how
-    many); a last message too long alone is a UserError. A plain run continues the messages'
+    many); a last message too long alone is TooLong. A plain run continues the messages'
     text (`prompt`)."""
     if not self.chat:
       return self.prompt("\n".join(m["content"] for m in messages), max_tokens)
-    kept, dropped = reply.fit_turns(self.state, self.tok, messages, max_tokens, "max_tokens")
+    n = len(reply.context(self.state, self.tok, messages))  # a character it lacks: UserError
+    try:
+      kept, dropped = reply.fit_turns(self.state, self.tok, messages, max_tokens, "max_tokens")
+    except UserError as e:
+      raise TooLong(str(e)) from None
     notes = []
     if dropped:
-      n = len(reply.context(self.state, self.tok, messages))
       notes.append(f"note: the conversation is {n} tokens; "
                    f"{fit.holds('max_tokens', max_tokens, self.seq_len)} "
                    f"{fit.room(self.seq_len, max_tokens)}, so its earliest {dropped} exchange"

@@ -14,7 +14,7 @@ import time
 
 from absl import flags
 
-from jaxtrain.system import invocation, signals
+from jaxtrain.system import invocation, machine, signals
 from jaxtrain.system.errors import UserError
 from jaxtrain.tools import cli
 
@@ -78,7 +78,7 @@ def run() -> None:
       f"{'chat template' if model.chat else 'plain continuation (not trained on chat records)'}")
   t0 = time.perf_counter()
   engine = Engine(model.state, f.batch_size, f.max_tokens, STEPS)
-  engine.warm()
+  engine.warm(threads=machine.cores())  # compiles in parallel: XLA's compiler holds no lock
   sched = Scheduler(engine, f.queue, say)
   sched.start()
   limits = requests.Limits(max_tokens=f.max_tokens, rows=f.batch_size)
