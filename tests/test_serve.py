@@ -479,7 +479,8 @@ def test_a_chat_run_answers_in_its_template_and_ctrl_c_drains_then_exits_0(tmp_p
 
   tok = chat_format.with_chat(tokenizer_lib.ByteTokenizer())
   state = make_run(tmp_path / "chat", tiny_config(**{"model.seq_len": 64}), tok=tok, noise=0.3)
-  s = Server(f"--workdir={tmp_path / 'chat'}", "--api_key=sesame", "--name=bot")
+  s = Server(f"--workdir={tmp_path / 'chat'}", "--api_key=sesame", "--name=bot", "--batch_size=2",
+             "--max_tokens=64")
   try:
     assert s.request("GET", "/v1/models")[0] == 401
     client = _client(s, key="sesame")
