@@ -294,6 +294,9 @@ def test_the_openai_client_completes_chats_and_streams(server, char_run):
   long = client.completions.create(model="tiny", prompt="the sea " * 10, max_tokens=8, temperature=0)
   assert long.usage.prompt_tokens == 24 and "the first 56 are not seen" in \
       long.model_extra["jaxtrain"]["notes"][0]  # 80 tokens; 32 of context less 8 to make
+  chunks = list(client.completions.create(model="tiny", prompt="the sea " * 10, max_tokens=8,
+                                          temperature=0, stream=True))
+  assert [bool(c.model_extra.get("jaxtrain")) for c in chunks] == [True] + [False] * (len(chunks) - 1)
 
 
 @pytest.mark.slow

@@ -131,9 +131,16 @@ class Endpoint:
     return JSONResponse({**self._head(), "choices": choices, "usage": _usage(self.flight, self.counts)})
 
   async def stream(self) -> AsyncIterator[str]:
-    """Server-sent events: a chunk per new text, the finish reasons, usage where asked, [DONE]."""
+    """Server-sent events: a chunk per new text, the finish reasons, usage where asked, [DONE];
+    the notes in the first chunk only."""
     head = {**self._head(), "object": "chat.completion.chunk" if self.ask.chat else "text_completion"}
-    event = lambda data: f"data: {json.dumps(data, ensure_ascii=False)}\n\n"  # noqa: E731
+    notes = {"jaxtrain": head.pop("jaxtrain")} if "jaxtrain" in head else {}
+
+    def event(data: dict) -> str:
+      nonlocal notes
+      data, notes = {**data, **notes}, {}
+      return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
     try:
       for i in range(len(self.flight.choices)):  # each choice opens: its role, its echo
         if self.ask.chat or self.ask.echo:
