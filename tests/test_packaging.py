@@ -109,6 +109,14 @@ def test_every_command_has_its_console_script(wheel, monkeypatch):
     assert ran == [expected[script]], f"{script} runs {ran}, not {expected[script]}"
 
 
+def test_every_command_knows_its_console_script_by_name():
+  """system/invocation.py names each command as the user typed it (`jaxtrain-serve --help` says
+  `usage: jaxtrain-serve`): its table holds every command of the package."""
+  from jaxtrain.system import invocation
+
+  assert invocation.SCRIPTS == {module: script for script, module in _commands().items()}
+
+
 def test_no_module_imports_a_test_only_package_at_import_time():
   """The training install leaves out the [test] extra: torch, transformers, pytest and the like
   may only be imported inside functions of tests, never by a jaxtrain module when it loads."""

@@ -9,7 +9,7 @@ import sys
 SCRIPTS = {"jaxtrain": "jaxtrain", "jaxtrain.sample": "jaxtrain-sample",
            "jaxtrain.export": "jaxtrain-export", "jaxtrain.chat": "jaxtrain-chat",
            "jaxtrain.eval": "jaxtrain-eval", "jaxtrain.compare": "jaxtrain-compare",
-           "jaxtrain.sweep": "jaxtrain-sweep"}
+           "jaxtrain.sweep": "jaxtrain-sweep", "jaxtrain.serve": "jaxtrain-serve"}
 
 
 def started(argv: list[str] | None = None) -> str | None:
