@@ -40,3 +40,4 @@ eval = _command("jaxtrain.eval")  # named as its command, jaxtrain.eval
 compare = _command("jaxtrain.compare")
 sweep = _command("jaxtrain.sweep")
 lm_eval = _command("jaxtrain.lm_eval")
+serve = _command("jaxtrain.serve")

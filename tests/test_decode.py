@@ -1,5 +1,6 @@
 """Generation with the key-value cache: the same tokens as the whole window every step, for every
-model switch and past the context window; top-k/top-p; chunked streaming."""
+model switch and past the context window; top-k/top-p; chunked streaming; prompt lengths padded to
+a few buckets (a handful of programs, the same tokens)."""
 
 import jax
 import numpy as np
@@ -102,3 +103,45 @@ def test_pick_top_p_keeps_the_smallest_set_reaching_p():
   assert draws == {0, 1}  # 0.5 < 0.7 <= 0.5 + 0.3
   draws = {int(decode.pick(logits, jax.random.PRNGKey(i), 1.0, 0, 0.81)[0]) for i in range(200)}
   assert draws == {0, 1, 2}
+  logits = logits[:, ::-1]  # the likeliest last: top_p=0 keeps it alone, as it keeps the likeliest
+  assert {int(decode.pick(logits, jax.random.PRNGKey(i), 1.0, 0, 0.0)[0]) for i in range(50)} == {3}
+
+
+class _Lowerings:
+  """Counts the programs jax lowers (each a jit cache miss, whatever the compile cache holds)."""
+  EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+
+  def __init__(self):
+    self.names: list[str] = []
+
+  def __call__(self, event: str, duration: float, **kwargs) -> None:
+    if event == self.EVENT:
+      self.names.append(kwargs.get("fun_name", "?"))
+
+  def __enter__(self):
+    jax.monitoring.register_event_duration_secs_listener(self)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    jax.monitoring.unregister_event_duration_listener(self)
+
+
+def test_prompt_lengths_share_a_few_programs_and_padding_changes_no_token(monkeypatch):
+  cfg = tiny_config(**{"model.seq_len": 128, "model.n_layers": 1})
+  state = _lively(init(cfg))
+  ids = np.random.default_rng(3).integers(0, 256, 128).astype(np.int32)
+  lengths = (1, 9, 16, 17, 40, 64, 65, 100, 128)
+  assert [decode.prompt_bucket(n, 128) for n in lengths] == [16, 16, 16, 64, 64, 64, 128, 128, 128]
+  with _Lowerings() as first:
+    bucketed = {n: jt.generate(state, ids[:n], 12, temperature=0.0) for n in (17, 65, 1)}
+  assert any("_prefill" in name for name in first.names), first.names  # the counter counts
+  with _Lowerings() as later:  # every other length falls in one of those three buckets
+    bucketed |= {n: jt.generate(state, ids[:n], 12, temperature=0.0) for n in lengths}
+  assert later.names == [], later.names
+  monkeypatch.setattr(decode, "prompt_bucket", lambda n, seq_len: n)  # each window its own length
+  for n in (1, 16, 17, 40, 65, 128):
+    exact = jt.generate(state, ids[:n], 12, temperature=0.0)
+    np.testing.assert_array_equal(bucketed[n], exact)
+    np.testing.assert_array_equal(bucketed[n], jt.generate(state, ids[:n], 12, temperature=0.0,
+                                                           use_cache=False))
+  assert len({tuple(x[-12:]) for x in bucketed.values()}) > 3, "a degenerate model proves nothing"

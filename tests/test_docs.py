@@ -32,7 +32,9 @@ NOT_HERE = [
      "installed as root (tests/test_slurm.py starts a one-node Slurm and submits the script)"),
     (r"JAXTRAIN_TEST_GPU=1", "needs a GPU (the tests skip themselves, saying so, without one)"),
     (r"^git clone|gpu_side_by_side", "fetches nanoGPT from the network, and measures on a GPU"),
-    (r"^curl ", "downloads a file; the test writes its own input.txt"),
+    (r"^curl ", "downloads a file (the test writes its own input.txt), or asks a running server"),
+    (r"^(jaxtrain-serve|python -m jaxtrain\.serve)\b", "serves until stopped; tests/test_serve.py "
+     "starts the server and talks to it with the openai client, raw HTTP and a browser"),
     (r"^(llama-completion|llama-server|ollama) ", "needs llama.cpp or Ollama built and installed "
      "(tests/test_gguf.py runs GGUF files through llama.cpp's Python binding where it is installed)"),
     (r"--config\.data\.tokenizer=gpt2", "fetches GPT-2's tokenizer once from the network "

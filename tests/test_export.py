@@ -15,6 +15,7 @@ import tokenizers
 
 import jaxtrain as jt
 from jaxtrain.checkpoints import hf, init_from, store
+from jaxtrain.data import chat_format
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system import paths
 from jaxtrain.system.errors import UserError
@@ -91,6 +92,20 @@ def test_exported_files_get_the_mode_the_umask_gives(umask, tmp_path):
   modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
   assert set(modes) == set(export.WRITTEN)
   assert modes == dict.fromkeys(export.WRITTEN, 0o666 & ~umask), modes
+
+
+@pytest.mark.parametrize("model", [{}, {"model.qk_norm": True}])  # a Llama; one with its own code
+def test_an_export_holds_no_local_path(model, tmp_path):
+  """An export is shared: none of its files names where the run or the export were on this
+  machine (config.json says the run's folder name and its step)."""
+  chat = chat_format.with_chat(tokenizer_lib.ByteTokenizer())
+  make_run(tmp_path / "deep" / "nano", tiny_config(**model), tok=chat)
+  out = export.export(str(tmp_path / "deep" / "nano"), str(tmp_path / "hf"))
+  local = {str(tmp_path), str(tmp_path.resolve()), str(Path.home()), os.getcwd()} - {"/"}
+  for path in out.iterdir():
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    assert not [where for where in local if where in text], (path.name, local)
+  assert paths.read_json(out / "config.json")["jaxtrain"] == {"run": "nano", "step": 0}
 
 
 def test_exported_tokenizers_give_jaxtrains_ids(tmp_path):

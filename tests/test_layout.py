@@ -20,8 +20,8 @@ PACKAGE = ROOT / "jaxtrain"
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 80
 # Lowest first: a folder imports only folders before it (and itself). The package's top-level
 # modules (the loop, the commands, the public surface) may import every folder.
-FOLDERS = ["system", "config", "core", "data", "checkpoints", "generation", "measure", "evals",
-           "trackers", "loop", "tools"]
+FOLDERS = ["system", "config", "core", "data", "checkpoints", "generation", "serving", "measure",
+           "evals", "trackers", "loop", "tools"]
 
 
 def _name(path: Path) -> str:

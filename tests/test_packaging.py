@@ -1,6 +1,7 @@
 """What an install gets: the wheel built from the repository holds every file of jaxtrain/ and the
 recipes of configs/, a console script for every `python -m jaxtrain[.X]` command, and a fresh
-virtual environment outside the checkout that installs the wheel, as a user does, trains with it."""
+virtual environment outside the checkout that installs the wheel, as a user does, trains with it;
+the wheel and the sdist carry the LICENSE that pyproject.toml names."""
 
 import ast
 import configparser
@@ -9,6 +10,7 @@ import runpy
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 import zipfile
 from pathlib import Path
@@ -73,6 +75,28 @@ def test_the_wheel_holds_every_file_of_the_package_and_the_recipes(wheel):
 
 
 @pytest.mark.slow
+def test_the_wheel_and_the_sdist_carry_the_license_that_pyproject_names(wheel, tmp_path):
+  text = (ROOT / "LICENSE").read_text()
+  assert "Apache License" in text and "Version 2.0, January 2004" in text and len(text) > 10_000
+  assert 'license = "Apache-2.0"' in (ROOT / "pyproject.toml").read_text()
+  with zipfile.ZipFile(wheel) as z:
+    (meta,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+    assert "License-Expression: Apache-2.0" in z.read(meta).decode()
+    assert z.read(meta.replace("METADATA", "licenses/LICENSE")).decode() == text
+  src = tmp_path / "src"  # a fresh clone with your changes, as the wheel is built from
+  for name in _files():
+    (src / name).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(ROOT / name, src / name)
+  code = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
+  proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=src, capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  with tarfile.open(tmp_path / proc.stdout.split()[-1]) as t:
+    (member,) = [m for m in t.getnames() if m.count("/") == 1 and m.endswith("/LICENSE")]
+    assert t.extractfile(member).read().decode() == text
+
+
+@pytest.mark.slow
 def test_every_command_has_its_console_script(wheel, monkeypatch):
   (entry_points,) = [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith("entry_points.txt")]
   parser = configparser.ConfigParser()
@@ -87,6 +111,14 @@ def test_every_command_has_its_console_script(wheel, monkeypatch):
     monkeypatch.setattr(runpy, "run_module", lambda module, ran=ran, **kwargs: ran.append(module))
     getattr(commands, function)()
     assert ran == [expected[script]], f"{script} runs {ran}, not {expected[script]}"
+
+
+def test_every_command_knows_its_console_script_by_name():
+  """system/invocation.py names each command as the user typed it (`jaxtrain-serve --help` says
+  `usage: jaxtrain-serve`): its table holds every command of the package."""
+  from jaxtrain.system import invocation
+
+  assert invocation.SCRIPTS == {module: script for script, module in _commands().items()}
 
 
 def test_no_module_imports_a_test_only_package_at_import_time():
@@ -105,6 +137,19 @@ def test_no_module_imports_a_test_only_package_at_import_time():
       found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
                 if n.split(".")[0] in test_only]
   assert not found, found
+
+
+def test_only_the_http_app_imports_the_serve_extra():
+  """A training install leaves out the [serve] extra: FastAPI, uvicorn and starlette load only
+  with jaxtrain/serving/app.py, which jaxtrain-serve imports after checking they are there."""
+  extra = {"fastapi", "uvicorn", "starlette"}
+  found = []
+  for path in sorted((ROOT / "jaxtrain").rglob("*.py")):
+    for node in ast.parse(path.read_text()).body:  # module level only
+      names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+          [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+      found += [f"{path.relative_to(ROOT)}" for n in names if n.split(".")[0] in extra]
+  assert set(found) == {"jaxtrain/serving/app.py"}, found
 
 
 def _user_env(venv: Path) -> dict:

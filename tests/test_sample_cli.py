@@ -1,17 +1,19 @@
 """After training: early stopping, `python -m jaxtrain.sample` and `python -m jaxtrain.export` on
-the run it leaves (also with --step=best), `init_from` starting a new run from it, and their
-one-line refusals of bad input."""
+the run it leaves (also with --step=best, and `jt.load_state(workdir, step="best")`), `init_from`
+starting a new run from it, and their one-line refusals of bad input."""
 
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import ROOT, run_cli
 from test_cli import TINY
 from test_export import make_run
 
+import jaxtrain as jt
 from jaxtrain.checkpoints import load, store
 from jaxtrain.system.errors import UserError
 from jaxtrain.testing import tiny_config
@@ -99,6 +101,26 @@ def test_step_best_is_the_kept_checkpoint_with_the_lowest_val_loss(tmp_path):
   (tmp_path / "metrics.jsonl").unlink()
   with pytest.raises(UserError, match="no checkpoint .* has a validation loss"):
     load.best_step(tmp_path)
+
+
+def test_load_state_takes_best_and_latest_as_the_command_line_does(tmp_path):
+  tmp_path = tmp_path / "run"
+  state = make_run(tmp_path, tiny_config())  # saves step 0
+  ckpts = store.Checkpoints(str(tmp_path), keep=5)
+  for step in (2, 4):
+    ckpts.save(state.replace(step=state.step + step), meta={"config": tiny_config().to_dict()})
+  ckpts.close()
+  records = [{"step": 2, "val_loss": 1.1}, {"step": 4, "val_loss": 1.3}]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  assert int(jt.load_state(str(tmp_path), step="best").step) == 2
+  assert int(jt.load_state(str(tmp_path), step="latest").step) == 4
+  assert int(jt.load_state(str(tmp_path)).step) == 4
+  assert int(jt.load_state(str(tmp_path), step="0").step) == 0
+  assert int(jt.load_state(str(tmp_path), step=np.int64(2)).step) == 2
+  with pytest.raises(UserError, match="not latest, best or a step number"):
+    jt.load_state(str(tmp_path), step="newest")
+  with pytest.raises(UserError, match="names no checkpoint"):
+    jt.load_state(str(tmp_path), step=2.0)
 
 
 @pytest.mark.slow

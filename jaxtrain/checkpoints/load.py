@@ -4,6 +4,7 @@ notebooks): the state of a checkpoint on one device, its tokenizer, which checkp
 
 import contextlib
 import logging
+import numbers
 import sys
 from pathlib import Path
 
@@ -109,11 +110,18 @@ def load_tokenizer(workdir: str):
   return tokenizer_lib.load(str(Path(workdir) / "tokenizer.json"))
 
 
-def load_state(workdir: str, step: int | None = None) -> steps.TrainState:
+def load_state(workdir: str, step: int | str | None = None) -> steps.TrainState:
   """The train state saved in a run's workdir, on one device: its newest checkpoint that reads
-  whole (a damaged one is skipped with a warning on stderr and left where it is: reading a run
-  changes none of its files, and only its training sets a damaged checkpoint aside), or step
-  `step`."""
+  whole (None or "latest"; a damaged one is skipped with a warning on stderr and left where it is:
+  reading a run changes none of its files, and only its training sets a damaged checkpoint aside),
+  the one with the lowest validation loss ("best"), or step `step`, as --step names them."""
+  if isinstance(step, str):
+    step = resolve_step(Path(workdir).expanduser(), step)
+  elif step is not None:
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+      raise UserError(f"step={step!r} names no checkpoint: pass None, \"latest\", \"best\" or a "
+                      "step number")
+    step = int(step)
   with contextlib.closing(read_only(workdir)) as ckpts:
     def read(s: int):
       programs = _programs(workdir, ckpts.read_meta(s))

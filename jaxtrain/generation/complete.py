@@ -13,7 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.generation import decode
+from jaxtrain.system.errors import UserError
 
 CHUNK = 16  # tokens per compiled call: rows that all ended stop after at most this many more
 
@@ -24,6 +26,22 @@ def context_ids(state, tok, text: str | np.ndarray) -> np.ndarray:
   if state.model_cfg.doc_mask and len(ids):
     return ids
   return np.concatenate([np.array([tok.eot_id], np.int32), ids])
+
+
+def prompt_ids(tok, text: str, fix: str = "pass --prompt=...") -> np.ndarray:
+  """The tokens of a prompt to continue (sample's, the server's); an empty prompt starts from a
+  newline where the vocabulary has one, else it is a UserError ending in `fix`. A character
+  outside the vocabulary is a UserError."""
+  if text == "":
+    nl = tokenizer_lib.newline_id(tok)
+    if isinstance(tok, tokenizer_lib.IdsTokenizer) and tok.eot_id >= 0:
+      nl = tok.eot_id  # token ids without text: a new document's start
+    if nl is None:
+      which = "token ids (without a tokenizer) have" if isinstance(tok, tokenizer_lib.IdsTokenizer) \
+          else "char vocabulary has"
+      raise UserError(f"this run's {which} no newline to start from; {fix}")
+    return np.array([nl], np.int32)
+  return np.asarray(tok.encode(text), np.int32)  # a char outside the vocabulary: UserError
 
 
 def complete(state, tok, prompts: list[str], max_new_tokens: int, *, temperature: float = 0.0,

@@ -22,6 +22,8 @@ from flax import nnx
 from jaxtrain.core import kvcache
 from jaxtrain.system.errors import UserError
 
+PROMPT_BUCKET = 16  # the smallest padded prefill (prompt_bucket)
+
 
 def keep_length(seq_len: int) -> int:
   """Tokens a full window restarts from: the prefill of a restart is amortized over the
@@ -54,7 +56,7 @@ def pick(logits_BV: jax.Array, key: jax.Array, temperature: float, top_k: int,
     sorted_BV = jnp.sort(logits_BV, axis=-1)[:, ::-1]
     probs_BV = jax.nn.softmax(sorted_BV, axis=-1)
     before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV  # probability of the likelier tokens
-    kept_BV = before_BV < top_p  # the likeliest token is always kept
+    kept_BV = (before_BV < top_p) | (jnp.arange(logits_BV.shape[-1]) == 0)  # the likeliest always
     lowest_B1 = jnp.min(jnp.where(kept_BV, sorted_BV, jnp.inf), axis=-1, keepdims=True)
     logits_BV = jnp.where(logits_BV < lowest_B1, -jnp.inf, logits_BV)
   return jax.random.categorical(key, logits_BV, axis=-1)
@@ -139,12 +141,13 @@ def stream(state, prompts_BP: np.ndarray, n_new: int, *,
   chunk = n_new if chunk <= 0 else min(chunk, n_new)
   n_chunks = -(-n_new // chunk)
   # Room for every chunk in full, and for a whole window past the last token (no-cache path);
-  # rounded up, so that a few lengths share one compile.
-  buf_BL = np.zeros((B, _bucket(P + n_chunks * chunk + T, 256)), np.int32)
+  # the same for every prompt that fits the context, and rounded up: one decode program serves
+  # them all.
+  buf_BL = np.zeros((B, _bucket(max(P, T) + n_chunks * chunk + T, 256)), np.int32)
   buf_BL[:, :P] = prompts_BP
   if use_cache:
     start = window_start(P, T, keep)
-    window_BW = np.zeros((B, min(T, _bucket(P - start, 8))), np.int32)
+    window_BW = np.zeros((B, prompt_bucket(P - start, T)), np.int32)
     window_BW[:, :P - start] = buf_BL[:, start:P]
     logits_BV, cache = _prefill(params, graphdef, jnp.asarray(window_BW), jnp.int32(P - start))
   else:
@@ -155,6 +158,16 @@ def stream(state, prompts_BP: np.ndarray, n_new: int, *,
     carry = _decode(params, graphdef, carry, jnp.int32(chunk), use_cache=use_cache, keep=keep,
                     temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
     yield np.array(carry[0])[:, P + done:P + min(done + chunk, n_new)]  # host slice: no program per chunk
+
+
+def prompt_bucket(n: int, seq_len: int) -> int:
+  """The length a prefill of a window of `n` tokens is padded to: 16, 64, 256, 1024, ... (x4)
+  or seq_len, whichever is less. Every prompt length then shares one of a handful of prefill
+  programs, at the cost of at most 4x a prompt's tokens (16 for a shorter one) in its prefill."""
+  size = PROMPT_BUCKET
+  while size < n:
+    size *= 4
+  return min(size, seq_len)
 
 
 def _bucket(n: int, smallest: int) -> int:

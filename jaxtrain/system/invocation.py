@@ -9,7 +9,8 @@ import sys
 SCRIPTS = {"jaxtrain": "jaxtrain", "jaxtrain.sample": "jaxtrain-sample",
            "jaxtrain.export": "jaxtrain-export", "jaxtrain.chat": "jaxtrain-chat",
            "jaxtrain.eval": "jaxtrain-eval", "jaxtrain.compare": "jaxtrain-compare",
-           "jaxtrain.sweep": "jaxtrain-sweep", "jaxtrain.lm_eval": "jaxtrain-lm_eval"}
+           "jaxtrain.sweep": "jaxtrain-sweep", "jaxtrain.lm_eval": "jaxtrain-lm_eval",
+           "jaxtrain.serve": "jaxtrain-serve"}
 
 
 def started(argv: list[str] | None = None) -> str | None:

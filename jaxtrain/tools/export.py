@@ -114,9 +114,9 @@ def _write(target: Path, state, tok, config: dict, workdir: str, eos, bos) -> No
   tensors = hf.to_hf(hf.flatten(lora.merged(state.params, state.lora)), c)
   from safetensors.numpy import save_file
 
-  # The run's name and step, never a local path: an export is to be shared.
+  # The run by its folder's name only: an export is shared, and a local path says nothing elsewhere.
   paths.write_json(target / "config.json", {**config, "jaxtrain": {
-      "run": Path(workdir).absolute().name, "step": int(state.step)}})
+      "run": Path(workdir).expanduser().absolute().name, "step": int(state.step)}})
   save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
   # safetensors writes through a private temporary file (mode 0600): an export is to be shared,
   # so it gets the mode of any file the user creates (0666 less the umask), as the others have.

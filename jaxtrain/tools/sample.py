@@ -46,24 +46,10 @@ def ask(prompt: str) -> str | None:
     return None
 
 
-def encode(tok, text: str) -> np.ndarray:
-  """The prompt's tokens; an empty prompt starts from a newline where the vocabulary has one."""
-  if text == "":
-    nl = tokenizer_lib.newline_id(tok)
-    if isinstance(tok, tokenizer_lib.IdsTokenizer) and tok.eot_id >= 0:
-      nl = tok.eot_id  # token ids without text: a new document's start
-    if nl is None:
-      which = "token ids (without a tokenizer) have" if isinstance(tok, tokenizer_lib.IdsTokenizer) \
-          else "char vocabulary has"
-      raise UserError(f"this run's {which} no newline to start from; pass --prompt=...")
-    return np.array([nl], np.int32)
-  return np.asarray(tok.encode(text), np.int32)  # a char outside the vocabulary: UserError
-
-
 def sample(state, tok, prompt: str, f, out=sys.stdout) -> int:
   """Prints `f.num_samples` continuations of `prompt` as their tokens come; returns how many
   tokens were made. Byte tokens go through a UTF-8 decoder: a character's bytes may come apart."""
-  ids = fit.seen(encode(tok, prompt), "the prompt", "--max_new_tokens", f.max_new_tokens,
+  ids = fit.seen(complete.prompt_ids(tok, prompt), "the prompt", "--max_new_tokens", f.max_new_tokens,
                  state.model_cfg.seq_len, lambda line: print(line, file=sys.stderr))
   byte_level = isinstance(tok, tokenizer_lib.ByteTokenizer)
   made = 0
@@ -128,7 +114,7 @@ def run() -> None:
     sample_file(state, tok, f)
     return
   if not f.interactive:
-    n = len(encode(tok, prompt))  # a bad prompt fails before anything is printed
+    n = len(complete.prompt_ids(tok, prompt))  # a bad prompt fails before anything is printed
     t0 = time.time()
     made = sample(state, tok, prompt, f)
     slid = fit.slid(n, f.max_new_tokens, state.model_cfg.seq_len)
