@@ -12,6 +12,7 @@ from pathlib import Path
 import ml_collections
 
 import jaxtrain.config.schema as schema  # the module itself: not through the package's __init__
+from jaxtrain.config import extensions
 from jaxtrain.config.defaults import default_config
 from jaxtrain.system.errors import ConfigError, UserError
 
@@ -55,6 +56,7 @@ def from_saved(saved: dict) -> ml_collections.ConfigDict:
   saved before a field existed gets the field's default, which is what it trained with. One that
   used a field since removed, as other than today's behaviour, is a UserError: it cannot be run,
   resumed or read as it trained."""
+  extensions.load(saved.get("extend", ""), saved.get(extensions.SOURCES_KEY))  # their options
   cfg = default_config()
   defaults, flat = flatten(cfg.to_dict()), flatten(saved)
   for field, (same, patch, commit) in REMOVED.items():
@@ -165,7 +167,7 @@ STATE_FIELDS = (
     "train.grad_accum", "train.skip_nonfinite", "optim.loss_scaling", "model.n_kv_heads",
     "model.qk_norm", "optim.name", "data.vocab_size", "model.doc_mask",
     "finetune.lora_rank", "model.x0_mix",
-    "model.canon",
+    "model.canon", "model.attention_variant", "model.block", "model.arch",
 )
 LORA_FIELDS = ("finetune.lora_alpha", "finetune.lora_targets")  # breaking where LoRA is on
 
@@ -192,5 +194,7 @@ def config_changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:
       toggles_clip = field == "optim.clip_norm" and (old[field] == 0) != (new[field] == 0)
       # Adapters' scale and placement change the state's meaning and shapes, if there are any.
       lora = field in LORA_FIELDS and (old["finetune.lora_rank"] or new["finetune.lora_rank"])
-      (breaking if field in STATE_FIELDS or toggles_clip or lora else harmless).append(change)
+      # An extension's options: what one changes is the extension's to know, so none is harmless.
+      ext = field.startswith("ext.")
+      (breaking if field in STATE_FIELDS or toggles_clip or lora or ext else harmless).append(change)
   return breaking, harmless

@@ -18,8 +18,8 @@ import numpy as np
 from flax import nnx, traverse_util
 
 from jaxtrain.config import lists
+from jaxtrain.core import layers, ops
 from jaxtrain.core import model as model_lib
-from jaxtrain.core import ops
 
 ADAPTERS = ("lora_a", "lora_b")
 # Where each target lives in a block; its index keeps each layer's draw apart.
@@ -45,10 +45,10 @@ def from_config(finetune: ml_collections.ConfigDict) -> Lora | None:
               lists.lora_targets(finetune.lora_targets))
 
 
-class LoraDense(model_lib.Dense):
+class LoraDense(layers.Dense):
   """A `Dense` whose output gains (alpha / r) (x A) B; its kernel is the layer's own."""
 
-  def __init__(self, dense: model_lib.Dense, a: jax.Array, b: jax.Array, scale: float):
+  def __init__(self, dense: layers.Dense, a: jax.Array, b: jax.Array, scale: float):
     self.kernel = dense.kernel
     self.dtype = dense.dtype
     self.lora_a = nnx.Param(a)

@@ -14,8 +14,8 @@ import ml_collections
 
 from jaxtrain import __version__
 from jaxtrain.checkpoints import init_from, lifecycle, store
-from jaxtrain.config import validate
-from jaxtrain.core import cpu, lora, mesh, optim, programs
+from jaxtrain.config import extensions, validate
+from jaxtrain.core import components, cpu, lora, mesh, optim, programs
 from jaxtrain.core import model as model_lib
 from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.data import tokenfiles, tokenizer
@@ -58,14 +58,15 @@ def settle(cfg: ml_collections.ConfigDict, explicit: Collection[str] = (),
   fields the user set), the CPU split into devices (before jax starts its backends), the compile
   cache and the processes set up. With model.size=auto, the shape is chosen first (its probe's
   progress on `say`; `t_start`: when the budget's clock started)."""
-  validate.validate(cfg)
+  cfg = components.validate(cfg)  # extensions loaded: their components are checked too
   cfg, taken = init_from.resolve(cfg, explicit)
   if taken:
-    validate.validate(cfg)  # the source run's values, in this config
+    components.validate(cfg)  # the source run's values, in this config
   budget_s = validate.time_budget_s(cfg)
   cfg, notes, corpus = autosize.resolve(cfg, budget_s, explicit, say, t_start)  # before jax starts
   notes = [cpu.split_cpu(cfg), *notes]
   platform = runtime.setup(cfg)
+  components.trace(cfg)  # an extension's component traced once, before any work
   if platform == "cpu":
     notes.insert(1, allocator.lost_note())
   if taken:
@@ -88,7 +89,8 @@ def resolve(settled: Settled, out: Console,
     claim(workdir, out)
   resume_step = max(store.complete_steps(workdir), default=0)
   if resume_step and (workdir / "config.json").is_file():  # a refused resume: before any data work
-    lifecycle.refuse_changes(paths.read_json(workdir / "config.json"), cfg.to_dict(), cfg.workdir)
+    lifecycle.refuse_changes(paths.read_json(workdir / "config.json"), extensions.saved_config(cfg),
+                             cfg.workdir)
   devices = cpu.run_devices(cfg)
   data_axis, fsdp_axis = mesh.mesh_shape(cfg.mesh, len(devices))
   out.print(f"jaxtrain {__version__} | {'dry run | ' * (claim is None)}workdir {workdir} | "
