@@ -13,7 +13,7 @@ import pytest
 
 from jaxtrain.system import machine
 from jaxtrain.system.errors import UserError
-from jaxtrain.tools import runs, sweep
+from jaxtrain.tools import launcher, runs, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def test_grid_names_each_run_by_its_values(tiny_file, tmp_path):
       "lr=1e-3_n_layers=1_skip_nonfinite=True", "lr=1e-3_n_layers=2_skip_nonfinite=True",
       "lr=3e-3_n_layers=1_skip_nonfinite=True", "lr=3e-3_n_layers=2_skip_nonfinite=True"]
   assert all(p.max_steps == 7 for p in points)
-  cmd = sweep.command(args, points[1])
+  cmd = launcher.command(args, points[1])
   assert cmd[-6:] == ["--config.optim.lr=1e-3", "--config.model.n_layers=2",
                       "--config.train.skip_nonfinite=True",
                       f"--config.workdir={tmp_path / points[1].name}", "--config.headless=True",
@@ -76,10 +76,10 @@ def test_bad_values_stop_the_sweep_before_any_run(tiny_file, tmp_path):
 
 def test_cores_are_split_between_concurrent_runs(monkeypatch):
   monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
-  assert sweep.core_slots(2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
-  assert sweep.core_slots(3) == [[0, 1], [2, 3], [4, 5]]
-  assert sweep.core_slots(16)[9] == [1]  # more runs than cores: they share
-  assert sweep.core_slots(1) == [list(range(8))]
+  assert launcher.core_slots(2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+  assert launcher.core_slots(3) == [[0, 1], [2, 3], [4, 5]]
+  assert launcher.core_slots(16)[9] == [1]  # more runs than cores: they share
+  assert launcher.core_slots(1) == [list(range(8))]
 
 
 def _wait_for_a_train_line(metrics: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
@@ -92,11 +92,11 @@ def _wait_for_a_train_line(metrics: Path, proc: subprocess.Popen, timeout: float
 
 
 def test_progress_says_step_loss_speed_and_eta(tmp_path):
-  point = sweep.Point("lr=1", [("optim.lr", "1")], tmp_path / "run", tmp_path / "run.log", 100)
-  assert sweep.progress(point) is None  # no run yet: nothing to say
+  point = launcher.Point("lr=1", [("optim.lr", "1")], tmp_path / "run", tmp_path / "run.log", 100)
+  assert launcher.progress(point) is None  # no run yet: nothing to say
   point.workdir.mkdir()
   (point.workdir / "run.json").write_text("{}")
-  assert sweep.progress(point) is None  # no step trained yet
+  assert launcher.progress(point) is None  # no step trained yet
   metrics = point.workdir / "metrics.jsonl"
 
   def train_to(last: int) -> None:
@@ -105,15 +105,15 @@ def test_progress_says_step_loss_speed_and_eta(tmp_path):
                                for s in range(10, last + 1, 10)))
 
   train_to(40)
-  assert sweep.progress(point) == (40, "step 40/100, loss 2.6000, 2.00k tok/s")
+  assert launcher.progress(point) == (40, "step 40/100, loss 2.6000, 2.00k tok/s")
   # 20 steps in 10 s of wall time: 40 more take 20 s.
-  assert sweep.progress(point, first=(40, 1000.0), now=1010.0) == (
+  assert launcher.progress(point, first=(40, 1000.0), now=1010.0) == (
       40, "step 40/100, loss 2.6000, 2.00k tok/s")  # no step since: no rate yet
   train_to(60)
-  assert sweep.progress(point, first=(40, 1000.0), now=1010.0)[1].endswith(", ETA 20.0s")
+  assert launcher.progress(point, first=(40, 1000.0), now=1010.0)[1].endswith(", ETA 20.0s")
 
   printed = []
-  s = sweep.Sweep(sweep.Args("c.py", [("optim.lr", ["1"])], tmp_path), [point], printed.append)
+  s = launcher.Sweep(launcher.Args("c.py", [("optim.lr", ["1"])], tmp_path), [point], printed.append)
   s.running[0] = (point, None, time.time() - 65)
   s._progress()
   s._progress()  # the same step again: no new line
@@ -130,9 +130,9 @@ def test_progress_says_step_loss_speed_and_eta(tmp_path):
 
 
 def test_a_run_stopped_by_a_signal_before_it_has_a_workdir_is_reported(tmp_path):
-  point = sweep.Point("lr=1", [("optim.lr", "1")], tmp_path / "run", tmp_path / "run.log", 100)
+  point = launcher.Point("lr=1", [("optim.lr", "1")], tmp_path / "run", tmp_path / "run.log", 100)
   printed = []
-  s = sweep.Sweep(sweep.Args("c.py", [("optim.lr", ["1"])], tmp_path), [point], printed.append)
+  s = launcher.Sweep(launcher.Args("c.py", [("optim.lr", ["1"])], tmp_path), [point], printed.append)
   s.running[0], s.signal = (point, None, time.time() - 3), "SIGTERM"
   s._finish(0, -15)
   assert s.stopped == ["lr=1"]

@@ -20,6 +20,7 @@ from flax import nnx, traverse_util
 from jaxtrain.config import lists
 from jaxtrain.core import layers, ops
 from jaxtrain.core import model as model_lib
+from jaxtrain.system.errors import UserError
 
 ADAPTERS = ("lora_a", "lora_b")
 # Where each target lives in a block; its index keeps each layer's draw apart.
@@ -66,10 +67,15 @@ def attach(model: model_lib.GPT, lora: Lora, key: jax.Array) -> model_lib.GPT:
   """`model` with adapters on every block's targeted layers (in place; returned too); `key`: the
   model's params key."""
   key = jax.random.fold_in(key, STREAM)
-  for i, block in enumerate(model.blocks):
+  for i, block in enumerate(getattr(model, "blocks", None) or [None]):
     for target in lora.targets:
-      owner = getattr(block, OWNERS[target])
-      dense = getattr(owner, target)
+      owner = getattr(block, OWNERS[target], None)
+      dense = getattr(owner, target, None)
+      if not isinstance(dense, layers.Dense):  # an extension's part, laid out its own way
+        raise UserError(f"finetune.lora_targets: {target} is not a layer of this model (jaxtrain's "
+                        f"block has it as blocks[i].{OWNERS[target]}.{target}, a Dense; an "
+                        "extension's block, MLP or model may not); pass only targets it has, e.g. "
+                        "--config.finetune.lora_targets=qkv,out")
       d_in, d_out = dense.kernel.shape
       layer_key = jax.random.fold_in(key, i * len(OWNERS) + list(OWNERS).index(target))
       a = jax.random.normal(layer_key, (d_in, lora.rank), jnp.float32) / math.sqrt(d_in)

@@ -242,9 +242,13 @@ def check(c: ModelConfig) -> None:
 
 def build(c: ModelConfig, rngs: nnx.Rngs):
   """The model model.arch names for `c`, its params drawn from `rngs`."""
-  if c.arch != "gpt":
-    check(c)
-  return layers.make("model", c, rngs)
+  if c.arch == "gpt":
+    return layers.make("model", c, rngs)
+  check(c)
+  model = layers.make("model", c, rngs)
+  if not hasattr(model, "c"):  # generation reads the model's config (its seq_len) from it
+    model.c = c
+  return model
 
 
 def init(c: ModelConfig, key: jax.Array, exact_shapes: bool = False):

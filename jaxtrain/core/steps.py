@@ -110,21 +110,23 @@ def losses(params, graphdef: nnx.GraphDef, tokens_BT1: jax.Array,
   weighted mean; without, the two are one."""
   model = nnx.merge(graphdef, params)
   c = _settings(model)
+  # A key only where dropout draws one: a user's whole model without dropout takes tokens alone.
+  keyed = {"dropout_key": dropout_key} if dropout_key is not None and c.dropout > 0 else {}
   targets_BT = tokens_BT1[:, 1:]
   if c.fused_loss:
     dtype = jnp.dtype(c.dtype)
-    x_BTD = model.hidden(tokens_BT1[:, :-1], dropout_key=dropout_key).astype(dtype)
+    x_BTD = model.hidden(tokens_BT1[:, :-1], **keyed).astype(dtype)
     trains_BT, ce_BT = loss_lib.fused_token_losses(x_BTD, model.head_weight().astype(dtype),
                                                    targets_BT, z_loss)
     return loss_lib.mean_loss(trains_BT, weights_BT), loss_lib.mean_loss(ce_BT, weights_BT)
   if c.loss_chunk:
-    x_BTD = model.hidden(tokens_BT1[:, :-1], dropout_key=dropout_key)
+    x_BTD = model.hidden(tokens_BT1[:, :-1], **keyed)
     ce_BT, z_BT = loss_lib.chunked_token_losses(x_BTD, model.head_weight(), targets_BT,
                                                 model.head, c.loss_chunk, with_z=bool(z_loss),
                                                 scatter_free=c.scatter_free)
     logits_BTV = None
   else:
-    logits_BTV = model(tokens_BT1[:, :-1], dropout_key=dropout_key)
+    logits_BTV = model(tokens_BT1[:, :-1], **keyed)
     ce_BT = loss_lib.token_losses(logits_BTV, targets_BT, c.scatter_free)
     z_BT = loss_lib.z_terms(logits_BTV) if z_loss else None
   loss = loss_lib.mean_loss(ce_BT, weights_BT)

@@ -15,7 +15,7 @@ import ml_collections
 from jaxtrain import __version__
 from jaxtrain.checkpoints import init_from, lifecycle, store
 from jaxtrain.config import extensions, validate
-from jaxtrain.core import components, cpu, lora, mesh, optim, programs
+from jaxtrain.core import components, cpu, lora, mesh, optim, programs, registry
 from jaxtrain.core import model as model_lib
 from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.data import tokenfiles, tokenizer
@@ -142,6 +142,8 @@ def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: corpus_lib.Co
             f"{fmt.count(model_lib.flops_per_token(mc))} train FLOPs/token"
             + (f", {fmt.count(opt_flops)} optimizer FLOPs/step" if opt_flops else "")
             + f", vocab {mc.vocab_size}, {B * k * T} tokens/step ({B} x {T} x {k} micro-batches)")
+  if line := components_line(cfg, mc):
+    out.print(line)
   out.print(f"compute: {mc.dtype} (params and optimizer float32), attention {mc.attention} "
             f"({built.attention_why})"
             + (f"; XLA options {built.compiler_options}" if built.compiler_options else "")
@@ -153,6 +155,27 @@ def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: corpus_lib.Co
     out.print(f"WARNING: {warning}")
   if not cfg.train.time_budget:  # a budget's steps: said once its plan is made (loop/setup.py)
     say_epochs(out, cfg, len(corpus.train), cfg.train.max_steps)
+
+
+def components_line(cfg: ml_collections.ConfigDict, mc: model_lib.ModelConfig) -> str | None:
+  """What a run says of the components it takes from `extend` (None: it takes none): each with its
+  file and line, what its counts leave out, and whether sampling has a key-value cache."""
+  ours = components.extension_parts(cfg)
+  if not ours:
+    return None
+  named = ", ".join(f"{registry.KINDS[c.kind].field}={c.name} ({c.where})" for c in ours)
+  notes = []
+  if any(c.kind in registry.MODEL_KINDS for c in ours):
+    notes.append("FLOPs and the memory estimate count them as the built-in parts of their kinds "
+                 "(their own compute is not known)")
+  if any(c.kind == "optimizer" and c.flops is None for c in ours):
+    notes.append(f"the optimizer's own FLOPs are not counted (@jt.optimizer({cfg.optim.name!r}, "
+                 "flops=...) counts them)")
+  without = model_lib.kv_cache(mc)
+  notes.append("sampling runs the whole window for each new token (" + ", ".join(
+      f"{registry.KINDS[c.kind].field}={c.name}" for c in without) + " extends no key-value "
+      "cache)" if without else "sampling extends a key-value cache")
+  return f"components: {named}; {'; '.join(notes)}"
 
 
 def say_epochs(out: Console, cfg: ml_collections.ConfigDict, train_tokens: int, steps: int) -> None:
