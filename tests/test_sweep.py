@@ -190,3 +190,43 @@ def test_a_failed_run_is_reported_and_the_status_is_non_zero(tiny_file, tmp_path
   assert "[1/1] lr=1e-3: FAILED (exit status 2)" in out and "missing.txt" in out
   assert "failed 1" in out
   assert not (tmp_path / "s" / "compare.md").exists()  # the run never started: nothing to compare
+
+
+def test_seeds_repeat_each_point_and_a_budget_compiles_every_variant_first(tiny_file, tmp_path,
+                                                                          monkeypatch, capsys):
+  argv = [f"--config={tiny_file}", "--sweep=model.mlp=swiglu,gelu", "--seeds=2",
+          f"--root={tmp_path}", "--config.train.time_budget=30s", "--config.seed=5"]
+  points = sweep.grid(sweep.parse(argv))
+  assert [p.name for p in points] == ["mlp=swiglu_seed=5", "mlp=swiglu_seed=6",
+                                      "mlp=gelu_seed=5", "mlp=gelu_seed=6"]
+  assert all(p.budget and p.shape_known for p in points)
+  ran = []
+  monkeypatch.setattr(launcher.Sweep, "run", lambda self: ran.append(self.points))
+  sweep.compile_ahead(sweep.parse(argv), points)
+  (ahead,) = ran  # one compile a variant: the seeds of a point share its programs
+  assert [(p.name, p.workdir, p.max_steps) for p in ahead] == [
+      ("mlp=swiglu_seed=5", tmp_path / ".compile" / "mlp=swiglu_seed=5", 1),
+      ("mlp=gelu_seed=5", tmp_path / ".compile" / "mlp=gelu_seed=5", 1)]
+  cmd = launcher.command(sweep.parse(argv), ahead[0])
+  assert cmd[cmd.index("--config.headless=True") + 1:] == ["--config.train.time_budget=",
+                                                           "--config.train.max_steps=1"]
+  assert "outside their budgets" in capsys.readouterr().out
+  ran.clear()
+  assert sweep.compile_ahead(sweep.parse([*argv, "--nocompile_ahead"]), points) is None and not ran
+  with pytest.raises(UserError, match="--seeds=2: must be an integer >= 1, and not with --sweep=seed"):
+    sweep.parse([*argv, "--sweep=seed=1,2"])
+
+
+def test_a_budgeted_runs_progress_shows_the_steps_it_planned(tmp_path):
+  point = launcher.Point("mlp=gelu", [("model.mlp", "gelu")], tmp_path / "run", tmp_path / "r.log",
+                         1000, budget=True)  # the recipe's 1000 steps; the budget plans 487
+  point.workdir.mkdir()
+  (point.workdir / "run.json").write_text("{}")
+  (point.workdir / "metrics.jsonl").write_text(json.dumps({"step": 40, "loss": 2.5}) + "\n")
+  (point.workdir / "status.json").write_text(json.dumps({"state": "running", "step": 40,
+                                                         "max_steps": 487}))
+  assert launcher.progress(point) == (40, "step 40/487, loss 2.5000")
+  assert not launcher.done(point)
+  (point.workdir / "status.json").write_text(json.dumps({"state": "finished", "step": 487,
+                                                         "max_steps": 487}))
+  assert launcher.done(point)  # finished at its own end, short of the recipe's

@@ -149,9 +149,10 @@ def user_frames(e: BaseException) -> list[traceback.FrameSummary]:
 
 
 def _short(filename: str) -> str:
+  """A file's path as a person reads it: from the working directory, where that is shorter."""
   try:
-    return os.path.relpath(filename)
-  except ValueError:
+    return min(filename, os.path.relpath(filename), key=len)
+  except ValueError:  # another drive
     return filename
 
 

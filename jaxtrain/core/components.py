@@ -100,7 +100,8 @@ def trace(cfg: ml_collections.ConfigDict, vocab_size: int = 256) -> None:
       cached = lambda params, t: nnx.merge(state.graphdef, params)(  # noqa: E731
           t, cache=kvcache.empty(mc, 2), pos=jnp.int32(0))
       jax.eval_shape(cached, state.params, jax.ShapeDtypeStruct((2, 1), jnp.int32))
-  except UserError:
+  except UserError as e:  # a component's own line: JAX's note on the frames it hid is not ours
+    e.__notes__ = [n for n in getattr(e, "__notes__", []) if "JAX_TRACEBACK_FILTERING" not in n]
     raise
   except Exception as e:  # outside any one component's call: the way they fit together
     names = ", ".join(f"{registry.KINDS[c.kind].field}={c.name}" for c in ours)
