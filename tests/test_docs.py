@@ -195,7 +195,8 @@ def _fixtures(sandbox: Path, text: str) -> None:
   import pyarrow.parquet as pq
 
   (sandbox / "configs").symlink_to(ROOT / "configs")
-  shutil.copytree(ROOT / "examples" / "finetune", sandbox / "examples" / "finetune")  # as shipped
+  for example in ("finetune", "extend"):  # as shipped
+    shutil.copytree(ROOT / "examples" / example, sandbox / "examples" / example)
   bin_dir = sandbox / ".bin"
   bin_dir.mkdir()
   (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')

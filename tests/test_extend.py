@@ -263,11 +263,11 @@ def test_an_extension_built_model_compiles_to_the_built_in_models_program(ideas)
   assert lowered(**{"model.attention_variant": "twin_causal", "model.mlp": "gelu"}) != twins
 
 
-def test_lion_a_linear_schedule_a_loss_term_and_a_block_train(ideas):
-  for name in ("lion.py", "linear.py"):
+def test_lion_a_new_schedule_a_loss_term_and_a_block_train(ideas):
+  for name in ("lion.py", "sqrt_decay.py"):
     jt.extend(str(EXAMPLES / name))
-  cfg = jt.tiny_config(**{"extend": f"{ideas},{EXAMPLES / 'lion.py'},{EXAMPLES / 'linear.py'}",
-                          "optim.name": "lion", "optim.schedule": "linear", "optim.lr": 3e-3,
+  cfg = jt.tiny_config(**{"extend": f"{ideas},{EXAMPLES / 'lion.py'},{EXAMPLES / 'sqrt_decay.py'}",
+                          "optim.name": "lion", "optim.schedule": "sqrt_decay", "optim.lr": 3e-3,
                           "optim.warmup_steps": 2, "train.max_steps": 12, "model.block": "parallel",
                           "optim.loss_term": "sharpen"})
   cfg = components.validate(cfg)
@@ -279,23 +279,24 @@ def test_lion_a_linear_schedule_a_loss_term_and_a_block_train(ideas):
     losses.append(float(m["loss"]))
     lrs.append(float(m["lr"]))
   assert losses[-1] < losses[0] - 0.5  # it learns the one batch
-  # warmup to the peak at step 2, then a straight line to 0 at step 12
-  np.testing.assert_allclose(lrs, [1e-3, 2e-3, *(3e-3 * (1 - i / 10) for i in range(10))], rtol=1e-5)
+  # warmup to the peak at step 2, then 1 - sqrt(progress), reaching 0 at step 12
+  np.testing.assert_allclose(lrs, [1e-3, 2e-3, *(3e-3 * (1 - (i / 10) ** 0.5) for i in range(10))],
+                             rtol=1e-5)
   assert state.opt_state[1][0].__class__.__name__ == "ScaleByLionState"
 
 
 @pytest.mark.slow
 def test_an_extension_trains_resumes_bit_for_bit_and_samples(corpus_file, tmp_path):
-  """The docs' first example end to end, from the command line: a sliding window with optax's
-  Lion and a linear schedule, stopped by SIGINT and resumed, ends bit for bit where an
-  uninterrupted run ends; it samples and compares; changed code is refused on resume."""
+  """The docs' three examples at once, from the command line: a sliding window with optax's Lion
+  and a new schedule, stopped by SIGINT and resumed, ends bit for bit where an uninterrupted run
+  ends; it samples; changed code is refused on resume, or allowed by a flag."""
   window = tmp_path / "window.py"
   window.write_text((EXAMPLES / "window.py").read_text())
-  extend = f"{window},{EXAMPLES / 'lion.py'},{EXAMPLES / 'linear.py'}"
+  extend = f"{window},{EXAMPLES / 'lion.py'},{EXAMPLES / 'sqrt_decay.py'}"
   args = lambda workdir, steps: [  # noqa: E731
       "--config=nano", "--jax_platforms=cpu", f"--config.extend={extend}",
       "--config.model.attention_variant=window", "--config.ext.window.size=8",
-      "--config.optim.name=lion", "--config.optim.schedule=linear", "--config.optim.lr=2e-3",
+      "--config.optim.name=lion", "--config.optim.schedule=sqrt_decay", "--config.optim.lr=2e-3",
       f"--config.data.path={corpus_file}", f"--config.workdir={workdir}",
       f"--config.train.max_steps={steps}", "--config.model.n_layers=1", "--config.model.d_model=32",
       "--config.model.n_heads=2", "--config.model.seq_len=32", "--config.train.batch_size=4",

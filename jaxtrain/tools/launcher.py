@@ -31,6 +31,7 @@ class Args:
   progress_every_s: float = PROGRESS_EVERY_S
   seeds: int = 1  # each point run with this many seeds (seed, seed + 1, ...)
   compile_ahead: bool = True  # a time budget's runs: every variant compiled before any is timed
+  baseline: str = ""  # the run the comparison takes differences to
 
 
 @dataclasses.dataclass

@@ -26,7 +26,7 @@ from jaxtrain.tools.launcher import PROGRESS_EVERY_S, Args, Point, Sweep, done
 _COMMAND = invocation.command("jaxtrain.sweep")
 USAGE = (f"usage: {_COMMAND} --config=F --sweep=field=v1,v2 [--sweep=...] --root=DIR "
          "[--parallel=N] [--config.x=y ...] (see --help)")
-VALUES = {"config": "FILE", "sweep": "FIELD=V1,V2", "root": "DIR"}  # what --help shows
+VALUES = {"config": "FILE", "sweep": "FIELD=V1,V2", "root": "DIR", "baseline": "RUN"}  # --help shows
 PASSED_ON = (("--config.FIELD=V", "A setting for every run of the sweep."),
              ("--jax_*=V", "Passed on to every run (e.g. --jax_platforms=cpu)."))
 COMPILE_DIR = ".compile"  # under --root: the compile-ahead runs, removed once they end
@@ -55,6 +55,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                      "loss and ETA are printed.", **own)
   flags.DEFINE_integer("seeds", 1, "Each point runs with this many seeds (the config's seed, + 1, "
                        "...); the comparison shows the spread across them.", **own)
+  flags.DEFINE_string("baseline", "", "A run of the sweep (its directory's name) that the "
+                      "comparison takes each run's difference to.", **own)
   flags.DEFINE_bool("compile_ahead", True, "With train.time_budget: compile every variant first, "
                     "outside the budgets, so that each trains for the same time.", **own)
 
@@ -103,7 +105,7 @@ def arguments(f: flags.FlagValues, rest: list[str]) -> Args:
   if not f.progress_every_s > 0:
     raise UserError(f"--progress_every_s={f.progress_every_s:g}: must be a number of seconds > 0")
   return Args(config_file, sweeps, Path(f.root).expanduser(), f.parallel, overrides, passthrough,
-              f.progress_every_s, f.seeds, f.compile_ahead)
+              f.progress_every_s, f.seeds, f.compile_ahead, f.baseline)
 
 
 def _load_extensions(f: flags.FlagValues, rest: list[str]) -> None:
@@ -214,7 +216,7 @@ def run(rest: list[str]) -> None:
   existing = [str(p.workdir) for p in points if paths.is_run(p.workdir)]
   if existing:
     print()
-    compare.compare(existing, args.root)
+    compare.compare(existing, args.root, baseline=args.baseline or None)
   print(f"sweep: ran {sweep.ran}, skipped {len(points) - sweep.ran}, failed {len(sweep.failed)}"
         f" in {fmt.duration(time.time() - t0)}" + (f" (failed: {', '.join(sweep.failed)})"
                                                    if sweep.failed else ""))
