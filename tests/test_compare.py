@@ -191,6 +191,16 @@ def test_a_baseline_gets_each_runs_difference_and_seeds_their_spread(tmp_path):
   assert not any(line.startswith("warning:") for line in printed)  # the same steps, no compiles
 
 
+def test_compile_times_matter_only_under_a_time_budget(tmp_path):
+  """Runs of fixed steps train the same whatever their compiles cost: no warning then."""
+  for name, compiled in (("a", 5.0), ("b", 40.0)):
+    _make_run(tmp_path / name, 1e-3, 2, [2.0, 1.9], status={"state": "finished", "step": 20,
+                                                            "compile_s": compiled})
+  printed = []
+  compare.compare([str(tmp_path / "a"), str(tmp_path / "b")], None, printed.append, width=300)
+  assert not any(line.startswith(("warning:", "at equal steps:")) for line in printed), printed
+
+
 def test_runs_of_unequal_steps_or_compile_times_are_flagged_and_met_at_equal_steps(tmp_path):
   """The misleading ablation of issue 60: under one time budget, the variant whose compile was
   cached trained more steps, and its lower final loss was no win at equal steps."""
@@ -204,9 +214,23 @@ def test_runs_of_unequal_steps_or_compile_times_are_flagged_and_met_at_equal_ste
   compare.compare([str(root)], None, printed.append, width=400)
   assert printed[2] == (
       "warning: these runs trained different steps (30 to 40), different tokens (61.44k to "
-      "81.92k), different compile times (6.3s to 21.3s): their final and best losses do not "
-      "compare as they stand; under a time budget a run whose compile was cached trains longer; "
-      "jaxtrain-sweep compiles every variant before the timed runs (the line below compares "
-      "them at equal steps)")
+      "81.92k), paid different compile times (6.3s to 21.3s): their final and best losses do not "
+      "compare as they stand; under a time budget a run whose compile was cached trains longer "
+      "(jaxtrain-sweep compiles every variant before its timed runs); the line below compares "
+      "them at equal steps")
   assert printed[3] == ("at equal steps: val_loss at step 30 (the last step every run evaluated): "
                         "mlp=gelu 1.9000, mlp=swiglu 1.9500")
+
+
+def test_an_extensions_option_counts_only_where_its_component_is_chosen(tmp_path):
+  for name, variant in (("causal", "causal"), ("window", "window")):
+    path = tmp_path / name
+    _make_run(path, 1e-3, 2, [2.0, 1.9], status={"state": "finished", "step": 20},
+              **{"model.attention_variant": variant})
+    saved = json.loads((path / "config.json").read_text())
+    saved["ext"] = {"window": {"size": 32}}  # both loaded the file; one chose its component
+    paths.write_json(path / "config.json", saved)
+  infos = [runs.read(tmp_path / "causal"), runs.read(tmp_path / "window")]
+  assert compare.effective(infos[0], "ext.window.size") is compare._MISSING
+  assert compare.effective(infos[1], "ext.window.size") == 32
+  assert compare.differences(infos) == ["ext.window.size", "model.attention_variant"]  # config order

@@ -5,6 +5,7 @@ compile cached by an earlier run buys steps), with their losses at the last step
 
 import math
 import statistics
+from collections.abc import Callable
 
 from jaxtrain.config import defaults
 from jaxtrain.system import fmt
@@ -48,10 +49,12 @@ def delta(value: float | None, base: float | None) -> str:
 
 
 def spread_table(groups: list[list[runs.RunInfo]], fields: list[str], key: str,
-                 base_group: list[runs.RunInfo] | None) -> tuple[list[str], list[list[str]]] | None:
-  """(header, rows) of the runs that differ only in their seed: per group, its runs' best `key`
-  (mean, standard deviation, range) and its mean's difference to the baseline group's, with the
-  standard error of that difference; None where no group has two runs."""
+                 base_group: list[runs.RunInfo] | None,
+                 show: Callable[[runs.RunInfo, str], str]) -> tuple[list[str], list[list[str]]] | None:
+  """(header, rows) of the runs that differ only in their seed: per group, its `fields` as
+  `show(run, field)` gives them, its runs' best `key` (mean, standard deviation, range) and its
+  mean's difference to the baseline group's, with the standard error of that difference; None
+  where no group has two runs."""
   if not any(len(g) > 1 for g in groups):
     return None
   stats = [_stats([v for info in g if (v := info.best(key)) is not None]) for g in groups]
@@ -60,7 +63,7 @@ def spread_table(groups: list[list[runs.RunInfo]], fields: list[str], key: str,
   header = [*shown, "runs", f"mean best {key}", "std", "min", "max", "Δ mean"]
   body = []
   for group, (n, mean, std, low, high) in zip(groups, stats):
-    row = [_value(group[0].config.get(f)) for f in shown]
+    row = [show(group[0], f) for f in shown]
     if base is None or mean is None or base[1] is None:
       change = "-"
     elif group is base_group:
@@ -79,10 +82,6 @@ def _stats(values: list[float]) -> tuple:
   return len(values), statistics.fmean(values), std, min(values), max(values)
 
 
-def _value(v) -> str:
-  return f"{v:g}" if isinstance(v, float) else str(v)
-
-
 def _loss(x: float | None) -> str:
   return "-" if x is None else f"{x:.4f}"
 
@@ -93,27 +92,29 @@ def _span(values: list, show) -> str:
 
 
 def unequal(infos: list[runs.RunInfo]) -> str | None:
-  """One warning line where the runs trained different steps or tokens, or paid different
-  compile times; None where they did not (or there is one run)."""
+  """One warning line where the runs trained different steps or tokens, or (under a time budget,
+  where a compile costs training time) paid different compile times; None where they did not."""
   if len(infos) < 2:
     return None
   steps = [info.step for info in infos]
   tokens = [info.step * t for info in infos if (t := tokens_per_step(info)) is not None]
+  budget = any(info.config.get("train.time_budget") for info in infos)
   compiles = [c for info in infos if isinstance(c := info.status.get("compile_s"), int | float)]
   said = []
   if len(set(steps)) > 1:
     said.append(f"different steps ({_span(steps, str)})")
   if len(set(tokens)) > 1:
     said.append(f"different tokens ({_span(tokens, fmt.count)})")
-  if len(compiles) > 1 and max(compiles) - min(compiles) > max(COMPILE_APART_S, 0.25 * max(compiles)):
-    said.append(f"different compile times ({_span(compiles, fmt.duration)})")
+  if budget and len(compiles) > 1 and \
+      max(compiles) - min(compiles) > max(COMPILE_APART_S, 0.25 * max(compiles)):
+    said.append(f"paid different compile times ({_span(compiles, fmt.duration)})")
   if not said:
     return None
-  budget = any(info.config.get("train.time_budget") for info in infos)
-  why = (" under a time budget a run whose compile was cached trains longer; jaxtrain-sweep "
-         "compiles every variant before the timed runs") if budget else ""
+  why = ("; under a time budget a run whose compile was cached trains longer (jaxtrain-sweep "
+         "compiles every variant before its timed runs)") if budget else ""
+  after = "; the line below compares them at equal steps" if len(set(steps)) > 1 else ""
   return (f"warning: these runs trained {', '.join(said)}: their final and best losses do not "
-          f"compare as they stand;{why} (the line below compares them at equal steps)")
+          f"compare as they stand{why}{after}")
 
 
 def at_equal_steps(infos: list[runs.RunInfo], names: list[str], key: str) -> str | None:

@@ -41,8 +41,17 @@ COLUMNS = ("params", "steps", "best val", "final val", "val bpb", "tok/s", "time
 _MISSING = object()
 
 
+# The fields that name a component (core/registry.py's KINDS): an extension's options,
+# ext.<component>.<option>, have an effect only on a run that names that component.
+COMPONENT_FIELDS = ("model.norm", "model.pos", "model.mlp", "model.attention_variant", "model.block",
+                    "model.arch", "optim.name", "optim.schedule", "optim.loss_term")
+
+
 def effective(info: runs.RunInfo, field: str):
   """The run's value of `field`, or _MISSING where the field has no effect on that run."""
+  if field.startswith("ext.") and \
+      field.split(".")[1] not in {info.config.get(f) for f in COMPONENT_FIELDS}:
+    return _MISSING
   no_effect = NO_EFFECT.get(field)
   return _MISSING if no_effect is not None and no_effect(info.config) else \
       info.config.get(field, _MISSING)
@@ -275,7 +284,8 @@ def _fairness(infos: list[runs.RunInfo], key: str, fields: list[str], base: runs
       print_fn(line)
   groups = ablation.seed_groups(infos, fields)
   base_group = next((g for g in groups if base in g), None) if base is not None else groups[0]
-  table = ablation.spread_table(groups, fields, key, base_group)
+  table = ablation.spread_table(groups, fields, key, base_group, lambda info, f: _value(
+      None if (v := effective(info, f)) is _MISSING else v))
   if table is not None:
     print_fn(f"across seeds (runs alike but for their seed; Δ mean to "
              f"{'the baseline' if base is not None else 'the best run'}'s group, ± its standard "
