@@ -6,15 +6,17 @@ budget, where SwiGLU's compile was cached by an earlier run and GELU's was not.
 2. fair: another empty compile cache, and the sweep as it runs by default, every variant compiled
    before any timed run: what compare says then.
 
-Each phase takes the lock file given (`--lock`, exclusively: the budgets are timings). Writes
-ablation_replay.json and .md (each phase's command, compare's output, each run's steps, compile
-seconds and best val loss, the machine and its load) into --out.
+Each phase takes the lock file given (`--lock`, exclusively: the budgets are timings), and is kept
+in --root once done (a rerun does the phase left). Writes ablation_replay.json and .md (each
+phase's commands, compare's output, each run's steps, compile seconds and best val loss, the
+machine and its load) into --out.
 
     python benchmarks/ablation_replay.py --root=runs/ablation --budget=75s --lock=/work/cpu.lock
 """
 
 import argparse
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -78,9 +80,14 @@ def main() -> None:
   parser.add_argument("--out", default=str(ROOT / "benchmarks/results/2026-12-07-extensions"))
   args = parser.parse_args()
   root = Path(args.root).resolve()
-  shutil.rmtree(root, ignore_errors=True)
-  phases = [phase("unfair", root, args.budget, True, args.lock),
-            phase("fair", root, args.budget, False, args.lock)]
+  phases = []
+  for name, cached_first in (("unfair", True), ("fair", False)):
+    done = root / f"{name}.json"  # a phase once done is kept: a rerun does the other
+    if not done.exists():
+      shutil.rmtree(root / name, ignore_errors=True)
+      done.parent.mkdir(parents=True, exist_ok=True)
+      done.write_text(json.dumps(phase(name, root, args.budget, cached_first, args.lock)))
+    phases.append(json.loads(done.read_text()))
   machine = reports.machine_info()
   md = [f"# SwiGLU against GELU under train.time_budget={args.budget}, nano", "",
         reports.cpu_line(machine), ""]

@@ -122,7 +122,9 @@ def test_no_file_holds_merge_conflict_markers():
 
 def test_docs_name_every_config_field():
   text = "\n".join(p.read_text() for p in DOCS)
-  missing = [f for f in _dotted(default_config().to_dict()) if f"`{f}`" not in text]
+  # ext.*: the options of extensions a test of this process registered, not jaxtrain's fields
+  missing = [f for f in _dotted(default_config().to_dict())
+             if f"`{f}`" not in text and not f.startswith("ext.")]
   assert not missing, f"README.md and docs/*.md lack {missing}"
 
 

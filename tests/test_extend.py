@@ -371,3 +371,15 @@ def test_the_one_file_gpt_is_the_built_in_model(corpus_file, tmp_path):
     losses[arch] = (result.train_loss, result.val_loss)
   np.testing.assert_allclose(losses["one_file_gpt"], losses["gpt"], rtol=1e-5)
   assert losses["gpt"][1] < 3.0  # it learned (a byte model starts near ln 256 = 5.5)
+
+
+def test_a_new_built_in_is_one_module_no_positions_is_causal():
+  """`none` positions, added in core/layers.py alone: the model stays causal, with the params of
+  RoPE's (which has none) and the causal mask as its only sense of order."""
+  c = model_lib.ModelConfig(vocab_size=64, n_layers=2, n_heads=2, d_model=16, seq_len=12, pos="none")
+  model = model_lib.GPT(c, 0)
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 12), 0, 64)
+  a, b = model(tokens), model(tokens.at[:, 7].set((tokens[:, 7] + 1) % 64))
+  np.testing.assert_array_equal(np.asarray(a[:, :7]), np.asarray(b[:, :7]))
+  assert model_lib.param_count(c) == model_lib.param_count(model_lib.ModelConfig(
+      vocab_size=64, n_layers=2, n_heads=2, d_model=16, seq_len=12, pos="rope"))

@@ -230,3 +230,20 @@ def test_a_budgeted_runs_progress_shows_the_steps_it_planned(tmp_path):
   (point.workdir / "status.json").write_text(json.dumps({"state": "finished", "step": 487,
                                                          "max_steps": 487}))
   assert launcher.done(point)  # finished at its own end, short of the recipe's
+
+
+def test_a_sweep_over_an_extensions_names_and_options_is_checked_before_any_run(tiny_file,
+                                                                               tmp_path):
+  window = str(ROOT / "examples" / "extend" / "window.py")
+  points = sweep.grid(sweep.parse([
+      f"--config={tiny_file}", f"--config.extend={window}", f"--root={tmp_path / 'sweep'}",
+      "--sweep=model.attention_variant=causal,window", "--sweep=ext.window.size=8,16"]))
+  assert [p.name for p in points] == [
+      "attention_variant=causal_size=8", "attention_variant=causal_size=16",
+      "attention_variant=window_size=8", "attention_variant=window_size=16"]
+  with pytest.raises(UserError, match=r"^config\.model\.attention_variant: 'windwo' names no "
+                     r"attention here \(built-in: causal; registered: (.*, )?window \("):
+    sweep.grid(sweep.parse([f"--config={tiny_file}", f"--config.extend={window}",
+                            f"--root={tmp_path / 'sweep'}",
+                            "--sweep=model.attention_variant=window,windwo"]))
+  assert not (tmp_path / "sweep").exists()  # nothing started
