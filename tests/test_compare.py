@@ -219,7 +219,8 @@ def test_runs_of_unequal_steps_or_compile_times_are_flagged_and_met_at_equal_ste
       "(jaxtrain-sweep compiles every variant before its timed runs); the line below compares "
       "them at equal steps")
   assert printed[3] == ("at equal steps: val_loss at step 30 (the last step every run evaluated): "
-                        "mlp=gelu 1.9000, mlp=swiglu 1.9500")
+                        "mlp=gelu 1.9000, mlp=swiglu 1.9500; each at its own point of a schedule "
+                        "that decays to its own end, so the fair test is runs of equal steps")
 
 
 def test_an_extensions_option_counts_only_where_its_component_is_chosen(tmp_path):

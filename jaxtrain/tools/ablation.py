@@ -130,5 +130,9 @@ def at_equal_steps(infos: list[runs.RunInfo], names: list[str], key: str) -> str
   step = max(common)
   values = sorted(((e[step], name) for e, name in zip(evaluated, names)),
                   reverse=defaults.higher_is_better(key))
+  # A schedule decays to its own run's end: at one step, runs of other ends are at other rates.
+  ends = {info.max_steps for info in infos}
+  caveat = ("; each at its own point of a schedule that decays to its own end, so the fair test "
+            "is runs of equal steps") if len(ends) > 1 else ""
   return (f"at equal steps: {key} at step {step} (the last step every run evaluated): "
-          + ", ".join(f"{name} {v:.4f}" for v, name in values))
+          + ", ".join(f"{name} {v:.4f}" for v, name in values) + caveat)
