@@ -38,7 +38,17 @@ del allocator, stack  # the public names are _EXPORTS'
 _EXPORTS = {
     # configs
     "default_config": "jaxtrain.config.defaults", "load_config": "jaxtrain.config.loading",
-    "override": "jaxtrain.config.loading", "validate": "jaxtrain.config.validate",
+    "override": "jaxtrain.config.loading", "validate": "jaxtrain.core.components",
+    # your own components (docs/extending.md): registered, then named in the config
+    "extend": "jaxtrain.core.components", "attention": "jaxtrain.core.registry",
+    "mlp": "jaxtrain.core.registry", "norm": "jaxtrain.core.registry",
+    "positions": "jaxtrain.core.registry", "block": "jaxtrain.core.registry",
+    "model": "jaxtrain.core.registry", "optimizer": "jaxtrain.core.registry",
+    "schedule": "jaxtrain.core.registry", "loss": "jaxtrain.core.registry",
+    "Attend": "jaxtrain.core.blocks", "Attention": "jaxtrain.core.blocks",
+    "Block": "jaxtrain.core.blocks", "Context": "jaxtrain.core.blocks",
+    "Dense": "jaxtrain.core.layers", "decay_mask": "jaxtrain.core.optim",
+    "param_groups": "jaxtrain.core.optim",
     # model and optimizer
     "GPT": "jaxtrain.core.model", "ModelConfig": "jaxtrain.core.model",
     "param_count": "jaxtrain.core.model", "flops_per_token": "jaxtrain.core.model",

@@ -97,6 +97,15 @@ def _refuse_field_as_flag(argv: list[str]) -> None:
            f"--config.SECTION.FIELD=VALUE: did you mean {shown}?")
 
 
+def _load_extensions(argv: list[str], in_file: str) -> None:
+  """The user's code that `--config.extend=...` (or the config file's extend) names, run before
+  the overrides are read: their components' options are fields (ext.<component>.<option>)."""
+  given = [a.split("=", 1)[1] for a in argv if a.startswith("--config.extend=")]
+  from jaxtrain.config import extensions
+
+  extensions.load(given[-1] if given else in_file)
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl's parser, but a bad flag is one line and exit status 2, like every other bad input; the
   config file is loaded (and its names checked) here first, so its errors are ours too."""
@@ -119,7 +128,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
       path = found
     try:
       if not has_argument:  # get_config(argument): ml_collections loads it, validate checks it
-        loading.load_config(path)
+        _load_extensions(argv[1:], loading.load_config(path).extend)
     except UserError as e:
       fail(str(e))
     _refuse_unknown_field(argv[1:])

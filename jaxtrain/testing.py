@@ -37,7 +37,7 @@ def tiny_config(**overrides) -> ml_collections.ConfigDict:
 
 
 def model_config(cfg: ml_collections.ConfigDict, vocab_size: int = 256) -> model_lib.ModelConfig:
-  return model_lib.ModelConfig.from_config(cfg.model, cfg.model.vocab_size or vocab_size)
+  return model_lib.ModelConfig.from_config(cfg.model, cfg.model.vocab_size or vocab_size, cfg.ext)
 
 
 def init(cfg: ml_collections.ConfigDict, vocab_size: int = 256) -> steps.TrainState:

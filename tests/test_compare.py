@@ -163,3 +163,76 @@ def test_runs_whose_val_loss_counts_other_tokens_are_ranked_apart(tmp_path):
   assert printed[4].startswith("best on assistant turns: chat (best val_loss 0.1000); ranked by")
   # A task score compares across them: one ranking.
   assert compare.groups(infos, "task/held/exact_match") == [infos]
+
+
+def test_a_baseline_gets_each_runs_difference_and_seeds_their_spread(tmp_path):
+  root = tmp_path / "sweep"
+  done = {"state": "finished", "step": 20}
+  for mlp, vals in (("swiglu", [1.80, 1.82, 1.81]), ("gelu", [1.85, 1.84, 1.86])):
+    for seed, v in enumerate(vals):
+      _make_run(root / f"mlp={mlp}_seed={seed}", 1e-3, 2, [2.0, v], status=done,
+                **{"model.mlp": mlp, "seed": seed})
+  printed = []
+  compare.compare([str(root)], None, printed.append, width=400, baseline="mlp=gelu_seed=0")
+  table = [line.split() for line in printed[0].splitlines()]
+  assert table[0][-3:] == ["Δ", "to", "mlp=gelu_seed=0"]
+  assert [(row[0], row[-1]) for row in table[2:]] == [
+      ("mlp=swiglu_seed=0", "-0.0500"), ("mlp=swiglu_seed=2", "-0.0400"),
+      ("mlp=swiglu_seed=1", "-0.0300"), ("mlp=gelu_seed=1", "-0.0100"),
+      ("mlp=gelu_seed=0", "baseline"), ("mlp=gelu_seed=2", "+0.0100")]
+  at = printed.index("across seeds (runs alike but for their seed; Δ mean to the baseline's group, "
+                     "± its standard error):")
+  spread = [line.split() for line in printed[at + 1].splitlines()]
+  assert spread[0] == ["model.mlp", "runs", "mean", "best", "val_loss", "std", "min", "max", "Δ",
+                       "mean"]
+  # the means differ by 0.04; each group's std is 0.01: the standard error sqrt(2 x 0.01^2 / 3)
+  assert spread[2] == ["swiglu", "3", "1.8100", "0.0100", "1.8000", "1.8200", "-0.0400", "±",
+                       "0.0082"]
+  assert spread[3] == ["gelu", "3", "1.8500", "0.0100", "1.8400", "1.8600", "baseline"]
+  assert not any(line.startswith("warning:") for line in printed)  # the same steps, no compiles
+
+
+def test_compile_times_matter_only_under_a_time_budget(tmp_path):
+  """Runs of fixed steps train the same whatever their compiles cost: no warning then."""
+  for name, compiled in (("a", 5.0), ("b", 40.0)):
+    _make_run(tmp_path / name, 1e-3, 2, [2.0, 1.9], status={"state": "finished", "step": 20,
+                                                            "compile_s": compiled})
+  printed = []
+  compare.compare([str(tmp_path / "a"), str(tmp_path / "b")], None, printed.append, width=300)
+  assert not any(line.startswith(("warning:", "at equal steps:")) for line in printed), printed
+
+
+def test_runs_of_unequal_steps_or_compile_times_are_flagged_and_met_at_equal_steps(tmp_path):
+  """The misleading ablation of issue 60: under one time budget, the variant whose compile was
+  cached trained more steps, and its lower final loss was no win at equal steps."""
+  root = tmp_path / "sweep"
+  budget = {"train.time_budget": "75s"}
+  _make_run(root / "mlp=swiglu", 1e-3, 2, [2.2, 2.0, 1.95, 1.80], max_steps=40, **budget,
+            **{"model.mlp": "swiglu"}, status={"state": "finished", "step": 40, "compile_s": 6.3})
+  _make_run(root / "mlp=gelu", 1e-3, 2, [2.2, 1.98, 1.90], max_steps=30, **budget,
+            **{"model.mlp": "gelu"}, status={"state": "finished", "step": 30, "compile_s": 21.3})
+  printed = []
+  compare.compare([str(root)], None, printed.append, width=400)
+  assert printed[2] == (
+      "warning: these runs trained different steps (30 to 40), different tokens (61.44k to "
+      "81.92k), paid different compile times (6.3s to 21.3s): their final and best losses do not "
+      "compare as they stand; under a time budget a run whose compile was cached trains longer "
+      "(jaxtrain-sweep compiles every variant before its timed runs); the line below compares "
+      "them at equal steps")
+  assert printed[3] == ("at equal steps: val_loss at step 30 (the last step every run evaluated): "
+                        "mlp=gelu 1.9000, mlp=swiglu 1.9500; each at its own point of a schedule "
+                        "that decays to its own end, so the fair test is runs of equal steps")
+
+
+def test_an_extensions_option_counts_only_where_its_component_is_chosen(tmp_path):
+  for name, variant in (("causal", "causal"), ("window", "window")):
+    path = tmp_path / name
+    _make_run(path, 1e-3, 2, [2.0, 1.9], status={"state": "finished", "step": 20},
+              **{"model.attention_variant": variant})
+    saved = json.loads((path / "config.json").read_text())
+    saved["ext"] = {"window": {"size": 32}}  # both loaded the file; one chose its component
+    paths.write_json(path / "config.json", saved)
+  infos = [runs.read(tmp_path / "causal"), runs.read(tmp_path / "window")]
+  assert compare.effective(infos[0], "ext.window.size") is compare._MISSING
+  assert compare.effective(infos[1], "ext.window.size") == 32
+  assert compare.differences(infos) == ["ext.window.size", "model.attention_variant"]  # config order

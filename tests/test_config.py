@@ -10,7 +10,7 @@ import jax
 import pytest
 
 from jaxtrain.config import defaults, loading, validate
-from jaxtrain.core import mesh
+from jaxtrain.core import components, mesh
 from jaxtrain.data import tokenizer
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
@@ -28,9 +28,13 @@ BAD = [
     ({"model.d_model": 36, "model.n_heads": 12}, "model.d_model", "even head size"),
     ({"model.n_layers": 0}, "model.n_layers", "integer >= 1"),
     ({"model.seq_len": -5}, "model.seq_len", "integer >= 1"),
-    ({"model.norm": "batchnorm"}, "model.norm", "not one of"),
-    ({"model.pos": "alibi"}, "model.pos", "not one of"),
-    ({"model.mlp": "relu"}, "model.mlp", "not one of"),
+    ({"model.norm": "batchnorm"}, "model.norm", "names no norm here (built-in: rmsnorm, layernorm;"),
+    ({"model.pos": "alibi"}, "model.pos", "names no positions here (built-in: rope, learned, none;"),
+    ({"model.mlp": "relu"}, "model.mlp", "names no mlp here (built-in: swiglu, gelu, relu2;"),
+    ({"model.attention_variant": "window"}, "model.attention_variant", "registered: none)"),
+    ({"optim.name": "lion"}, "optim.name", "names no optimizer here (built-in: adamw, muon;"),
+    ({"optim.schedule": "linear"}, "optim.schedule", "(built-in: cosine, wsd, constant;"),
+    ({"optim.loss_term": "entropy"}, "optim.loss_term", "built-in: none; registered: none"),
     ({"model.dtype": "float64"}, "model.dtype", "not one of"),
     ({"model.dropout": 1.0}, "model.dropout", "[0, 1)"),
     ({"model.canon": -1}, "model.canon", "integer >= 0"),
@@ -71,7 +75,7 @@ BAD = [
 def test_bad_field_is_named_with_a_fix(overrides, field, words):
   cfg = tiny_config(**overrides)
   with pytest.raises(ConfigError) as e:
-    validate.validate(cfg)
+    components.validate(cfg)  # jt.validate: the fields, then the components they name
   message = str(e.value)
   assert e.value.field == field and message.startswith(f"config.{field}: ")
   assert words in message and "\n" not in message

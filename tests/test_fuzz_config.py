@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from jaxtrain.config import defaults, loading, validate
-from jaxtrain.core import cpu, mesh, optim, programs
+from jaxtrain.core import components, cpu, mesh, optim, programs, registry
 from jaxtrain.core import model as model_lib
 from jaxtrain.data import tokenizer
 from jaxtrain.measure import estimate
@@ -39,9 +39,8 @@ RUN_TIMEOUT_S = 180
 DEFAULTS = loading.flatten(defaults.default_config().to_dict())
 HUGE = [2**31, 2**63, 10**12, 10**30, 10**400, -(10**12), -(2**63)]
 ODD_FLOATS = [math.nan, math.inf, -math.inf, -0.0, 5e-324, 1e-300, 1e300, -1e-3, 0.99999999, 1.0]
-CHOICES = {"model.norm": defaults.NORMS, "model.pos": defaults.POSITIONS, "model.mlp": defaults.MLPS,
+CHOICES = {**{k.field: tuple(registry.names(kind)) for kind, k in registry.KINDS.items()},
            "model.dtype": defaults.DTYPES, "model.attention": defaults.ATTENTION,
-           "optim.name": defaults.OPTIMIZERS, "optim.schedule": defaults.SCHEDULES,
            "data.tokenizer": defaults.TOKENIZERS, "optim.loss_scaling": defaults.LOSS_SCALING,
            "model.remat": defaults.REMATS, "log.group_stats": defaults.GROUP_STATS,
            "log.wandb_mode": defaults.WANDB_MODES,
@@ -122,7 +121,7 @@ def test_every_field_refuses_wrong_types_and_values_past_its_limit(field):
   wrong += [validate.LIMITS[field] + 1] if field in validate.LIMITS else []
   for value in wrong:
     with pytest.raises(ConfigError) as e:
-      validate.validate(with_values({field: value}))
+      components.validate(with_values({field: value}))
     assert e.value.field == field and "\n" not in str(e.value), (value, str(e.value))
 
 
@@ -158,7 +157,7 @@ def test_any_value_of_any_field_is_valid_or_named(data):
   signal.alarm(20)
   try:
     try:
-      validate.validate(cfg)
+      components.validate(cfg)
     except ConfigError as e:
       message = str(e)
       assert e.field in related(values), (values, message)

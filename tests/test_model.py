@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxtrain.core import draws, programs
+from jaxtrain.core import blocks, draws, programs
 from jaxtrain.core import model as model_lib
 from jaxtrain.testing import tiny_config
 
@@ -154,7 +154,7 @@ def test_switches_change_what_they_should():
   assert relu2.mlp_hidden == 64
   # With one key/value head repeated, GQA is ordinary attention whose heads share k and v.
   qkv = jax.random.normal(jax.random.PRNGKey(0), (1, 5, (4 + 2) * 4))
-  q, k, v = model_lib.qkv_heads(qkv, 4, 1, 4)
+  q, k, v = blocks.qkv_heads(qkv, 4, 1, 4)
   assert q.shape == (1, 5, 4, 4) and k.shape == v.shape == (1, 5, 1, 4)
 
 
@@ -371,11 +371,11 @@ def test_convolutions_stop_at_a_documents_start():
   w_KD = jnp.ones((3, 2))
   tokens_BT = jnp.array([[5, 5, 9, 5, 5, 5]])  # 9 ends the first document
   same = model_lib.same_document(tokens_BT, 9)
-  y = np.asarray(model_lib.causal_conv(x_BTD, w_KD, same))
+  y = np.asarray(blocks.causal_conv(x_BTD, w_KD, same))
   x = np.asarray(x_BTD)
   np.testing.assert_allclose(y[0, 2], 2 * x[0, 2] + x[0, 1] + x[0, 0], rtol=1e-6)
   np.testing.assert_allclose(y[0, 3], 2 * x[0, 3], rtol=1e-6)  # the first token of document two
   np.testing.assert_allclose(y[0, 4], 2 * x[0, 4] + x[0, 3], rtol=1e-6)
   np.testing.assert_allclose(y[0, 5], 2 * x[0, 5] + x[0, 4] + x[0, 3], rtol=1e-6)
-  whole = np.asarray(model_lib.causal_conv(x_BTD, w_KD))
+  whole = np.asarray(blocks.causal_conv(x_BTD, w_KD))
   np.testing.assert_allclose(whole[0, 3], 2 * x[0, 3] + x[0, 2] + x[0, 1], rtol=1e-6)

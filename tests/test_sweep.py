@@ -13,7 +13,7 @@ import pytest
 
 from jaxtrain.system import machine
 from jaxtrain.system.errors import UserError
-from jaxtrain.tools import runs, sweep
+from jaxtrain.tools import launcher, runs, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def test_grid_names_each_run_by_its_values(tiny_file, tmp_path):
       "lr=1e-3_n_layers=1_skip_nonfinite=True", "lr=1e-3_n_layers=2_skip_nonfinite=True",
       "lr=3e-3_n_layers=1_skip_nonfinite=True", "lr=3e-3_n_layers=2_skip_nonfinite=True"]
   assert all(p.max_steps == 7 for p in points)
-  cmd = sweep.command(args, points[1])
+  cmd = launcher.command(args, points[1])
   assert cmd[-6:] == ["--config.optim.lr=1e-3", "--config.model.n_layers=2",
                       "--config.train.skip_nonfinite=True",
                       f"--config.workdir={tmp_path / points[1].name}", "--config.headless=True",
@@ -77,10 +77,10 @@ def test_bad_values_stop_the_sweep_before_any_run(tiny_file, tmp_path):
 
 def test_cores_are_split_between_concurrent_runs(monkeypatch):
   monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
-  assert sweep.core_slots(2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
-  assert sweep.core_slots(3) == [[0, 1], [2, 3], [4, 5]]
-  assert sweep.core_slots(16)[9] == [1]  # more runs than cores: they share
-  assert sweep.core_slots(1) == [list(range(8))]
+  assert launcher.core_slots(2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+  assert launcher.core_slots(3) == [[0, 1], [2, 3], [4, 5]]
+  assert launcher.core_slots(16)[9] == [1]  # more runs than cores: they share
+  assert launcher.core_slots(1) == [list(range(8))]
 
 
 def _wait_for_a_train_line(metrics: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
@@ -93,11 +93,11 @@ def _wait_for_a_train_line(metrics: Path, proc: subprocess.Popen, timeout: float
 
 
 def test_progress_says_step_loss_speed_and_eta(tmp_path):
-  point = sweep.Point("lr=1", [("optim.lr", "1")], tmp_path / "run", tmp_path / "run.log", 100)
-  assert sweep.progress(point) is None  # no run yet: nothing to say
+  point = launcher.Point("lr=1", [("optim.lr", "1")], tmp_path / "run", tmp_path / "run.log", 100)
+  assert launcher.progress(point) is None  # no run yet: nothing to say
   point.workdir.mkdir()
   (point.workdir / "run.json").write_text("{}")
-  assert sweep.progress(point) is None  # no step trained yet
+  assert launcher.progress(point) is None  # no step trained yet
   metrics = point.workdir / "metrics.jsonl"
 
   def train_to(last: int) -> None:
@@ -106,15 +106,15 @@ def test_progress_says_step_loss_speed_and_eta(tmp_path):
                                for s in range(10, last + 1, 10)))
 
   train_to(40)
-  assert sweep.progress(point) == (40, "step 40/100, loss 2.6000, 2.00k tok/s")
+  assert launcher.progress(point) == (40, "step 40/100, loss 2.6000, 2.00k tok/s")
   # 20 steps in 10 s of wall time: 40 more take 20 s.
-  assert sweep.progress(point, first=(40, 1000.0), now=1010.0) == (
+  assert launcher.progress(point, first=(40, 1000.0), now=1010.0) == (
       40, "step 40/100, loss 2.6000, 2.00k tok/s")  # no step since: no rate yet
   train_to(60)
-  assert sweep.progress(point, first=(40, 1000.0), now=1010.0)[1].endswith(", ETA 20.0s")
+  assert launcher.progress(point, first=(40, 1000.0), now=1010.0)[1].endswith(", ETA 20.0s")
 
   printed = []
-  s = sweep.Sweep(sweep.Args("c.py", [("optim.lr", ["1"])], tmp_path), [point], printed.append)
+  s = launcher.Sweep(launcher.Args("c.py", [("optim.lr", ["1"])], tmp_path), [point], printed.append)
   s.running[0] = (point, None, time.time() - 65)
   s._progress()
   s._progress()  # the same step again: no new line
@@ -131,9 +131,9 @@ def test_progress_says_step_loss_speed_and_eta(tmp_path):
 
 
 def test_a_run_stopped_by_a_signal_before_it_has_a_workdir_is_reported(tmp_path):
-  point = sweep.Point("lr=1", [("optim.lr", "1")], tmp_path / "run", tmp_path / "run.log", 100)
+  point = launcher.Point("lr=1", [("optim.lr", "1")], tmp_path / "run", tmp_path / "run.log", 100)
   printed = []
-  s = sweep.Sweep(sweep.Args("c.py", [("optim.lr", ["1"])], tmp_path), [point], printed.append)
+  s = launcher.Sweep(launcher.Args("c.py", [("optim.lr", ["1"])], tmp_path), [point], printed.append)
   s.running[0], s.signal = (point, None, time.time() - 3), "SIGTERM"
   s._finish(0, -15)
   assert s.stopped == ["lr=1"]
@@ -191,3 +191,60 @@ def test_a_failed_run_is_reported_and_the_status_is_non_zero(tiny_file, tmp_path
   assert "[1/1] lr=1e-3: FAILED (exit status 2)" in out and "missing.txt" in out
   assert "failed 1" in out
   assert not (tmp_path / "s" / "compare.md").exists()  # the run never started: nothing to compare
+
+
+def test_seeds_repeat_each_point_and_a_budget_compiles_every_variant_first(tiny_file, tmp_path,
+                                                                          monkeypatch, capsys):
+  argv = [f"--config={tiny_file}", "--sweep=model.mlp=swiglu,gelu", "--seeds=2",
+          f"--root={tmp_path}", "--config.train.time_budget=30s", "--config.seed=5"]
+  points = sweep.grid(sweep.parse(argv))
+  assert [p.name for p in points] == ["mlp=swiglu_seed=5", "mlp=swiglu_seed=6",
+                                      "mlp=gelu_seed=5", "mlp=gelu_seed=6"]
+  assert all(p.budget and p.shape_known for p in points)
+  ran = []
+  monkeypatch.setattr(launcher.Sweep, "run", lambda self: ran.append(self.points))
+  sweep.compile_ahead(sweep.parse(argv), points)
+  (ahead,) = ran  # one compile a variant: the seeds of a point share its programs
+  assert [(p.name, p.workdir, p.max_steps) for p in ahead] == [
+      ("mlp=swiglu_seed=5", tmp_path / ".compile" / "mlp=swiglu_seed=5", 1),
+      ("mlp=gelu_seed=5", tmp_path / ".compile" / "mlp=gelu_seed=5", 1)]
+  cmd = launcher.command(sweep.parse(argv), ahead[0])
+  assert cmd[cmd.index("--config.headless=True") + 1:] == ["--config.train.time_budget=",
+                                                           "--config.train.max_steps=1"]
+  assert "outside their budgets" in capsys.readouterr().out
+  ran.clear()
+  assert sweep.compile_ahead(sweep.parse([*argv, "--nocompile_ahead"]), points) is None and not ran
+  with pytest.raises(UserError, match="--seeds=2: must be an integer >= 1, and not with --sweep=seed"):
+    sweep.parse([*argv, "--sweep=seed=1,2"])
+
+
+def test_a_budgeted_runs_progress_shows_the_steps_it_planned(tmp_path):
+  point = launcher.Point("mlp=gelu", [("model.mlp", "gelu")], tmp_path / "run", tmp_path / "r.log",
+                         1000, budget=True)  # the recipe's 1000 steps; the budget plans 487
+  point.workdir.mkdir()
+  (point.workdir / "run.json").write_text("{}")
+  (point.workdir / "metrics.jsonl").write_text(json.dumps({"step": 40, "loss": 2.5}) + "\n")
+  (point.workdir / "status.json").write_text(json.dumps({"state": "running", "step": 40,
+                                                         "max_steps": 487}))
+  assert launcher.progress(point) == (40, "step 40/487, loss 2.5000")
+  assert not launcher.done(point)
+  (point.workdir / "status.json").write_text(json.dumps({"state": "finished", "step": 487,
+                                                         "max_steps": 487}))
+  assert launcher.done(point)  # finished at its own end, short of the recipe's
+
+
+def test_a_sweep_over_an_extensions_names_and_options_is_checked_before_any_run(tiny_file,
+                                                                               tmp_path):
+  window = str(ROOT / "examples" / "extend" / "window.py")
+  points = sweep.grid(sweep.parse([
+      f"--config={tiny_file}", f"--config.extend={window}", f"--root={tmp_path / 'sweep'}",
+      "--sweep=model.attention_variant=causal,window", "--sweep=ext.window.size=8,16"]))
+  assert [p.name for p in points] == [
+      "attention_variant=causal_size=8", "attention_variant=causal_size=16",
+      "attention_variant=window_size=8", "attention_variant=window_size=16"]
+  with pytest.raises(UserError, match=r"^config\.model\.attention_variant: 'windwo' names no "
+                     r"attention here \(built-in: causal; registered: (.*, )?window \("):
+    sweep.grid(sweep.parse([f"--config={tiny_file}", f"--config.extend={window}",
+                            f"--root={tmp_path / 'sweep'}",
+                            "--sweep=model.attention_variant=window,windwo"]))
+  assert not (tmp_path / "sweep").exists()  # nothing started

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable
+from pathlib import Path
 
 import jax
 import ml_collections
@@ -19,7 +20,7 @@ import ml_collections
 from jaxtrain.checkpoints import store
 from jaxtrain.checkpoints.recover import Damaged, newest_intact
 from jaxtrain.checkpoints.store import Checkpoints
-from jaxtrain.config import loading
+from jaxtrain.config import extensions, loading
 from jaxtrain.core.steps import TrainState
 from jaxtrain.system import fmt, peers, runtime
 from jaxtrain.system.errors import NonFiniteLoss, UserError, first_line
@@ -155,6 +156,14 @@ def refuse_changes(saved: dict, config: dict, workdir: str, other_vocabulary: bo
   (or `other_vocabulary`) is a UserError. Checked on the workdir's config.json before the data is
   read (loop/resolution.py), and on the checkpoint itself where the run resumes."""
   breaking, harmless = loading.config_changes(saved, config)
+  code = extensions.changed(saved.get(extensions.SOURCES_KEY, {}), config.get(extensions.SOURCES_KEY, {}))
+  if code and not config.get("allow_changed_extend"):
+    raise UserError(f"cannot resume {workdir}: the code of its extensions is not what the run ran: "
+                    f"{', '.join(code)} (what the run ran is in {Path(workdir).expanduser() / 'extend'}/); "
+                    "change it back, pass --config.allow_changed_extend=True to resume with it "
+                    "anyway, or a new --config.workdir")
+  if code:
+    harmless.append(f"extension code: {', '.join(code)} (allow_changed_extend=True)")
   if other_vocabulary:
     breaking.append("the tokenizer's vocabulary differs from the checkpoint's")
   if breaking:

@@ -1,5 +1,6 @@
 """Every knob of a run with its default, a config as a run gets it, and the one up-front check of
-every field (docs/layout.md says what each module holds).
+every field; the user's own code that `extend` names, loaded (docs/layout.md says what each module
+holds).
 
 May import: system.
 """

@@ -10,13 +10,12 @@ import math
 
 import ml_collections
 
-NORMS = ("rmsnorm", "layernorm")
-POSITIONS = ("rope", "learned")
-MLPS = ("swiglu", "gelu", "relu2")
-OPTIMIZERS = ("adamw", "muon")
-SCHEDULES = ("cosine", "wsd", "constant")
+from jaxtrain.config import extensions
+
+# model.norm, pos, mlp, attention_variant, block, arch, optim.name, schedule and loss_term name
+# components of a registry (core/registry.py), built-in or an extension's (`extend`): no list here.
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION = ("auto", "xla", "cudnn")
+ATTENTION = ("auto", "xla", "cudnn")  # the attention kernel (model.attention), not a component
 SIZES = ("", "auto")
 TOKENIZERS = ("byte", "char", "bpe", "gpt2")  # or the path of a tokenizer.json
 DATA_FORMATS = ("auto", "text", "uint16", "llmc")
@@ -41,6 +40,11 @@ _DEFAULTS = dict(
     # A new run starts from these params (then step 0, a fresh optimizer): a jaxtrain run's workdir
     # (its newest intact checkpoint) or a Hugging Face Llama/GPT-2 directory; "": a random init.
     init_from="",
+    # Python files (my_ideas.py) or importable modules, comma-separated, whose code registers
+    # components with jaxtrain's decorators (@jt.mlp("name"), ...: docs/extending.md); the fields
+    # below that name a component then take theirs. "": the built-in components only.
+    extend="",
+    allow_changed_extend=False,  # True: resume even though an extension's code changed since
     finetune=dict(
         # > 0: LoRA; only low-rank adapters (A [d_in, r], B [r, d_out]) beside each targeted layer
         # train, and have optimizer state; the base params stay as init_from gave them. 0: off
@@ -58,15 +62,20 @@ _DEFAULTS = dict(
         d_model=128,
         seq_len=128,  # context length in tokens
         vocab_size=0,  # 0: take it from the tokenizer (256 for byte, corpus size for char)
+        # The components, each a name of the registry: a built-in one or an extension's (`extend`)
         norm="rmsnorm",  # rmsnorm | layernorm (neither has a bias)
-        pos="rope",  # rope | learned
+        pos="rope",  # rope | learned | none (no positions: the causal mask alone tells order)
         mlp="swiglu",  # swiglu | gelu | relu2 (relu(x)^2, ungated)
+        attention_variant="causal",  # causal: softmax attention over every earlier position
+        block="prenorm",  # prenorm: x + attention(norm(x)), then x + mlp(norm(x))
+        arch="gpt",  # the whole model: gpt (embeddings, model.n_layers blocks, a final norm, head)
         mlp_ratio=4.0,  # hidden width / d_model for gelu; swiglu uses 2/3 of it (same params)
         tie_embeddings=True,  # output projection shares the token embedding
         dropout=0.0,
         rope_theta=10000.0,
         dtype="float32",  # compute dtype; params and optimizer state stay float32
-        attention="auto",  # auto | xla | cudnn ("auto": cudnn on GPU when it applies)
+        # The kernel of the causal attention: auto | xla | cudnn ("auto": cudnn on GPU when it applies)
+        attention="auto",
         n_kv_heads=0,  # key/value heads; 0: n_heads; a divisor of n_heads: grouped-query
         qk_norm=False,  # True: queries and keys scaled to unit RMS per head
         zero_init_out=False,  # True: attention and MLP output projections start at zero
@@ -116,6 +125,7 @@ _DEFAULTS = dict(
         decay_steps=0,  # 0: decay over train.max_steps
         weight_decay=0.1,  # on matrices only; never on norms or vectors
         z_loss=0.0,  # adds z_loss x mean(log Z^2) of the logits to the training loss; 0: off
+        loss_term="",  # an extension's loss term (@jt.loss) added to the training loss; "": none
         clip_norm=1.0,  # gradient norm limit; 0 turns clipping off
         b1=0.9,
         b2=0.95,
@@ -174,8 +184,26 @@ _DEFAULTS = dict(
 )
 
 
-def default_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(_DEFAULTS).lock()  # new fields: only in _DEFAULTS; others fail
+# The options of the extension components registered in this process: ext.<component>.<option>,
+# filled as they register (core/registry.py), so that a config of theirs is validated, shown and
+# set as any other field is.
+_EXT: dict[str, dict] = {}
+
+
+def declare_options(component: str, options: dict) -> None:
+  """Makes `options` ({name: default}) fields of every config from now on, as ext.<component>."""
+  _EXT[component] = dict(options)
+
+
+def default_config(extend: str = "") -> ml_collections.ConfigDict:
+  """Every field at its default. `extend`: the user's files (or modules) to load first, so that
+  their components' options are fields too, and `extend` set to them (a config file that sets
+  `cfg.ext.<component>.<option>` starts from `default_config(extend="my_ideas.py")`)."""
+  if extend:
+    extensions.load(extend)
+  # New fields: only in _DEFAULTS (or an extension's options); any other name fails.
+  ext = {k: dict(v) for k, v in _EXT.items()}
+  return ml_collections.ConfigDict({**_DEFAULTS, "extend": extend, "ext": ext}).lock()
 
 
 def higher_is_better(metric: str) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 import ml_collections
 
 import jaxtrain.config.schema as schema  # the module itself: not through the package's __init__
+from jaxtrain.config import extensions
 from jaxtrain.config.defaults import default_config
 from jaxtrain.system.errors import ConfigError, UserError
 
@@ -55,6 +56,7 @@ def from_saved(saved: dict) -> ml_collections.ConfigDict:
   saved before a field existed gets the field's default, which is what it trained with. One that
   used a field since removed, as other than today's behaviour, is a UserError: it cannot be run,
   resumed or read as it trained."""
+  extensions.load(saved.get("extend", ""), saved.get(extensions.SOURCES_KEY))  # their options
   cfg = default_config()
   defaults, flat = flatten(cfg.to_dict()), flatten(saved)
   for field, (same, patch, commit) in REMOVED.items():
@@ -165,7 +167,7 @@ STATE_FIELDS = (
     "train.grad_accum", "train.skip_nonfinite", "optim.loss_scaling", "model.n_kv_heads",
     "model.qk_norm", "optim.name", "data.vocab_size", "model.doc_mask",
     "finetune.lora_rank", "model.x0_mix",
-    "model.canon",
+    "model.canon", "model.attention_variant", "model.block", "model.arch",
 )
 LORA_FIELDS = ("finetune.lora_alpha", "finetune.lora_targets")  # breaking where LoRA is on
 # The model and optimizer fields known not to change the state's shapes or what its numbers mean:
@@ -195,7 +197,8 @@ def flatten(d: dict, prefix: str = "") -> dict:
 def _state_field(field: str) -> bool:
   """Whether a change of `field` forbids a resume (LoRA's and clipping's aside)."""
   unknown = field.startswith(("model.", "optim.")) and field not in HARMLESS
-  return field in STATE_FIELDS or unknown
+  # An extension's options: what one changes is the extension's to know, so none is harmless.
+  return field in STATE_FIELDS or unknown or field.startswith("ext.")
 
 
 def config_changes(saved: dict, current: dict) -> tuple[list[str], list[str]]:

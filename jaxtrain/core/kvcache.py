@@ -1,7 +1,7 @@
 """The key-value cache that `model.GPT` extends when it runs new tokens after cached ones: its
-layout, attention of new queries over the cached keys and values, and the span a causal
-convolution reads. Static shapes: every layer holds seq_len positions, written in place, so that
-a jitted decode loop compiles once.
+layout, the new keys and values written in (attention then reads them all: core/blocks.py), and
+the span a causal convolution reads. Static shapes: every layer holds seq_len positions, written
+in place, so that a jitted decode loop compiles once.
 
 Shape suffixes as in model.py, plus S cache length (= seq_len).
 """
@@ -31,22 +31,11 @@ def empty(c, batch: int) -> Cache:
   return [Layer(kv(), kv(), inputs(), inputs()) for _ in range(c.n_layers)]
 
 
-def attend(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, layer: Layer,
-           pos) -> tuple[jax.Array, Layer]:
-  """Attention of queries at window positions pos.. over the cached positions up to each of them
-  (theirs included): y_BTHK, and the layer's cache with their keys and values written in."""
-  B, T, H, K = q_BTHK.shape
-  S, G = layer.k_BSGK.shape[1], layer.k_BSGK.shape[2]
-  write = lambda cache, x: jax.lax.dynamic_update_slice_in_dim(cache, x.astype(cache.dtype), pos, 1)  # noqa: E731
-  k_BSGK, v_BSGK = write(layer.k_BSGK, k_BTGK), write(layer.v_BSGK, v_BTGK)
-  # Query t (at window position pos + t) sees cached positions s <= pos + t.
-  visible_TS = jnp.arange(S)[None, :] <= pos + jnp.arange(T)[:, None]
-  # Query head h = g * R + r reads key/value head g, as the whole sequence's repeat of k and v does.
-  q_BTGRK = (q_BTHK * K**-0.5).reshape(B, T, G, H // G, K)
-  scores_BGRTS = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BSGK).astype(jnp.float32)
-  probs_BGRTS = jax.nn.softmax(jnp.where(visible_TS, scores_BGRTS, -jnp.inf), axis=-1)
-  y_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", probs_BGRTS.astype(q_BTHK.dtype), v_BSGK)
-  return y_BTGRK.reshape(B, T, H, K), layer._replace(k_BSGK=k_BSGK, v_BSGK=v_BSGK)
+def write(layer: Layer, k_BTGK: jax.Array, v_BTGK: jax.Array, pos) -> Layer:
+  """The layer's cache with the keys and values of the tokens at window positions pos.. written in
+  (attention then reads the whole cache: a query sees the positions up to its own)."""
+  put = lambda cache, x: jax.lax.dynamic_update_slice_in_dim(cache, x.astype(cache.dtype), pos, 1)  # noqa: E731
+  return layer._replace(k_BSGK=put(layer.k_BSGK, k_BTGK), v_BSGK=put(layer.v_BSGK, v_BTGK))
 
 
 def conv_span(x_BTD: jax.Array, cache_BSD: jax.Array, width: int, pos) -> tuple[jax.Array, jax.Array]:

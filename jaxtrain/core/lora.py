@@ -18,8 +18,9 @@ import numpy as np
 from flax import nnx, traverse_util
 
 from jaxtrain.config import lists
+from jaxtrain.core import layers, ops
 from jaxtrain.core import model as model_lib
-from jaxtrain.core import ops
+from jaxtrain.system.errors import UserError
 
 ADAPTERS = ("lora_a", "lora_b")
 # Where each target lives in a block; its index keeps each layer's draw apart.
@@ -45,10 +46,10 @@ def from_config(finetune: ml_collections.ConfigDict) -> Lora | None:
               lists.lora_targets(finetune.lora_targets))
 
 
-class LoraDense(model_lib.Dense):
+class LoraDense(layers.Dense):
   """A `Dense` whose output gains (alpha / r) (x A) B; its kernel is the layer's own."""
 
-  def __init__(self, dense: model_lib.Dense, a: jax.Array, b: jax.Array, scale: float):
+  def __init__(self, dense: layers.Dense, a: jax.Array, b: jax.Array, scale: float):
     self.kernel = dense.kernel
     self.dtype = dense.dtype
     self.lora_a = nnx.Param(a)
@@ -66,10 +67,15 @@ def attach(model: model_lib.GPT, lora: Lora, key: jax.Array) -> model_lib.GPT:
   """`model` with adapters on every block's targeted layers (in place; returned too); `key`: the
   model's params key."""
   key = jax.random.fold_in(key, STREAM)
-  for i, block in enumerate(model.blocks):
+  for i, block in enumerate(getattr(model, "blocks", None) or [None]):
     for target in lora.targets:
-      owner = getattr(block, OWNERS[target])
-      dense = getattr(owner, target)
+      owner = getattr(block, OWNERS[target], None)
+      dense = getattr(owner, target, None)
+      if not isinstance(dense, layers.Dense):  # an extension's part, laid out its own way
+        raise UserError(f"finetune.lora_targets: {target} is not a layer of this model (jaxtrain's "
+                        f"block has it as blocks[i].{OWNERS[target]}.{target}, a Dense; an "
+                        "extension's block, MLP or model may not); pass only targets it has, e.g. "
+                        "--config.finetune.lora_targets=qkv,out")
       d_in, d_out = dense.kernel.shape
       layer_key = jax.random.fold_in(key, i * len(OWNERS) + list(OWNERS).index(target))
       a = jax.random.normal(layer_key, (d_in, lora.rank), jnp.float32) / math.sqrt(d_in)

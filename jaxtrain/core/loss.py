@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxtrain.core import ops
+from jaxtrain.core import ops, registry
+from jaxtrain.system.errors import UserError
 
 
 def token_losses(logits_BTV: jax.Array, targets_BT: jax.Array, scatter_free: bool = False) -> jax.Array:
@@ -33,6 +34,20 @@ def z_terms(logits_BTV: jax.Array) -> jax.Array:
   """float32[B, T]: log(Z)^2, Z the sum of exp(logits), at every position (the z-loss's term:
   it pulls log Z toward 0, so the logits cannot all drift up or down together)."""
   return jnp.square(jax.nn.logsumexp(logits_BTV.astype(jnp.float32), axis=-1))
+
+
+def extra_term(term: tuple, logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
+  """float32[B, T]: the loss term optim.loss_term names (`term`: its name and options) of the
+  logits, checked for its shape."""
+  name, options = term
+  component = registry.get("loss", name)
+  out = registry.call(component, logits_BTV, targets_BT, options=options)
+  if getattr(out, "shape", None) != targets_BT.shape:
+    got = f"{out.dtype}{list(out.shape)}" if hasattr(out, "shape") else type(out).__name__
+    raise UserError(f"optim.loss_term={name}: the loss term ({component.where}) returned {got}, "
+                    f"not one value per target token, [B, T] = {list(targets_BT.shape)}; make it "
+                    "return that")
+  return out.astype(jnp.float32)
 
 
 def mean_loss(losses_BT: jax.Array, weights_BT: jax.Array | None = None) -> jax.Array:

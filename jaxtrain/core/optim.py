@@ -1,6 +1,7 @@
-"""AdamW, or Muon on the hidden matrices with AdamW on the rest; warmup then cosine, warmup-stable-
-decay or constant learning rates; global gradient-norm clipping and accumulation;
-the matmul FLOPs of one optimizer step (Muon's orthogonalization)."""
+"""The optimizer around the one optim.name names (core/registry.py): the built-ins AdamW, and Muon
+on the hidden matrices with AdamW on the rest, or a user's; warmup, then the schedule optim.schedule
+names (built-in: cosine, warmup-stable-decay, constant); global gradient-norm clipping and
+accumulation; the matmul FLOPs of one optimizer step (Muon's orthogonalization)."""
 
 import dataclasses
 import math
@@ -12,34 +13,46 @@ import ml_collections
 import numpy as np
 import optax
 
+from jaxtrain.core import registry
+from jaxtrain.core.registry import decorator as _builtin
+from jaxtrain.system.errors import UserError
+
+
+def _options(optim, component: "registry.Component") -> dict:
+  """A schedule's or optimizer's options: an `Optimizer`'s, else (a config's section) their defaults."""
+  return dict(dict(getattr(optim, "options", ())).get(component.name, component.options))
+
 
 def schedule_args(optim, max_steps: int, offset: float = 0.0, rate: float = 1.0) -> np.ndarray:
   """float32 [decay_start, per_step, offset, rate]: where the decay of a run of `max_steps` starts,
   the share of it each step covers, and the schedule's step, `offset + rate * step` (a time budget
   whose end moved warps it, loop/budget.py). An input of the train step rather than constants, so
   that one compiled step serves every end. `optim`: the config's section or an `Optimizer`."""
-  warmup = optim.warmup_steps
-  decay_end = max(optim.decay_steps or max_steps, warmup + 1)
-  if optim.schedule == "wsd":
-    start = max(warmup, decay_end - optim.decay_fraction * decay_end)
-    span = max(decay_end - start, 1)
-  else:  # cosine (and constant, which reads neither)
-    start, span = warmup, decay_end - warmup
+  decay_end = max(optim.decay_steps or max_steps, optim.warmup_steps + 1)
+  start = registry.get("schedule", optim.schedule).start or after_warmup
+  start, span = start(optim, decay_end)
   # The reciprocal, as XLA makes of a division by a constant: the same bits as a step that had
   # the end compiled in.
   return np.array([start, np.float32(1) / np.float32(span), offset, rate], np.float32)
 
 
+def after_warmup(optim, decay_end: int) -> tuple[float, float]:
+  """Where a schedule's decay starts, and how many steps it takes: from the warmup's end to the
+  run's (a schedule's `start` by default)."""
+  return optim.warmup_steps, decay_end - optim.warmup_steps
+
+
 def lr_schedule(optim, max_steps: int, peak: float | None = None,
                 args: jax.Array | np.ndarray | None = None) -> optax.Schedule:
-  """Linear warmup to `peak` (default `optim.lr`; step 0 already moves), then by
-  `optim.schedule`: cosine decay to `peak * min_lr_ratio` at the end, "wsd" (constant, then a
-  linear decay to it over the last `decay_fraction` of the steps) or "constant".
-  `optim`: the config's section or an `Optimizer`; `args`: `schedule_args` (default: those of
-  `max_steps`), traced in a compiled step."""
+  """Linear warmup to `peak` (default `optim.lr`; step 0 already moves), then the schedule
+  `optim.schedule` names, of the progress through the decay (0 -> 1: cosine decay to `peak *
+  min_lr_ratio` at the end, "wsd" constant, then a linear decay to it over the last
+  `decay_fraction` of the steps, "constant", or a user's). `optim`: the config's section or an
+  `Optimizer`; `args`: `schedule_args` (default: those of `max_steps`), traced in a compiled step."""
   peak = optim.lr if peak is None else peak
-  warmup, kind = optim.warmup_steps, optim.schedule
-  end = peak * optim.min_lr_ratio
+  warmup = optim.warmup_steps
+  after = registry.get("schedule", optim.schedule)
+  options = _options(optim, after)
   args = schedule_args(optim, max_steps) if args is None else args
 
   def schedule(count):
@@ -47,15 +60,33 @@ def lr_schedule(optim, max_steps: int, peak: float | None = None,
     # 0 + 1 * count is count exactly: an unwarped schedule is the plain one, bit for bit.
     step = offset + rate * jnp.asarray(count, jnp.float32)
     warm_lr = peak * (step + 1) / (warmup + 1)
-    if kind == "constant":
-      after = jnp.asarray(peak, jnp.float32)
-    else:
-      progress = jnp.clip((step - decay_start) * per_step, 0.0, 1.0)
-      after = peak + (end - peak) * progress if kind == "wsd" else \
-          end + 0.5 * (peak - end) * (1 + jnp.cos(jnp.pi * progress))
-    return jnp.where(step < warmup, warm_lr, after)
+    progress = jnp.clip((step - decay_start) * per_step, 0.0, 1.0)
+    return jnp.where(step < warmup, warm_lr, registry.call(after, progress, peak, optim,
+                                                           options=tuple(options.items())))
 
   return schedule
+
+
+@_builtin("schedule", "cosine", {}, builtin=True)
+def cosine(progress, peak: float, optim):
+  end = peak * optim.min_lr_ratio
+  return end + 0.5 * (peak - end) * (1 + jnp.cos(jnp.pi * progress))
+
+
+def _wsd_start(optim, decay_end: int) -> tuple[float, float]:
+  start = max(optim.warmup_steps, decay_end - optim.decay_fraction * decay_end)
+  return start, max(decay_end - start, 1)
+
+
+@_builtin("schedule", "wsd", {}, builtin=True, start=_wsd_start)
+def wsd(progress, peak: float, optim):
+  end = peak * optim.min_lr_ratio
+  return peak + (end - peak) * progress
+
+
+@_builtin("schedule", "constant", {}, builtin=True)
+def constant(progress, peak: float, optim):
+  return jnp.asarray(peak, jnp.float32)
 
 
 def decay_mask(params):
@@ -128,13 +159,24 @@ class Optimizer:
   muon_ns_steps: int = 5  # Newton-Schulz iterations of Muon's orthogonalization
   z_loss: float = 0.0  # the loss that trains adds z_loss x mean(log Z^2) (core/steps.py)
 
+  loss_term: str = ""  # an extension's term (@jt.loss) the loss that trains adds
+  # The options of the components above that have some: ((component, ((option, value), ...)), ...)
+  options: tuple = ()
+
+  def options_of(self, component: str) -> tuple:
+    return dict(self.options).get(component, ())
+
   def transformation(self, schedule: jax.Array | None = None) -> optax.GradientTransformation:
     """The optimizer with its schedule and clipping, accumulated over grad_accum micro-batches.
     `schedule`: the schedule's `schedule_args` (default: those of `max_steps`)."""
     parts = [optax.clip_by_global_norm(self.clip_norm)] if self.clip_norm > 0 else []
-    parts.append(self._adamw(self.weight_decay, schedule) if self.name == "adamw" else
-                 self._muon(schedule))
-    inner = optax.chain(*parts)
+    component = registry.get("optimizer", self.name)
+    tx = registry.call(component, Rate(self, schedule), self, options=self.options_of(self.name))
+    if not isinstance(tx, optax.GradientTransformation):
+      raise UserError(f"optim.name={self.name}: the optimizer ({component.where}) returned "
+                      f"{type(tx).__name__}, not an optax.GradientTransformation; return one "
+                      "(e.g. optax.lion(lr, ...))")
+    inner = optax.chain(*parts, tx)
     # With loss scaling, gradients overflow now and then by design: such steps are dropped.
     skip = self.skip_nonfinite or self.loss_scaling
     if self.grad_accum == 1 and not skip:
@@ -143,32 +185,63 @@ class Optimizer:
     multi = optax.MultiSteps(inner, every_k_schedule=self.grad_accum)
     return skip_nonfinite_steps(multi) if skip else multi.gradient_transformation()
 
-  def _adamw(self, weight_decay: float, schedule: jax.Array | None) -> optax.GradientTransformation:
-    return optax.adamw(lr_schedule(self, self.max_steps, args=schedule), b1=self.b1, b2=self.b2,
-                       eps=self.eps, weight_decay=weight_decay, mask=decay_mask)
 
-  def _muon(self, schedule: jax.Array | None) -> optax.GradientTransformation:
-    """Muon for the blocks' matrices; AdamW at lr for the embeddings, an untied head and the
-    vectors. The matrices and the head decay at weight_decay; the embeddings and vectors never."""
-    matrix = optax.chain(
-        # Kernels are [d_in, d_out]: axis 0 is reduced, as Muon's default assumes. Given as a
-        # function, since inside `partition` the other groups' leaves are placeholders.
-        scale_by_muon(self.muon_ns_steps, self.momentum),
-        optax.add_decayed_weights(self.weight_decay),
-        optax.scale_by_learning_rate(lr_schedule(self, self.max_steps, self.matrix_lr, schedule)))
-    return optax.partition({
-        "matrix": matrix,
-        "embedding": self._adamw(0.0, schedule),
-        "head": self._adamw(self.weight_decay, schedule),
-        "vector": self._adamw(0.0, schedule),
-    }, param_groups)
+class Rate:
+  """The learning rate an optimizer is given: `lr(count)`, warmup then the schedule, to the peak
+  optim.lr; `lr.at(peak)` the same schedule to another peak (Muon's matrices: optim.matrix_lr)."""
+
+  def __init__(self, optimizer: Optimizer, args: jax.Array | None, peak: float | None = None):
+    self.optimizer, self.args = optimizer, args
+    self.schedule = lr_schedule(optimizer, optimizer.max_steps, peak, args)
+
+  def __call__(self, count):
+    return self.schedule(count)
+
+  def at(self, peak: float) -> "Rate":
+    return Rate(self.optimizer, self.args, peak)
+
+
+@_builtin("optimizer", "adamw", {}, builtin=True)
+def adamw(lr: Rate, o: Optimizer, weight_decay: float | None = None) -> optax.GradientTransformation:
+  return optax.adamw(lr, b1=o.b1, b2=o.b2, eps=o.eps,
+                     weight_decay=o.weight_decay if weight_decay is None else weight_decay,
+                     mask=decay_mask)
+
+
+def muon_flops(o: Optimizer, params) -> int:
+  """Matmul FLOPs of Muon's orthogonalization of each "matrix" param in a step."""
+  groups = jax.tree.leaves(param_groups(params))
+  return sum(newton_schulz_flops(p.shape, o.muon_ns_steps)
+             for p, g in zip(jax.tree.leaves(params), groups, strict=True) if g == "matrix")
+
+
+@_builtin("optimizer", "muon", {}, builtin=True, flops=muon_flops)
+def muon(lr: Rate, o: Optimizer) -> optax.GradientTransformation:
+  """Muon for the blocks' matrices; AdamW at lr for the embeddings, an untied head and the
+  vectors. The matrices and the head decay at weight_decay; the embeddings and vectors never."""
+  matrix = optax.chain(
+      # Kernels are [d_in, d_out]: axis 0 is reduced, as Muon's default assumes. Given as a
+      # function, since inside `partition` the other groups' leaves are placeholders.
+      scale_by_muon(o.muon_ns_steps, o.momentum),
+      optax.add_decayed_weights(o.weight_decay),
+      optax.scale_by_learning_rate(lr.at(o.matrix_lr)))
+  return optax.partition({
+      "matrix": matrix,
+      "embedding": adamw(lr, o, 0.0),
+      "head": adamw(lr, o),
+      "vector": adamw(lr, o, 0.0),
+  }, param_groups)
 
 
 def make_optimizer(optim: ml_collections.ConfigDict, *, max_steps: int, grad_accum: int = 1,
-                   skip_nonfinite: bool = False, loss_scaling: bool = False) -> Optimizer:
-  """The `optim` section's optimizer for a run of `max_steps` optimizer steps."""
+                   skip_nonfinite: bool = False, loss_scaling: bool = False,
+                   ext=None) -> Optimizer:
+  """The `optim` section's optimizer for a run of `max_steps` optimizer steps; `ext`: the config's
+  ext section, whose options of the optimizer, schedule and loss term it takes."""
+  names = sorted({optim.name, optim.schedule, optim.loss_term} - {""})
   given = dict(max_steps=max_steps, grad_accum=grad_accum, skip_nonfinite=skip_nonfinite,
-               loss_scaling=loss_scaling)
+               loss_scaling=loss_scaling,
+               options=tuple((n, o) for n in names if (o := registry.options_of(ext, n))))
   return Optimizer(**given, **{f.name: optim[f.name] for f in dataclasses.fields(Optimizer)
                                if f.name not in given})
 
@@ -182,14 +255,12 @@ def newton_schulz_flops(shape: tuple[int, ...], ns_steps: int) -> int:
 
 
 def flops_per_step(opt: Optimizer, params) -> int:
-  """Matmul FLOPs of one optimizer step over `params` (arrays or their shapes): Muon's
-  orthogonalization of each "matrix" param. AdamW's and the momentum's elementwise updates, a few
-  FLOPs per parameter, are not counted, as the model's count leaves out norms and activations."""
-  if opt.name != "muon":
-    return 0
-  groups = jax.tree.leaves(param_groups(params))
-  return sum(newton_schulz_flops(p.shape, opt.muon_ns_steps)
-             for p, g in zip(jax.tree.leaves(params), groups, strict=True) if g == "matrix")
+  """Matmul FLOPs of one optimizer step over `params` (arrays or their shapes), as the optimizer's
+  `flops` counts them (Muon's orthogonalization); 0 where it has none. AdamW's and the momentum's
+  elementwise updates, a few FLOPs per parameter, are not counted, as the model's count leaves out
+  norms and activations."""
+  flops = registry.get("optimizer", opt.name).flops
+  return 0 if flops is None else int(flops(opt, params))
 
 
 class SkipState(NamedTuple):

@@ -16,7 +16,7 @@ import ml_collections
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxtrain.config import defaults
-from jaxtrain.core import attention, cpu, lora, mesh, optim, steps
+from jaxtrain.core import attention, components, cpu, lora, mesh, optim, steps
 from jaxtrain.core import model as model_lib
 
 # Data-parallel CPU steps under this many FLOPs per device all-reduce their gradients at once
@@ -106,6 +106,7 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
           compiler_options: dict | None = None, eot_id: int = -1) -> Programs:
   """The programs for `cfg` on `devices` (default: all). Nothing is compiled until first use.
   `compiler_options`: default `step_options`'s; `eot_id`: where documents end."""
+  cfg = components.prepare(cfg)  # the user's code named in `extend` loaded
   devices = jax.devices() if devices is None else devices
   m = cfg.model
   mesh.check_devices(cfg.mesh, cfg.train.batch_size, devices, m.dtype)
@@ -119,14 +120,15 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   doc_mask = m.doc_mask or (weighted and eot_id >= 0)
   if doc_mask and not 0 <= eot_id < vocab_size:
     raise ValueError(f"model.doc_mask needs the tokenizer's end-of-text id, got eot_id={eot_id}")
-  model_cfg = dataclasses.replace(model_lib.ModelConfig.from_config(m, vocab_size), attention=impl,
+  model_cfg = dataclasses.replace(model_lib.ModelConfig.from_config(m, vocab_size, cfg.ext),
+                                  attention=impl,
                                   eot_id=eot_id, doc_mask=doc_mask,
                                   scatter_free=scatter_free(devices[0].platform))
   loss_scaling = defaults.dynamic_loss_scaling(cfg.optim.loss_scaling, m.dtype)
   optimizer = optim.make_optimizer(cfg.optim, max_steps=cfg.train.max_steps,
                                    grad_accum=cfg.train.grad_accum,
                                    skip_nonfinite=cfg.train.skip_nonfinite,
-                                   loss_scaling=loss_scaling)
+                                   loss_scaling=loss_scaling, ext=cfg.ext)
 
   adapters = lora.from_config(cfg.finetune)
 

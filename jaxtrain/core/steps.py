@@ -95,31 +95,45 @@ def loss_fn(params, graphdef: nnx.GraphDef, tokens_BT1: jax.Array,
   return losses(params, graphdef, tokens_BT1, dropout_key, weights_BT)[1]
 
 
+def _settings(model) -> model_lib.ModelConfig:
+  """How the loss is taken: the model's ModelConfig (a user's whole model may have none: the
+  plain cross-entropy of its logits then)."""
+  c = getattr(model, "c", None)
+  return c if isinstance(c, model_lib.ModelConfig) else model_lib.ModelConfig()
+
+
 def losses(params, graphdef: nnx.GraphDef, tokens_BT1: jax.Array,
            dropout_key: jax.Array | None = None, weights_BT: jax.Array | None = None,
-           z_loss: float = 0.0) -> tuple[jax.Array, jax.Array]:
+           z_loss: float = 0.0, term: tuple = ()) -> tuple[jax.Array, jax.Array]:
   """(the loss that trains, `loss_fn`'s loss): with `z_loss`, the first adds z_loss x the
-  (weighted) mean of `loss.z_terms`; without, the two are one."""
+  (weighted) mean of `loss.z_terms`, with `term` (an extension's loss term and its options) its
+  weighted mean; without, the two are one."""
   model = nnx.merge(graphdef, params)
+  c = _settings(model)
+  # A key only where dropout draws one: a user's whole model without dropout takes tokens alone.
+  keyed = {"dropout_key": dropout_key} if dropout_key is not None and c.dropout > 0 else {}
   targets_BT = tokens_BT1[:, 1:]
-  chunk = model.c.loss_chunk
-  if model.c.fused_loss:
-    dtype = jnp.dtype(model.c.dtype)
-    x_BTD = model.hidden(tokens_BT1[:, :-1], dropout_key=dropout_key).astype(dtype)
+  if c.fused_loss:
+    dtype = jnp.dtype(c.dtype)
+    x_BTD = model.hidden(tokens_BT1[:, :-1], **keyed).astype(dtype)
     trains_BT, ce_BT = loss_lib.fused_token_losses(x_BTD, model.head_weight().astype(dtype),
                                                    targets_BT, z_loss)
     return loss_lib.mean_loss(trains_BT, weights_BT), loss_lib.mean_loss(ce_BT, weights_BT)
-  if chunk:
-    x_BTD = model.hidden(tokens_BT1[:, :-1], dropout_key=dropout_key)
+  if c.loss_chunk:
+    x_BTD = model.hidden(tokens_BT1[:, :-1], **keyed)
     ce_BT, z_BT = loss_lib.chunked_token_losses(x_BTD, model.head_weight(), targets_BT,
-                                                model.head, chunk, with_z=bool(z_loss),
-                                                scatter_free=model.c.scatter_free)
+                                                model.head, c.loss_chunk, with_z=bool(z_loss),
+                                                scatter_free=c.scatter_free)
+    logits_BTV = None
   else:
-    logits_BTV = model(tokens_BT1[:, :-1], dropout_key=dropout_key)
-    ce_BT = loss_lib.token_losses(logits_BTV, targets_BT, model.c.scatter_free)
+    logits_BTV = model(tokens_BT1[:, :-1], **keyed)
+    ce_BT = loss_lib.token_losses(logits_BTV, targets_BT, c.scatter_free)
     z_BT = loss_lib.z_terms(logits_BTV) if z_loss else None
   loss = loss_lib.mean_loss(ce_BT, weights_BT)
-  return (loss + z_loss * loss_lib.mean_loss(z_BT, weights_BT) if z_loss else loss), loss
+  trains = loss + z_loss * loss_lib.mean_loss(z_BT, weights_BT) if z_loss else loss
+  if term:
+    trains = trains + loss_lib.mean_loss(loss_lib.extra_term(term, logits_BTV, targets_BT), weights_BT)
+  return trains, loss
 
 
 def train_step(state: TrainState, batch: dict, stats: str = "none") -> tuple[TrainState, dict]:
@@ -138,8 +152,9 @@ def gradients(state: TrainState, tokens_BT1: jax.Array, dropout_key: jax.Array |
 
   def scaled_loss(trained):
     params = lora_lib.combine(state.params, trained)
-    trains, loss = losses(params, state.graphdef, tokens_BT1, dropout_key, weights_BT,
-                          state.optimizer.z_loss)
+    o = state.optimizer
+    term = (o.loss_term, o.options_of(o.loss_term)) if o.loss_term else ()
+    trains, loss = losses(params, state.graphdef, tokens_BT1, dropout_key, weights_BT, o.z_loss, term)
     return trains * scale, loss  # the cross-entropy alone is reported, as the val loss is
 
   (_, loss), grads = jax.value_and_grad(scaled_loss, has_aux=True)(state.trainable())

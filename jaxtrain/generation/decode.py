@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from jaxtrain.core import kvcache
+from jaxtrain.core import model as model_lib
 from jaxtrain.system.errors import UserError
 
 PROMPT_BUCKET = 16  # the smallest padded prefill (prompt_bucket)
@@ -132,6 +133,7 @@ def stream(state, prompts_BP: np.ndarray, n_new: int, *,
   the same seed gives the same tokens however they are chunked. `state`: a TrainState (or
   anything with its params, graphdef and model_cfg), used on one device outside any mesh."""
   params, graphdef, c = jax.device_get(state.params), state.graphdef, state.model_cfg
+  use_cache = use_cache and not model_lib.kv_cache(c)  # an extension's part may extend none
   B, P = prompts_BP.shape
   if P == 0:
     raise UserError("a prompt needs at least one token")
@@ -181,7 +183,8 @@ def generate(state, prompts, n_new: int, *, tokenizer=None, **kwargs):
   int32[B, P + n_new]; text, a str -> str or a list of str -> list of str, encoded and decoded with
   the run's `tokenizer` (`load_tokenizer(workdir)`). kwargs: those of `stream` (temperature, top_k,
   top_p, seed, use_cache: with a key-value cache, or False to run the whole window for every token,
-  with the same tokens). Anything else is a UserError that says what a prompt is."""
+  with the same tokens; a model with a part of an extension that extends no cache runs without
+one). Anything else is a UserError that says what a prompt is."""
   if not all(hasattr(state, a) for a in ("params", "graphdef", "model_cfg")):
     raise UserError(f"generate continues with a train state, not {type(state).__name__}: pass "
                     "jt.load_state(workdir) (or a state of jt.init, jt.build)")

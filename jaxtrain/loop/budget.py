@@ -27,6 +27,7 @@ import ml_collections
 import numpy as np
 
 from jaxtrain.checkpoints.store import Checkpoints
+from jaxtrain.config import extensions
 from jaxtrain.core import optim
 from jaxtrain.core.steps import TrainState
 from jaxtrain.system import fmt, machine, paths, runtime
@@ -143,7 +144,7 @@ def record(plan: Plan, workdir: Path, cfg: ml_collections.ConfigDict) -> None:
   """A moved end on disk (process 0): budget.json's ends, config.json's train.max_steps."""
   if jax.process_index() == 0:
     paths.write_json(workdir / PLAN_FILE, {"budget_s": plan.budget_s, "ends": plan.ends})
-    paths.write_json(workdir / "config.json", with_end(cfg, plan.final).to_dict())
+    paths.write_json(workdir / "config.json", extensions.saved_config(with_end(cfg, plan.final)))
 
 
 def recorded(budget_s: float, workdir: Path) -> Plan:

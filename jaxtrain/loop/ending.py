@@ -45,7 +45,7 @@ def finish(r: Run, p: Progress, state: TrainState, speed: float | None) -> RunRe
               f"{_fmt(p.last_val)} | wall {fmt.duration(wall)} | workdir {r.workdir}")
   _summary(r, p, wall)
   return RunResult(str(r.workdir), p.step, p.pending.last_loss, p.last_val, speed, wall, texts,
-                   max_steps=p.end)
+                   max_steps=p.end, compile_s=p.timeline.seconds["compile"])
 
 
 def stopped(r: Run, p: Progress, by: str, speed: float | None) -> RunResult:
@@ -59,7 +59,8 @@ def stopped(r: Run, p: Progress, by: str, speed: float | None) -> RunResult:
               f"{r.saving.ckpts.directory / str(p.step)}. {again}")
   _summary(r, p, time.time() - r.t_start)
   return RunResult(str(r.workdir), p.step, p.pending.last_loss, p.last_val, speed,
-                   time.time() - r.t_start, [], by, signals.EXIT_CODES[by], p.end, end_left)
+                   time.time() - r.t_start, [], by, signals.EXIT_CODES[by], p.end, end_left,
+                   p.timeline.seconds["compile"])
 
 
 def end_left(workdir: Path, step: int) -> bool:

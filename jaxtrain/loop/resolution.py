@@ -14,8 +14,8 @@ import ml_collections
 
 from jaxtrain import __version__
 from jaxtrain.checkpoints import init_from, lifecycle, store
-from jaxtrain.config import validate
-from jaxtrain.core import cpu, lora, mesh, optim, programs
+from jaxtrain.config import extensions, validate
+from jaxtrain.core import components, cpu, lora, mesh, optim, programs, registry
 from jaxtrain.core import model as model_lib
 from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.data import tokenfiles, tokenizer
@@ -58,14 +58,15 @@ def settle(cfg: ml_collections.ConfigDict, explicit: Collection[str] = (),
   fields the user set), the CPU split into devices (before jax starts its backends), the compile
   cache and the processes set up. With model.size=auto, the shape is chosen first (its probe's
   progress on `say`; `t_start`: when the budget's clock started)."""
-  validate.validate(cfg)
+  cfg = components.validate(cfg)  # extensions loaded: their components are checked too
   cfg, taken = init_from.resolve(cfg, explicit)
   if taken:
-    validate.validate(cfg)  # the source run's values, in this config
+    components.validate(cfg)  # the source run's values, in this config
   budget_s = validate.time_budget_s(cfg)
   cfg, notes, corpus = autosize.resolve(cfg, budget_s, explicit, say, t_start)  # before jax starts
   notes = [cpu.split_cpu(cfg), *notes]
   platform = runtime.setup(cfg)
+  components.trace(cfg)  # an extension's component traced once, before any work
   if platform == "cpu":
     notes.insert(1, allocator.lost_note())
   if taken:
@@ -88,7 +89,8 @@ def resolve(settled: Settled, out: Console,
     claim(workdir, out)
   resume_step = max(store.complete_steps(workdir), default=0)
   if resume_step and (workdir / "config.json").is_file():  # a refused resume: before any data work
-    lifecycle.refuse_changes(paths.read_json(workdir / "config.json"), cfg.to_dict(), cfg.workdir)
+    lifecycle.refuse_changes(paths.read_json(workdir / "config.json"), extensions.saved_config(cfg),
+                             cfg.workdir)
   devices = cpu.run_devices(cfg)
   data_axis, fsdp_axis = mesh.mesh_shape(cfg.mesh, len(devices))
   out.print(f"jaxtrain {__version__} | {'dry run | ' * (claim is None)}workdir {workdir} | "
@@ -140,6 +142,8 @@ def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: corpus_lib.Co
             f"{fmt.count(model_lib.flops_per_token(mc))} train FLOPs/token"
             + (f", {fmt.count(opt_flops)} optimizer FLOPs/step" if opt_flops else "")
             + f", vocab {mc.vocab_size}, {B * k * T} tokens/step ({B} x {T} x {k} micro-batches)")
+  if line := components_line(cfg, mc):
+    out.print(line)
   out.print(f"compute: {mc.dtype} (params and optimizer float32), attention {mc.attention} "
             f"({built.attention_why})"
             + (f"; XLA options {built.compiler_options}" if built.compiler_options else "")
@@ -151,6 +155,27 @@ def describe(out: Console, cfg: ml_collections.ConfigDict, corpus: corpus_lib.Co
     out.print(f"WARNING: {warning}")
   if not cfg.train.time_budget:  # a budget's steps: said once its plan is made (loop/setup.py)
     say_epochs(out, cfg, len(corpus.train), cfg.train.max_steps)
+
+
+def components_line(cfg: ml_collections.ConfigDict, mc: model_lib.ModelConfig) -> str | None:
+  """What a run says of the components it takes from `extend` (None: it takes none): each with its
+  file and line, what its counts leave out, and whether sampling has a key-value cache."""
+  ours = components.extension_parts(cfg)
+  if not ours:
+    return None
+  named = ", ".join(f"{registry.KINDS[c.kind].field}={c.name} ({c.where})" for c in ours)
+  notes = []
+  if any(c.kind in registry.MODEL_KINDS for c in ours):
+    notes.append("FLOPs and the memory estimate count them as the built-in parts of their kinds "
+                 "(their own compute is not known)")
+  if any(c.kind == "optimizer" and c.flops is None for c in ours):
+    notes.append(f"the optimizer's own FLOPs are not counted (@jt.optimizer({cfg.optim.name!r}, "
+                 "flops=...) counts them)")
+  without = model_lib.kv_cache(mc)
+  notes.append("sampling runs the whole window for each new token (" + ", ".join(
+      f"{registry.KINDS[c.kind].field}={c.name}" for c in without) + " extends no key-value "
+      "cache)" if without else "sampling extends a key-value cache")
+  return f"components: {named}; {'; '.join(notes)}"
 
 
 def say_epochs(out: Console, cfg: ml_collections.ConfigDict, train_tokens: int, steps: int) -> None:

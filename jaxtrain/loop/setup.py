@@ -13,6 +13,7 @@ import jax
 from jaxtrain import __version__
 from jaxtrain.checkpoints import init_from, lifecycle
 from jaxtrain.checkpoints.store import Checkpoints
+from jaxtrain.config import extensions
 from jaxtrain.core.model import flops_per_token
 from jaxtrain.core.steps import TrainState
 from jaxtrain.data import corpus as corpus_lib
@@ -53,7 +54,7 @@ def prepare(res: resolution.Resolved, out: Console, hooks: Sequence[Hook], t_sta
     resolution.say_epochs(out, cfg, len(corpus.train), plan.final)
   signals.check()
   meta = {"jaxtrain_version": __version__, "data_fingerprint": corpus.fingerprint,
-          "tokenizer": corpus.tokenizer.to_json(), "config": cfg.to_dict()}
+          "tokenizer": corpus.tokenizer.to_json(), "config": extensions.saved_config(cfg)}
   if jax.process_index() == 0 and not (workdir / paths.RUN_FILE).exists():  # a new run
     write_run_files(workdir, cfg, meta, corpus.tokenizer)
   saving = lifecycle.Saving(Checkpoints(str(workdir), cfg.train.keep_checkpoints), meta,

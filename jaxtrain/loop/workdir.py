@@ -1,6 +1,6 @@
 """A run's workdir: held by one run at a time (`claimed`: the lock, and what a new run that never
 reached its first step leaves behind: nothing), and the files that say what the run is
-(config.json, run.json, tokenizer.json, legs.jsonl)."""
+(config.json, run.json, tokenizer.json, legs.jsonl, and extend/: the user's code it runs)."""
 
 import contextlib
 import json
@@ -11,6 +11,7 @@ from pathlib import Path
 import jax
 import ml_collections
 
+from jaxtrain.config import extensions
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system import paths, runtime
 from jaxtrain.system.console import Console, LibraryLog
@@ -18,6 +19,7 @@ from jaxtrain.system.errors import UserError
 from jaxtrain.system.lock import WORKDIR_LOCK, FileLock, in_use_error
 
 LEGS_FILE = "legs.jsonl"  # one line per leg of the run: where it started, what changed
+EXTEND_DIR = "extend"  # a copy of each file of config.extend, as the newest leg ran it
 
 
 class Claim:
@@ -92,7 +94,11 @@ def write_run_files(workdir: Path, cfg: ml_collections.ConfigDict, run_meta: dic
                     start_step: int = 0, changes: tuple[str, ...] = ()) -> None:
   """The files that say what the run is, as of the leg that starts at `start_step`: config.json
   holds that leg's config, legs.jsonl one line per leg with the config changes it brought."""
-  paths.write_json(workdir / "config.json", cfg.to_dict())
+  paths.write_json(workdir / "config.json", extensions.saved_config(cfg))
+  for source in extensions.load(cfg.extend):  # the code as this leg runs it, to diff against
+    (workdir / EXTEND_DIR).mkdir(exist_ok=True)
+    paths.write_text(workdir / EXTEND_DIR / Path(source.path).name,
+                     Path(source.path).read_text(encoding="utf-8"))
   paths.write_json(workdir / paths.RUN_FILE, {k: v for k, v in run_meta.items() if k != "config"})
   tokenizer_lib.save(tok, str(workdir / "tokenizer.json"))
   with open(workdir / LEGS_FILE, "a", encoding="utf-8") as f:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import ml_collections
 import numpy as np
 
-from jaxtrain.config import loading
+from jaxtrain.config import extensions, loading
 from jaxtrain.measure import size_rule
 from jaxtrain.system import fmt, machine, measured, paths
 from jaxtrain.system.errors import UserError
@@ -49,6 +49,8 @@ def architecture(cfg: ml_collections.ConfigDict, platform: str) -> list[str]:
                                                  "stats": cfg.log.group_stats}
   for f in ("size", "n_layers", "d_model", "n_heads", "seq_len", "vocab_size"):
     arch.pop(f, None)
+  if cfg.get("extend"):  # an extension's code and options are the architecture too
+    arch |= {"ext": cfg.ext.to_dict(), "code": [s.sha256 for s in extensions.load(cfg.extend)]}
   digest = hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()[:12]
   return [f"{platform}{os.environ.get('CUDA_VISIBLE_DEVICES', '')}", digest]
 
@@ -164,6 +166,7 @@ def _probe_main() -> None:
   t0 = time.perf_counter()
   request = json.loads(sys.stdin.read())
   cfg = ml_collections.ConfigDict(request["config"])
+  extensions.load(cfg.get("extend", ""))  # the run's own components, registered here too
   shapes = [size_rule.Shape(n, d, size_rule.heads(d), cfg.model.seq_len, cfg.train.batch_size)
             for n, d in request["probes"]]
   with_shape = lambda shape: loading.override(cfg, **shape.fields())  # noqa: E731

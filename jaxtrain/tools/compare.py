@@ -1,6 +1,9 @@
-"""`python -m jaxtrain.compare RUN... [--out=D] [--by=METRIC]`: runs side by side, best first: the
-config fields that differ and have an effect, losses, task accuracies, speed and time; with --out
-also compare.md and loss plots. How runs are ranked, and which fields are shown: docs/tools.md.
+"""`python -m jaxtrain.compare RUN... [--out=D] [--by=METRIC] [--baseline=RUN]`: runs side by side,
+best first: the config fields that differ and have an effect, losses, task accuracies, speed and
+time, each run's difference to a baseline; where runs differ only in their seed, the spread across
+seeds; a warning where they trained different steps or tokens or paid different compile times
+(tools/ablation.py); with --out also compare.md and loss plots. How runs are ranked, and which
+fields are shown: docs/tools.md.
 """
 
 import shutil
@@ -12,17 +15,18 @@ from absl import flags
 from jaxtrain.config import defaults
 from jaxtrain.system import fmt, invocation
 from jaxtrain.system.errors import UserError
-from jaxtrain.tools import cli, runs
+from jaxtrain.tools import ablation, cli, runs
 
 _COMMAND = invocation.command("jaxtrain.compare")
-USAGE = (f"usage: {_COMMAND} RUN... [--out=DIR] [--by=METRIC]\n"
+USAGE = (f"usage: {_COMMAND} RUN... [--out=DIR] [--by=METRIC] [--baseline=RUN]\n"
          "Runs side by side, best first: the config fields that differ, losses, task "
          "accuracies, speed and time.")
 RUN_HELP = ("RUN", "A run's directory, a glob of them, or a directory of runs (a sweep's root).")
 # Fields that say nothing about a result: where it was written, how it was logged or sampled.
 NOT_SHOWN = ("workdir", "headless", "data.cache_dir", "data.allow_changed", "train.log_every",
-             "train.checkpoint_every", "train.keep_checkpoints")
-NOT_SHOWN_SECTIONS = ("sample.", "distributed.")
+             "train.checkpoint_every", "train.keep_checkpoints", "allow_changed_extend")
+# extension_sources: kept beside a config in config.json (the extensions' files), not a field.
+NOT_SHOWN_SECTIONS = ("sample.", "distributed.", "extension_sources.")
 _MUON_ONLY = ("optim.matrix_lr", "optim.momentum", "optim.muon_ns_steps")
 # A field with no effect on a run, by that run's config: not compared, shown as "-" for it.
 NO_EFFECT = {"data.vocab_size": lambda c: c.get("data.tokenizer", "bpe") != "bpe",
@@ -37,8 +41,17 @@ COLUMNS = ("params", "steps", "best val", "final val", "val bpb", "tok/s", "time
 _MISSING = object()
 
 
+# The fields that name a component (core/registry.py's KINDS): an extension's options,
+# ext.<component>.<option>, have an effect only on a run that names that component.
+COMPONENT_FIELDS = ("model.norm", "model.pos", "model.mlp", "model.attention_variant", "model.block",
+                    "model.arch", "optim.name", "optim.schedule", "optim.loss_term")
+
+
 def effective(info: runs.RunInfo, field: str):
   """The run's value of `field`, or _MISSING where the field has no effect on that run."""
+  if field.startswith("ext.") and \
+      field.split(".")[1] not in {info.config.get(f) for f in COMPONENT_FIELDS}:
+    return _MISSING
   no_effect = NO_EFFECT.get(field)
   return _MISSING if no_effect is not None and no_effect(info.config) else \
       info.config.get(field, _MISSING)
@@ -209,10 +222,16 @@ def _why(key: str, by: str | None) -> str:
 
 
 def compare(patterns: list[str], out: Path | None = None, print_fn=print,
-            width: int | None = None, by: str | None = None) -> list[runs.RunInfo]:
+            width: int | None = None, by: str | None = None,
+            baseline: str | None = None) -> list[runs.RunInfo]:
   """Prints the table (and writes compare.md and the plots to `out`); returns the runs, best
-  first, runs whose val losses count other tokens (`groups`) ranked apart."""
+  first, runs whose val losses count other tokens (`groups`) ranked apart. `baseline`: the run
+  (its directory's name or path) every run's difference is taken to."""
   infos = [runs.read(p) for p in runs.find(patterns)]
+  base = ablation.find(infos, names(infos), baseline) if baseline else None
+  if baseline and base is None:
+    raise UserError(f"--baseline={baseline}: no run of these is named so (they are: "
+                    f"{', '.join(names(infos))}); pass one of them")
   if by is not None and not any(info.values(by) for info in infos):
     known = sorted({k for info in infos for r in info.evals for k in r} - {"step", "elapsed_s"})
     raise UserError(f"--by={by}: no run has that metric in its evaluations (they have: "
@@ -226,8 +245,13 @@ def compare(patterns: list[str], out: Path | None = None, print_fn=print,
   fields = differences(infos)
   sources = source_keys(infos)
   apart = len(ranked) > 1
+  key_of = {id(info): key for key, group in ranked for info in group}
   header = ["run", *fields, *COLUMNS, *map(column, sources), *["val loss on"] * apart]
   body = [row + [scope(info)] * apart for row, info in zip(rows(infos, fields, sources), infos)]
+  if base is not None:  # each run's difference to the baseline, in the key its group ranks by
+    header.append(f"Δ to {names(infos)[infos.index(base)]}")
+    for row, info in zip(body, infos):
+      row.append(ablation.delta(info.best(key_of[id(info)]), base.best(key_of[id(info)])))
   if width is None and sys.stdout.isatty():  # a file or a pipe gets the table at any width
     width = shutil.get_terminal_size().columns
   print_fn(terminal_table(header, body, width))
@@ -242,6 +266,7 @@ def compare(patterns: list[str], out: Path | None = None, print_fn=print,
       name = names(infos)[infos.index(best)]
       print_fn(f"best{f' on {scope(best)}' if apart else ''}: {name} (best {key} "
                f"{best.best(key):.4f}); ranked by {key} ({_why(key, by)})")
+  _fairness(infos, ranked[0][0], fields, base, print_fn, width)
   if out is not None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(markdown_table(header, body) + "\n", encoding="utf-8")
@@ -250,12 +275,31 @@ def compare(patterns: list[str], out: Path | None = None, print_fn=print,
   return infos
 
 
+def _fairness(infos: list[runs.RunInfo], key: str, fields: list[str], base: runs.RunInfo | None,
+              print_fn, width: int | None) -> None:
+  """What keeps the table from misleading: the runs compared at equal steps where they trained
+  different ones (with its warning), and the spread of runs that differ only in their seed."""
+  for line in (ablation.unequal(infos), ablation.at_equal_steps(infos, names(infos), key)):
+    if line:
+      print_fn(line)
+  groups = ablation.seed_groups(infos, fields)
+  base_group = next((g for g in groups if base in g), None) if base is not None else groups[0]
+  table = ablation.spread_table(groups, fields, key, base_group, lambda info, f: _value(
+      None if (v := effective(info, f)) is _MISSING else v))
+  if table is not None:
+    print_fn(f"across seeds (runs alike but for their seed; Δ mean to "
+             f"{'the baseline' if base is not None else 'the best run'}'s group, ± its standard "
+             "error):")
+    print_fn(terminal_table(*table, width=None))
+
+
 def run(patterns: list[str]) -> None:
   f = flags.FLAGS
   if not patterns:
     raise UserError(f"no runs given; usage: {_COMMAND} RUN... [--out=DIR] (RUN: a "
                     "run's directory, a glob, or a directory of runs such as a sweep's root)")
-  compare(patterns, Path(f.out).expanduser() if f.out else None, by=f.by or None)
+  compare(patterns, Path(f.out).expanduser() if f.out else None, by=f.by or None,
+          baseline=f.baseline or None)
 
 
 def main() -> None:
@@ -264,5 +308,8 @@ def main() -> None:
   flags.DEFINE_string("by", "", "Rank by the best of this evaluation metric: val_loss, val_bpb, "
                       "task/<name>/exact_match, ... (accuracies: highest first). Default: val_bpb "
                       "where the runs' tokens differ, else val_loss.")
-  cli.main(run, USAGE, __name__, args=True, uses_jax=False, values={"out": "DIR", "by": "METRIC"},
+  flags.DEFINE_string("baseline", "", "A run (its directory's name) to take every run's difference "
+                      "to: a column Δ, and the mean's difference of runs that differ only in seed.")
+  cli.main(run, USAGE, __name__, args=True, uses_jax=False,
+           values={"out": "DIR", "by": "METRIC", "baseline": "RUN"},
            before=(RUN_HELP,))

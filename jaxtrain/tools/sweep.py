@@ -1,61 +1,35 @@
 """`python -m jaxtrain.sweep --config=F --sweep=field=v1,v2 [--sweep=...] --root=DIR [--parallel=N]
-[--config.x=y ...] [--jax_platforms=cpu]`: every combination of the swept values, a run each.
+[--seeds=N] [--config.x=y ...] [--jax_platforms=cpu]`: every combination of the swept values (and
+`--seeds` seeds of each), a run each.
 
-Each run is its own process (`python -m jaxtrain`) in DIR/<swept values>; running the same
-command again continues the sweep (docs/watching.md, Sweeps). `--parallel=N` pins each run to its
-own share of the CPU cores: XLA sizes its CPU devices and thread pools by the cores a process may
-use.
+Each run is its own process (`python -m jaxtrain`, tools/launcher.py) in DIR/<swept values>;
+running the same command again continues the sweep (docs/watching.md, Sweeps). Under a time
+budget every variant is compiled first, outside any budget (`compile_ahead`): a variant whose
+compile an earlier run had cached would otherwise train for longer than the others.
 """
 
-import dataclasses
-import functools
 import itertools
-import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 from absl import flags
 
-from jaxtrain.config import defaults, loading, schema, validate
-from jaxtrain.system import fmt, invocation, machine, paths
+from jaxtrain.config import defaults, extensions, loading, schema, validate
+from jaxtrain.system import fmt, invocation, paths
 from jaxtrain.system.errors import ConfigError, UserError
-from jaxtrain.tools import cli, compare, runs
+from jaxtrain.tools import cli, compare
+from jaxtrain.tools.launcher import PROGRESS_EVERY_S, Args, Point, Sweep, done
 
 _COMMAND = invocation.command("jaxtrain.sweep")
 USAGE = (f"usage: {_COMMAND} --config=F --sweep=field=v1,v2 [--sweep=...] --root=DIR "
          "[--parallel=N] [--config.x=y ...] (see --help)")
-VALUES = {"config": "FILE", "sweep": "FIELD=V1,V2", "root": "DIR"}  # what --help shows
+VALUES = {"config": "FILE", "sweep": "FIELD=V1,V2", "root": "DIR", "baseline": "RUN"}  # --help shows
 PASSED_ON = (("--config.FIELD=V", "A setting for every run of the sweep."),
              ("--jax_*=V", "Passed on to every run (e.g. --jax_platforms=cpu)."))
-PROGRESS_EVERY_S = 30.0  # the default of --progress_every_s
-
-
-@dataclasses.dataclass
-class Args:
-  config: str
-  sweeps: list[tuple[str, list[str]]]  # (field, its values as typed)
-  root: Path
-  parallel: int = 1
-  overrides: list[str] = dataclasses.field(default_factory=list)  # --config.x=y, passed on
-  passthrough: list[str] = dataclasses.field(default_factory=list)  # --jax_*, passed on
-  progress_every_s: float = PROGRESS_EVERY_S
-
-
-@dataclasses.dataclass
-class Point:
-  """One run of the grid."""
-
-  name: str
-  values: list[tuple[str, str]]  # (field, value) as passed to the run
-  workdir: Path
-  log: Path
-  max_steps: int
+COMPILE_DIR = ".compile"  # under --root: the compile-ahead runs, removed once they end
 
 
 def _known_field(name: str, flag: str) -> str:
@@ -79,6 +53,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        **own)
   flags.DEFINE_float("progress_every_s", PROGRESS_EVERY_S, "How often each running run's step, "
                      "loss and ETA are printed.", **own)
+  flags.DEFINE_integer("seeds", 1, "Each point runs with this many seeds (the config's seed, + 1, "
+                       "...); the comparison shows the spread across them.", **own)
+  flags.DEFINE_string("baseline", "", "A run of the sweep (its directory's name) that the "
+                      "comparison takes each run's difference to.", **own)
+  flags.DEFINE_bool("compile_ahead", True, "With train.time_budget: compile every variant first, "
+                    "outside the budgets, so that each trains for the same time.", **own)
 
 
 def parse(argv: list[str]) -> Args:
@@ -91,6 +71,7 @@ def parse(argv: list[str]) -> Args:
 def arguments(f: flags.FlagValues, rest: list[str]) -> Args:
   """The sweep's flags `f` and what it passes on to every run (`rest`), checked."""
   overrides, passthrough, sweeps = [], [], []
+  _load_extensions(f, rest)
   for arg in rest:
     if arg.startswith("--config.") and "=" in arg:
       _known_field(arg[len("--config."):].split("=", 1)[0], arg)
@@ -108,6 +89,9 @@ def arguments(f: flags.FlagValues, rest: list[str]) -> Args:
     if any(field == name for name, _ in sweeps):
       raise UserError(f"{arg}: {field} is swept twice; give all its values in one --sweep")
     sweeps.append((_known_field(field, arg), items))
+  if f.seeds < 1 or (f.seeds > 1 and any(field == "seed" for field, _ in sweeps)):
+    raise UserError(f"--seeds={f.seeds}: must be an integer >= 1, and not with --sweep=seed=... "
+                    "(give the seeds there, or --seeds=N for N of them)")
   for need in ("config", "root"):
     if not f[need].value:
       raise UserError(f"--{need} is missing; {USAGE}")
@@ -121,7 +105,16 @@ def arguments(f: flags.FlagValues, rest: list[str]) -> Args:
   if not f.progress_every_s > 0:
     raise UserError(f"--progress_every_s={f.progress_every_s:g}: must be a number of seconds > 0")
   return Args(config_file, sweeps, Path(f.root).expanduser(), f.parallel, overrides, passthrough,
-              f.progress_every_s)
+              f.progress_every_s, f.seeds, f.compile_ahead, f.baseline)
+
+
+def _load_extensions(f: flags.FlagValues, rest: list[str]) -> None:
+  """The user's code the runs name (--config.extend=..., else the config file's), loaded before
+  the fields are checked: their components' options are fields the sweep may set or sweep."""
+  given = [arg.split("=", 1)[1] for arg in rest if arg.startswith("--config.extend=")]
+  path = loading.find_config(f.config) if f.config else None
+  if given or path:
+    extensions.load(given[-1] if given else loading.load_config(path).extend)
 
 
 def typed(field: str, text: str, default):
@@ -148,13 +141,16 @@ def _name(values: list[tuple[str, str]]) -> str:
 def grid(args: Args) -> list[Point]:
   """Every combination, each config built and validated here, so a bad value stops the sweep
   before any run starts."""
+  from jaxtrain.core import components  # jax's import: only once the arguments are sound
+
   default = loading.flatten(defaults.default_config().to_dict())
   base = loading.load_config(args.config)
   for arg in args.overrides:
     field, text = arg[len("--config."):].split("=", 1)
     loading.override(base, **{field: typed(field, text, default[field])})
+  seeds = [("seed", [str(base.seed + i) for i in range(args.seeds)])] if args.seeds > 1 else []
   points = []
-  for combo in itertools.product(*[[(f, v) for v in vs] for f, vs in args.sweeps]):
+  for combo in itertools.product(*[[(f, v) for v in vs] for f, vs in [*args.sweeps, *seeds]]):
     cfg = base.copy_and_resolve_references()
     values = []
     for field, text in combo:
@@ -163,184 +159,64 @@ def grid(args: Args) -> list[Point]:
       values.append((field, str(value) if isinstance(value, bool) else text))
     name = _name(values)
     cfg.workdir = str(args.root / name)
-    validate.validate(cfg)
+    cfg = components.validate(cfg)  # the components each names too
     points.append(Point(name, values, args.root / name, args.root / "logs" / f"{name}.log",
-                        cfg.train.max_steps))
+                        cfg.train.max_steps, budget=bool(cfg.train.time_budget),
+                        shape_known=cfg.model.size != "auto"))
   if len({p.name for p in points}) < len(points):
     raise UserError("two runs of the sweep would share a directory name; make the values differ")
   return points
 
 
-def done(point: Point) -> bool:
-  """Finished: reached this sweep's max_steps, or ended early by a hook (early stopping)."""
-  if not paths.is_run(point.workdir):
-    return False
-  info = runs.read(point.workdir)
-  step = info.status.get("step", info.step)
-  early = step < info.status.get("max_steps", step)
-  return info.finished and (step >= point.max_steps or early)
-
-
-def core_slots(parallel: int) -> list[list[int]]:
-  """The cores each of `parallel` concurrent runs may use: equal, disjoint shares (runs share
-  cores only when there are more runs at once than cores)."""
-  cores = machine.core_ids()
-  if not cores or parallel == 1:
-    return [cores] * parallel
-  k = max(1, len(cores) // parallel)
-  return [[cores[(j * k + i) % len(cores)] for i in range(k)] for j in range(parallel)]
-
-
-def command(args: Args, point: Point) -> list[str]:
-  return [sys.executable, "-m", "jaxtrain", f"--config={args.config}", *args.overrides,
-          *(f"--config.{f}={v}" for f, v in point.values), f"--config.workdir={point.workdir}",
-          "--config.headless=True", *args.passthrough]
-
-
-def _last_line(path: Path) -> str:
-  try:
-    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-  except OSError:
-    return ""
-  return lines[-1][:300] if lines else ""
-
-
-def progress(point: Point, first: tuple[int, float] | None = None,
-             now: float | None = None) -> tuple[int, str] | None:
-  """(step, "step 120/400, loss 2.3456, 5.1k tok/s, ETA 1m20s") from the run's metrics.jsonl;
-  None before its first train line. The ETA is by the wall-clock rate since `first` (a step and
-  when it was seen), evaluations and saves included."""
-  info = runs.read(point.workdir) if paths.is_run(point.workdir) else None
-  if info is None or not info.train:
+def compile_ahead(args: Args, points: list[Point]) -> Sweep | None:
+  """Under a time budget, each variant's programs compiled into the compile cache before any run
+  is timed: a one-step run of it (no budget) in DIR/.compile/, removed once it ends. Each timed
+  run then finds its compiles cached, as a variant cached by an earlier run would: the budgets
+  train for the same time. None where there is nothing to compile ahead."""
+  timed = [p for p in points if p.budget and not done(p)]
+  unknown = [p.name for p in timed if not p.shape_known]
+  if unknown:
+    print(f"sweep: model.size=auto chooses each run's shape in its own budget, so {', '.join(unknown)}"
+          " cannot be compiled ahead: a variant whose compile is cached trains for longer")
+  variants = {}  # seeds of one point share its programs: one compile for them all
+  for p in timed:
+    if p.shape_known:
+      variants.setdefault(tuple(v for v in p.values if v[0] != "seed"), p)
+  ahead = [Point(p.name, p.values, args.root / COMPILE_DIR / p.name,
+                 args.root / "logs" / f"{p.name}.compile.log", 1,
+                 extra=("--config.train.time_budget=", "--config.train.max_steps=1"))
+           for p in variants.values()]
+  if not ahead or not args.compile_ahead:
+    if ahead:
+      print("sweep: --nocompile_ahead: each timed run compiles in its own budget, and one whose "
+            "compile is cached already trains for longer (jaxtrain-compare says so)")
     return None
-  step, loss, speed = info.train[-1]["step"], info.final("loss"), info.final("tokens_per_sec")
-  line = f"step {step}/{point.max_steps}" + (f", loss {loss:.4f}" if loss is not None else "") + \
-      (f", {fmt.count(speed)} tok/s" if speed else "")
-  now = time.time() if now is None else now
-  if first is not None and step > first[0] and now > first[1] and step < point.max_steps:
-    rate = (step - first[0]) / (now - first[1])
-    line += f", ETA {fmt.duration((point.max_steps - step) / rate)}"
-  return step, line
-
-
-class Sweep:
-  """Launches the grid's runs, `parallel` at a time, and follows them to the end."""
-
-  def __init__(self, args: Args, points: list[Point], print_fn=None):
-    self.args, self.points = args, points
-    self.print = print_fn or functools.partial(print, flush=True)
-    self.slots = core_slots(args.parallel)
-    self.running: dict[int, tuple[Point, subprocess.Popen, float]] = {}  # by slot
-    self.failed: list[str] = []
-    self.stopped: list[str] = []
-    self.ran = 0
-    self.first_seen: dict[str, tuple[int, float]] = {}  # a run's first step that moved, and when
-    self.shown: dict[str, int] = {}  # the step of a run's last progress line
-    self.signal: str | None = None
-
-  def _tag(self, point: Point) -> str:
-    return f"[{self.points.index(point) + 1}/{len(self.points)}] {point.name}"
-
-  def _start(self, point: Point, slot: int) -> None:
-    point.log.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cores = self.slots[slot]
-    if self.args.parallel > 1:
-      # On a GPU each run would take 75% of its memory up front: share it instead.
-      env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / self.args.parallel:.3f}")
-    pin = (lambda: os.sched_setaffinity(0, cores)) if cores and self.args.parallel > 1 else None
-    with open(point.log, "a", encoding="utf-8") as log:
-      log.write(f"$ {' '.join(command(self.args, point))}\n")
-      log.flush()
-      proc = subprocess.Popen(command(self.args, point), stdout=log, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, env=env, preexec_fn=pin)
-    self.running[slot] = (point, proc, time.time())
-    self.ran += 1
-    where = (f" on core {cores[0]}" if len(cores) == 1 else f" on cores {cores[0]}-{cores[-1]}") \
-        if pin else ""
-    self.print(f"{self._tag(point)}: started{where}; log {point.log}")
-
-  def _finish(self, slot: int, code: int) -> None:
-    point, _, t0 = self.running.pop(slot)
-    took = fmt.duration(time.time() - t0)
-    info = runs.read(point.workdir) if paths.is_run(point.workdir) else None
-    if code == 0 and info is not None and info.finished:
-      val = info.final("val_loss")
-      self.print(f"{self._tag(point)}: done in {took}" + (f", val loss {val:.4f}" if val else ""))
-    elif (info is not None and info.state == "stopped") or self.signal:
-      self.stopped.append(point.name)
-      at = f"at step {info.step}" if info is not None else "before its first step"
-      self.print(f"{self._tag(point)}: stopped {at} after {took}; it resumes when the sweep runs "
-                 "again")
-    else:
-      self.failed.append(point.name)
-      self.print(f"{self._tag(point)}: FAILED (exit status {code}) after {took}: "
-                 f"{_last_line(point.log)} (whole log: {point.log})")
-
-  def _progress(self) -> None:
-    """A line a running run whose step moved since its last line (before its first step, its
-    log says what it does: tokenizing, compiling)."""
-    wrap = sys.stdout.isatty()
-    for point, _, t0 in self.running.values():
-      now = time.time()
-      found = progress(point, self.first_seen.get(point.name), now)
-      if found is None or self.shown.get(point.name) == found[0]:
-        continue
-      if point.name in self.shown:  # the step moved while watched: the rate starts here, after
-        self.first_seen.setdefault(point.name, (found[0], now))  # start-up and compiling
-      self.shown[point.name] = found[0]
-      line = f"{self._tag(point)}: {found[1]} ({fmt.duration(now - t0)} so far)"
-      width = shutil.get_terminal_size((100, 24)).columns
-      for part in (textwrap.wrap(line, width, subsequent_indent="    ") if wrap else [line]):
-        self.print(part)
-
-  def _on_signal(self, signum, frame) -> None:
-    name = signal.Signals(signum).name
-    if self.signal is None:
-      self.print(f"\n{name}: stopping the runs (each saves a checkpoint); no new ones start")
-    self.signal = self.signal or name
-    for _, proc, _ in self.running.values():
-      if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-
-  def run(self) -> None:
-    todo = []
-    for point in self.points:
-      if done(point):
-        self.print(f"{self._tag(point)}: finished already, skipped")
-      else:
-        todo.append(point)
-    previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-      last_progress = time.time()
-      while (todo and self.signal is None) or self.running:
-        for slot in range(self.args.parallel):
-          if slot not in self.running and todo and self.signal is None:
-            self._start(todo.pop(0), slot)
-        time.sleep(0.2)
-        for slot, (_, proc, _) in list(self.running.items()):
-          if proc.poll() is not None:
-            self._finish(slot, proc.returncode)
-        if time.time() - last_progress >= self.args.progress_every_s and self.running:
-          last_progress = time.time()
-          self._progress()
-    finally:
-      for s, handler in previous.items():
-        signal.signal(s, handler)
+  print(f"sweep: compiling the {len(ahead)} variant(s) first, outside their budgets (a one-step "
+        f"run each, in {args.root / COMPILE_DIR}): each timed run then finds its compiles "
+        "cached, so every budget trains for the same time")
+  sweep = Sweep(args, ahead)
+  sweep.run()
+  shutil.rmtree(args.root / COMPILE_DIR, ignore_errors=True)
+  return sweep
 
 
 def run(rest: list[str]) -> None:
   t0 = time.time()
   args = arguments(flags.FLAGS, rest)
   points = grid(args)
-  print(f"sweep: {len(points)} runs in {args.root} ({' x '.join(f'{f} {len(v)}' for f, v in args.sweeps)})"
-        f", {args.parallel} at a time")
+  print(f"sweep: {len(points)} runs in {args.root} ({' x '.join(f'{f} {len(v)}' for f, v in args.sweeps)}"
+        f"{f' x {args.seeds} seeds' if args.seeds > 1 else ''}), {args.parallel} at a time")
+  warm = compile_ahead(args, points)
+  if warm is not None and (warm.signal or warm.failed):
+    print(f"sweep: {'stopped' if warm.signal else 'a variant failed to compile'} before any "
+          "timed run; run the same command again" + (" once it is fixed" if warm.failed else ""))
+    sys.exit(130 if warm.signal == "SIGINT" else 143 if warm.signal else 1)
   sweep = Sweep(args, points)
   sweep.run()
   existing = [str(p.workdir) for p in points if paths.is_run(p.workdir)]
   if existing:
     print()
-    compare.compare(existing, args.root)
+    compare.compare(existing, args.root, baseline=args.baseline or None)
   print(f"sweep: ran {sweep.ran}, skipped {len(points) - sweep.ran}, failed {len(sweep.failed)}"
         f" in {fmt.duration(time.time() - t0)}" + (f" (failed: {', '.join(sweep.failed)})"
                                                    if sweep.failed else ""))

@@ -42,6 +42,9 @@ class RunResult:
   exit_code: int = 0  # the command's: 128 + the signal's number where one stopped it (130, 141, 143)
   max_steps: int | None = None  # the run's last step: train.max_steps, or a time budget's end
   end_left: bool = False  # stopped at its last step before its last evaluation: a restart makes it
+  # Seconds this leg spent compiling before its first step (with a time budget, measuring too):
+  # time a budget does not train, which a compile cached by an earlier run saves.
+  compile_s: float | None = None
 
 
 class Hook:

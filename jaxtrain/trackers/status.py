@@ -2,7 +2,8 @@
 date, for compare and sweep to read, and what a `running` status left behind means.
 
 The file names the process that writes it (PID, host, start time), the wall time of the run's
-commands so far (`wall_s`: every leg's, start-up included) and the last step it logged or
+commands so far (`wall_s`: every leg's, start-up included; `compile_s`, every finished leg's
+compiles before its first step) and the last step it logged or
 evaluated, so that a process ended without a word (SIGKILL, the out-of-memory killer) leaves a
 status that says how far it got: the next start of the run, and compare, find it `running` with
 its process gone, and call it killed."""
@@ -40,6 +41,7 @@ class Status(Hook):
     self.info: dict = {}
     self.checkpoint_every, self.written = 1, 0.0
     self.wall_before, self.t_start = 0.0, 0.0  # the earlier legs' wall time; this leg's start
+    self.compile_before = 0.0  # the earlier legs' compile seconds
 
   def on_start(self, run: RunView, step: int) -> None:
     self.path = Path(run.workdir) / paths.STATUS_FILE
@@ -51,6 +53,8 @@ class Status(Hook):
                  "started": time.time(), "pid": os.getpid(), "host": socket.gethostname()}
     wall = previous.get("wall_s")  # to its last write, for a leg that was killed
     self.wall_before = wall if isinstance(wall, int | float) else 0.0
+    compiled = previous.get("compile_s")
+    self.compile_before = compiled if isinstance(compiled, int | float) else 0.0
     self.t_start = run.t_start or time.time()
     self._write()
     self.checkpoint_every, self.written = run.cfg.train.checkpoint_every, time.monotonic()
@@ -85,6 +89,8 @@ class Status(Hook):
       unfinished = result.stopped_by and (result.step < self.info["max_steps"] or result.end_left)
       self.info.update(state="stopped" if unfinished else "finished", step=result.step,
                        stopped_by=result.stopped_by, end_left=result.end_left)
+      if result.compile_s is not None:  # every leg's (compare warns where runs' differ)
+        self.info["compile_s"] = round(self.compile_before + result.compile_s, 3)
     self.info["ended"] = time.time()
     self._write()
 
