@@ -67,6 +67,10 @@ def test_a_value_without_a_mapping_is_refused_by_name():
   for target in ("hf", "gguf"):
     with pytest.raises(UserError, match=r"no (llama\.cpp )?architecture computes model\.pos=alibi"):
       targets.choose(target, {**fields, "pos": "alibi"})
+    # An extension's attention, block or whole model (examples/extend/window.py's "window")
+    for field in ("attention_variant", "block", "arch"):
+      with pytest.raises(UserError, match=rf"architecture computes model\.{field}=window"):
+        targets.choose(target, {**fields, field: "window"})
   with pytest.raises(UserError, match=r"model\.canon=4, model\.mlp=relu2, model\.x0_mix=True "
                                       r"\(the nearest, qwen3, lacks them\)"):
     targets.choose("gguf", {**fields, "canon": 4, "x0_mix": True, "mlp": "relu2", "qk_norm": True})

@@ -88,7 +88,8 @@ def blockers(c: ModelConfig) -> list[str]:
 def architecture(c: ModelConfig) -> str:
   """LLAMA or GPT2 where one computes what `c` does; else CUSTOM, jaxtrain's own modeling file
   (the table of targets.py)."""
-  return targets.choose("hf", dataclasses.asdict(c))
+  # (an extension component's options are not fields: its name is a value no architecture takes)
+  return targets.choose("hf", {k: v for k, v in dataclasses.asdict(c).items() if k != "options"})
 
 
 def hf_config(c: ModelConfig, eos_id: int | None, bos_id: int | None = None) -> dict:

@@ -23,12 +23,15 @@ MHA = "n_kv_heads=0 or n_heads"  # n_kv_heads' values for an architecture withou
 ANY_GROUPS = "any n_kv_heads"
 BOTH = (False, True)
 
+# The built-in components' names (core/registry.py): an extension's attention, block or whole
+# model is a value no target takes.
+_BUILT_IN = {"attention_variant": ("causal",), "block": ("prenorm",), "arch": ("gpt",)}
 # doc_mask: the exported model sees one document per prompt, as jaxtrain's generation does (a
 # prompt holding an end-of-text token mid-way is masked by jaxtrain's own class only).
-_LLAMA = {"norm": ("rmsnorm",), "pos": ("rope",), "mlp": ("swiglu",), "tie_embeddings": BOTH,
+_LLAMA = {**_BUILT_IN, "norm": ("rmsnorm",), "pos": ("rope",), "mlp": ("swiglu",), "tie_embeddings": BOTH,
           "n_kv_heads": ANY_GROUPS, "qk_norm": (False,), "doc_mask": BOTH, "x0_mix": (False,),
           "canon": (0,)}
-_GPT2 = {"norm": ("layernorm",), "pos": ("learned",), "mlp": ("gelu",), "tie_embeddings": BOTH,
+_GPT2 = {**_BUILT_IN, "norm": ("layernorm",), "pos": ("learned",), "mlp": ("gelu",), "tie_embeddings": BOTH,
          "n_kv_heads": MHA, "qk_norm": (False,), "doc_mask": BOTH, "x0_mix": (False,),
          "canon": (0,)}
 ARCHITECTURES = {
@@ -36,7 +39,7 @@ ARCHITECTURES = {
         "LlamaForCausalLM": _LLAMA,
         "GPT2LMHeadModel": _GPT2,
         # hf_modeling.py: every built-in switch, computed as jaxtrain computes it
-        "JaxtrainForCausalLM": {"norm": ("rmsnorm", "layernorm"), "pos": ("rope", "learned"),
+        "JaxtrainForCausalLM": {**_BUILT_IN, "norm": ("rmsnorm", "layernorm"), "pos": ("rope", "learned"),
                                 "mlp": ("swiglu", "gelu", "relu2"), "tie_embeddings": BOTH,
                                 "n_kv_heads": ANY_GROUPS, "qk_norm": BOTH, "doc_mask": BOTH,
                                 "x0_mix": BOTH, "canon": "any canon"},

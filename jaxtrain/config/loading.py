@@ -179,7 +179,8 @@ HARMLESS = (
     "model.remat", "model.loss_chunk", "model.fused_loss",
     "optim.schedule", "optim.lr", "optim.min_lr_ratio", "optim.decay_fraction", "optim.matrix_lr",
     "optim.momentum", "optim.muon_ns_steps", "optim.warmup_steps", "optim.decay_steps",
-    "optim.weight_decay", "optim.z_loss", "optim.clip_norm", "optim.b1", "optim.b2", "optim.eps",
+    "optim.weight_decay", "optim.z_loss", "optim.loss_term", "optim.clip_norm", "optim.b1",
+    "optim.b2", "optim.eps",
 )
 
 
