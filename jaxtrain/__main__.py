@@ -5,10 +5,10 @@ import shlex
 import sys
 import textwrap
 
-from jaxtrain.system import allocator, exiting, invocation, signals
+from jaxtrain.system import exiting, invocation, signals, startup
 
 if __name__ == "__main__":
-  allocator.reexec()  # first of all: the allocator is chosen when a process starts
+  startup.reexec()  # first of all: the allocator is chosen when a process starts
   exiting.install()
   exiting.quiet_broken_pipe()
 
