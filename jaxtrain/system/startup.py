@@ -1,8 +1,8 @@
 """How this process starts, decided in one place and recorded: the platform jax runs on, how many
 processes the run has, how many XLA devices the CPU becomes, the allocator and the XLA flags
 jaxtrain adds, each with what chose it (`Decision`; `decision()` is the process's record). Every
-entry point asks here: `python -m jaxtrain` (`reexec` before anything is imported, then its run's
-`settle`), `import jaxtrain` (`early`), a run from a notebook or a script (`settle`), the speed
+entry point asks here: `python -m jaxtrain` (`reexec`, as the package is imported, then its
+run's `settle`), `import jaxtrain` (`early`), a run from a notebook or a script (`settle`), the speed
 probe's own process and the benchmarks (`settle`).
 
 jax fixes the CPU's device count, and XLA reads XLA_FLAGS, when the backend starts: `settle`
@@ -410,5 +410,6 @@ def restart_environment(environ: dict | None = None, argv: list[str] | None = No
 
 
 def reexec() -> None:
-  """First of all in `python -m jaxtrain`: the process restarted under `restart_environment()`."""
+  """First of all in `python -m jaxtrain` (and the `jaxtrain` script), as the package is imported:
+  the process restarted under `restart_environment()`; elsewhere nothing."""
   allocator.reexec(restart_environment() if allocator.started_as_cli() else None)
