@@ -55,7 +55,7 @@ class StepWorker:
       runtime.enable_compile_cache()
     else:  # a cache hit would time reading a file, not compiling
       jax.config.update("jax_enable_compilation_cache", False)
-    startup.check_platform()  # a platform that cannot start fails here, with a one-line reason
+    runtime.check_platform(startup.cuda_installed())  # a platform that cannot start fails here
     self.devices = startup.devices()
 
   def device_info(self, dtypes: list[str]) -> dict:

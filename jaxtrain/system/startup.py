@@ -26,7 +26,6 @@ import sys
 from typing import TYPE_CHECKING
 
 from jaxtrain.system import allocator, invocation, machine
-from jaxtrain.system.errors import UserError, first_line
 
 if TYPE_CHECKING:
   import ml_collections
@@ -39,9 +38,8 @@ DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 # A CPU collective waits this long for another process before it fails (gloo's own wait is far
 # longer): a dead peer's connection does not always break (XLA:CPU's collectives over several
 # devices of each process wait for it silently), and the survivor must stop with its own line
-# before jax's heartbeat (HEARTBEAT_GRACE_S later) ends it with pages of C++.
+# before jax's heartbeat (runtime.HEARTBEAT_GRACE_S later) ends it with pages of C++.
 COLLECTIVE_TIMEOUT = "--xla_cpu_collective_timeout_seconds"
-HEARTBEAT_GRACE_S = 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,29 +115,6 @@ def platform(environ: dict | None = None, argv: list[str] | None = None) -> tupl
   return "cpu", "no accelerator plugin installed"
 
 
-_NO_CUDA = ("this jax has no working CUDA backend{why}; install one with `pip install -e "
-            "'.[cuda12]'` (or '.[cuda13]'; needs an NVIDIA driver), or pass --jax_platforms=cpu")
-
-
-def check_platform() -> str:
-  """Starts the backend, so that a missing one fails here with a fix, not deep inside a step;
-  returns the platform it started ("cpu", "gpu", ...)."""
-  import jax
-
-  wanted = jax.config.jax_platforms or ""
-  wants_gpu = any(p in wanted for p in ("cuda", "gpu"))
-  if wants_gpu and not (cuda_installed() or importlib.util.find_spec("jaxlib.cuda")):
-    raise UserError(f"--jax_platforms={wanted}: " + _NO_CUDA.format(why=" (no CUDA plugin installed)"))
-  try:
-    return jax.devices()[0].platform
-  except Exception as e:  # jax raises RuntimeError or AssertionError depending on the platform
-    first = first_line(e)[:160]
-    if wants_gpu:
-      raise UserError(f"--jax_platforms={wanted}: " + _NO_CUDA.format(why=f" ({first})")) from None
-    raise UserError(f"jax could not start {wanted or 'its default platform'} ({first}); "
-                    "pass --jax_platforms=cpu") from None
-
-
 # ---- processes -------------------------------------------------------------------------------
 
 
@@ -157,27 +132,6 @@ def planned_processes(distributed: ml_collections.ConfigDict) -> tuple[int, str]
 def joins(distributed: ml_collections.ConfigDict) -> bool:
   """Whether a run of `distributed` joins other processes (jax.distributed)."""
   return bool(distributed.coordinator_address) or planned_processes(distributed)[0] > 1
-
-
-def join(distributed: ml_collections.ConfigDict) -> None:
-  """Joins a multi-process run: explicit `distributed.*` fields, or Slurm's environment (srun)."""
-  import jax
-
-  try:
-    # The heartbeat timeout bounds how long a survivor stays blocked on a vanished process (jax
-    # then ends it); a collective that fails ends it at once (peers.py). jax's preemption notifier
-    # takes SIGTERM over until the loop's own handler: a SIGTERM raised on one process while
-    # another waits in a collective would hang both. Unset fields (None): from the environment.
-    pid = distributed.process_id
-    jax.distributed.initialize(coordinator_address=distributed.coordinator_address or None,
-                               num_processes=distributed.num_processes or None,
-                               process_id=pid if pid >= 0 else None,
-                               initialization_timeout=distributed.timeout_s,
-                               heartbeat_timeout_seconds=distributed.timeout_s + HEARTBEAT_GRACE_S)
-  except Exception as e:
-    raise UserError(f"joining the multi-process run failed ({first_line(e)[:200]}); check "
-                    "distributed.coordinator_address (host:port of process 0, reachable from every "
-                    "process), distributed.num_processes and distributed.process_id") from None
 
 
 # ---- the CPU's devices -----------------------------------------------------------------------
@@ -339,11 +293,13 @@ def settle(cfg: ml_collections.ConfigDict, by: str | None = None) -> Decision:
   processes, processes_from = planned_processes(cfg.distributed)
   split = _split(cfg, before.ours if before else 0) if name == "cpu" else {}
   flags = _set_flags(_flags_for(cfg.distributed), before.xla_flags if before else ())
-  import jax
+  import jax  # here, and jax's plumbing: `import jaxtrain` imports neither
+
+  from jaxtrain.system import runtime
 
   if joins(cfg.distributed) and not jax.distributed.is_initialized():  # once a process
-    join(cfg.distributed)
-  started = check_platform()
+    runtime.init_distributed(cfg.distributed)
+  started = runtime.check_platform(cuda_installed())
   notes = list(split.get("notes", ()))
   if started == "cpu":
     notes.append(allocator.lost_note())
