@@ -235,6 +235,7 @@ def on_host(arrays: dict) -> bool:
 def survey(arrays: dict) -> tuple[bool, dict[str, int]]:
   """(whether every param is finite, {array path: digest}) of a state's arrays: numpy where
   `on_host`, else one program (a collective when they span processes)."""
+  arrays = jax.tree.map(jnp.asarray, arrays)  # a Python number among them: as the program sees it
   if on_host(arrays):
     finite = all(bool(np.isfinite(np.asarray(x)).all()) for x in jax.tree.leaves(arrays["params"]))
     digests = jax.tree.map(lambda x: host_digest(np.asarray(x)), arrays)
