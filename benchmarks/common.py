@@ -118,9 +118,9 @@ def pin_cores(threads: int) -> None:
 def jaxtrain_environment() -> dict:
   """The variables `python -m jaxtrain` sets for itself when it starts (mimalloc preloaded, huge
   pages: jaxtrain/system/allocator.py) that this process does not have yet."""
-  from jaxtrain.system import allocator
+  from jaxtrain.system import startup
 
-  env = allocator.environment(argv=["--jax_platforms=cpu"]) or {}  # the workers' platform
+  env = startup.restart_environment(argv=["--jax_platforms=cpu"]) or {}  # the workers' platform
   return {k: v for k, v in env.items() if os.environ.get(k) != v}
 
 

@@ -5,7 +5,7 @@ alternative, then whole `python -m jaxtrain` runs.
     python benchmarks/cpu_policy.py --rounds=6 --round-s=3 --runs=2 \\
         --data=/path/to/tinyshakespeare.txt
 
-Steps: per case, one worker process set up as a run of its config is (`cpu.split_cpu`), the step
+Steps: per case, one worker process set up as a run of its config is (`startup.settle`), the step
 compiled once per variant (`programs.build` with the variant's compile options; "policy" is
 what the run would get here), timed in --rounds rounds of about --round-s seconds per variant in
 rotating order; a change is the median over rounds of variant / the case's first variant.
@@ -84,23 +84,25 @@ class PolicySteps:
 
   def __init__(self, name: str, best: dict):
     os.environ["JAX_PLATFORMS"] = "cpu"
-    import jax
     import numpy as np
 
     import jaxtrain as jt
     from jaxtrain.core import cpu
+    from jaxtrain.system import startup
 
     path, overrides, vocab, variants = CASES[name]
     cfg = jt.load_config(str(ROOT / path), **{"train.grad_accum": 1, **overrides})
-    cpu.split_cpu(cfg)
+    startup.settle(cfg, by="benchmarks/cpu_policy.py")
+    devices = startup.devices()
     rng = np.random.default_rng(0)
-    self.runs, self.info = {}, {"devices": len(jax.devices()), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    self.runs, self.info = {}, {"devices": len(devices), "xla_flags": os.environ.get("XLA_FLAGS", ""),
                                 "variants": {}}
     for variant, (dtype, extra, *over) in variants.items():
       vcfg = jt.override(cfg.copy_and_resolve_references(), **{"model.dtype": dtype, **dict(*over)})
-      policy = cpu.cpu_step_options(cpu.step_flops(vcfg), os.environ.get("XLA_FLAGS", ""), dtype)
+      policy = cpu.cpu_step_options(cpu.step_flops(vcfg), os.environ.get("XLA_FLAGS", ""), dtype,
+                                    devices=len(devices))
       options = options_of(policy, extra, best)
-      programs = jt.build(vcfg, vocab, jax.devices(), compiler_options=options)
+      programs = jt.build(vcfg, vocab, devices, compiler_options=options)
       step = programs.compile_train()
       batches = [programs.place({"tokens": rng.integers(0, vocab, programs.batch_shape).astype(np.int32)})
                  for _ in range(2)]
@@ -252,8 +254,7 @@ def markdown(report: dict) -> str:
   lines += [reports.markdown_table(["case", "step", "variant", "compile options", "ms/step", "tokens/s "
                                     "(vs first variant, median of rounds)", "range over rounds",
                                     "first loss", "others' CPU %"], rows), "",
-            "policy: the options `cpu_step_options` gives this step on this CPU (XLA_FLAGS as "
-            "`split_cpu` left it: "
+            "policy: the options `cpu_step_options` gives this step on this CPU (the worker's XLA_FLAGS: "
             + ", ".join(f"{c}: `{i['xla_flags']}`" for c, i in report["steps"].items())
             + "). others' CPU %: the share of the whole machine other processes used while the "
             "variant ran (50: one of 2 cores).", ""]

@@ -6,7 +6,7 @@
 Every (platform, config) row runs in a fresh worker process with JAX_PLATFORMS set to that
 platform, so its peak host memory (ru_maxrss) and peak device memory are its own. A row builds
 its steps as `python -m jaxtrain` does (`jaxtrain.core.programs.build`; on the CPU, the cores split
-into XLA devices by `jaxtrain.core.cpu.split_cpu`; on a GPU, one device), then times: the trace +
+into XLA devices by `jaxtrain.system.startup.settle`; on a GPU, one device), then times: the trace +
 lower + compile of the train step (the persistent compile cache off unless --compile-cache),
 warm-up steps, then the median of the timed steps. Batches are random int32 tokens [B, T+1]:
 no corpus is read. grad_accum is forced to 1, so one step is one micro-batch of the config's
@@ -34,7 +34,7 @@ import reports  # noqa: E402
 import step_worker as sw  # noqa: E402
 from reports import log  # noqa: E402
 
-from jaxtrain.system.allocator import cuda_installed  # noqa: E402
+from jaxtrain.system.startup import cuda_installed  # noqa: E402
 
 NAME = "cpu_vs_gpu"
 DEFAULT_CONFIGS = ("nano", "small")

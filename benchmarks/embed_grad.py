@@ -3,7 +3,7 @@ the train step before and after, and the embedding's gradient alone for three wa
 
     python benchmarks/embed_grad.py --rounds=15 --round-s=2
 
-Train steps: each config's step as `python -m jaxtrain` builds it (`cpu.split_cpu`, then
+Train steps: each config's step as `python -m jaxtrain` builds it (`startup.settle`, then
 `programs.build`), compiled three ways in one worker process: "after" is the code as it is;
 "before" has the lookup, loss and head as they were (nnx.Embed's lookup: the whole table cast to
 the compute dtype and jnp.take's gradient in it; optax's cross-entropy; logits rounded to the
@@ -77,21 +77,20 @@ class StepVariants:
   """In a worker: one config's train step compiled as each of VARIANTS, each with its own state."""
 
   def __init__(self, name: str):
-    import jax
     import numpy as np
 
     import jaxtrain as jt
-    from jaxtrain.core import cpu
+    from jaxtrain.system import startup
 
     path, overrides, vocab = STEPS[name]
     cfg = jt.load_config(str(ROOT / path), **overrides) if path else \
         jt.override(jt.default_config(), **{"model.vocab_size": vocab, **overrides})
-    cpu.split_cpu(cfg)
+    startup.settle(cfg, by="benchmarks/embed_grad.py")
     rng = np.random.default_rng(0)
     self.runs, self.info = {}, {}
     for variant in VARIANTS:
       with variant_of(variant):
-        programs = jt.build(cfg, vocab, jax.devices())
+        programs = jt.build(cfg, vocab, startup.devices())
         step = programs.compile_train()
       batches = [programs.place({"tokens": rng.integers(0, vocab, programs.batch_shape).astype(np.int32)})
                  for _ in range(2)]
@@ -106,7 +105,7 @@ class StepVariants:
     c = programs.model_cfg
     self.info |= {"model": f"{c.n_layers} x {c.d_model}, vocab {c.vocab_size}, {c.dtype}, "
                            f"batch {programs.batch_shape[0]} x {c.seq_len}",
-                  "devices": len(jax.devices())}
+                  "devices": len(startup.devices())}
 
   def describe(self) -> dict:
     return self.info

@@ -36,16 +36,15 @@ def _programs(args):
   import numpy as np
 
   import jaxtrain as jt
-  from jaxtrain.core import cpu
-  from jaxtrain.system import runtime
+  from jaxtrain.system import runtime, startup
 
   runtime.enable_compile_cache()  # as a run does: a second run of this script skips the compiles
   built = {}
   for mode, group_stats, every in MODES:
     cfg = jt.load_config(args.config, **{"log.group_stats": group_stats})
     cfg.train.log_every = every or cfg.train.log_every
-    cpu.split_cpu(cfg)  # as a run does, before the backend starts (later calls leave it)
-    programs = jt.build(cfg, cfg.model.vocab_size or 256, jax.devices())
+    startup.settle(cfg, by="benchmarks/group_stats.py")  # as a run does (later ones keep it)
+    programs = jt.build(cfg, cfg.model.vocab_size or 256, startup.devices())
     rng = np.random.default_rng(0)
     batches = [programs.place({"tokens": rng.integers(0, 256, programs.batch_shape).astype(np.int32)})
                for _ in range(4)]

@@ -223,8 +223,8 @@ def markdown(report: dict) -> str:
       + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
       "- jaxtrain with its own CPU setup per shape: "
       + "; ".join(f"{r['shape']['name']}: {r['frameworks']['jax']['cpu_devices']} XLA CPU devices"
-                  + (", single-threaded matmuls" if "multi_thread_eigen=false"
-                     in r["frameworks"]["jax"]["xla_flags"] else "")
+                  + (", single-threaded matmuls" if r["frameworks"]["jax"].get(
+                     "step_compiler_options", {}).get("xla_cpu_multi_thread_eigen") is False else "")
                   + (", no YNNPACK fusions" if "xla_cpu_experimental_ynn_fusion_type" in
                      r["frameworks"]["jax"].get("step_compiler_options", {}) else "")
                   + (", gradients all-reduced at once" if r["frameworks"]["jax"].get(

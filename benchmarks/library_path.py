@@ -34,7 +34,7 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 import common  # noqa: E402  (after the path above)
 import reports  # noqa: E402
 
-from jaxtrain.system import allocator, fmt  # noqa: E402
+from jaxtrain.system import fmt  # noqa: E402
 from jaxtrain.tools import runs  # noqa: E402
 
 MODES = ("cli", "script", "script_jax_first", "notebook")
@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
   out = args.out or reports.results_dir(f"library-path-{reports.cpu_tag(machine)}")
   loadavg_before = os.getloadavg()
   scratch = Path(tempfile.mkdtemp(prefix="jaxtrain-library-path-"))
-  # Each process as a user starts it: not with the CPU split this one's `import jaxtrain` made.
-  env = {k: v for k, v in os.environ.items() if k not in ("JAX_NUM_CPU_DEVICES", allocator.SPLIT)}
+  # Each process as a user starts it: no CPU device count of this one's own.
+  env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
   env.update(PYTHONUNBUFFERED="1", JAXTRAIN_CACHE=str(scratch / "cache"),
              PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
   try:

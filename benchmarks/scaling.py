@@ -4,7 +4,7 @@
   python benchmarks/scaling.py --platforms=cuda        # real GPUs: 1, 2, 4, ... up to all of them
 
 Each (device count, config) runs in a fresh worker process; on the CPU it splits the machine into
-that many virtual devices as a run with mesh.cpu_devices=N does (jaxtrain.core.cpu.split_cpu,
+that many virtual devices as a run with mesh.cpu_devices=N does (jaxtrain.system.startup.settle,
 before jax starts). The mesh (data=N or fsdp=N), the init, the jitted step and the global batch
 come from jaxtrain.core.programs.build, as in `python -m jaxtrain`. The global batch is the same for
 every N, so each device gets batch/N rows, and every row trains on the same random-token batches
@@ -27,7 +27,7 @@ import reports  # noqa: E402
 import step_worker as sw  # noqa: E402
 from reports import log  # noqa: E402
 
-from jaxtrain.system.allocator import cuda_installed  # noqa: E402
+from jaxtrain.system.startup import cuda_installed  # noqa: E402
 
 NAME = "scaling"
 MODES = {"dp": lambda n: {"mesh.data": n, "mesh.fsdp": 1},
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     for platform in args.platforms:
       if platform == "cpu":
         counts = device_counts(args.devices or [1, 2, 4], None)
-        note = (f"virtual devices (mesh.cpu_devices=N, set up by jaxtrain.core.cpu.split_cpu) "
+        note = (f"virtual devices (mesh.cpu_devices=N, set up by jaxtrain.system.startup.settle) "
                 f"sharing this machine's {machine['cores_available']} cores: no real speedup is "
                 "expected, the table shows the overhead of sharding (a gain over 1 device only "
                 "means that one device's ops did not keep every core busy)")

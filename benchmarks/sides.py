@@ -16,19 +16,18 @@ SEED = 0
 
 class JaxSide:
   """jaxtrain as a run of `shape` uses it: the CPU set up by jaxtrain's own rules
-  (`cpu.split_cpu`: cores split into XLA devices, matmul threading) and the steps
+  (`startup.settle`: cores split into XLA devices) and the steps
   `programs.build` makes, the state donated. One worker per shape: those rules are process-wide
   and must be applied before jax starts its backend."""
 
   def __init__(self, threads: int, shape: common.Shape, cpu_devices: int):
     common.pin_cores(threads)
     os.environ["JAX_PLATFORMS"] = "cpu"
-    from jaxtrain.core import cpu
-    from jaxtrain.system import runtime
+    from jaxtrain.system import runtime, startup
 
     cfg = common.gpt2_config(shape)
     cfg.mesh.cpu_devices = cpu_devices  # 0: jaxtrain's automatic choice
-    cpu.split_cpu(cfg)
+    startup.settle(cfg, by="benchmarks/sides.py")
     runtime.enable_compile_cache()
 
   def peak(self, n: int, repeats: int) -> dict:

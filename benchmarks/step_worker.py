@@ -3,7 +3,7 @@ measurement of one row with it: compile, warm-up, timed steps, memory. cpu_vs_gp
 scaling.py build their rows from these.
 
 The worker builds its steps as `python -m jaxtrain` does (`jaxtrain.core.programs.build`; on the
-CPU, the cores split into XLA devices by `jaxtrain.core.cpu.split_cpu`) and trains on random int32
+CPU, the cores split into XLA devices by `jaxtrain.system.startup.settle`) and trains on random int32
 tokens [B, T+1]: no corpus is read.
 """
 
@@ -38,7 +38,7 @@ class StepWorker:
   jaxtrain` builds it, in a worker process of its own.
 
   Given a config, the process sets up its CPU by jaxtrain's rule for that config
-  (`cpu.split_cpu`: how many XLA devices, single-threaded matmuls for small steps). That has
+  (`startup.settle`: how many XLA devices). That has
   to happen before jax starts its backend, hence here, first thing in a fresh process.
   """
 
@@ -47,17 +47,16 @@ class StepWorker:
     os.environ["JAX_PLATFORMS"] = platform
     import jax
 
-    from jaxtrain.core import cpu
-    from jaxtrain.system import runtime
+    from jaxtrain.system import runtime, startup
 
     if config_path:
-      cpu.split_cpu(load(config_path, overrides or {}))
+      startup.settle(load(config_path, overrides or {}), by="benchmarks/step_worker.py")
     if compile_cache:
       runtime.enable_compile_cache()
     else:  # a cache hit would time reading a file, not compiling
       jax.config.update("jax_enable_compilation_cache", False)
-    runtime.check_platform()  # a platform that cannot start fails here, with a one-line reason
-    self.devices = jax.devices()
+    runtime.check_platform(startup.cuda_installed())  # a platform that cannot start fails here
+    self.devices = startup.devices()
 
   def device_info(self, dtypes: list[str]) -> dict:
     import jax
@@ -188,8 +187,8 @@ def programs_line(info: dict) -> str:
   """What `programs.build` chose for a row: XLA options, one all-reduce, threading."""
   return (f"XLA options {info['compiler_options'] or 'none'}"
           + ("; gradients all-reduced as one buffer" if info["one_allreduce"] else "")
-          + ("; single-threaded matmuls" if "multi_thread_eigen=false" in info["xla_flags"]
-             else ""))
+          + ("; single-threaded matmuls" if info["compiler_options"].get("xla_cpu_multi_thread_eigen")
+             is False else ""))
 
 
 def measure(worker: common.Worker, setup: dict, steps: int, warmup: int,

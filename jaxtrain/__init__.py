@@ -27,13 +27,14 @@ Attributes load on first use, so `import jaxtrain` stays fast. Where things live
 
 import importlib
 
-from jaxtrain.system import allocator, stack
+from jaxtrain.system import stack, startup
 
 __version__ = "0.1.0"
 
+startup.reexec()  # first of all in `python -m jaxtrain`: its allocator is chosen when it starts
 stack.check()  # a flax too old for the installed jax: one line naming the fix, not flax's traceback
-allocator.split_early()  # before jax starts, in a notebook or script: the CPU's devices, as the CLI's
-del allocator, stack  # the public names are _EXPORTS'
+startup.early()  # before jax starts, in a notebook or script: the CPU's devices, as the CLI's
+del stack, startup  # the public names are _EXPORTS'
 
 _EXPORTS = {
     # configs

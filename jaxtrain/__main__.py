@@ -5,10 +5,9 @@ import shlex
 import sys
 import textwrap
 
-from jaxtrain.system import allocator, exiting, invocation, signals
+from jaxtrain.system import exiting, invocation, signals
 
-if __name__ == "__main__":
-  allocator.reexec()  # first of all: the allocator is chosen when a process starts
+if __name__ == "__main__":  # restarted under its allocator already (jaxtrain/__init__.py)
   exiting.install()
   exiting.quiet_broken_pipe()
 

@@ -33,6 +33,7 @@ def test_cpu_policy_records_the_cpu_kind_and_each_variants_speed(tmp_path):
   assert report["cpu_kind"]["name"] == cpu.cpu_kind().name
   variants = report["steps"]["nano"]["variants"]
   nano = cpu.step_flops(loading.load_config(str(ROOT / "configs" / "nano.py")))
-  assert variants["f32 policy"]["options"] == cpu.cpu_step_options(nano)
+  assert variants["f32 policy"]["options"] == \
+      cpu.cpu_step_options(nano, devices=report["steps"]["nano"]["devices"])
   assert variants["f32 multi-threaded Eigen"]["options"]["xla_cpu_multi_thread_eigen"] is True
   assert all(v["tokens_per_s"] > 0 for v in variants.values())

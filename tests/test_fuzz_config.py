@@ -29,6 +29,7 @@ from jaxtrain.core import components, cpu, mesh, optim, programs, registry
 from jaxtrain.core import model as model_lib
 from jaxtrain.data import tokenizer
 from jaxtrain.measure import estimate
+from jaxtrain.system import startup
 from jaxtrain.system.errors import ConfigError, UserError
 from jaxtrain.testing import tiny_config
 
@@ -132,7 +133,7 @@ def _alarm(signum, frame):
 def reads_before_compile(cfg: ml_collections.ConfigDict) -> None:
   """What a run does with its config before the first compile, less files and data (a random
   path could name anything on this machine, "/" included: those run in subprocesses below)."""
-  cpu.cpu_device_count(cfg, cores=2)
+  startup.cpu_device_count(cfg, cores=2)
   cpu.step_flops(cfg)
   devices = jax.devices()[:1]
   mesh.check_devices(cfg.mesh, cfg.train.batch_size, devices, cfg.model.dtype)

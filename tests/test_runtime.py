@@ -1,4 +1,5 @@
-"""Process setup on CPU: how many XLA devices, and which XLA options the steps compile with."""
+"""How a process starts (system/startup.py: the platform, the CPU's XLA devices, the processes, the
+allocator, XLA's flags) and which XLA options CPU steps compile with (core/cpu.py)."""
 
 import json
 import os
@@ -13,7 +14,7 @@ from test_cli import TINY
 
 from jaxtrain.config import loading
 from jaxtrain.core import cpu, programs
-from jaxtrain.system import machine, measured
+from jaxtrain.system import allocator, machine, measured, startup
 from jaxtrain.testing import tiny_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -22,31 +23,36 @@ NO_YNN = {"xla_cpu_experimental_ynn_fusion_type": ""}
 LEAN = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
 
 
+def count(cfg, cores: int) -> int:
+  return startup.cpu_device_count(cfg, cores)[0]
+
+
 def test_cores_become_devices_that_split_the_batch_evenly():
   nano = loading.load_config(NANO)  # batch 16
-  assert cpu.cpu_device_count(nano, cores=2) == 2
-  assert cpu.cpu_device_count(nano, cores=3) == 2  # 16 rows do not split 3 ways
+  assert startup.cpu_device_count(nano, cores=2) == (2, "auto: 2 cores, 16 rows of the batch")
+  assert count(nano, cores=3) == 2  # 16 rows do not split 3 ways
   odd = tiny_config(**{"train.batch_size": 3})
-  assert cpu.cpu_device_count(odd, cores=2) == 1
-  assert cpu.cpu_device_count(tiny_config(**{"mesh.cpu_devices": 4}), cores=2) == 4
+  assert count(odd, cores=2) == 1
+  assert startup.cpu_device_count(tiny_config(**{"mesh.cpu_devices": 4}), cores=2) == \
+      (4, "mesh.cpu_devices=4")
 
 
 def test_a_mesh_that_is_asked_for_sets_the_count_and_the_automatic_split_says_what_it_left_out():
   odd = {"train.batch_size": 15}
   # Auto: 15 rows do not split over 2 cores; one device, and a line that says so.
-  assert cpu.cpu_device_count(tiny_config(**odd), cores=2) == 1
-  assert cpu.split_note(tiny_config(**odd), cores=2) == (
+  assert count(tiny_config(**odd), cores=2) == 1
+  assert startup.split_note(tiny_config(**odd), cores=2) == (
       "note: train.batch_size=15 does not split over the 2 CPU cores: training on 1 device "
       "(mesh.cpu_devices=0, auto, takes the most that split the batch); "
       "--config.train.batch_size=14 or 16 uses every core")
-  assert cpu.split_note(tiny_config(**{"train.batch_size": 16}), cores=2) is None
-  assert cpu.split_note(tiny_config(**{"train.batch_size": 3}), cores=16) is None  # a row each
+  assert startup.split_note(tiny_config(**{"train.batch_size": 16}), cores=2) is None
+  assert startup.split_note(tiny_config(**{"train.batch_size": 3}), cores=16) is None  # a row each
   # Asked for: that many devices, whatever the batch (mesh.check_devices then refuses 15 rows).
-  assert cpu.cpu_device_count(tiny_config(**odd, **{"mesh.data": 2}), cores=2) == 2
-  assert cpu.cpu_device_count(tiny_config(**odd, **{"mesh.data": 2, "mesh.fsdp": 2}), cores=2) == 4
-  assert cpu.split_note(tiny_config(**odd, **{"mesh.data": 2}), cores=2) is None
+  assert count(tiny_config(**odd, **{"mesh.data": 2}), cores=2) == 2
+  assert count(tiny_config(**odd, **{"mesh.data": 2, "mesh.fsdp": 2}), cores=2) == 4
+  assert startup.split_note(tiny_config(**odd, **{"mesh.data": 2}), cores=2) is None
   # One axis set, the other -1: a multiple of it.
-  assert cpu.cpu_device_count(tiny_config(**{"train.batch_size": 16, "mesh.fsdp": 2}), cores=3) == 2
+  assert count(tiny_config(**{"train.batch_size": 16, "mesh.fsdp": 2}), cores=3) == 2
 
 
 def test_a_batch_that_does_not_split_over_the_mesh_asked_for_is_one_line_exit_2(corpus_file, tmp_path):
@@ -73,6 +79,11 @@ def test_every_step_schedules_for_memory_big_ones_also_compile_without_ynn_fusio
   # The user's own choice in XLA_FLAGS wins.
   assert cpu.cpu_step_options(small, "--xla_cpu_experimental_ynn_fusion_type=DOT", kind=kind) == LEAN
   assert cpu.cpu_step_options(nano, "--xla_cpu_scheduler_type=DEFAULT", kind=kind) == {}
+  # Several devices, each with a small share: each runs its matmuls on one thread.
+  one_thread = {"xla_cpu_multi_thread_eigen": False}
+  assert cpu.cpu_step_options(nano, kind=kind, devices=2) == {**LEAN, **one_thread}
+  assert cpu.cpu_step_options(small, kind=kind, devices=2) == {**LEAN, **NO_YNN}
+  assert cpu.cpu_step_options(nano, "--xla_cpu_multi_thread_eigen=true", kind=kind, devices=2) == LEAN
 
 
 def test_build_chooses_the_options_and_they_reach_the_compiled_step(monkeypatch):
@@ -117,18 +128,22 @@ def test_build_takes_the_large_step_options_for_a_large_config(monkeypatch):
   assert p.compiler_options == {**LEAN, **NO_YNN} and not p.one_allreduce
 
 
-def test_split_cpu_leaves_a_started_backend_and_the_users_flags_alone(monkeypatch):
+def test_a_run_after_jax_started_keeps_its_devices_and_the_users_flags(monkeypatch):
   jax.devices()  # this process's backend has started
   monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/nonexistent")
   before, have = jax.config.jax_num_cpu_devices, jax.local_device_count()
   nano = loading.load_config(NANO)
-  note = cpu.split_cpu(nano)
+  first = startup.settle(nano, by="a test")
   assert jax.config.jax_num_cpu_devices == before
   assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/nonexistent"
-  if have < cpu.cpu_device_count(nano):  # said, with what avoids it
+  assert first.started == "cpu" and startup.decision() is first
+  assert len(startup.devices()) <= have
+  if have < count(nano, machine.cores()):  # said, with what avoids it
+    note = first.notes[0]
     assert note.startswith(f"note: jax started before jaxtrain could split the CPU: {have} XLA CPU")
     assert note.endswith("`import jaxtrain` before anything uses jax (restart the kernel or "
                          "script) to train on them")
+  assert startup.settle(nano, by="a test") == first  # a second run: the same answer
 
 
 # A dry run from a script: jaxtrain imported before jax is used, or after.
@@ -147,13 +162,12 @@ preview.dry_run(jt.load_config("nano", **json.loads(sys.argv[2])))
 
 def test_a_script_gets_the_command_lines_devices_or_says_what_it_lost(corpus_file, tmp_path,
                                                                       monkeypatch):
-  from jaxtrain.system import allocator
-
-  for name in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES", allocator.SPLIT):  # the subprocesses' own
+  for name in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES"):  # the subprocesses' own
     monkeypatch.delenv(name, raising=False)
   overrides = {"workdir": str(tmp_path / "run"), "data.path": str(corpus_file)}
   cfg = loading.load_config(NANO, **overrides)
-  n, cores = cpu.cpu_device_count(cfg), len(os.sched_getaffinity(0))
+  cores = len(os.sched_getaffinity(0))
+  n = count(cfg, cores)
   cli = run_cli(f"--config={NANO}", *(f"--config.{k}={v}" for k, v in overrides.items()),
                 "--dry_run")
   out = {mode: subprocess.run([sys.executable, "-c", _LIBRARY, mode, json.dumps(overrides)],
@@ -177,26 +191,90 @@ def test_a_script_gets_the_command_lines_devices_or_says_what_it_lost(corpus_fil
       assert f"start Python (jupyter lab, your script) as `LD_PRELOAD={library} " in note
 
 
-_SPLIT = """
-import json, os, sys
+# Two runs' start-ups in one fresh process: jaxtrain imported first (the CPU split as the core
+# count), then a run of argv[1]'s config twice, then one that splits its batch over fewer devices.
+_TWICE = """
+import json, os, socket, sys
+import jaxtrain as jt
+from jaxtrain.system import startup
 import jax
-from jaxtrain.config import loading
-from jaxtrain.core import cpu
-cfg = loading.load_config(sys.argv[1])
-cpu.split_cpu(cfg)
-print(json.dumps([len(jax.devices()), cpu.cpu_device_count(cfg), os.environ.get("XLA_FLAGS", "")]))
+with socket.socket() as s:
+  s.bind(("127.0.0.1", 0))
+  port = s.getsockname()[1]
+# A "multi-process" run of one process: it joins (jax.distributed), as a cluster's process 0 does.
+cfg = jt.load_config(sys.argv[1], **{"distributed.coordinator_address": f"127.0.0.1:{port}",
+                                     "distributed.num_processes": 1, "distributed.process_id": 0,
+                                     "distributed.timeout_s": 60})
+said = []
+for config in (cfg, cfg, jt.load_config(sys.argv[1], **{"train.batch_size": 3})):
+  d = startup.settle(config)
+  said.append([d.cpu_devices, d.devices_from, d.ours, list(d.xla_flags), d.started,
+               len(startup.devices()), os.environ.get("XLA_FLAGS", "")])
+print(json.dumps([said, jax.distributed.is_initialized(), len(jax.devices())]))
 """
 
 
-def test_split_cpu_splits_the_cores_of_a_fresh_process():
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  out = subprocess.run([sys.executable, "-c", _SPLIT, NANO], capture_output=True, text=True,
-                       timeout=120, env=dict(env, JAX_PLATFORMS="cpu"))
+def test_a_second_run_in_a_process_gets_the_same_start_and_flags_are_added_once():
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+  out = subprocess.run([sys.executable, "-c", _TWICE, NANO], capture_output=True, text=True,
+                       timeout=120, env=env)
   assert out.returncode == 0, out.stderr[-2000:]
-  devices, wanted, flags = json.loads(out.stdout.splitlines()[-1])
-  assert devices == wanted >= 1
-  # nano's step is small: several devices each run their matmuls on one thread.
-  assert ("--xla_cpu_multi_thread_eigen=false" in flags) == (devices > 1)
+  (first, second, third), joined, devices = json.loads(out.stdout.splitlines()[-1])
+  cores = machine.cores()
+  n = count(loading.load_config(NANO), cores)
+  assert first == second and joined  # the same answer; joined once
+  flag = "--xla_cpu_collective_timeout_seconds=60"
+  assert first[:6] == [n, f"auto: {cores} cores, 16 rows of the batch", n, [flag], "cpu", n]
+  assert first[6] == flag  # in XLA_FLAGS once, however many runs
+  assert devices == n  # `import jaxtrain` gave jax one per core; the run, before it started, n
+  # Batch 3 over fewer devices: the first of those split before; jaxtrain's flag taken out.
+  fewer = count(tiny_config(**{"train.batch_size": 3}), cores)
+  assert third[0] == third[5] == fewer and third[3] == [] and third[6] == ""
+
+
+# A plugin-only platform: an accelerator's plugin importable, no platform named.
+_PLUGIN = """
+import json, sys
+import jaxtrain
+from jaxtrain.system import startup
+env = startup.restart_environment(argv=["-m", "jaxtrain", "--config=nano"]) or {}
+print(json.dumps([startup.platform(), startup.decision() is None, "LD_PRELOAD" in env]))
+"""
+
+
+@pytest.mark.parametrize("plugin, platform", [("jax_rocm7_plugin", "gpu"), ("libtpu", "tpu")])
+def test_an_installed_accelerator_plugin_is_the_one_platform_of_the_allocator_and_the_split(
+    plugin, platform, tmp_path):
+  """Where only an accelerator's plugin is installed and nothing names a platform, jax starts on
+  it: the allocator is not the CPU's and `import jaxtrain` splits nothing, by one rule."""
+  (tmp_path / plugin).mkdir()
+  (tmp_path / plugin / "__init__.py").write_text("")
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "LD_PRELOAD")}
+  env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+  out = subprocess.run([sys.executable, "-c", _PLUGIN], capture_output=True, text=True,
+                       timeout=120, env=env, cwd=Path(__file__).resolve().parents[1])
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert json.loads(out.stdout.splitlines()[-1]) == [[platform, f"{plugin} is installed"], True,
+                                                     False]
+
+
+@pytest.mark.slow
+def test_a_run_where_the_plugins_platform_has_no_device_says_it_trains_on_the_cpu(
+    corpus_file, tmp_path):
+  (tmp_path / "jax_rocm7_plugin").mkdir()
+  (tmp_path / "jax_rocm7_plugin" / "__init__.py").write_text("")
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "LD_PRELOAD")}
+  env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+  proc = subprocess.run([sys.executable, "-m", "jaxtrain", f"--config={NANO}",
+                         f"--config.data.path={corpus_file}", f"--config.workdir={tmp_path / 'r'}",
+                         "--dry_run"], capture_output=True, text=True, timeout=300, env=env,
+                        cwd=Path(__file__).resolve().parents[1])
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  lines = proc.stdout.splitlines()
+  header = next(x for x in lines if x.startswith("jaxtrain "))
+  assert "| cpu x1 (" in header and "| mimalloc allocator" not in header
+  assert ("note: jax found no gpu device and runs on the CPU unsplit (jax_rocm7_plugin is "
+          "installed); --jax_platforms=cpu splits the CPU into devices as a CPU run does") in lines
 
 
 def _cpuinfo(vendor: str, family: int, model: int, name: str = "Some CPU") -> str:

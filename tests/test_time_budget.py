@@ -232,8 +232,8 @@ def test_what_the_end_of_a_run_runs_compiles_while_it_trains(tiny):
     assert jt.run(tiny, show_progress=False, hooks=(at,)).samples
   finally:
     jax.monitoring.unregister_event_duration_listener(compiles)
-  end = {"jit(eval_step)", "jit(_survey)", "jit(_prefill)", "jit(_decode)"}
-  where = [(name, thread) for name, _, thread in compiles.seen if name in end]
+  end = {"jit(eval_step)", "jit(_prefill)", "jit(_decode)"}  # a small state's checksums: numpy's
+  where = [(name, thread) for name, _, thread in compiles.seen if name in end | {"jit(_survey)"}]
   assert sorted(name for name, _ in where) == sorted(end), compiles.seen  # each once
   assert {thread for _, thread in where} == {"jaxtrain-ahead_0"}, compiles.seen
 

@@ -79,12 +79,12 @@ GPU_OPTIONS = {
 
 
 def step_options(platform: str, flops: float, dtype: str, deterministic: bool,
-                 xla_flags: str = "") -> dict:
-  """XLA compile options of the train and eval steps on `platform`: the CPU policy's
-  (`cpu.cpu_step_options`), GPU_OPTIONS and XLA's deterministic ops where asked for; none that
-  the user's `xla_flags` (XLA_FLAGS) name."""
+                 xla_flags: str = "", devices: int = 1) -> dict:
+  """XLA compile options of the train and eval steps on `platform` (over `devices`): the CPU
+  policy's (`cpu.cpu_step_options`), GPU_OPTIONS and XLA's deterministic ops where asked for;
+  none that the user's `xla_flags` (XLA_FLAGS) name."""
   if platform == "cpu":
-    return cpu.cpu_step_options(flops, xla_flags, dtype)
+    return cpu.cpu_step_options(flops, xla_flags, dtype, devices=devices)
   if platform != "gpu":
     return {}
   options = {k: v for k, v in GPU_OPTIONS.items() if not re.search(rf"--{k}\b", xla_flags)}
@@ -143,7 +143,7 @@ def build(cfg: ml_collections.ConfigDict, vocab_size: int, devices: list | None 
   step_flops = model_lib.flops_per_step(model_cfg, cfg.train.batch_size)
   if compiler_options is None:
     compiler_options = step_options(devices[0].platform, step_flops, m.dtype, deterministic,
-                                    os.environ.get("XLA_FLAGS", ""))
+                                    os.environ.get("XLA_FLAGS", ""), len(devices))
   # (a weighted loss is a mean over the whole batch's weights, not the mean of devices' means)
   one_allreduce = (on_cpu and not weighted and device_mesh.shape["data"] > 1
                    and device_mesh.shape["fsdp"] == 1 and model_cfg.dropout == 0

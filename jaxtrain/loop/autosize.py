@@ -21,7 +21,7 @@ from jaxtrain.core import model as model_lib
 from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.data import tokenizer
 from jaxtrain.measure import size_rule, speed_probe
-from jaxtrain.system import fmt, machine, paths, runtime
+from jaxtrain.system import fmt, machine, paths, startup
 from jaxtrain.system.errors import ConfigError
 
 # Learning rates of the recipe the law was fitted with (configs/shakespeare_char.py): Muon's
@@ -58,7 +58,7 @@ def resolve(cfg: ml_collections.ConfigDict, budget_s: float, explicit: Collectio
                              else machine.process_age_s())
   cfg, corpus, lines = _corpus(cfg, explicit, say)
   vocab = tokenizer.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
-  speed, found = speed_probe.speed_model(cfg, vocab, runtime.planned_platform(),
+  speed, found = speed_probe.speed_model(cfg, vocab, startup.platform()[0],
                                             PROBE_SHARE * left(), say)
   left_s = left()
   if speed is None:

@@ -1,6 +1,7 @@
 """`python -m jaxtrain --dry_run`: what a run of this config would do, without doing it. The
 resolved config, then what a run says before its first step (data, model, compute, the memory
-estimate against what this machine or container has), then its plan: steps, tokens, FLOPs,
+estimate against what this machine or container has), how the process started (what chose its
+platform, devices, allocator and XLA flags), then its plan: steps, tokens, FLOPs,
 evaluations, checkpoints, where it would resume. Nothing is compiled or trained, and nothing is
 written in the workdir; the data is read (and tokenized into the shared cache, as a run would)."""
 
@@ -14,7 +15,7 @@ from jaxtrain.config import defaults, loading
 from jaxtrain.core import model, optim, programs
 from jaxtrain.loop import resolution
 from jaxtrain.measure import estimate
-from jaxtrain.system import fmt
+from jaxtrain.system import fmt, startup
 from jaxtrain.system.console import Console
 
 # Model FLOPs utilization the recipes reach (benchmarks/results/): the dry run's time.
@@ -93,6 +94,7 @@ def dry_run(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()) -> N
   for line in config_lines(cfg):
     out.print(line)
   res = resolution.resolve(settled, out)
+  out.print(startup.describe(startup.decision()))
   start, t = res.resume_step, cfg.train
   if start >= t.max_steps and not t.time_budget:
     out.print(f"resume: {res.workdir} holds a checkpoint of step {start}, at or past "

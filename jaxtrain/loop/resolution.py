@@ -15,14 +15,14 @@ import ml_collections
 from jaxtrain import __version__
 from jaxtrain.checkpoints import init_from, lifecycle, store
 from jaxtrain.config import extensions, validate
-from jaxtrain.core import components, cpu, lora, mesh, optim, programs, registry
+from jaxtrain.core import components, lora, mesh, optim, programs, registry
 from jaxtrain.core import model as model_lib
 from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.data import tokenfiles, tokenizer
 from jaxtrain.evals import tasks as tasks_lib
 from jaxtrain.loop import autosize
 from jaxtrain.measure import estimate
-from jaxtrain.system import allocator, fmt, paths, runtime, stack
+from jaxtrain.system import fmt, paths, runtime, stack, startup
 from jaxtrain.system.console import Console
 
 MANY_EPOCHS = 30  # more passes over the training split than this: a run warns in its first lines
@@ -55,20 +55,19 @@ class Resolved:
 def settle(cfg: ml_collections.ConfigDict, explicit: Collection[str] = (),
            say: Callable[[str], None] = print, t_start: float | None = None) -> Settled:
   """The config the run trains: `cfg` validated, init_from's model fields taken (`explicit`: the
-  fields the user set), the CPU split into devices (before jax starts its backends), the compile
-  cache and the processes set up. With model.size=auto, the shape is chosen first (its probe's
-  progress on `say`; `t_start`: when the budget's clock started)."""
+  fields the user set), the compile cache on, and the process started for it (system/startup.py:
+  the platform, the CPU's devices, the processes joined). With model.size=auto, the shape is
+  chosen first (its probe's progress on `say`; `t_start`: when the budget's clock started)."""
   cfg = components.validate(cfg)  # extensions loaded: their components are checked too
   cfg, taken = init_from.resolve(cfg, explicit)
   if taken:
     components.validate(cfg)  # the source run's values, in this config
   budget_s = validate.time_budget_s(cfg)
   cfg, notes, corpus = autosize.resolve(cfg, budget_s, explicit, say, t_start)  # before jax starts
-  notes = [cpu.split_cpu(cfg), *notes]
-  platform = runtime.setup(cfg)
+  runtime.enable_compile_cache()
+  started = startup.settle(cfg)
+  platform, notes = started.started, [*started.notes, *notes]
   components.trace(cfg)  # an extension's component traced once, before any work
-  if platform == "cpu":
-    notes.insert(1, allocator.lost_note())
   if taken:
     notes.append(f"init_from: from {cfg.init_from}, {', '.join(taken)}")
   if cfg.train.time_budget and "train.max_steps" in explicit:
@@ -91,11 +90,11 @@ def resolve(settled: Settled, out: Console,
   if resume_step and (workdir / "config.json").is_file():  # a refused resume: before any data work
     lifecycle.refuse_changes(paths.read_json(workdir / "config.json"), extensions.saved_config(cfg),
                              cfg.workdir)
-  devices = cpu.run_devices(cfg)
+  devices, allocator = startup.devices(), startup.decision().allocator
   data_axis, fsdp_axis = mesh.mesh_shape(cfg.mesh, len(devices))
   out.print(f"jaxtrain {__version__} | {'dry run | ' * (claim is None)}workdir {workdir} | "
             f"{platform} x{len(devices)} (mesh data={data_axis} fsdp={fsdp_axis}) | "
-            f"{stack.line()}" + (f" | {allocator.in_use()} allocator" if platform == "cpu" else ""))
+            f"{stack.line()}" + (f" | {allocator} allocator" if allocator else ""))
   for note in settled.notes:
     out.print(note)
   corpus = settled.corpus if settled.corpus is not None else corpus_lib.prepare(

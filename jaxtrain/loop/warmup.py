@@ -29,28 +29,31 @@ from jaxtrain.trackers.hooks import Hooks
 class Ahead:
   """Compiles in a thread of its own what the run needs after its first steps (`jobs`: name ->
   what compiles it, in the order needed), once `start`ed; `wait(name)` before the run uses one.
-  On a CPU they take the cores from training for the time they would take at the end. A job that
-  fails is left for the run to meet again (and report) where it needs it."""
+  On a CPU they take the cores from training for the time they would take at the end: one at a
+  time while training runs, two at a time where the run waits for them (a run that ends before
+  it started them). A job that fails is left for the run to meet again (and report) where it
+  needs it."""
 
   def __init__(self, jobs: dict[str, Callable[[], Any]] | None = None):
-    self.jobs, self.futures = dict(jobs or {}), {}
-    self.pool = concurrent.futures.ThreadPoolExecutor(1, "jaxtrain-ahead")
+    self.jobs, self.futures, self.pool = dict(jobs or {}), {}, None
 
-  def start(self) -> None:
-    if self.jobs and not self.futures:
+  def start(self, threads: int = 1) -> None:
+    if self.jobs and self.pool is None:
+      self.pool = concurrent.futures.ThreadPoolExecutor(threads, "jaxtrain-ahead")
       self.futures = {name: self.pool.submit(_quietly, job) for name, job in self.jobs.items()}
 
   def wait(self, name: str | None = None) -> None:
     """Until job `name` and those before it (every job where `name` is none) are done."""
-    self.start()
+    self.start(threads=2)  # not started: nothing trains while the run waits
     for job, future in self.futures.items():
       future.result()
       if job == name:
         break
 
   def close(self) -> None:
-    """No job starts from now on; waits for the one compiling (a compile cannot be stopped)."""
-    self.pool.shutdown(cancel_futures=True)
+    """No job starts from now on; waits for those compiling (a compile cannot be stopped)."""
+    if self.pool is not None:
+      self.pool.shutdown(cancel_futures=True)
 
 
 def _quietly(job: Callable[[], Any]) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxtrain.config import extensions, loading
 from jaxtrain.measure import size_rule
-from jaxtrain.system import fmt, machine, measured, paths
+from jaxtrain.system import fmt, machine, measured, paths, startup
 from jaxtrain.system.errors import UserError
 
 PROBES = ((2, 64), (2, 128), (3, 96), (4, 128), (4, 192), (6, 256))  # (layers, width), cheapest first
@@ -170,12 +170,15 @@ def _probe_main() -> None:
   shapes = [size_rule.Shape(n, d, size_rule.heads(d), cfg.model.seq_len, cfg.train.batch_size)
             for n, d in request["probes"]]
   with_shape = lambda shape: loading.override(cfg, **shape.fields())  # noqa: E731
-  from jaxtrain.core import cpu, programs
   from jaxtrain.core import model as model_lib
+  from jaxtrain.core import programs
 
-  cpu.split_cpu(with_shape(shapes[len(shapes) // 2]))  # before jax starts its backends
-  import jax
-
+  # The run's split of this process's CPU, in a process of its own (it joins no other).
+  run = with_shape(shapes[len(shapes) // 2])
+  startup.settle(loading.override(run, **{"distributed.num_processes": 1,
+                                          "distributed.coordinator_address": "",
+                                          "mesh.cpu_devices": startup.cpu_device_count(run)[0]}),
+                 by="the speed probe")
   base = model_lib.ModelConfig.from_config(cfg.model, request["vocab"])
   ns = cfg.optim.muon_ns_steps if cfg.optim.name == "muon" else 0
   last_s = request["last_s"]  # what the shape before took
@@ -183,7 +186,7 @@ def _probe_main() -> None:
     t = time.perf_counter()
     if t - t0 + GROWTH * last_s > request["deadline_s"]:
       break
-    built = programs.build(with_shape(shape), request["vocab"], jax.devices())
+    built = programs.build(with_shape(shape), request["vocab"], startup.devices())
     compile_s, step_s = _time_steps(built)
     last_s = time.perf_counter() - t
     print(json.dumps({"shape": dataclasses.asdict(shape), "layers": shape.n_layers,

@@ -6,19 +6,15 @@ return freed memory, reuses the same pages; without it, glibc's `hugetlb` tunabl
 them in 2 MiB at a time. XLA's compiles are the exception (`purging`): what they free goes back at
 once, or the compiler's garbage would stay in the process as its peak memory.
 
-Kept free of heavy imports: `python -m jaxtrain` calls `reexec()` before it imports jax.
-Linux, CPU runs only; `JAXTRAIN_NO_REEXEC=1` leaves the process as it is, `JAXTRAIN_MIMALLOC=0`
-keeps glibc (with huge pages), and so does anything already in `LD_PRELOAD`. A notebook or a
-script cannot restart: a run there says so in one line (`lost_note`), with what avoids it.
-
-The other choice made before jax starts, in a notebook or a script: `import jaxtrain` splits the
-CPU into one XLA device per core (`split_early`), as the command line does (core/cpu.py), so that
-a run gets its devices even where jax is used before it.
+Kept free of heavy imports: `python -m jaxtrain` restarts itself (`reexec`) before it imports
+jax. Linux, CPU runs only (system/startup.py decides the platform); `JAXTRAIN_NO_REEXEC=1` leaves
+the process as it is, `JAXTRAIN_MIMALLOC=0` keeps glibc (with huge pages), and so does anything
+already in `LD_PRELOAD`. A notebook or a script cannot restart: a run there says so in one line
+(`lost_note`), with what avoids it.
 """
 
 import contextlib
 import ctypes
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -30,11 +26,8 @@ MIMALLOC = Path("cmeel.prefix", "lib", "libmimalloc.so.3")  # where the cmeel-mi
 # Keep freed memory mapped (a step frees and takes back the same blocks); back it with huge
 # pages; one address-space reservation up front, so that GiB-sized blocks come from one arena.
 MIMALLOC_OPTIONS = {"MIMALLOC_PURGE_DELAY": "-1", "MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
-SPLIT = "JAXTRAIN_CPU_DEVICES"  # the count split_early put in JAX_NUM_CPU_DEVICES: jaxtrain's, not the user's
 MI_OPTION_PURGE_DELAY = 15  # mimalloc.h's mi_option_purge_delay (mimalloc 2.1 to 3.x)
 RESTARTED = "JAXTRAIN_REEXECED"  # set for the restarted process only; it removes it at once
-_ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
-                        "jax_rocm7_plugin", "libtpu")
 
 
 def mimalloc_library() -> str | None:
@@ -45,26 +38,6 @@ def mimalloc_library() -> str | None:
     if os.path.isabs(entry) and path.is_file() and not set(str(path)) & set(" :\t$"):
       return str(path)
   return None
-
-
-def _installed(module: str) -> bool:
-  return importlib.util.find_spec(module) is not None
-
-
-def cuda_installed() -> bool:
-  return any(_installed(m) for m in _ACCELERATOR_PLUGINS[:2])
-
-
-def _runs_on_cpu(base: dict, argv: list[str]) -> bool:
-  """Whether the command trains on the CPU: mimalloc was measured there, not under accelerators."""
-  platforms = base.get("JAX_PLATFORMS", "")
-  for i, arg in enumerate(argv):
-    name, _, value = arg.lstrip("-").partition("=")
-    if name == "jax_platforms" and arg.startswith("-"):
-      platforms = value if value or i + 1 >= len(argv) else argv[i + 1]
-  if platforms:
-    return platforms.split(",")[0] == "cpu"
-  return not any(_installed(m) for m in _ACCELERATOR_PLUGINS)
 
 
 def _glibc_hugetlb() -> bool:
@@ -78,16 +51,14 @@ def _glibc_hugetlb() -> bool:
   return tuple(int(x) for x in version.split(".")[:2]) >= (2, 35) and "[madvise]" in mode
 
 
-def environment(base: dict | None = None, argv: list[str] | None = None) -> dict | None:
-  """The environment a process started with `base` and `argv` (default: this one's) should run
-  under, or None where it already does (or cannot, or the user opted out)."""
+def environment(base: dict | None = None, on_cpu: bool = True) -> dict | None:
+  """The environment a process started with `base` (default: this one's) should run under, or
+  None where it already does (or cannot, or the user opted out); mimalloc only `on_cpu`."""
   base = dict(os.environ if base is None else base)
-  argv = sys.argv if argv is None else argv
   if sys.platform != "linux" or base.get("JAXTRAIN_NO_REEXEC") == "1":
     return None
   env = dict(base)
-  wanted = (env.get("JAXTRAIN_MIMALLOC") != "0" and not env.get("LD_PRELOAD")
-            and _runs_on_cpu(base, argv))
+  wanted = env.get("JAXTRAIN_MIMALLOC") != "0" and not env.get("LD_PRELOAD") and on_cpu
   library = mimalloc_library() if wanted else None
   if library:
     env["LD_PRELOAD"] = library
@@ -100,37 +71,18 @@ def environment(base: dict | None = None, argv: list[str] | None = None) -> dict
   return None if env == base else env
 
 
-def _started_as_cli() -> bool:
+def started_as_cli() -> bool:
   """Whether this process is `python -m jaxtrain` or the `jaxtrain` console script, not a notebook
   or another script running the module (a restart would restart them)."""
   return invocation.started() == "-m jaxtrain" or invocation.script() == "jaxtrain"
-
-
-def split_early() -> None:
-  """As many XLA CPU devices as cores (JAX_NUM_CPU_DEVICES, which jax reads at its import), in a
-  process that is none of jaxtrain's commands (they split the CPU themselves) and chose no count.
-  A run takes the ones its batch splits over (core/cpu.py)."""
-  ran = invocation.started() or ""
-  if "jax" in sys.modules or ran.startswith("-m jaxtrain") or invocation.script() in \
-      invocation.SCRIPTS.values() or "JAX_NUM_CPU_DEVICES" in os.environ or \
-      "device_count" in os.environ.get("XLA_FLAGS", "") or not _runs_on_cpu(os.environ, []):
-    return
-  if (cores := machine.cores()) > 1:
-    os.environ["JAX_NUM_CPU_DEVICES"] = os.environ[SPLIT] = str(cores)
-
-
-def early_split() -> int:
-  """The CPU device count `split_early` chose, in this process or the one that started it (0:
-  none)."""
-  return int(os.environ.get(SPLIT) or 0)
 
 
 def lost_note() -> str | None:
   """In a process of a CPU run that was not started under `environment()` (a notebook, a script:
   no restart is possible there), the line that says what the command line has that it lacks, and
   how to start Python to get it; None where nothing is lost."""
-  env = environment(argv=[])
-  if _started_as_cli() or env is None or "LD_PRELOAD" not in env or in_use() == "mimalloc":
+  env = environment()
+  if started_as_cli() or env is None or "LD_PRELOAD" not in env or in_use() == "mimalloc":
     return None
   start = " ".join(f"{k}={v}" for k, v in env.items() if os.environ.get(k) != v)
   return (f"note: {in_use()} allocator, where `python -m jaxtrain` restarts itself under mimalloc "
@@ -138,15 +90,14 @@ def lost_note() -> str | None:
           f"lab, your script) as `{start} python`")
 
 
-def reexec() -> None:
-  """Restarts this process (same pid, same arguments) under `environment()`, if any. In the
-  restarted process, drops the preload from the environment its own subprocesses inherit (the
-  library stays loaded here)."""
+def reexec(env: dict | None) -> None:
+  """Restarts this process (same pid, same arguments) under `env` (None: not). In the restarted
+  process, drops the preload from the environment its own subprocesses inherit (the library
+  stays loaded here)."""
   if os.environ.pop(RESTARTED, None) is not None:
     if os.environ.get("LD_PRELOAD") == mimalloc_library():
       del os.environ["LD_PRELOAD"]
     return
-  env = environment() if _started_as_cli() else None
   if env is not None:
     sys.stdout.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**env, RESTARTED: "1"})

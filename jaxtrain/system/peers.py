@@ -3,7 +3,7 @@ names the lost process and the checkpoint a restart resumes from, instead of wai
 barriers for a process that will not come back.
 
 A survivor's next collective fails (gloo: its connection to the dead process breaks, or a CPU
-collective waits `distributed.timeout_s` in vain: runtime.COLLECTIVE_TIMEOUT); after it,
+collective waits `distributed.timeout_s` in vain: startup.COLLECTIVE_TIMEOUT); after it,
 orbax's commits and jax's exit handler would wait for the dead process until the heartbeat
 timeout, so the survivor ends itself with os._exit. One that blocks without an error (an NCCL
 collective, a barrier) is ended by jax itself, with jax's report, 30 s after that.

@@ -1,5 +1,6 @@
-"""Process-level JAX setup, done once before any other JAX work: compile cache, platform,
-processes; the collectives between processes; and how far dispatches may run ahead of the device."""
+"""Process-level JAX plumbing: the compile cache, the backend's start, the join of a run's
+processes and the collectives between them, and how far dispatches may run ahead of the device.
+What this process runs on, and whether it joins others, is system/startup.py's decision."""
 
 import collections
 import importlib.util
@@ -10,7 +11,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxtrain.system import allocator, peers
+from jaxtrain.system import peers
 from jaxtrain.system.errors import UserError, first_line
 from jaxtrain.system.paths import cache_dir
 
@@ -34,22 +35,16 @@ def enable_compile_cache() -> None:
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def planned_platform() -> str:
-  """The platform a run will use, known before jax starts: the first of --jax_platforms, else a
-  GPU where CUDA is installed."""
-  first = (jax.config.jax_platforms or "").split(",")[0]
-  return first or ("gpu" if allocator.cuda_installed() else "cpu")
-
-
 _NO_CUDA = ("this jax has no working CUDA backend{why}; install one with `pip install -e "
             "'.[cuda12]'` (or '.[cuda13]'; needs an NVIDIA driver), or pass --jax_platforms=cpu")
 
 
-def check_platform() -> str:
-  """Touches the backend so a missing one fails here with a fix, not deep inside a step."""
+def check_platform(cuda_installed: bool) -> str:
+  """Starts the backend, so that a missing one fails here with a fix, not deep inside a step;
+  returns the platform it started ("cpu", "gpu", ...). `cuda_installed`: a CUDA plugin is."""
   wanted = jax.config.jax_platforms or ""
   wants_gpu = any(p in wanted for p in ("cuda", "gpu"))
-  if wants_gpu and not (allocator.cuda_installed() or importlib.util.find_spec("jaxlib.cuda")):
+  if wants_gpu and not (cuda_installed or importlib.util.find_spec("jaxlib.cuda")):
     raise UserError(f"--jax_platforms={wanted}: " + _NO_CUDA.format(why=" (no CUDA plugin installed)"))
   try:
     return jax.devices()[0].platform
@@ -61,33 +56,13 @@ def check_platform() -> str:
                     "pass --jax_platforms=cpu") from None
 
 
-def _srun_tasks() -> int:
-  """The tasks of the srun job step this process is one of (1: none, or not under srun)."""
-  return int(os.environ.get("SLURM_NTASKS", "1")) if "SLURM_STEP_ID" in os.environ else 1
-
-
-def planned_processes(distributed: ml_collections.ConfigDict) -> int:
-  """How many processes the run will have once `init_distributed` joins them, known before jax
-  starts: `distributed.num_processes`, else Slurm's task count under srun, else 1. What is split
-  per process (the CPU's devices, the batch's rows) is decided from it before the join."""
-  return distributed.num_processes or _srun_tasks()
-
-
-# A CPU collective waits this long for another process before it fails (gloo's own wait is far
-# longer): a dead peer's connection does not always break (XLA:CPU's collectives over several
-# devices of each process wait for it silently), and the survivor must stop with its own line
-# before jax's heartbeat ends it with pages of C++ (distributed.timeout_s after that).
-COLLECTIVE_TIMEOUT = "--xla_cpu_collective_timeout_seconds"
+# jax's heartbeat ends a process blocked on a vanished one this long after a CPU collective's own
+# timeout (startup.COLLECTIVE_TIMEOUT) stopped it with its one line.
 HEARTBEAT_GRACE_S = 30
 
 
 def init_distributed(distributed: ml_collections.ConfigDict) -> None:
   """Joins a multi-process run: explicit `distributed.*` fields, or Slurm's environment (srun)."""
-  if not (distributed.coordinator_address or planned_processes(distributed) > 1):
-    return
-  flags = os.environ.get("XLA_FLAGS", "")
-  if COLLECTIVE_TIMEOUT not in flags:  # read when the CPU backend starts, after this
-    os.environ["XLA_FLAGS"] = f"{flags} {COLLECTIVE_TIMEOUT}={distributed.timeout_s}".strip()
   try:
     # The heartbeat timeout bounds how long a survivor stays blocked on a vanished process (jax
     # then ends it); a collective that fails ends it at once (peers.py). jax's preemption notifier
@@ -146,11 +121,3 @@ def barrier(name: str) -> None:
   if jax.process_count() > 1:
     with peers.ends_if_lost():
       multihost_utils.sync_global_devices(name)
-
-
-def setup(cfg: ml_collections.ConfigDict) -> str:
-  """Compile cache and processes; returns the platform ("cpu", "gpu", ...). Split the CPU into
-  devices first (`core.cpu.split_cpu`): only possible before the backends start."""
-  enable_compile_cache()
-  init_distributed(cfg.distributed)
-  return check_platform()

@@ -7,7 +7,6 @@ versions are read from the installed packages' metadata, without importing jax o
 """
 
 import contextlib
-import importlib.metadata
 import re
 import sys
 
@@ -20,6 +19,8 @@ PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain")
 
 
 def versions() -> dict[str, str]:
+  import importlib.metadata  # here: `python -m jaxtrain` restarts itself before it is needed
+
   found = {}
   for name in PACKAGES:
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):  # not installed
