@@ -27,7 +27,8 @@ runs.jsonl (benchmarks/auto_size_report.py).
 
 Every run starts from an empty XLA compile cache (a user's first run of a shape; the chooser
 counts compiles as cold); the tokenized corpora (BPE learned once) and the speed probe
-(`measure/speed_probe.py`) come from --cache, made once before the runs (`prepare`, `probe`).
+(`measure/speed_probe.py`) come from --cache, made once before the runs (`prepare`, `probe`), or
+with `--cold-cache` from an empty one too, as a first-time user's first run.
 """
 
 import argparse
@@ -97,8 +98,8 @@ def one_run(shape: str, budget: str, corpus: str, data: str, args, seed: int | N
   cmd = [sys.executable, "-m", "jaxtrain", *run_args(shape, budget, data, args, seed, tokenizer),
          "--jax_platforms=cpu", f"--config.workdir={workdir}", "--config.headless=True",
          "--config.sample.num_samples=0"]
-  env = dict(os.environ, PYTHONUNBUFFERED="1", JAXTRAIN_CACHE=str(args.cache),
-             JAX_COMPILATION_CACHE_DIR=str(xla))
+  env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=str(xla),
+             JAXTRAIN_CACHE=str(scratch / "cache" if args.cold_cache else args.cache))
   budget_s = None if fixed_steps(budget) else fmt.parse_duration(budget)
   lock = open(args.lock, "a") if args.lock else None
   try:
@@ -121,6 +122,7 @@ def one_run(shape: str, budget: str, corpus: str, data: str, args, seed: int | N
       lock.close()
   row = {"corpus": corpus, "data": data, "budget": budget, "budget_s": budget_s,
          "shape": shape, "seed": seed, "tokenizer_arg": tokenizer, "rev": args.rev,
+         "cold_cache": args.cold_cache,
          "exit": proc.returncode, "wall_s": round(wall, 2),
          "loadavg_before": round(load_before, 2), "load": sampler.summary()["all"],
          "time": reports.timestamp(), "command": " ".join(cmd[1:]),
@@ -245,7 +247,8 @@ def grid(args) -> None:
     shapes = sorted(shapes, key=lambda s: s != AUTO)
   seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [None]
   Path(args.out).mkdir(parents=True, exist_ok=True)
-  prepare(args, [s for s in shapes if s != AUTO])
+  if not args.cold_cache:
+    prepare(args, [s for s in shapes if s != AUTO])
   for budget in args.budgets.split(","):
     for seed in seeds:
       for spec in args.data:
@@ -253,7 +256,7 @@ def grid(args) -> None:
         for shape in shapes:
           if (corpus, budget, shape, seed) in have:
             continue
-          if shape == AUTO and corpus not in PROBED:
+          if shape == AUTO and corpus not in PROBED and not args.cold_cache:
             PROBED.append(corpus)
             probe(corpus, data, args)
           row = one_run(shape, budget, corpus, data, args, seed)
@@ -301,6 +304,9 @@ def main() -> None:
   p.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "jaxtrain-auto-size"),
                  help="JAXTRAIN_CACHE of the runs: token cache and speed probe")
   p.add_argument("--out", default="", help="the results folder (default: dated, named by CPU kind)")
+  p.add_argument("--cold-cache", action="store_true",
+                 help="each run from an empty jaxtrain cache too (a first-time user: no token "
+                 "cache, no speed probe, no matmul speed)")
   p.add_argument("--rev", default="", help="the code's commit, recorded in each row")
   p.add_argument("--commit", action="store_true",
                  help="commit runs.jsonl and the tables in --out's repository after each run")
