@@ -161,7 +161,9 @@ def _outcome(workdir: Path, out: list[str]) -> dict:
   params = re.search(r"^model: (\S+) params", said, re.M)
   train = re.search(r"\(train (\S+), val", said)
   vocab = re.search(r" vocab (\d+),", said)
+  text = re.search(r"^data: .*?(\S+)B -> (\S+) \S+ tokens", said, re.M)  # bytes -> tokens
   return {"tokenizer": cfg["data"]["tokenizer"], "data_vocab": cfg["data"]["vocab_size"],
+          "bytes_per_token": round(_count(text[1]) / _count(text[2]), 4) if text else None,
           "final_val": evals[-1]["val_loss"], "val_bpb": evals[-1].get("val_bpb"),
           "best_val": min(x["val_loss"] for x in evals), "steps": t["max_steps"],
           "layers": m["n_layers"], "width": m["d_model"], "n_heads": m["n_heads"],
