@@ -175,11 +175,11 @@ def _outcome(workdir: Path, out: list[str]) -> dict:
 
 
 def _dry_run(shape: str, corpus: str, data: str, args, exclusive: bool) -> str:
-  """A dry run of `shape` with a budget of an hour, its cache --cache, under the lock: what it
+  """A dry run of `shape` with a budget of a day, its cache --cache, under the lock: what it
   prints. It reads (and so tokenizes and caches) the corpus; of `auto`, it measures the speed
-  probe (an hour's share holds every shape)."""
+  probe (a day repays every shape of it)."""
   cmd = [sys.executable, "-m", "jaxtrain",
-         *run_args(shape, "1h", data, args, tokenizer=args.tokenizers.get(corpus, "")),
+         *run_args(shape, "24h", data, args, tokenizer=args.tokenizers.get(corpus, "")),
          "--dry_run", "--jax_platforms=cpu",
          f"--config.workdir={tempfile.mkdtemp(prefix='auto-size-')}/run"]
   lock = open(args.lock, "a") if args.lock else None
