@@ -264,7 +264,7 @@ def grid(args) -> None:
           row = one_run(shape, budget, corpus, data, args, seed)
           # Other processes that took more than --max-others of the machine (they need not take
           # the lock): the run is kept, marked, and run again by the next call.
-          row["noisy"] = row["load"]["other_pct"]["mean"] > args.max_others
+          row["noisy"] = bool(row["budget_s"]) and row["load"]["other_pct"]["mean"] > args.max_others
           with runs_file(args).open("a") as f:
             f.write(json.dumps(row) + "\n")
           said = (f"{corpus} {budget} {shape} seed {seed}: val bpb {row.get('val_bpb')}, steps "
