@@ -1,26 +1,34 @@
-"""Proves `model.size=auto`: for each corpus and time budget, a grid of hand shapes trained with
-that budget, one after another on this machine, against the shape jaxtrain chooses itself.
+"""Proves `model.size=auto`: for each corpus and time budget, the shapes people pick by hand (the
+CPU tiers, the recipe's own shape, a grid of LAYERSxWIDTH) trained with that budget, one after
+another on this machine, against the shape jaxtrain chooses itself.
 
-    python benchmarks/auto_size.py --data=shakespeare=tinyshakespeare.txt --budgets=1m,3m \
-        --lock=/work/cpu.lock
+    python benchmarks/auto_size.py --data=shakespeare=tinyshakespeare.txt --data=code= \
+        --tokenizer=code=byte --budgets=5m --shapes=tiny,recipe,auto --seeds=0,1 \
+        --lock=/work/cpu.lock --commit
     python benchmarks/auto_size.py --data=austen=pride_and_prejudice.txt --budgets=1m --auto-only
     python benchmarks/auto_size.py --report
 
 Every run is a real `python -m jaxtrain` command of `--config` (configs/shakespeare_char.py: the
-recipe whose architecture the rule was fitted on) with `--config.train.time_budget=B`, the hand
-shapes as `--config.model.n_layers/d_model/n_heads` overrides (the recipe's context, batch and
-learning rates), the auto pick as `--config.model.size=auto`. Wall time counts from spawning the
-command to its exit. With `--lock`, each run holds that file's exclusive lock (taken before its
-clock starts), so runs of other programs that share the lock do not overlap it. Each run's
-record (final val bits per byte, steps, params, tokens and epochs, wall time, the other
-processes' share of the machine meanwhile, the choice's lines) is appended to runs.jsonl in
---out as it finishes, and a run already there is not run again, so a grid can be run in parts.
-`--report` writes auto_size.{json,md,png} from runs.jsonl: per budget and corpus, the auto pick
-against the grid's best shape, and val bits per byte against the budget.
+recipe whose architecture the rule was fitted on) with `--config.train.time_budget=B` and
+`--config.seed=S`. A shape is `recipe` (the config's own), a tier of `TIERS` (depth, width, heads
+of 64 and a BPE vocabulary: the sizes the public guide to training nanochat on a laptop CPU gives
+per time), `LxW` (heads of 32 below width 192, else 64) or `auto` (`--config.model.size=auto`);
+all keep the config's context, batch and learning rates. `--data=code=` is the default corpus,
+the Python standard library's sources; `--tokenizer=NAME=TOK` is that corpus's tokenizer but for
+the tiers (`byte` on the code, whose characters number in the thousands). Wall time counts from
+spawning the command to its exit. With `--lock`, each run holds that file's exclusive lock (taken
+before its clock starts), so runs of other programs that share the lock do not overlap it. Each
+run's record (final val bits per byte, steps, params, tokens and epochs, wall time, the other
+processes' share of the machine meanwhile, the choice's lines) is appended to runs.jsonl in --out
+as it finishes (marked `noisy`, and run again by the next call, where the others took more than
+--max-others) (with `--commit`, committed there with the tables so far), and a run already there
+is not run again, so a grid can be run in parts. `--report` writes auto_size.{json,md,png} from
+runs.jsonl (benchmarks/auto_size_report.py).
 
 Every run starts from an empty XLA compile cache (a user's first run of a shape; the chooser
-counts compiles as cold); the tokenized corpora and the speed probe (`measure/speed_probe.py`)
-come from --cache, measured once before the runs.
+counts compiles as cold); the tokenized corpora (BPE learned once) and the speed probe
+(`measure/speed_probe.py`) come from --cache, made once before the runs (`prepare`, `probe`), or
+with `--cold-cache` from an empty one too, as a first-time user's first run.
 """
 
 import argparse
@@ -32,13 +40,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
-import common  # noqa: E402  (after the path above)
+import auto_size_report  # noqa: E402  (after the path above)
+import common  # noqa: E402
 import reports  # noqa: E402
 
 from jaxtrain.measure import size_rule  # noqa: E402
@@ -46,7 +56,11 @@ from jaxtrain.system import fmt  # noqa: E402
 
 NAME = "auto_size"
 SHAPES = "2x64,2x96,2x128,3x128,4x192,6x256"  # layers x width; heads of 32 below 192, else 64
-AUTO = "auto"
+AUTO, RECIPE = "auto", "recipe"
+# The CPU tiers people pick by hand (the nanochat laptop-CPU guide: ~5 min, ~30 min, 2-3 h, 8+ h):
+# name -> (layers, width, BPE vocabulary); heads of 64.
+TIERS = {"tiny": (4, 256, 512), "small": (6, 384, 2048), "medium": (8, 512, 4096),
+         "large": (12, 768, 8192)}
 PROBED: list[str] = []  # the corpora whose speed probe this process ran
 
 
@@ -55,26 +69,38 @@ def fixed_steps(budget: str) -> int | None:
   return int(budget.removesuffix("steps")) if budget.endswith("steps") else None
 
 
-def run_args(shape: str, budget: str, data: str, args) -> list[str]:
+def run_args(shape: str, budget: str, data: str, args, seed: int | None = None,
+             tokenizer: str = "") -> list[str]:
   steps = fixed_steps(budget)
   length = f"--config.train.max_steps={steps}" if steps else f"--config.train.time_budget={budget}"
   base = [f"--config={args.config}", f"--config.data.path={data}", length, *args.extra]
+  base += [f"--config.seed={seed}"] if seed is not None else []
+  if shape in TIERS:
+    layers, width, vocab = TIERS[shape]
+    return [*base, f"--config.model.n_layers={layers}", f"--config.model.d_model={width}",
+            f"--config.model.n_heads={width // 64}", "--config.data.tokenizer=bpe",
+            f"--config.data.vocab_size={vocab}"]
+  base += [f"--config.data.tokenizer={tokenizer}"] if tokenizer else []
   if shape == AUTO:
     return [*base, "--config.model.size=auto"]
+  if shape == RECIPE:
+    return base
   layers, width = map(int, shape.split("x"))
   return [*base, f"--config.model.n_layers={layers}", f"--config.model.d_model={width}",
           f"--config.model.n_heads={size_rule.heads(width)}"]
 
 
-def one_run(shape: str, budget: str, corpus: str, data: str, args) -> dict:
+def one_run(shape: str, budget: str, corpus: str, data: str, args, seed: int | None = None) -> dict:
   """One budgeted command, timed from spawn to exit, with the machine's load meanwhile."""
   scratch = Path(tempfile.mkdtemp(prefix="auto-size-"))
   workdir, xla = scratch / "run", scratch / "xla"
-  cmd = [sys.executable, "-m", "jaxtrain", *run_args(shape, budget, data, args),
+  tokenizer = args.tokenizers.get(corpus, "")
+  cmd = [sys.executable, "-m", "jaxtrain", *run_args(shape, budget, data, args, seed, tokenizer),
          "--jax_platforms=cpu", f"--config.workdir={workdir}", "--config.headless=True",
          "--config.sample.num_samples=0"]
-  env = dict(os.environ, PYTHONUNBUFFERED="1", JAXTRAIN_CACHE=str(args.cache),
-             JAX_COMPILATION_CACHE_DIR=str(xla))
+  env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=str(xla),
+             JAXTRAIN_CACHE=str(scratch / "cache" if args.cold_cache else args.cache))
+  budget_s = None if fixed_steps(budget) else fmt.parse_duration(budget)
   lock = open(args.lock, "a") if args.lock else None
   try:
     if lock:
@@ -84,15 +110,20 @@ def one_run(shape: str, budget: str, corpus: str, data: str, args) -> dict:
       t0 = time.perf_counter()
       proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
+      # A run that hangs is stopped at 1.5x its budget and 5 minutes more.
+      killer = threading.Timer(1.5 * (budget_s or 3600) + 300, proc.kill)
+      killer.start()
       out = [line.rstrip("\n") for line in proc.stdout]
       proc.wait()
+      killer.cancel()
       wall = time.perf_counter() - t0
   finally:
     if lock:
       lock.close()
-  row = {"corpus": corpus, "data": data, "budget": budget,
-         "budget_s": None if fixed_steps(budget) else fmt.parse_duration(budget),
-         "shape": shape, "exit": proc.returncode, "wall_s": round(wall, 2),
+  row = {"corpus": corpus, "data": data, "budget": budget, "budget_s": budget_s,
+         "shape": shape, "seed": seed, "tokenizer_arg": tokenizer, "rev": args.rev,
+         "cold_cache": args.cold_cache,
+         "exit": proc.returncode, "wall_s": round(wall, 2),
          "loadavg_before": round(load_before, 2), "load": sampler.summary()["all"],
          "time": reports.timestamp(), "command": " ".join(cmd[1:]),
          "choice": [line for line in out if line.startswith(("model.size=auto", "  "))][:12],
@@ -130,7 +161,10 @@ def _outcome(workdir: Path, out: list[str]) -> dict:
   params = re.search(r"^model: (\S+) params", said, re.M)
   train = re.search(r"\(train (\S+), val", said)
   vocab = re.search(r" vocab (\d+),", said)
-  return {"final_val": evals[-1]["val_loss"], "val_bpb": evals[-1].get("val_bpb"),
+  text = re.search(r"^data: .*?(\S+)B -> (\S+) \S+ tokens", said, re.M)  # bytes -> tokens
+  return {"tokenizer": cfg["data"]["tokenizer"], "data_vocab": cfg["data"]["vocab_size"],
+          "bytes_per_token": round(_count(text[1]) / _count(text[2]), 4) if text else None,
+          "final_val": evals[-1]["val_loss"], "val_bpb": evals[-1].get("val_bpb"),
           "best_val": min(x["val_loss"] for x in evals), "steps": t["max_steps"],
           "layers": m["n_layers"], "width": m["d_model"], "n_heads": m["n_heads"],
           "seq_len": m["seq_len"], "batch_size": t["batch_size"], "tokens": tokens,
@@ -140,25 +174,43 @@ def _outcome(workdir: Path, out: list[str]) -> dict:
           "epochs": tokens / _count(train[1]) if train else None}
 
 
-def probe(data: str, args) -> None:
-  """The speed probe of the auto pick's architecture, under the lock, before any auto run: a dry
-  run with model.size=auto measures it into --cache (once; later runs read it). Its budget, an
-  hour, gives the probe the share of time it needs for every shape."""
-  cmd = [sys.executable, "-m", "jaxtrain", *run_args(AUTO, "1h", data, args), "--dry_run",
-         "--jax_platforms=cpu", f"--config.workdir={tempfile.mkdtemp(prefix='auto-size-')}/run"]
+def _dry_run(shape: str, corpus: str, data: str, args, exclusive: bool) -> str:
+  """A dry run of `shape` with a budget of a day, its cache --cache, under the lock: what it
+  prints. It reads (and so tokenizes and caches) the corpus; of `auto`, it measures the speed
+  probe (a day repays every shape of it)."""
+  cmd = [sys.executable, "-m", "jaxtrain",
+         *run_args(shape, "24h", data, args, tokenizer=args.tokenizers.get(corpus, "")),
+         "--dry_run", "--jax_platforms=cpu",
+         f"--config.workdir={tempfile.mkdtemp(prefix='auto-size-')}/run"]
   lock = open(args.lock, "a") if args.lock else None
   try:
     if lock:
-      fcntl.flock(lock, fcntl.LOCK_EX)
+      fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
     t = time.perf_counter()
     res = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, JAXTRAIN_CACHE=str(args.cache)),
                          capture_output=True, text=True)
   finally:
     if lock:
       lock.close()
-  said = [line for line in res.stdout.splitlines() if "model.size=auto" in line]
-  reports.log(f"probe and dry run: {time.perf_counter() - t:.1f} s, exit {res.returncode}; "
-              + " | ".join(said[:2]) + res.stderr[-1000:])
+  said = [line for line in res.stdout.splitlines() if line.startswith(("model.size=auto", "data:"))]
+  reports.log(f"{corpus} {shape} dry run: {time.perf_counter() - t:.1f} s, exit {res.returncode}; "
+              + " | ".join(said[:3]) + res.stderr[-1000:])
+  return res.stdout
+
+
+def prepare(args, shapes: list[str]) -> None:
+  """Each corpus tokenized as its runs read it (a tier's BPE learned once), into --cache, under
+  the shared lock (not timed): the runs' clocks count no tokenizing, as a rerun's would not."""
+  for spec in args.data:
+    corpus, _, data = spec.partition("=")
+    for shape in dict.fromkeys(s if s in TIERS else RECIPE for s in shapes):
+      _dry_run(shape, corpus, data, args, exclusive=False)
+
+
+def probe(corpus: str, data: str, args) -> None:
+  """The speed probe of the auto pick's architecture, under the exclusive lock, before any auto
+  run: measured into --cache once, as a first run on quiet cores does; later runs read it."""
+  _dry_run(AUTO, corpus, data, args, exclusive=True)
 
 
 def runs_file(args) -> Path:
@@ -170,133 +222,104 @@ def done(args) -> list[dict]:
   return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+def commit(args, message: str) -> None:
+  """runs.jsonl and the tables so far, committed in --out's repository (that path alone)."""
+  out = Path(args.out).resolve()
+  top = subprocess.run(["git", "-C", str(out), "rev-parse", "--show-toplevel"],
+                       capture_output=True, text=True).stdout.strip()
+  files = [str(p) for p in sorted(out.iterdir()) if p.is_file()]
+  for _ in range(5):  # another git command in that checkout holds its index for a moment
+    subprocess.run(["git", "-C", top, "add", *files], capture_output=True)
+    res = subprocess.run(["git", "-C", top, "commit", "-q", "-m", message, "--", *files],
+                         capture_output=True, text=True)
+    if res.returncode == 0 or "nothing" in res.stdout + res.stderr:
+      return
+    time.sleep(3)
+  reports.log(f"git commit failed: {res.stderr[-500:]}")
+
+
 def grid(args) -> None:
-  """Every corpus x budget x shape not in runs.jsonl yet: the hand shapes, then the auto pick."""
-  have = {(r["corpus"], r["budget"], r["shape"]) for r in done(args) if r["exit"] == 0}
+  """Every budget x corpus x seed x shape not in runs.jsonl yet, in the order given (`auto`
+  last unless --auto-first)."""
+  have = {(r["corpus"], r["budget"], r["shape"], r.get("seed")) for r in done(args)
+          if r["exit"] == 0 and not r.get("noisy")}
   shapes = ([] if args.auto_only else args.shapes.split(",")) + ([] if args.no_auto else [AUTO])
+  shapes = list(dict.fromkeys(shapes))
   if args.auto_first:
     shapes = sorted(shapes, key=lambda s: s != AUTO)
+  seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [None]
   Path(args.out).mkdir(parents=True, exist_ok=True)
+  if not args.cold_cache:
+    prepare(args, [s for s in shapes if s != AUTO])
   for budget in args.budgets.split(","):
-    for spec in args.data:
-      corpus, _, data = spec.partition("=")
-      for shape in shapes:
-        if (corpus, budget, shape) in have:
-          continue
-        if shape == AUTO and not PROBED:
-          PROBED.append(corpus)
-          probe(data, args)
-        row = one_run(shape, budget, corpus, data, args)
-        with runs_file(args).open("a") as f:
-          f.write(json.dumps(row) + "\n")
-        reports.log(f"{corpus} {budget} {shape}: val bpb {row.get('val_bpb')}, steps "
-                    f"{row.get('steps')}, wall {row['wall_s']:.1f} s, exit {row['exit']}, "
-                    f"others {row['load']['other_pct']['mean']}%" + (f"; {row['error']}"
-                                                               if row["error"] else ""))
-
-
-def summary(rows: list[dict]) -> list[dict]:
-  """Per corpus and budget: the grid's best hand shape against the auto pick."""
-  out = []
-  for corpus in dict.fromkeys(r["corpus"] for r in rows):
-    for budget in dict.fromkeys(r["budget"] for r in rows if r["corpus"] == corpus
-                                and r["budget_s"]):
-      here = [r for r in rows if (r["corpus"], r["budget"]) == (corpus, budget)
-              and r["exit"] == 0 and r.get("val_bpb")]
-      grid_rows = [r for r in here if r["shape"] != AUTO]
-      auto = next((r for r in here if r["shape"] == AUTO), None)
-      best = min(grid_rows, key=lambda r: r["val_bpb"], default=None)
-      out.append({"corpus": corpus, "budget": budget, "shapes": len(grid_rows),
-                  "best": best and best["shape"], "best_bpb": best and best["val_bpb"],
-                  "auto": auto and f"{auto['layers']}x{auto['width']}",
-                  "auto_bpb": auto and auto["val_bpb"],
-                  "gap": round(auto["val_bpb"] / best["val_bpb"] - 1, 4) if auto and best
-                  else None})
-  return out
-
-
-def _pick(r: dict) -> str:
-  return (f"{r['layers']}x{r['width']}, {r['n_heads']} heads, T {r['seq_len']}, B "
-          f"{r['batch_size']}, {fmt.count(r['params'])} params, {r['epochs']:.1f} epochs")
-
-
-def markdown(rows: list[dict], table: list[dict], machine: dict) -> str:
-  lines = [f"# model.size=auto against hand shapes at equal time budgets ({reports.timestamp()})",
-           "", reports.cpu_line(machine), "",
-           "| corpus | budget | auto pick | auto bpb | grid best | best bpb | auto/best - 1 | "
-           "shapes |", "|---|---|---|---|---|---|---|---|"]
-  for s in table:
-    auto = next((r for r in rows if (r["corpus"], r["budget"], r["shape"]) ==
-                 (s["corpus"], s["budget"], AUTO) and r["exit"] == 0), None)
-    gap = f"{100 * s['gap']:+.2f}%" if s["gap"] is not None else "-"
-    num = lambda x: f"{x:.4f}" if x else "-"
-    lines.append(f"| {s['corpus']} | {s['budget']} | {_pick(auto) if auto else '-'} | "
-                 f"{num(s['auto_bpb'])} | {s['best'] or '-'} | {num(s['best_bpb'])} | {gap} "
-                 f"| {s['shapes']} |")
-  lines += ["", "Every run (others: the other processes' share of the machine during it):", "",
-            "| corpus | budget | shape | params | steps | tokens | epochs | val bpb | val loss | "
-            "wall s | others | exit |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-  for r in rows:
-    ok = r["exit"] == 0 and r.get("steps")
-    lines.append(
-        f"| {r['corpus']} | {r['budget']} | {r['shape']}"
-        + (f" ({r['layers']}x{r['width']})" if ok and r["shape"] == AUTO else "")
-        + (f" | {fmt.count(r['params'])} | {r['steps']} | {fmt.count(r['tokens'])} | "
-           f"{r['epochs']:.1f} | {r['val_bpb']:.4f} | {r['final_val']:.4f}" if ok
-           else " | - | - | - | - | - | -")
-        + f" | {r['wall_s']:.1f} | {r['load']['other_pct']['mean']}% | {r['exit']} |")
-  return "\n".join(lines) + "\n"
-
-
-def chart(rows: list[dict], path: Path) -> None:
-  """Val bits per byte against the budget: a line per hand shape and the auto pick, per corpus."""
-  plt = reports.pyplot()
-  corpora = list(dict.fromkeys(r["corpus"] for r in rows))
-  fig, axes = plt.subplots(1, len(corpora), figsize=(6 * len(corpora), 4.5), squeeze=False)
-  for ax, corpus in zip(axes[0], corpora):
-    mine = [r for r in rows if r["corpus"] == corpus and r["exit"] == 0 and r.get("val_bpb")
-            and r["budget_s"]]
-    for i, shape in enumerate(dict.fromkeys(r["shape"] for r in mine)):
-      pts = sorted((r["budget_s"] / 60, r["val_bpb"]) for r in mine if r["shape"] == shape)
-      ax.plot(*zip(*pts), marker="o", label=shape, color="black" if shape == AUTO else f"C{i}",
-              linewidth=2.5 if shape == AUTO else 1.2)
-    ax.set_xscale("log")
-    ax.set_xlabel("time budget (min, whole command)")
-    ax.set_ylabel("final val bits per byte")
-    ax.set_title(corpus)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+    for seed in seeds:
+      for spec in args.data:
+        corpus, _, data = spec.partition("=")
+        for shape in shapes:
+          if (corpus, budget, shape, seed) in have:
+            continue
+          if shape == AUTO and corpus not in PROBED and not args.cold_cache:
+            PROBED.append(corpus)
+            probe(corpus, data, args)
+          row = one_run(shape, budget, corpus, data, args, seed)
+          # Other processes that took more than --max-others of the machine (they need not take
+          # the lock): the run is kept, marked, and run again by the next call.
+          row["noisy"] = bool(row["budget_s"]) and row["load"]["other_pct"]["mean"] > args.max_others
+          with runs_file(args).open("a") as f:
+            f.write(json.dumps(row) + "\n")
+          said = (f"{corpus} {budget} {shape} seed {seed}: val bpb {row.get('val_bpb')}, steps "
+                  f"{row.get('steps')}, wall {row['wall_s']:.1f} s, exit {row['exit']}, others "
+                  f"{row['load']['other_pct']['mean']}%" + (f"; {row['error']}" if row["error"]
+                                                             else ""))
+          reports.log(said)
+          if args.commit:
+            report(args)
+            commit(args, f"benchmarks/results: auto_size cell {said}")
 
 
 def report(args) -> None:
   rows = done(args)
   machine = reports.machine_info()
-  table = summary(rows)
+  table = auto_size_report.summary(rows)
   reports.write(args.out, NAME, {"machine": machine, "summary": table, "runs": rows},
-                markdown(rows, table, machine), lambda p: chart(rows, p))
+                auto_size_report.markdown(rows, table, machine),
+                lambda p: auto_size_report.chart(rows, p))
 
 
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--data", action="append", default=[], help="NAME=PATH of a text (repeatable)")
+  p.add_argument("--data", action="append", default=[],
+                 help="NAME=PATH of a text (repeatable; NAME= the Python standard library)")
+  p.add_argument("--tokenizer", action="append", default=[],
+                 help="NAME=TOKENIZER: that corpus's tokenizer for all but the tiers (repeatable)")
   p.add_argument("--budgets", default="1m,3m,10m")
-  p.add_argument("--shapes", default=SHAPES, help="hand shapes, LAYERSxWIDTH")
+  p.add_argument("--shapes", default=SHAPES,
+                 help=f"recipe, a tier ({', '.join(TIERS)}), LAYERSxWIDTH or auto, comma-separated")
+  p.add_argument("--seeds", default="", help="comma list of --config.seed (default: the config's)")
   p.add_argument("--config", default="configs/shakespeare_char.py")
   p.add_argument("--auto-only", action="store_true", help="the auto pick alone")
   p.add_argument("--no-auto", action="store_true", help="the hand shapes alone")
   p.add_argument("--auto-first", action="store_true", help="the auto pick before the hand shapes")
+  p.add_argument("--max-others", type=float, default=25.0,
+                 help="a run during which other processes took more of the machine (%%) runs again")
   p.add_argument("--lock", default="", help="hold this file's exclusive lock through each run")
   p.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "jaxtrain-auto-size"),
                  help="JAXTRAIN_CACHE of the runs: token cache and speed probe")
-  p.add_argument("--out", default=str(reports.results_dir(f"{NAME}-zen4")))
+  p.add_argument("--out", default="", help="the results folder (default: dated, named by CPU kind)")
+  p.add_argument("--cold-cache", action="store_true",
+                 help="each run from an empty jaxtrain cache too (a first-time user: no token "
+                 "cache, no speed probe, no matmul speed)")
+  p.add_argument("--rev", default="", help="the code's commit, recorded in each row")
+  p.add_argument("--commit", action="store_true",
+                 help="commit runs.jsonl and the tables in --out's repository after each run")
   p.add_argument("--report", action="store_true", help="only write the report from runs.jsonl")
   p.add_argument("--probe-only", action="store_true", help="only the speed probe (into --cache)")
   args, args.extra = p.parse_known_args()
+  args.tokenizers = dict(t.split("=", 1) for t in args.tokenizer)
+  args.out = args.out or str(reports.results_dir(f"{NAME}-{reports.cpu_tag(reports.machine_info())}"))
   if args.probe_only:
-    return probe(args.data[0].partition("=")[2], args)
+    corpus, _, data = args.data[0].partition("=")
+    return probe(corpus, data, args)
   if not args.report:
     grid(args)
   report(args)

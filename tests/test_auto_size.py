@@ -2,6 +2,7 @@
 fitted constants (tested without timing); a run says what it chose and why, writes it into
 config.json and a resumed run keeps it; given fields are kept; conflicts are one error line."""
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -77,9 +78,7 @@ def test_within_the_flat_valley_the_smaller_model_wins():
 
 
 def test_the_speed_fit_recovers_the_model_the_times_came_from():
-  shapes = [size_rule.Shape(n, d, d // 32, 128, 24) for n, d in speed_probe.PROBES]
-  rows = [{"features": size_rule.features(BASE, s, 5), "step_s": SPEED.step_s(BASE, s),
-           "layers": s.n_layers, "compile_s": 2.0 + 0.5 * s.n_layers} for s in shapes]
+  rows = [dict(r, compile_s=2.0 + 0.5 * r["layers"]) for r in _rows(SPEED)]
   fitted = speed_probe.fit(rows, 5)
   for s in size_rule.candidates({}, 128, 24):
     assert fitted.step_s(BASE, s) == pytest.approx(SPEED.step_s(BASE, s), rel=0.05)
@@ -98,8 +97,8 @@ def test_the_law_is_the_one_fitted_to_the_measured_runs():
     assert getattr(size_rule.LAW, name) == pytest.approx(value, rel=1e-3), name
   law, _ = auto_size_fit.fit(saved["points"])
   for pt in saved["points"]:
-    assert law.bpb(pt["n"], pt["d"], pt["u"]) == pytest.approx(
-        size_rule.LAW.bpb(pt["n"], pt["d"], pt["u"]), rel=2e-3)
+    assert auto_size_fit.predict(law, pt) == pytest.approx(
+        auto_size_fit.predict(size_rule.LAW, pt), rel=2e-3)
 
 
 @pytest.mark.slow
@@ -129,10 +128,12 @@ def _seed_speed(cache: Path, corpus_file: Path, speed_rows: list[dict]) -> None:
       "load": 0.0}}))
 
 
-def _speed(model: size_rule.SpeedModel | None, rows: int = len(speed_probe.PROBES)):
-  """What `speed_probe.speed_model` gives: `model`, from a cached probe of `rows` shapes."""
+def _speed(model: size_rule.SpeedModel | None, rows: int = len(speed_probe.PROBES),
+           here: bool = False):
+  """What `speed_probe.speed_model` gives: `model`, from a probe of `rows` shapes, cached or
+  measured by this run (`here`)."""
   value = {"rows": [{}] * rows, "seconds": 60.0, "share_s": 60.0}
-  return lambda *args, **kwargs: (model, measured.Measured(value, time.time() - 60, 0.0, False))
+  return lambda *args, **kwargs: (model, measured.Measured(value, time.time() - 60, 0.0, here))
 
 
 def _but_load(lines: list[str]) -> list[str]:
@@ -141,9 +142,11 @@ def _but_load(lines: list[str]) -> list[str]:
 
 
 def _rows(speed: size_rule.SpeedModel) -> list[dict]:
+  """Probe rows of PROBES as the probe writes them, their step times `speed`'s."""
   shapes = [size_rule.Shape(n, d, d // 32, 128, 24) for n, d in speed_probe.PROBES]
-  return [{"features": size_rule.features(BASE, s, 5), "step_s": speed.step_s(BASE, s),
-           "layers": s.n_layers, "compile_s": 1.0} for s in shapes]
+  return [{"shape": dataclasses.asdict(s), "features": size_rule.features(BASE, s, 5),
+           "step_s": speed.step_s(BASE, s), "layers": s.n_layers, "compile_s": 1.0,
+           "cached": False, "seconds": 2.0} for s in shapes]
 
 
 @pytest.mark.slow
@@ -239,25 +242,24 @@ def test_a_char_vocabulary_of_thousands_of_symbols_becomes_bytes(tiny, tmp_path,
   assert kept.data.tokenizer == "char" and corpus.tokenizer.name == "char"  # as given
 
 
-def test_a_probe_cut_too_short_for_a_fit_leaves_the_recipes_model(tiny, monkeypatch):
-  monkeypatch.setattr(speed_probe, "speed_model", _speed(None, rows=1))
+def test_a_probe_cut_too_short_for_a_fit_leaves_the_configs_model(tiny, monkeypatch):
+  monkeypatch.setattr(speed_probe, "speed_model", _speed(None, rows=1, here=True))
   tiny.model.size, tiny.train.time_budget = "auto", "1m"
   cfg, lines, _ = autosize.resolve(tiny, 60.0, t_start=time.time())
   assert (cfg.model.n_layers, cfg.model.d_model) == (tiny.model.n_layers, tiny.model.d_model)
-  assert lines == [f"model.size=auto: 1m00s of the budget measured 1 of the 6 shapes of the speed "
-                   f"probe, too few to choose from: the recipe's model, {tiny.model.n_layers}x"
-                   f"{tiny.model.d_model}, trains (a longer budget measures them, once)"]
+  assert lines == [f"model.size=auto: 1m00s of the budget measured 1 shape of the speed probe, "
+                   f"too few to choose from: the config's model, {tiny.model.n_layers}x"
+                   f"{tiny.model.d_model}, trains (a longer budget measures more, once)"]
 
 
 def test_a_probe_cut_short_holds_for_shapes_up_to_its_largest():
-  shapes = [size_rule.Shape(n, d, d // 32, 128, 24) for n, d in speed_probe.PROBES]
-  rows = [{"features": size_rule.features(BASE, s, 5), "step_s": SPEED.step_s(BASE, s),
-           "layers": s.n_layers, "compile_s": 1.0} for s in shapes[:3]]
+  rows = _rows(SPEED)[:3]
   partial = speed_probe.fit(rows, 5)
   assert partial.max_flops == max(r["features"][2] for r in rows)
   opts = size_rule.options(BASE, size_rule.candidates({}, 128, 24), partial, 3600, 10**6)
   assert opts and all(size_rule.features(BASE, o.shape, 0)[2] <= partial.max_flops for o in opts)
-  assert speed_probe.fit(rows + rows[:3], 5).max_flops == math.inf  # six rows: the whole probe
+  assert speed_probe.fit(_rows(SPEED), 5).max_flops == math.inf  # every shape: the whole probe
+  assert speed_probe.fit(rows + rows, 5).max_flops < math.inf  # six rows, three shapes
 
 
 @pytest.mark.slow
@@ -270,8 +272,9 @@ def test_the_probe_keeps_to_its_share_and_a_later_one_takes_up_what_it_left(tiny
   said = []
   model, found = speed_probe.speed_model(tiny, 66, "cpu", 0.0, said.append)
   assert model is None and found.value["rows"] == [] and found.here
-  assert said == [f"model.size=auto: measuring this machine's speed on 6 shapes, in at most 0.0s "
-                  f"(once: cached in {tmp_path / measured.FILE})"]
+  assert said == [f"model.size=auto: measuring this machine's speed on 7 shapes, in at most 0.0s "
+                  f"(once: cached in {tmp_path / measured.FILE})"]  # its own 2x32, then PROBES
+  assert found.value["seconds"] < 5  # stopped at its deadline, at once
   rows = json.loads(json.dumps([dict(r, seconds=0.001) for r in _rows(SPEED)[:2]]))
   cached = json.loads((tmp_path / measured.FILE).read_text())
   for entry in cached.values():
@@ -285,7 +288,7 @@ def test_the_probe_keeps_to_its_share_and_a_later_one_takes_up_what_it_left(tiny
   monkeypatch.setattr(measured, "_here", {})
   model, found = speed_probe.speed_model(tiny, 66, "cpu", 0.01, said.append)
   assert found.here and found.value["rows"] == rows  # the two kept; none more in 0.01 s
-  assert said[-1].startswith("model.size=auto: measuring this machine's speed on 4 more shapes")
+  assert said[-1].startswith("model.size=auto: measuring this machine's speed on 5 more shapes")
 
 
 @pytest.mark.slow
@@ -315,3 +318,92 @@ def test_a_cached_probe_is_slowed_by_the_load_now(tiny, tmp_path, monkeypatch):
       "model.size=auto: other processes keep ") and said[0].endswith(
       f"its steps are counted at {speed_probe.MIN_SHARE:.0%} of them"), said
   assert model.coef == pytest.approx([c / speed_probe.MIN_SHARE for c in quiet.coef])
+
+
+def test_a_probe_may_take_only_what_a_better_shape_could_repay():
+  # The most a probe may take: the best shape trained in what it leaves is predicted better, by
+  # FLAT, than the fallback trained in the whole time. None where the fallback is the best already.
+  shapes = size_rule.candidates({}, 128, 24)
+  u = 1_000_000
+  for budget in (60, 600, 3600):
+    opts = size_rule.options(BASE, shapes, SPEED, budget, u)
+    best = size_rule.choose(opts)[0].shape
+    assert size_rule.repayable_s(BASE, shapes, SPEED, budget, u, best, budget / 4) == 0.0
+  small = size_rule.Shape(2, 64, 2, 128, 24)  # a fallback far too small for long budgets
+  repay = [size_rule.repayable_s(BASE, shapes, SPEED, b, u, small, b) for b in (300, 600, 3600)]
+  assert 0 < repay[0] < repay[1] < repay[2] < 3600
+  kept = size_rule.options(BASE, [small], SPEED, 600, u)[0].bpb
+  after = min(o.bpb for o in size_rule.options(BASE, shapes, SPEED, 600 - repay[1], u))
+  assert after == pytest.approx(kept * (1 - size_rule.FLAT), rel=1e-3)
+  assert size_rule.repayable_s(BASE, shapes, SPEED, 600, u, small, 10.0) == 10.0  # at most
+
+
+def _seed_matmul(cache: Path, gflops: float) -> None:
+  """This machine's numpy matmul speed as the cache dir holds it (the prior reads it)."""
+  name = f"numpy_matmul:{measured.key(speed_probe.MATMUL_N)}"
+  cache.mkdir(parents=True, exist_ok=True)
+  file = cache / measured.FILE
+  held = json.loads(file.read_text()) if file.exists() else {}
+  held[name] = {"value": gflops, "time": time.time(), "load": 0.0}
+  file.write_text(json.dumps(held))
+
+
+def test_a_first_run_whose_budget_cannot_repay_a_probe_measures_nothing(tmp_path, monkeypatch):
+  # An empty cache, a 1-minute budget, a text the law was never fitted on (generated, 1 MB): on a
+  # machine as fast as the reference, a probe would cost more than a better shape could win back,
+  # so none starts; the line says so before any of the budget is spent, and the config's own
+  # model trains. A 1-hour budget would measure.
+  rng = np.random.default_rng(1)
+  words = ["".join(chr(97 + int(c)) for c in rng.integers(0, 26, n))
+           for n in rng.integers(2, 9, 3000)]
+  text = "\n".join(" ".join(words[i] for i in rng.integers(0, 3000, 12)) for _ in range(14000))
+  (tmp_path / "held_out.txt").write_text(text)
+  cache = tmp_path / "cache"
+  monkeypatch.setenv("JAXTRAIN_CACHE", str(cache))
+  monkeypatch.setattr(measured, "_here", {})
+  _seed_matmul(cache, speed_probe.REFERENCE_GFLOPS)
+
+  def no_probe(*args, **kwargs):
+    raise AssertionError("a probe process was started")
+
+  monkeypatch.setattr(speed_probe.subprocess, "Popen", no_probe)
+  cfg = jt.load_config(str(ROOT / "configs/shakespeare_char.py"), **{
+      "data.path": str(tmp_path / "held_out.txt"), "model.size": "auto",
+      "train.time_budget": "1m", "workdir": str(tmp_path / "run")})
+  said = []
+  chosen, lines, _ = autosize.resolve(cfg, 60.0, say=said.append, t_start=time.time())
+  assert (chosen.model.n_layers, chosen.model.d_model, chosen.model.n_heads) == (2, 96, 3)
+  assert not [x for x in said if "model.size=auto" in x] and len(lines) == 1, lines
+  assert lines[0].startswith("model.size=auto: no speed probe: on this machine (a matmul 1x the "
+                             "reference's speed) measuring 2 shapes would take ~"), lines
+  assert "the config's model, 2x96, trains (a budget of " in lines[0]
+  assert "auto_speed" not in (cache / measured.FILE).read_text()
+  with pytest.raises(AssertionError, match="a probe process was started"):
+    autosize.resolve(cfg, 3600.0, say=said.append, t_start=time.time())
+
+
+@pytest.mark.slow
+def test_the_probe_compiles_the_train_step_a_run_of_its_shape_then_reads(tiny, tmp_path,
+                                                                        monkeypatch):
+  # The probe measures the config's own shape first, into the run's compile cache: a run of that
+  # shape compiles no train step of its own (the one file of it is the probe's), and a probe
+  # that finds it cached says so.
+  xla = tmp_path / "xla"
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(xla))
+  measured_ = _rows(SPEED)  # every other shape measured already
+  said = []
+  first = speed_probe.run_probe(tiny, 256, "cpu", 300.0, said.append, measured_, eot_id=255)
+  new = first["rows"][len(measured_):]
+  assert [(r["layers"], r["shape"]["d_model"], r["cached"]) for r in new] == [(2, 32, False)]
+  steps = sorted(p.name for p in xla.glob("jit_train_step-*"))
+  assert len(steps) == 1
+  again = speed_probe.run_probe(tiny, 256, "cpu", 300.0, said.append, measured_, eot_id=255)
+  assert again["rows"][-1]["cached"] and "(from the compile cache)" in said[-1]
+  config = tmp_path / "tiny_config.py"
+  config.write_text("from jaxtrain.testing import tiny_config\n\n\ndef get_config():\n"
+                    f"  return tiny_config(**{{'data.path': {tiny.data.path!r}}})\n")
+  res = run_cli(f"--config={config}", f"--config.workdir={tmp_path / 'run'}",
+                "--config.train.max_steps=2", "--config.sample.num_samples=0",
+                "--config.headless=True", env={"JAX_COMPILATION_CACHE_DIR": str(xla)})
+  assert res.returncode == 0, res.stderr[-2000:]
+  assert sorted(p.name for p in xla.glob("jit_train_step-*")) == steps

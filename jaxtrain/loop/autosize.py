@@ -21,7 +21,7 @@ from jaxtrain.core import model as model_lib
 from jaxtrain.data import corpus as corpus_lib
 from jaxtrain.data import tokenizer
 from jaxtrain.measure import size_rule, speed_probe
-from jaxtrain.system import fmt, machine, paths, startup
+from jaxtrain.system import fmt, machine, measured, paths, startup
 from jaxtrain.system.errors import ConfigError
 
 # Learning rates of the recipe the law was fitted with (configs/shakespeare_char.py): Muon's
@@ -58,25 +58,24 @@ def resolve(cfg: ml_collections.ConfigDict, budget_s: float, explicit: Collectio
                              else machine.process_age_s())
   cfg, corpus, lines = _corpus(cfg, explicit, say)
   vocab = tokenizer.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
-  speed, found = speed_probe.speed_model(cfg, vocab, startup.platform()[0],
-                                            PROBE_SHARE * left(), say)
-  left_s = left()
-  if speed is None:
-    m = cfg.model
-    return cfg, [*lines, f"model.size=auto: {fmt.duration(found.value['share_s'])} of the budget "
-                 f"measured {len(found.value['rows'])} of the {len(speed_probe.PROBES)} shapes "
-                 f"of the speed probe, too few to choose from: the recipe's model, "
-                 f"{m.n_layers}x{m.d_model}, trains (a longer budget measures them, once)"], corpus
   fixed = {f: validate.get(cfg, f) for f in size_rule.SHAPE_FIELDS if f in explicit}
   shapes = size_rule.candidates(fixed, CONTEXT, BATCH)
+  # The run's fields but the shape: a probed shape's train step is then the very one a run of it
+  # compiles (and reads from the compile cache the probe filled).
+  rates = {f: v for f, v in LRS.items() if cfg.optim.name == "muon" and f not in explicit}
+  cfg = loading.override(cfg.copy_and_resolve_references(), **rates)
   base = model_lib.ModelConfig.from_config(cfg.model, vocab)
-  opts = size_rule.options(base, shapes, speed, left_s, len(corpus.train))
+  speed, found, why = _speed(cfg, base, shapes, corpus, left(), say)
+  left_s = left()
+  if speed is None:
+    return cfg, [*lines, why], corpus
+  opts = size_rule.options(base, shapes, speed, left_s, len(corpus.train),
+                           bytes_per_token=_bytes_per_token(corpus))
   if not opts:
     raise _none_fits(cfg, fixed, shapes, left_s)
   pick, near = size_rule.choose(opts)
-  values = pick.shape.fields() | {f: v for f, v in LRS.items() if cfg.optim.name == "muon"}
-  cfg = loading.override(cfg.copy_and_resolve_references(),
-                         **{f: v for f, v in values.items() if f not in explicit})
+  cfg = loading.override(cfg, **{f: v for f, v in pick.shape.fields().items()
+                                  if f not in explicit})
   # What was chosen and why, and the nearest candidates rejected.
   probed = f" (the speed probe took {fmt.duration(found.value['seconds'])} of it)" * found.here
   s = pick.shape
@@ -93,6 +92,61 @@ def resolve(cfg: ml_collections.ConfigDict, budget_s: float, explicit: Collectio
         else "fewer params than the time can train"
     lines.append(f"  rejected {o.shape.name}: {_said(o)} ({why})")
   return cfg, lines, corpus
+
+
+def _speed(cfg: ml_collections.ConfigDict, base: model_lib.ModelConfig, shapes: list,
+           corpus: corpus_lib.Corpus, left_s: float, say
+           ) -> tuple[size_rule.SpeedModel | None, measured.Measured | None, str]:
+  """(this machine's speed model, the probe's record, "") where it is cached or a probe the
+  budget can repay measures it; else (None, the record, the line that says why the config's own
+  model trains). What the budget can repay, and what a probe would cost, are the prior's (the
+  reference machine's speed scaled by this one's matmul speed): a budget that cannot repay a
+  probe spends nothing on one."""
+  prior, slower = speed_probe.prior(cfg)
+  m = cfg.model
+  own = size_rule.Shape(m.n_layers, m.d_model, m.n_heads, m.seq_len, cfg.train.batch_size)
+  unique = len(corpus.train)
+  bpt = _bytes_per_token(corpus)
+  repay = size_rule.repayable_s(base, shapes, prior, left_s, unique, own, PROBE_SHARE * left_s,
+                                bytes_per_token=bpt)
+  first = speed_probe.probe_shapes(cfg)[:speed_probe.MIN_SHAPES]
+  need = speed_probe.probe_cost(prior, base, cfg, first, slower)
+  speed, found = speed_probe.speed_model(cfg, base.vocab_size, startup.platform()[0], repay,
+                                         say, need, corpus.tokenizer.eot_id)
+  if speed is not None:
+    return speed, found, ""
+  if found is not None and found.here:
+    v = found.value
+    return None, found, (
+        f"model.size=auto: {fmt.duration(v['share_s'])} of the budget measured {len(v['rows'])} "
+        f"shape{'s' * (len(v['rows']) != 1)} of the speed probe, too few to choose from: the "
+        f"config's model, {m.n_layers}x{m.d_model}, trains (a longer budget measures more, once)")
+  longer = _repaying_budget(base, shapes, prior, unique, own, need, left_s, bpt)
+  return None, found, (
+      f"model.size=auto: no speed probe: on this machine (a matmul {1 / slower:.2g}x the "
+      f"reference's speed) measuring {len(first)} shapes would take ~{fmt.duration(need)}, more "
+      f"than the {fmt.duration(repay)} of the {fmt.duration(left_s)} left that a better shape "
+      f"could repay: the config's model, {m.n_layers}x{m.d_model}, trains"
+      + (f" (a budget of {fmt.duration(longer)} or more measures it, once)" if longer else ""))
+
+
+def _repaying_budget(base, shapes, prior, unique: int, own, need_s: float, left_s: float,
+                     bpt: float) -> float | None:
+  """The shortest budget (in steps of a quarter, up to a day) whose time left repays a probe
+  that takes `need_s`, as the prior predicts; None where none does."""
+  t = left_s
+  while t < 86400:
+    t *= 1.25
+    if size_rule.repayable_s(base, shapes, prior, t, unique, own, PROBE_SHARE * t,
+                             bytes_per_token=bpt) >= need_s:
+      return t
+  return None
+
+
+def _bytes_per_token(corpus: corpus_lib.Corpus) -> float:
+  """How many bytes of text a token of the corpus holds (the law counts bytes); 1 where unknown
+  (token files)."""
+  return corpus.n_bytes / len(corpus.tokens) if corpus.n_bytes and len(corpus.tokens) else 1.0
 
 
 def _corpus(cfg: ml_collections.ConfigDict, explicit: Collection[str], say

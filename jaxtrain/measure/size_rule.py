@@ -9,7 +9,9 @@ its parameters N (block matrices and the output head: the ones that cost FLOPs) 
                                            D' = U (1 + R (1 - exp(-(D/U - 1) / R)))  (D > U)
 
 D' is Muennighoff et al.'s effective data (arXiv 2305.16264): each further epoch is worth less
-than the one before, and D' never exceeds (1 + R) U. The pick is the lowest prediction; where
+than the one before, and D' never exceeds (1 + R) U. D and U are counted in bytes of text (the
+tokens times the corpus's bytes per token: 1 for characters of ASCII text, ~2 for a small BPE),
+so that tokenizers compare. The pick is the lowest prediction; where
 another shape is predicted within `FLAT` of it (the valley is flat: Kaplan et al. Fig. 5), the one
 with fewer parameters (fewer epochs' overfitting, a cheaper compile).
 """
@@ -156,8 +158,9 @@ def candidates(fixed: dict, seq_len: int, batch_size: int) -> list[Shape]:
 
 
 def options(base: model_lib.ModelConfig, shapes: list[Shape], speed: SpeedModel, left_s: float,
-            unique_tokens: int, law: LossLaw = LAW) -> list[Option]:
-  """Every shape that trains at least one step in `left_s`, with its prediction."""
+            unique_tokens: int, law: LossLaw = LAW, bytes_per_token: float = 1.0) -> list[Option]:
+  """Every shape that trains at least one step in `left_s`, with its prediction (the law reads
+  tokens as bytes of text: `bytes_per_token` of the corpus's tokenizer)."""
   out = []
   for s in shapes:
     steps = speed.steps(base, s, left_s)
@@ -167,7 +170,7 @@ def options(base: model_lib.ModelConfig, shapes: list[Shape], speed: SpeedModel,
     params = model_lib.matmul_param_count(model_config(base, s))
     out.append(Option(s, params, steps, tokens, tokens / unique_tokens,
                       s.batch_size * s.seq_len / speed.step_s(base, s),
-                      law.bpb(params, tokens, unique_tokens)))
+                      law.bpb(params, tokens * bytes_per_token, unique_tokens * bytes_per_token)))
   return out
 
 
@@ -179,3 +182,29 @@ def choose(opts: list[Option]) -> tuple[Option, list[Option]]:
   larger = [o for o in opts if o.params > pick.params]
   near = [min(side, key=lambda o: o.bpb) for side in (smaller, larger) if side]
   return pick, near
+
+
+def repayable_s(base: model_lib.ModelConfig, shapes: list[Shape], speed: SpeedModel,
+                left_s: float, unique_tokens: int, fallback: Shape, at_most: float,
+                law: LossLaw = LAW, bytes_per_token: float = 1.0) -> float:
+  """The most seconds (up to `at_most`) a speed probe may take of `left_s` and still pay for
+  itself, as `speed` predicts: the best of `shapes` trained in the time the probe leaves is
+  predicted lower, by more than FLAT, than the `fallback` shape trained in all of `left_s`
+  (what a run that measures nothing trains). 0 where none is even with no probe."""
+  def best(t: float) -> float:
+    return min((o.bpb for o in options(base, shapes, speed, t, unique_tokens, law,
+                                       bytes_per_token)), default=math.inf)
+
+  kept = options(base, [fallback], speed, left_s, unique_tokens, law, bytes_per_token)
+  if not kept:  # the fallback trains no step: whatever is measured is worth it
+    return at_most
+  target = kept[0].bpb * (1 - FLAT)
+  if best(left_s) >= target:
+    return 0.0
+  if best(left_s - at_most) < target:
+    return at_most
+  lo, hi = 0.0, at_most  # best(left_s - lo) < target <= best(left_s - hi)
+  while hi - lo > 0.05:
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if best(left_s - mid) < target else (lo, mid)
+  return lo

@@ -62,18 +62,26 @@ def measured(what: str, parts: Sequence, measure: Callable[[Any], Any], max_age_
   mine = _here.get(name)
   if mine is not None and enough(mine.value):
     return mine
-  file = Path(paths.cache_dir()) / FILE
-  entry = paths.read_dict(file).get(name)
-  usable = os.environ.get(AGAIN) != "1" and isinstance(entry, dict) and \
-      {"value", "time"} <= set(entry) and (entry.get("load") or 0.0) <= BUSY and \
-      0 <= time.time() - entry["time"] < max_age_s
-  if usable and enough(entry["value"]):
-    return Measured(entry["value"], entry["time"], entry.get("load"), here=False)
-  value, load = machine.with_load(lambda: measure(entry["value"] if usable else None))
+  found = cached(what, parts, max_age_s)
+  if found is not None and enough(found.value):
+    return found
+  value, load = machine.with_load(lambda: measure(found.value if found else None))
   _here[name] = found = Measured(value, time.time(), load, here=True)
+  file = Path(paths.cache_dir()) / FILE
   cache = paths.read_dict(file)  # read again: another process may have written
   cache[name] = {"value": value, "time": found.time, "load": load}
   with contextlib.suppress(OSError):  # a read-only cache dir only costs the measurement again
     file.parent.mkdir(parents=True, exist_ok=True)
     paths.write_json(file, cache)
   return found
+
+
+def cached(what: str, parts: Sequence, max_age_s: float = math.inf) -> Measured | None:
+  """The figure for `what` as the cache dir holds it, where usable (taken on quiet cores less
+  than `max_age_s` ago, $JAXTRAIN_MEASURE_AGAIN unset); else None. Measures nothing."""
+  name = f"{what}:{key(*parts)}"
+  entry = paths.read_dict(Path(paths.cache_dir()) / FILE).get(name)
+  usable = os.environ.get(AGAIN) != "1" and isinstance(entry, dict) and \
+      {"value", "time"} <= set(entry) and (entry.get("load") or 0.0) <= BUSY and \
+      0 <= time.time() - entry["time"] < max_age_s
+  return Measured(entry["value"], entry["time"], entry.get("load"), here=False) if usable else None
