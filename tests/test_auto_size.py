@@ -395,7 +395,7 @@ def test_the_probe_compiles_the_train_step_a_run_of_its_shape_then_reads(tiny, t
   first = speed_probe.run_probe(tiny, 256, "cpu", 300.0, said.append, measured_, eot_id=255)
   new = first["rows"][len(measured_):]
   assert [(r["layers"], r["shape"]["d_model"], r["cached"]) for r in new] == [(2, 32, False)]
-  steps = sorted(p.name for p in xla.glob("jit_train_step-*"))
+  steps = sorted(p.name for p in xla.glob("jit_train_step-*-cache"))
   assert len(steps) == 1
   again = speed_probe.run_probe(tiny, 256, "cpu", 300.0, said.append, measured_, eot_id=255)
   assert again["rows"][-1]["cached"] and "(from the compile cache)" in said[-1]
@@ -406,4 +406,4 @@ def test_the_probe_compiles_the_train_step_a_run_of_its_shape_then_reads(tiny, t
                 "--config.train.max_steps=2", "--config.sample.num_samples=0",
                 "--config.headless=True", env={"JAX_COMPILATION_CACHE_DIR": str(xla)})
   assert res.returncode == 0, res.stderr[-2000:]
-  assert sorted(p.name for p in xla.glob("jit_train_step-*")) == steps
+  assert sorted(p.name for p in xla.glob("jit_train_step-*-cache")) == steps

@@ -290,12 +290,13 @@ def test_an_extension_trains_resumes_bit_for_bit_and_samples(corpus_file, tmp_pa
   """The docs' three examples at once, from the command line: a sliding window with optax's Lion
   and a new schedule, stopped by SIGINT and resumed, ends bit for bit where an uninterrupted run
   ends; it samples; changed code is refused on resume, or allowed by a flag."""
-  window = tmp_path / "window.py"
-  window.write_text((EXAMPLES / "window.py").read_text())
+  window = tmp_path / "window.py"  # its own name: another test of this process has registered the example's
+  window.write_text((EXAMPLES / "window.py").read_text().replace('("window"', '("my_window"'))
+  assert '("my_window"' in window.read_text()
   extend = f"{window},{EXAMPLES / 'lion.py'},{EXAMPLES / 'sqrt_decay.py'}"
   args = lambda workdir, steps: [  # noqa: E731
       "--config=nano", "--jax_platforms=cpu", f"--config.extend={extend}",
-      "--config.model.attention_variant=window", "--config.ext.window.size=8",
+      "--config.model.attention_variant=my_window", "--config.ext.my_window.size=8",
       "--config.optim.name=lion", "--config.optim.schedule=sqrt_decay", "--config.optim.lr=2e-3",
       f"--config.data.path={corpus_file}", f"--config.workdir={workdir}",
       f"--config.train.max_steps={steps}", "--config.model.n_layers=1", "--config.model.d_model=32",
@@ -305,7 +306,7 @@ def test_an_extension_trains_resumes_bit_for_bit_and_samples(corpus_file, tmp_pa
       "--config.sample.max_new_tokens=8", "--config.optim.warmup_steps=2", "--config.headless=True"]
   whole = run_cli(*args(tmp_path / "whole", 24))
   assert whole.returncode == 0, whole.stderr[-2000:]
-  assert re.search(r"^components: model\.attention_variant=window \(.*window\.py, line 10\), "
+  assert re.search(r"^components: model\.attention_variant=my_window \(.*window\.py, line 10\), "
                    r"optim\.name=lion .*sampling extends a key-value cache$", whole.stdout, re.M)
   proc = subprocess.Popen([sys.executable, "-m", "jaxtrain", *args(tmp_path / "legs", 24)],
                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

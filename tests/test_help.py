@@ -24,9 +24,10 @@ OWN_FLAGS = {
     "jaxtrain.serve": ["--workdir", "--step=latest", "--host=127.0.0.1", "--port=8000", "--name",
                        "--batch_size=8", "--queue=64", "--max_tokens=1024", "--drain_s=30.0",
                        "--api_key", "--jax_platforms"],
-    "jaxtrain.compare": ["RUN", "--out=DIR", "--by=METRIC"],
+    "jaxtrain.compare": ["RUN", "--out=DIR", "--by=METRIC", "--baseline=RUN"],
     "jaxtrain.sweep": ["--config=FILE", "--sweep=FIELD=V1,V2", "--root=DIR", "--parallel=1",
-                       "--progress_every_s=30", "--config.FIELD=V", "--jax_*"],
+                       "--progress_every_s=30", "--seeds=1", "--baseline=RUN", "--[no]compile_ahead",
+                       "--config.FIELD=V", "--jax_*"],
 }
 
 

@@ -59,7 +59,7 @@ def test_a_dry_run_shows_the_config_memory_and_plan_and_writes_nothing(corpus_fi
   assert result.returncode == 0, result.stderr
   out = result.stdout
   assert out.startswith("config, resolved (* differs from the default):\n")
-  assert "  model: " in out and " d_model=32* " in out and " max_steps=20* " in out
+  assert "  model: " in out and re.search(r"\sd_model=32\*\s", out) and re.search(r"\smax_steps=20\*\s", out)
   assert "\nmemory per device: ~" in out and "\nmodel: " in out
   assert "\nplan: 20 steps x 256 tokens = 5.12k tokens (" in out
   assert "\nevaluations: 2 (every 10 steps and at step 20), each on 2 batches of 8 x 32 tokens" in out
