@@ -374,6 +374,38 @@ def test_the_one_file_gpt_is_the_built_in_model(corpus_file, tmp_path):
   assert losses["gpt"][1] < 3.0  # it learned (a byte model starts near ln 256 = 5.5)
 
 
+@pytest.mark.slow
+def test_the_one_file_gpt_resumes_bit_for_bit_and_compares(corpus_file, tmp_path):
+  """The docs' one-file GPT from the command line: stopped by SIGINT and resumed, it ends bit for
+  bit where an uninterrupted run ends, and jaxtrain-compare takes both runs."""
+  args = lambda workdir: [  # noqa: E731
+      "--config=nano", "--jax_platforms=cpu", f"--config.extend={EXAMPLES / 'one_file_gpt.py'}",
+      "--config.model.arch=one_file_gpt", f"--config.data.path={corpus_file}",
+      f"--config.workdir={workdir}", "--config.train.max_steps=16", "--config.model.d_model=32",
+      "--config.model.n_heads=2", "--config.model.n_kv_heads=1", "--config.model.seq_len=32",
+      "--config.train.batch_size=4", "--config.train.log_every=1", "--config.train.eval_every=8",
+      "--config.train.eval_steps=1", "--config.train.checkpoint_every=4",
+      "--config.sample.num_samples=0", "--config.headless=True"]
+  whole = run_cli(*args(tmp_path / "whole"))
+  assert whole.returncode == 0, whole.stderr[-2000:]
+  proc = subprocess.Popen([sys.executable, "-m", "jaxtrain", *args(tmp_path / "legs")], cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  for line in proc.stdout:  # stopped by Ctrl-C once it trains
+    if re.match(r"step +5/16 ", line):
+      proc.send_signal(signal.SIGINT)
+      break
+  assert proc.wait(timeout=600) == 130
+  legs = run_cli(*args(tmp_path / "legs"))
+  assert legs.returncode == 0 and "resumed from checkpoint" in legs.stdout, legs.stdout[-2000:]
+  testing.assert_trees_equal(_final(tmp_path / "whole"), _final(tmp_path / "legs"))
+  compared = subprocess.run([sys.executable, "-m", "jaxtrain.compare", str(tmp_path / "whole"),
+                             str(tmp_path / "legs")], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+  assert compared.returncode == 0, compared.stderr[-2000:]
+  rows = [line.split()[0] for line in compared.stdout.splitlines()[2:4]]
+  assert sorted(rows) == ["legs", "whole"], compared.stdout
+
+
 def test_a_new_built_in_is_one_module_no_positions_is_causal():
   """`none` positions, added in core/layers.py alone: the model stays causal, with the params of
   RoPE's (which has none) and the causal mask as its only sense of order."""
