@@ -10,7 +10,7 @@ import math
 
 import ml_collections
 
-from jaxtrain.config import extensions
+import jaxtrain.config.extensions as extensions  # the module, not the package's __init__
 
 # model.norm, pos, mlp, attention_variant, block, arch, optim.name, schedule and loss_term name
 # components of a registry (core/registry.py), built-in or an extension's (`extend`): no list here.

@@ -92,7 +92,7 @@ def _run(spec: str, path: str) -> None:
       module = importlib.util.module_from_spec(module_spec)
       module_spec.loader.exec_module(module)
     elif spec in sys.modules:
-      importlib.reload(sys.modules[spec])  # changed since this process imported it
+      importlib.reload(sys.modules.get(spec))  # changed since this process imported it
     else:
       importlib.import_module(spec)
   except UserError as e:  # jaxtrain's own refusal (a name taken twice): said as it is

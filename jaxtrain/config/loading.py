@@ -11,8 +11,9 @@ from pathlib import Path
 
 import ml_collections
 
-import jaxtrain.config.schema as schema  # the module itself: not through the package's __init__
-from jaxtrain.config import extensions
+# The modules themselves, not through the package's __init__ (which imports this one)
+import jaxtrain.config.extensions as extensions
+import jaxtrain.config.schema as schema
 from jaxtrain.config.defaults import default_config
 from jaxtrain.system.errors import ConfigError, UserError
 

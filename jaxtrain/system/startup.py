@@ -103,8 +103,8 @@ def platform(environ: dict | None = None, argv: list[str] | None = None) -> tupl
   environ = os.environ if here else environ
   argv = (sys.argv if here else []) if argv is None else argv
   given = [(_flag(argv, "jax_platforms"), "--jax_platforms")]
-  if here and "jax" in sys.modules:
-    given.append((sys.modules["jax"].config.jax_platforms, "jax_platforms (jax.config)"))
+  if here and (jax := sys.modules.get("jax")) is not None:
+    given.append((jax.config.jax_platforms, "jax_platforms (jax.config)"))
   given.append((environ.get("JAX_PLATFORMS"), "JAX_PLATFORMS"))
   for value, name in given:
     if value:
