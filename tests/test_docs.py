@@ -41,6 +41,8 @@ NOT_HERE = [
      "(tests/test_first_week.py checks how it is made, and the line where it cannot be had)"),
     (r"^wandb (login|sync)", "talks to the W&B service over the network (tests/test_wandb.py "
                              "checks offline runs)"),
+    (r"^python benchmarks/track\.py", "takes 5 minutes of a quiet machine (tests/test_track.py "
+     "checks its held-out text and its score)"),
     (r"--config\.distributed\.num_processes=[2-9]",
      "one process per host of a multi-host jax.distributed run (tests/test_scale_out.py runs two "
      "processes on one machine)"),
