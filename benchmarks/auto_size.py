@@ -15,7 +15,7 @@ of 64 and a BPE vocabulary: the sizes the public guide to training nanochat on a
 per time), `LxW` (heads of 32 below width 192, else 64) or `auto` (`--config.model.size=auto`);
 all keep the config's context, batch and learning rates. `--data=code=` is the default corpus,
 the Python standard library's sources; `--tokenizer=NAME=TOK` is that corpus's tokenizer but for
-the tiers (`byte` on the code, whose characters number in the thousands). Wall time counts from
+the tiers and auto, which chooses its own (`byte` for the recipe's shape on the code). Wall time counts from
 spawning the command to its exit. With `--lock`, each run holds that file's exclusive lock (taken
 before its clock starts), so runs of other programs that share the lock do not overlap it. Each
 run's record (final val bits per byte, steps, params, tokens and epochs, wall time, the other
@@ -80,9 +80,9 @@ def run_args(shape: str, budget: str, data: str, args, seed: int | None = None,
     return [*base, f"--config.model.n_layers={layers}", f"--config.model.d_model={width}",
             f"--config.model.n_heads={width // 64}", "--config.data.tokenizer=bpe",
             f"--config.data.vocab_size={vocab}"]
-  base += [f"--config.data.tokenizer={tokenizer}"] if tokenizer else []
-  if shape == AUTO:
+  if shape == AUTO:  # the tokenizer is auto's to choose, as a user's command leaves it
     return [*base, "--config.model.size=auto"]
+  base += [f"--config.data.tokenizer={tokenizer}"] if tokenizer else []
   if shape == RECIPE:
     return base
   layers, width = map(int, shape.split("x"))

@@ -95,10 +95,10 @@ def test_the_law_is_the_one_fitted_to_the_measured_runs():
   saved = json.loads(FIT.read_text())
   for name, value in saved["law"].items():
     assert getattr(size_rule.LAW, name) == pytest.approx(value, rel=1e-3), name
-  law, _ = auto_size_fit.fit(saved["points"])
+  law, levels, _ = auto_size_fit.fit(saved["points"])
   for pt in saved["points"]:
-    assert auto_size_fit.predict(law, pt) == pytest.approx(
-        auto_size_fit.predict(size_rule.LAW, pt), rel=2e-3)
+    assert auto_size_fit.predict(law, pt, levels) == pytest.approx(
+        auto_size_fit.predict(size_rule.LAW, pt, saved.get("levels")), rel=2e-3)
 
 
 @pytest.mark.slow
@@ -240,6 +240,30 @@ def test_a_char_vocabulary_of_thousands_of_symbols_becomes_bytes(tiny, tmp_path,
                              "symbols")  # the text's 2000, a line end and the end-of-text
   kept, lines, corpus = autosize.resolve(tiny, 600.0, ("data.tokenizer",), t_start=time.time())
   assert kept.data.tokenizer == "char" and corpus.tokenizer.name == "char"  # as given
+
+
+def test_a_text_the_budget_trains_less_than_once_through_becomes_bpe(tiny, tmp_path, monkeypatch):
+  # ~1.4 MB of code-like text and 30 seconds: the pick sees it less than 4 times in bytes, so it
+  # trains on a BPE learned from it; given a tokenizer, or on a small text, the bytes stay.
+  monkeypatch.setattr(speed_probe, "speed_model", _speed(SPEED))
+  rng = np.random.default_rng(0)
+  words = np.array(["def ", "return ", "self.", "import ", "class ", "x", "y", " = ", " + ", "(",
+                    "):\n", "\n    ", "if ", "for ", " in ", "range(", "None", "0", "1", ", "])
+  (tmp_path / "code.txt").write_text("".join(rng.choice(words, 400_000)))
+  tiny.data.path, tiny.data.tokenizer = str(tmp_path / "code.txt"), "byte"
+  tiny.model.size, tiny.train.time_budget = "auto", "30s"
+  cfg, lines, corpus = autosize.resolve(tiny, 30.0, t_start=time.time())
+  assert (cfg.data.tokenizer, cfg.data.vocab_size) == ("bpe", autosize.BPE_VOCAB)
+  assert corpus.tokenizer.name == "bpe" and corpus.n_bytes / len(corpus.tokens) > 2
+  said = [line for line in lines if "data.tokenizer=bpe" in line]
+  assert said and "epochs of this text in bytes (at most 4)" in said[0], lines
+  assert "--config.data.tokenizer=byte keeps it" in said[0]
+  kept, _, corpus = autosize.resolve(tiny, 30.0, ("data.tokenizer",), t_start=time.time())
+  assert kept.data.tokenizer == "byte" and corpus.tokenizer.name == "byte"  # as given
+  tiny.data.path = str(tmp_path / "small.txt")
+  (tmp_path / "small.txt").write_text("".join(rng.choice(words, 20_000)))
+  small, _, corpus = autosize.resolve(tiny, 30.0, t_start=time.time())
+  assert small.data.tokenizer == "byte" and corpus.tokenizer.name == "byte"  # seen many times
 
 
 def test_a_probe_cut_too_short_for_a_fit_leaves_the_configs_model(tiny, monkeypatch):

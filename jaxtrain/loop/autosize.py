@@ -28,10 +28,17 @@ from jaxtrain.system.errors import ConfigError
 # update has the same size at every width (its LR transfers across widths), and the AdamW groups'
 # 1e-2 was a flat optimum in its ablations (benchmarks/results/2026-11-24-quality-zen4-zloss/).
 LRS = {"optim.matrix_lr": 0.04, "optim.lr": 1e-2}
-FIELDS = (*size_rule.SHAPE_FIELDS, *LRS, "data.tokenizer")
+FIELDS = (*size_rule.SHAPE_FIELDS, *LRS, "data.tokenizer", "data.vocab_size")
 CONTEXT, BATCH = 128, 24  # the recipe's: context 192-256 at the same tokens per step was no better
 PROBE_SHARE = 0.25  # of the budget's time left: the most the speed probe may take
 CHAR_VOCAB_MAX = 1024  # a larger char vocabulary becomes bytes (4x the 256 byte ids)
+# A text the budget trains at most 4 times through (repeats up to ~4 epochs are worth nearly as
+# much as new text: Muennighoff et al., arXiv 2305.16264) is learned faster in BPE tokens: a step
+# then sees 2-3x the bytes. On a text the budget repeats more, the chars win: BPE's rarer tokens
+# overfit. 5-minute
+# runs of 2x128 (benchmarks/results/2026-12-07-auto_size-zen5-tokenizers): code in bytes 1.48 bits
+# per byte, BPE 512 1.26, BPE 2048 1.18; Tiny Shakespeare in chars 2.12, BPE 512 2.32.
+BPE_EPOCHS, BPE_VOCAB = 4.0, 2048
 
 
 def resolve(cfg: ml_collections.ConfigDict, budget_s: float, explicit: Collection[str] = (),
@@ -69,11 +76,14 @@ def resolve(cfg: ml_collections.ConfigDict, budget_s: float, explicit: Collectio
   left_s = left()
   if speed is None:
     return cfg, [*lines, why], corpus
-  opts = size_rule.options(base, shapes, speed, left_s, len(corpus.train),
-                           bytes_per_token=_bytes_per_token(corpus))
-  if not opts:
-    raise _none_fits(cfg, fixed, shapes, left_s)
-  pick, near = size_rule.choose(opts)
+  pick, near = _choose(cfg, base, shapes, speed, left_s, corpus, fixed)
+  if _bpe_pays(cfg, corpus, explicit, pick):
+    cfg, corpus, line = _to_bpe(cfg, corpus, pick, say)
+    lines.append(line)
+    base = model_lib.ModelConfig.from_config(
+        cfg.model, tokenizer.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer))
+    left_s = left()
+    pick, near = _choose(cfg, base, shapes, speed, left_s, corpus, fixed)
   cfg = loading.override(cfg, **{f: v for f, v in pick.shape.fields().items()
                                   if f not in explicit})
   # What was chosen and why, and the nearest candidates rejected.
@@ -92,6 +102,38 @@ def resolve(cfg: ml_collections.ConfigDict, budget_s: float, explicit: Collectio
         else "fewer params than the time can train"
     lines.append(f"  rejected {o.shape.name}: {_said(o)} ({why})")
   return cfg, lines, corpus
+
+
+def _choose(cfg, base, shapes: list, speed: size_rule.SpeedModel, left_s: float,
+            corpus: corpus_lib.Corpus, fixed: dict) -> tuple[size_rule.Option, list]:
+  opts = size_rule.options(base, shapes, speed, left_s, len(corpus.train),
+                           bytes_per_token=_bytes_per_token(corpus))
+  if not opts:
+    raise _none_fits(cfg, fixed, shapes, left_s)
+  return size_rule.choose(opts)
+
+
+def _bpe_pays(cfg: ml_collections.ConfigDict, corpus: corpus_lib.Corpus, explicit: Collection[str],
+              pick: size_rule.Option) -> bool:
+  """A text of chars or bytes (no tokenizer or vocabulary given) that the pick trains at most
+  BPE_EPOCHS times through."""
+  return (corpus.tokenizer.name in ("char", "byte") and corpus.n_bytes > 0 and not cfg.data.mixture
+          and "data.tokenizer" not in explicit and "data.vocab_size" not in explicit
+          and not cfg.model.vocab_size and pick.epochs <= BPE_EPOCHS)
+
+
+def _to_bpe(cfg: ml_collections.ConfigDict, corpus: corpus_lib.Corpus, pick: size_rule.Option,
+            say) -> tuple[ml_collections.ConfigDict, corpus_lib.Corpus, str]:
+  """The config and corpus in a BPE of BPE_VOCAB tokens (learned once, then cached)."""
+  cfg = loading.override(cfg.copy_and_resolve_references(),
+                         **{"data.tokenizer": "bpe", "data.vocab_size": BPE_VOCAB})
+  bpe = corpus_lib.prepare(cfg.data, show_progress=False, log=say)
+  line = (f"model.size=auto: data.tokenizer=bpe, data.vocab_size={BPE_VOCAB}: the budget trains "
+          f"{pick.epochs:.1f} epochs of this text in {corpus.tokenizer.name}s (at most "
+          f"{BPE_EPOCHS:g}), and a BPE token holds {_bytes_per_token(bpe):.2f} bytes of it, so each "
+          "step learns from more text; --config.data.tokenizer=" + corpus.tokenizer.name +
+          " keeps it")
+  return cfg, bpe, line
 
 
 def _speed(cfg: ml_collections.ConfigDict, base: model_lib.ModelConfig, shapes: list,
