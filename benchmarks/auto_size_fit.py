@@ -1,10 +1,11 @@
 """Fits `model.size=auto`'s loss law (jaxtrain/measure/size_rule.py, `LossLaw`) to the runs of
 benchmarks/auto_size.py, and says how well it predicts them.
 
-    python benchmarks/auto_size_fit.py --earlier --corpora=shakespeare,code \
+    python benchmarks/auto_size_fit.py --earlier --corpora=shakespeare,austen,code \
         --runs=benchmarks/results/2026-11-28-auto_size-zen4/runs.jsonl \
         --runs=benchmarks/results/2026-12-07-auto_size-zen5/runs.jsonl \
         --runs=benchmarks/results/2026-12-07-auto_size-zen5-tokenizers/runs.jsonl \
+        --runs=benchmarks/results/2026-12-07-auto_size-zen5-bpe/runs.jsonl \
         --same=code_bpe512=code --same=code_bpe2048=code --same=shakespeare_bpe512=shakespeare
 
 Each finished run of the named corpora (a hand shape, a tier, the recipe's shape, auto's pick) is
@@ -68,7 +69,7 @@ def points(runs: list[dict], corpora: set[str], same: dict | None = None) -> lis
   for r in runs:
     text = (same or {}).get(r["corpus"], r["corpus"])
     if text not in corpora or r["exit"] or not r.get("val_bpb") or r.get("noisy") \
-        or not r.get("layers"):
+        or not r.get("layers") or r.get("copied_from"):  # a row copied from another grid: once
       continue
     base = model_lib.ModelConfig(vocab_size=int(r.get("vocab") or 66), n_layers=r["layers"],
                                  n_heads=r["n_heads"], d_model=r["width"], seq_len=r["seq_len"],
