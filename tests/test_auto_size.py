@@ -242,7 +242,7 @@ def test_a_char_vocabulary_of_thousands_of_symbols_becomes_bytes(tiny, tmp_path,
   assert kept.data.tokenizer == "char" and corpus.tokenizer.name == "char"  # as given
 
 
-def test_a_text_the_budget_trains_less_than_once_through_becomes_bpe(tiny, tmp_path, monkeypatch):
+def test_a_text_the_budget_sees_at_most_4_times_becomes_bpe(tiny, tmp_path, monkeypatch):
   # ~1.4 MB of code-like text and 30 seconds: the pick sees it less than 4 times in bytes, so it
   # trains on a BPE learned from it; given a tokenizer, or on a small text, the bytes stay.
   monkeypatch.setattr(speed_probe, "speed_model", _speed(SPEED))

@@ -4,7 +4,9 @@
 A new run reads its corpus (handed on: the run reads it once) and this machine's speed model
 (measure/speed_probe.py: a probe of at most PROBE_SHARE of the time left, or its cached result),
 and lets measure/size_rule.py choose for the time left of the budget after it. A char vocabulary
-too large for small models becomes bytes; a probe cut too short to fit leaves the recipe's model.
+too large for small models becomes bytes, and a text the pick would train at most BPE_EPOCHS times
+through becomes a BPE (the shape chosen again for it); a probe cut too short to fit leaves the
+recipe's model.
 The fields it sets (`FIELDS`) go into config.json like any other, so a resumed run takes them from
 there and never chooses again. A field the user set (`explicit`) is kept and the rest chosen
 around it; where no candidate fits it, that is one `error:` line.
@@ -35,9 +37,9 @@ CHAR_VOCAB_MAX = 1024  # a larger char vocabulary becomes bytes (4x the 256 byte
 # A text the budget trains at most 4 times through (repeats up to ~4 epochs are worth nearly as
 # much as new text: Muennighoff et al., arXiv 2305.16264) is learned faster in BPE tokens: a step
 # then sees 2-3x the bytes. On a text the budget repeats more, the chars win: BPE's rarer tokens
-# overfit. 5-minute
-# runs of 2x128 (benchmarks/results/2026-12-07-auto_size-zen5-tokenizers): code in bytes 1.48 bits
-# per byte, BPE 512 1.26, BPE 2048 1.18; Tiny Shakespeare in chars 2.12, BPE 512 2.32.
+# overfit. 5-minute runs of 2x128 (benchmarks/results/2026-12-07-auto_size-zen5-tokenizers): code
+# in bytes 1.48 bits per byte, BPE 512 1.26, BPE 2048 1.18; Tiny Shakespeare in chars 2.12, BPE
+# 512 2.32.
 BPE_EPOCHS, BPE_VOCAB = 4.0, 2048
 
 
