@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import fcntl
 import json
+import math
 import os
 import re
 import shlex
@@ -56,6 +57,7 @@ NANOGPT_ARGS = ["train.py", "config/train_shakespeare_char.py", "--device=cpu", 
                 "--eval_iters=20", "--log_interval=1", *(f"--{k}={v}" for k, v in NANOGPT.items()),
                 f"--lr_decay_iters={NANOGPT['max_iters']}", "--dropout=0.0"]
 NANOGPT_NAME = "nanoGPT itself"
+NANOGPT_MODEL = f"{NANOGPT['n_layer']}x{NANOGPT['n_embd']} char"
 PROBE_STEPS = 100
 
 
@@ -90,7 +92,11 @@ def run_once(args: list[str], data: str | None, seed: int, workdir: Path) -> dic
   evals = [(x["elapsed_s"], x["step"], x["val_loss"]) for x in lines if "val_loss" in x]
   bpb = [x["val_bpb"] for x in lines if x.get("val_bpb") is not None]
   train = [x for x in lines if x.get("tokens_per_sec")]
+  saved = json.loads((workdir / "config.json").read_text())
+  m, d = saved["model"], saved["data"]
+  vocab = f" {d['vocab_size']}" if d["tokenizer"] == "bpe" else ""
   return _result(wall, evals, final_bpb=bpb[-1] if bpb else None,
+                 model=f"{m['n_layers']}x{m['d_model']} {d['tokenizer']}{vocab}",
                  train_clock=[(x["step"], x["elapsed_s"]) for x in train],
                  tokens_per_sec=statistics.median(x["tokens_per_sec"] for x in train) if train
                  else None)
@@ -123,7 +129,9 @@ def run_nanogpt(nanogpt_dir: Path, log: Path) -> dict:
   CHILDREN.clear()
   if proc.wait() != 0 or not evals:
     raise RuntimeError(f"nanoGPT exited {proc.returncode}; its output: {log}")
-  return _result(wall, [(t - evals[0][0], s, v) for t, s, v in evals], final_bpb=None,
+  # Tiny Shakespeare is ASCII: a char is a byte, and nats per char / ln 2 are bits per byte.
+  return _result(wall, [(t - evals[0][0], s, v) for t, s, v in evals],
+                 final_bpb=evals[-1][2] / math.log(2), model=NANOGPT_MODEL,
                  tokens_per_sec=NANOGPT_BATCH * NANOGPT_BLOCK / (statistics.median(iter_ms) / 1000),
                  startup_s=evals[0][0])
 
@@ -145,9 +153,23 @@ def _config(args: list[str], data: str | None = None):
   return cfg
 
 
-def run_flops(args: list[str], data: str | None) -> dict:
-  """A run's training FLOPs per optimizer step, counted as the trainer's model line counts them:
-  the model's FLOPs per token times its tokens per step, plus the optimizer's FLOPs per step."""
+def run_flops(args: list[str], data: str | None) -> dict | None:
+  """A run's training FLOPs per optimizer step (`count_flops`); None for `model.size=auto`,
+  whose shape and tokenizer the run itself chooses (counted after it, `saved_flops`)."""
+  cfg = _config(args, data)
+  return None if cfg.model.size == "auto" else count_flops(cfg)
+
+
+def saved_flops(workdir: Path) -> dict:
+  """The training FLOPs per step of the run in `workdir`, as it resolved its config."""
+  from jaxtrain.config import loading
+
+  return count_flops(loading.from_saved(json.loads((workdir / "config.json").read_text())))
+
+
+def count_flops(cfg) -> dict:
+  """Training FLOPs per optimizer step, counted as the trainer's model line counts them: the
+  model's FLOPs per token times its tokens per step, plus the optimizer's FLOPs per step."""
   import jax
 
   from jaxtrain.core import model as model_lib
@@ -155,7 +177,6 @@ def run_flops(args: list[str], data: str | None) -> dict:
   from jaxtrain.data import corpus as corpus_lib
   from jaxtrain.data import tokenizer as tokenizer_lib
 
-  cfg = _config(args, data)
   corpus = corpus_lib.prepare(cfg.data, show_progress=False, log=lambda *_: None)
   vocab = tokenizer_lib.model_vocab_size(cfg.model.vocab_size, corpus.tokenizer)
   built = programs.build(cfg, vocab, jax.devices("cpu")[:1])  # nothing compiled: shapes only
@@ -259,13 +280,15 @@ def markdown(report: dict) -> str:
     runs = run["results"]
     med = lambda key, runs=runs: statistics.median(r[key] for r in runs)
     bpb = [r["final_bpb"] for r in runs if r["final_bpb"] is not None]
-    rows.append([name, f"{med('final_val'):.4f}", " ".join(f"{r['final_val']:.4f}" for r in runs),
+    models = " / ".join(dict.fromkeys(r.get("model", "-") for r in runs))  # auto's, per seed
+    rows.append([name, models, f"{med('final_val'):.4f}",
+                 " ".join(f"{r['final_val']:.4f}" for r in runs),
                  f"{statistics.median(bpb):.4f}" if bpb else "-", runs[0]["steps"],
                  f"{_tflops(runs[0], report['flops'][name]):.2f}",
                  f"{med('tokens_per_sec'):,.0f}",
                  _mfu(med("tokens_per_sec"), report["flops"][name], report["matmul_peak_flops"]),
                  f"{med('wall_s'):.1f}", " ".join(run["command"])])
-  table = reports.markdown_table(["run", "final val (median)", "each seed", "val bpb", "steps",
+  table = reports.markdown_table(["run", "model", "final val (median)", "each seed", "val bpb", "steps",
                                  "train TFLOPs", "tokens/s", "MFU", "wall s (median)", "command"],
                                  rows)
   budget_s, budget_flops = report["budget_s"], report["budget_flops"]
@@ -352,14 +375,19 @@ def main() -> None:
     peak = matmul_peak()
   loadavg_before = os.getloadavg()
   with tempfile.TemporaryDirectory() as tmp, common.LoadSampler(lambda: list(CHILDREN)) as load:
+    if (opts.budget_s or opts.budget_flops) and None in flops.values():
+      raise SystemExit("error: a model.size=auto run sizes itself to its train.time_budget; give "
+                       "it --config.train.time_budget=... instead of --budget_s/--budget_flops")
     probes = set_budgets(specs, opts, data, flops, Path(tmp))
     for seed in range(opts.seeds):
       for name, args in specs.items():
         if name == NANOGPT_NAME:  # its seed is its own (1337); repeats measure its time
           r = run_nanogpt(Path(opts.nanogpt).resolve(), out / f"nanogpt_{seed}.log")
         else:
+          workdir = Path(tmp) / f"{name}-{seed}"
           with held(opts.lock):
-            r = run_once(args, data, seed, Path(tmp) / f"{name}-{seed}")
+            r = run_once(args, data, seed, workdir)
+          flops[name] = flops[name] or saved_flops(workdir)
         results[name].append(r)
         print(f"{name} seed {seed}: val {r['final_val']:.4f} (best {r['best_val']:.4f}) after "
               f"{r['steps']} steps, {_tflops(r, flops[name]):.2f} TFLOPs, in {r['wall_s']:.1f} s",

@@ -77,6 +77,21 @@ def test_within_the_flat_valley_the_smaller_model_wins():
   assert [o.params < pick.params for o in near] in ([True, False], [True], [False])
 
 
+def test_the_speed_fit_is_the_least_squares_fit_with_no_negative_coefficient():
+  from scipy.optimize import nnls
+
+  rng = np.random.default_rng(0)
+  for _ in range(200):
+    a = rng.standard_normal((rng.integers(2, 9), 5)) * rng.uniform(0.01, 10, 5)
+    b = rng.standard_normal(len(a)) + 1
+    x = speed_probe.nonnegative_lstsq(a, b)
+    assert np.all(x >= 0)
+    assert np.linalg.norm(a @ x - b) <= np.linalg.norm(a @ nnls(a, b)[0] - b) + 1e-9
+  # Unconstrained, b = 1 x the first column - 1 x the second; the second is left out instead.
+  a = np.array([[1.0, 1.0], [1.0, 0.0], [1.0, -1.0]])
+  assert speed_probe.nonnegative_lstsq(a, np.array([0.0, 1.0, 2.0])) == pytest.approx([1.0, 0.0])
+
+
 def test_the_speed_fit_recovers_the_model_the_times_came_from():
   rows = [dict(r, compile_s=2.0 + 0.5 * r["layers"]) for r in _rows(SPEED)]
   fitted = speed_probe.fit(rows, 5)

@@ -93,7 +93,7 @@ TINY = ["--config=configs/shakespeare_char.py", "--config.model.d_model=32",
         "--config.optim.warmup_steps=1", "--config.optim.muon_ns_steps=3"]
 
 
-def test_quality_counts_nanogpt_and_each_run_by_hand(corpus_file, monkeypatch):
+def test_quality_counts_nanogpt_and_each_run_by_hand(corpus_file, tmp_path, monkeypatch):
   monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts benchmarks/ on it
   quality = load_benchmark("quality")
   # nanoGPT's 4 x 128 GPT-2 layout, vocab 65, T 64: 6 x (12 D^2 per layer + the tied head) +
@@ -113,6 +113,12 @@ def test_quality_counts_nanogpt_and_each_run_by_hand(corpus_file, monkeypatch):
   assert counted["optimizer_flops_per_step"] == L * 3 * per_iteration
   assert counted["flops_per_step"] == counted["model_flops_per_token"] * 4 * T + L * 3 * per_iteration
   assert quality.steps_for_flops(counted, 10.5 * counted["flops_per_step"], TINY) == 10
+  # An auto run is counted from the config it resolved and saved (its workdir's config.json).
+  auto = [*TINY, "--config.model.size=auto", "--config.train.time_budget=1m"]
+  assert quality.run_flops(auto, str(corpus_file)) is None
+  saved = quality._config(TINY, str(corpus_file)).to_dict()
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  assert quality.saved_flops(tmp_path) == counted
 
 
 @pytest.mark.slow
@@ -126,6 +132,7 @@ def test_quality_trains_each_run_to_its_flop_budget(corpus_file, tmp_path, monke
   report = json.loads((tmp_path / "quality.json").read_text())
   (result,) = report["runs"]["tiny"]["results"]
   assert result["steps"] == 12 and report["flops"]["tiny"]["flops_per_step"] == per_step
+  assert result["model"] == "2x32 char"
   assert [s for _, s, _ in result["evals"]] == [5, 10, 12]
   md = (tmp_path / "quality.md").read_text()
   assert "train TFLOPs" in md and f"{12 * per_step / 1e12:.2f}" in md
