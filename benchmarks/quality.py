@@ -64,15 +64,10 @@ PROBE_STEPS = 100
 @contextlib.contextmanager
 def held(lock: str | None):
   """An exclusive flock on the file `lock` (None: none) while the block runs."""
-  if lock is None:
+  with open(lock or os.devnull, "a") as f:  # closing the file releases the lock, on errors too
+    if lock:
+      fcntl.flock(f, fcntl.LOCK_EX)
     yield
-    return
-  with open(lock, "a") as f:
-    fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def run_once(args: list[str], data: str | None, seed: int, workdir: Path) -> dict:
@@ -94,9 +89,8 @@ def run_once(args: list[str], data: str | None, seed: int, workdir: Path) -> dic
   train = [x for x in lines if x.get("tokens_per_sec")]
   saved = json.loads((workdir / "config.json").read_text())
   m, d = saved["model"], saved["data"]
-  vocab = f" {d['vocab_size']}" if d["tokenizer"] == "bpe" else ""
-  return _result(wall, evals, final_bpb=bpb[-1] if bpb else None,
-                 model=f"{m['n_layers']}x{m['d_model']} {d['tokenizer']}{vocab}",
+  return _result(wall, evals, final_bpb=bpb[-1] if bpb else None, model=f"{m['n_layers']}x"
+                 f"{m['d_model']} {d['tokenizer']}" + f" {d['vocab_size']}" * (d["tokenizer"] == "bpe"),
                  train_clock=[(x["step"], x["elapsed_s"]) for x in train],
                  tokens_per_sec=statistics.median(x["tokens_per_sec"] for x in train) if train
                  else None)
@@ -154,8 +148,7 @@ def _config(args: list[str], data: str | None = None):
 
 
 def run_flops(args: list[str], data: str | None) -> dict | None:
-  """A run's training FLOPs per optimizer step (`count_flops`); None for `model.size=auto`,
-  whose shape and tokenizer the run itself chooses (counted after it, `saved_flops`)."""
+  """`count_flops` of a run; None for model.size=auto, whose run chooses (then `saved_flops`)."""
   cfg = _config(args, data)
   return None if cfg.model.size == "auto" else count_flops(cfg)
 
@@ -163,13 +156,12 @@ def run_flops(args: list[str], data: str | None) -> dict | None:
 def saved_flops(workdir: Path) -> dict:
   """The training FLOPs per step of the run in `workdir`, as it resolved its config."""
   from jaxtrain.config import loading
-
   return count_flops(loading.from_saved(json.loads((workdir / "config.json").read_text())))
 
 
 def count_flops(cfg) -> dict:
-  """Training FLOPs per optimizer step, counted as the trainer's model line counts them: the
-  model's FLOPs per token times its tokens per step, plus the optimizer's FLOPs per step."""
+  """Training FLOPs per optimizer step as the trainer's model line counts them: the model's
+  FLOPs per token x its tokens per step, + the optimizer's FLOPs per step."""
   import jax
 
   from jaxtrain.core import model as model_lib
@@ -376,8 +368,8 @@ def main() -> None:
   loadavg_before = os.getloadavg()
   with tempfile.TemporaryDirectory() as tmp, common.LoadSampler(lambda: list(CHILDREN)) as load:
     if (opts.budget_s or opts.budget_flops) and None in flops.values():
-      raise SystemExit("error: a model.size=auto run sizes itself to its train.time_budget; give "
-                       "it --config.train.time_budget=... instead of --budget_s/--budget_flops")
+      raise SystemExit("error: a model.size=auto run sizes itself to its own "
+                       "--config.train.time_budget=..., not to --budget_s or --budget_flops")
     probes = set_budgets(specs, opts, data, flops, Path(tmp))
     for seed in range(opts.seeds):
       for name, args in specs.items():
