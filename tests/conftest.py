@@ -36,7 +36,7 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 def pytest_addoption(parser):
   parser.addoption("--all", action="store_true", default=False,
-                   help="every tier: the slow one too (tests that train or spawn processes); CI runs it")
+                   help="every tier: the slow one too (tests that train, spawn processes or compile for seconds); CI runs it")
 
 
 def _fast_tier_only(config) -> bool:
@@ -57,9 +57,9 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(trylast=True)  # after the durations: the line before the counts
 def pytest_terminal_summary(terminalreporter, config):
   if _fast_tier_only(config) and not hasattr(config, "workerinput"):
-    terminalreporter.write_line("the fast tier ran; the tests marked slow (they train or spawn "
-                                "processes) were left out: `python -m pytest --all` runs every test, "
-                                "as CI does; `-m slow` only those")
+    terminalreporter.write_line("the fast tier ran; the tests marked slow (they train, spawn "
+                                "processes or compile for seconds) were left out: `python -m pytest "
+                                "--all` runs every test, as CI does; `-m slow` only those")
 
 
 @pytest.fixture(scope="session")

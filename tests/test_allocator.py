@@ -85,6 +85,7 @@ def test_accelerator_runs_keep_glibc(clean_env, monkeypatch, tmp_path):
   assert "LD_PRELOAD" not in (startup.restart_environment(argv=cpu) or {})
 
 
+@pytest.mark.slow
 def test_a_process_under_mimalloc_computes_the_same(clean_env, tmp_path):
   results = {}
   for name, env in (("glibc", dict(os.environ, JAXTRAIN_MIMALLOC="0")),

@@ -52,6 +52,7 @@ def test_cached_greedy_tokens_equal_uncached(name):
     np.testing.assert_array_equal(cached, plain)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("switches", [{}, {"model.n_kv_heads": 1, "model.qk_norm": True},
                                       {"model.x0_mix": True, "model.canon": 4}])
 def test_cached_logits_match_the_model_forward(switches):
@@ -80,6 +81,7 @@ def test_window_restarts_from_its_last_half():
   assert traced == starts
 
 
+@pytest.mark.slow
 def test_sampling_is_seeded_chunking_changes_nothing_and_filters_cut():
   cfg = tiny_config()
   state = _lively(init(cfg))
@@ -126,6 +128,7 @@ class _Lowerings:
     jax.monitoring.unregister_event_duration_listener(self)
 
 
+@pytest.mark.slow
 def test_prompt_lengths_share_a_few_programs_and_padding_changes_no_token(monkeypatch):
   cfg = tiny_config(**{"model.seq_len": 128, "model.n_layers": 1})
   state = _lively(init(cfg))

@@ -152,6 +152,7 @@ def test_windows_are_packed_across_documents(tmp_path):
   assert per_row.max() >= 2  # windows of 65 bytes hold several of these short documents
 
 
+@pytest.mark.slow
 def test_with_doc_mask_no_token_attends_across_a_document_boundary():
   eot = 0
   c = model_lib.ModelConfig(vocab_size=32, n_layers=2, n_heads=2, d_model=16, seq_len=16,

@@ -94,6 +94,7 @@ def test_exported_files_get_the_mode_the_umask_gives(umask, tmp_path):
   assert modes == dict.fromkeys(export.WRITTEN, 0o666 & ~umask), modes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", [{}, {"model.qk_norm": True}])  # a Llama; one with its own code
 def test_an_export_holds_no_local_path(model, tmp_path):
   """An export is shared: none of its files names where the run or the export were on this

@@ -79,6 +79,7 @@ def test_a_value_without_a_mapping_is_refused_by_name():
   assert not targets.unknown("hf", fields) and not targets.unknown("gguf", fields)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runner", ["transformers", "numpy"])
 def test_a_wrong_weight_is_caught_and_nothing_is_written(runner, tmp_path, monkeypatch):
   if runner == "transformers":
@@ -102,6 +103,7 @@ def test_a_wrong_weight_is_caught_and_nothing_is_written(runner, tmp_path, monke
   assert sorted(p.name for p in tmp_path.iterdir()) == ["right", "run"]
 
 
+@pytest.mark.slow
 def test_the_numpy_forward_computes_each_classes_logits(tmp_path, monkeypatch):
   """transformers' three classes as numpy reads them, on exports transformers checked: the
   fallback's own differences stay at float rounding."""

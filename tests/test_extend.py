@@ -233,6 +233,7 @@ def test_a_file_that_does_not_load_is_one_line_with_its_line(tmp_path, text, wor
   assert re.search(words, _first_line(e.value)), _first_line(e.value)
 
 
+@pytest.mark.slow
 def test_a_sliding_window_sees_its_size_and_decodes_alike_with_and_without_the_cache():
   jt.extend(str(EXAMPLES / "window.py"))
   c = model_lib.ModelConfig(vocab_size=64, n_layers=1, n_heads=2, d_model=16, seq_len=16,
@@ -263,6 +264,7 @@ def test_an_extension_built_model_compiles_to_the_built_in_models_program(ideas)
   assert lowered(**{"model.attention_variant": "twin_causal", "model.mlp": "gelu"}) != twins
 
 
+@pytest.mark.slow
 def test_lion_a_new_schedule_a_loss_term_and_a_block_train(ideas):
   for name in ("lion.py", "sqrt_decay.py"):
     jt.extend(str(EXAMPLES / name))
@@ -406,6 +408,7 @@ def test_the_one_file_gpt_resumes_bit_for_bit_and_compares(corpus_file, tmp_path
   assert sorted(rows) == ["legs", "whole"], compared.stdout
 
 
+@pytest.mark.slow
 def test_a_new_built_in_is_one_module_no_positions_is_causal():
   """`none` positions, added in core/layers.py alone: the model stays causal, with the params of
   RoPE's (which has none) and the causal mask as its only sense of order."""

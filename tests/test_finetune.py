@@ -90,6 +90,7 @@ def test_only_completions_and_their_end_of_text_are_in_the_loss(tmp_path):
   assert plain.mask is None and set(corpus_lib.eval_batches(plain, 2, 8, 0, 1)[0]) == {"tokens"}
 
 
+@pytest.mark.slow
 def test_the_weighted_loss_is_the_mean_over_weighted_targets():
   cfg = tiny_config()
   state, batch = jt.init(cfg), jt.random_batch(cfg)

@@ -45,6 +45,7 @@ def train_step_flops(cfg) -> tuple[float, programs.Programs]:
   return xla_flops(built.train_step, built.init(), random_batch(cfg)), built
 
 
+@pytest.mark.slow
 def test_model_flops_per_token_match_the_compiled_train_step():
   cfg = tiny_config(**SHAPE, **{"optim.name": "adamw"})
   measured, built = train_step_flops(cfg)
@@ -76,6 +77,7 @@ def test_muon_orthogonalization_flops_match_its_compiled_update(ns_steps):
   assert one <= measured <= 1.08 * one, (one, measured)
 
 
+@pytest.mark.slow
 def test_muon_train_step_costs_the_model_plus_the_counted_orthogonalization():
   adamw, _ = train_step_flops(tiny_config(**SHAPE, **{"optim.name": "adamw"}))
   muon, built = train_step_flops(tiny_config(**SHAPE, **{"optim.name": "muon"}))

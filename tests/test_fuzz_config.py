@@ -146,6 +146,7 @@ def reads_before_compile(cfg: ml_collections.ConfigDict) -> None:
     estimate.memory_estimate(p.model_cfg, cfg.train.batch_size, cfg.train.grad_accum)
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())

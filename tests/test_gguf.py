@@ -38,6 +38,7 @@ RECIPES = {"nano": "llama", "small": "llama", "gpt2_124m": "gpt2",
            "finetune_shakespeare": "llama", "finetune_task": "llama"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", gguf_file.DTYPES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_the_file_reads_back_with_the_tensors_and_metadata_written(layout, dtype, tmp_path):

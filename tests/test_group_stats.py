@@ -37,6 +37,7 @@ def test_group_names_cover_every_param_once():
   assert sorted(i for idx in layers.values() for i in idx) == list(range(n_leaves))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["groups", "layers"])
 def test_statistics_equal_the_norms_of_the_trees(mode):
   cfg = tiny_config(**{"optim.warmup_steps": 0})
@@ -57,6 +58,7 @@ def test_statistics_equal_the_norms_of_the_trees(mode):
   assert total == pytest.approx(float(metrics["grad_norm"]) ** 2, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_with_accumulation_the_ratio_is_of_the_applied_update():
   cfg = tiny_config(**{"train.grad_accum": 2, "optim.warmup_steps": 0})
   built = programs.build(cfg, 256, jax.devices()[:1])
@@ -79,6 +81,7 @@ def test_with_accumulation_the_ratio_is_of_the_applied_update():
                                                  + float(host[1]["grad_norm/mlp"])) / 2)
 
 
+@pytest.mark.slow
 def test_none_adds_nothing():
   cfg = tiny_config()
   _, metrics = _step("none")(init(cfg), random_batch(cfg))

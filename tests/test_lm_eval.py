@@ -57,6 +57,7 @@ def evaluate(workdir: Path, tasks_dir: Path, *tasks: str, step: str = "latest") 
                                      include_path=str(tasks_dir)), log_samples=False)["results"]
 
 
+@pytest.mark.slow
 def test_loglikelihood_rolling_and_generation_tasks_give_jaxtrains_numbers(tmp_path):
   make_run(tmp_path / "run", tiny_config())
   state, tok = load.load(str(tmp_path / "run"))

@@ -88,6 +88,7 @@ def test_the_lora_run_learns_the_task(runs):
   assert after["loss"] < 0.1 * before["loss"], (before, after)
 
 
+@pytest.mark.slow
 def test_memory_estimate_counts_gradients_and_optimizer_for_the_adapters_only():
   cfg = tiny_config(**LORA, **{"init_from": "runs/x"})
   full, adapted = (jt.build(c, 256, jax.devices()[:1]) for c in (tiny_config(), cfg))

@@ -44,6 +44,7 @@ def test_changing_token_t_leaves_earlier_logits_unchanged(norm, pos, mlp, tie):
   assert a.shape == (2, c.seq_len, c.vocab_size) and a.dtype == jnp.float32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm,pos,mlp,tie,partitionable,exact", [
     ("rmsnorm", "rope", "swiglu", True, True, False),
     ("layernorm", "learned", "gelu", False, True, False),
@@ -95,6 +96,7 @@ def test_param_count_matches_the_arrays_and_hand_count():
   assert actual == by_hand == model_lib.param_count(c)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [{}, {"model.mlp": "gelu", "model.pos": "learned",
                                             "model.tie_embeddings": False},
                                        {"model.d_model": 64, "model.seq_len": 64},
@@ -122,6 +124,7 @@ def test_swiglu_width_keeps_the_mlp_parameter_count_close_to_gelu():
   assert abs(swiglu_mlp - gelu_mlp) / gelu_mlp < 0.05
 
 
+@pytest.mark.slow
 def test_dropout_needs_a_key_and_changes_the_output():
   c = tiny_model_config(dropout=0.5)
   model = model_lib.GPT(c, nnx.Rngs(0))
@@ -158,6 +161,7 @@ def test_switches_change_what_they_should():
   assert q.shape == (1, 5, 4, 4) and k.shape == v.shape == (1, 5, 1, 4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pos", ["rope", "learned"])
 def test_gradients_with_every_new_switch_match_autodiff(pos, monkeypatch):
   """ops.py's hand-written backward passes, composed with GQA's repeat, QK-norm and ReLU^2,
@@ -198,6 +202,7 @@ def _assert_same_loss_and_grads(a, b):
   assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(a[1])) > 1e-2  # not all ~0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat", ["dots", "full"])
 def test_remat_gives_the_same_loss_and_gradients(remat):
   c = tiny_model_config(n_heads=4, n_kv_heads=2, qk_norm=True, dropout=0.1)
@@ -209,6 +214,7 @@ def test_remat_gives_the_same_loss_and_gradients(remat):
                               _loss_and_grads(c, dropout=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tie,chunk", [(True, 8), (False, 5), (True, 1000)])
 def test_chunked_cross_entropy_gives_the_same_loss_and_gradients(tie, chunk):
   """Chunks that divide the 3 x 12 tokens or not (the last one padded), and one chunk for all."""
@@ -235,6 +241,7 @@ def _grad_temp_bytes(**kw) -> int:
 LOGITS_BYTES = 36 * 12 * 4096 * 4  # float32 logits of _grad_temp_bytes' batch
 
 
+@pytest.mark.slow
 def test_chunked_cross_entropy_never_holds_the_whole_batchs_logits():
   """The compiled train step's temporary memory: at vocab 4096 the whole logits and their
   gradient (2 x 36 x 12 x 4096 float32, 14 MB) dominate; in chunks of 48 tokens the step holds
@@ -243,6 +250,7 @@ def test_chunked_cross_entropy_never_holds_the_whole_batchs_logits():
   assert whole > 2 * LOGITS_BYTES * 0.9 and chunked < 0.75 * LOGITS_BYTES, (whole, chunked)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fused_cross_entropy_never_holds_the_logits_and_their_gradient_at_once(dtype):
   """The fused loss writes the logits' gradient where the logits were: in float32 the step holds
@@ -265,6 +273,7 @@ def _losses_and_grads(c: model_lib.ModelConfig, weights=None, z_loss: float = 0.
   return jax.jit(jax.value_and_grad(f, has_aux=True))(params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tie,z_loss,weighted", [(True, 0.0, False), (False, 1e-2, True),
                                                  (True, 1e-2, False)])
 def test_fused_cross_entropy_gives_the_whole_and_the_chunked_loss_and_gradients(tie, z_loss, weighted):
@@ -281,6 +290,7 @@ def test_fused_cross_entropy_gives_the_whole_and_the_chunked_loss_and_gradients(
                                  err_msg=jax.tree_util.keystr(path))
 
 
+@pytest.mark.slow
 def test_fused_cross_entropy_in_bfloat16_is_the_whole_loss_to_bfloat16s_precision():
   """bfloat16 compute: the fused loss's logits are bfloat16 (the whole loss's float32), so the
   two agree to bfloat16's precision: the losses to 1e-3, each gradient to 3% of its norm."""
@@ -322,6 +332,7 @@ def test_cross_entropy_equals_optaxs_in_value_and_gradient(scatter_free):
   assert ("scatter" in text) != scatter_free and not (scatter_free and "gather" in text)
 
 
+@pytest.mark.slow
 def test_weighted_cross_entropy_is_the_mean_over_weighted_tokens():
   from jaxtrain.core import loss
   logits = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 5))
@@ -346,6 +357,7 @@ def _perturbed(c: model_lib.ModelConfig, seed: int = 0) -> model_lib.GPT:
 ARCH_SWITCHES = [{"x0_mix": True}, {"canon": 4}, {"x0_mix": True, "canon": 3, "n_kv_heads": 2}]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("switches", ARCH_SWITCHES, ids=lambda s: ",".join(s))
 def test_x0_and_convolutions_keep_the_model_causal(switches):
   c = tiny_model_config(n_heads=4, n_layers=3, **switches)
@@ -366,6 +378,7 @@ def test_switches_start_as_the_plain_model():
   assert extra == 3 * 2 * 4 * c.d_model + 3
 
 
+@pytest.mark.slow
 def test_convolutions_stop_at_a_documents_start():
   x_BTD = jax.random.normal(jax.random.PRNGKey(0), (1, 6, 2))
   w_KD = jnp.ones((3, 2))

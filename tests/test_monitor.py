@@ -106,6 +106,7 @@ def _logged_steps(workdir: str) -> list[int]:
           if "loss" in json.loads(line)]
 
 
+@pytest.mark.slow
 def test_a_hook_sees_the_records_and_ends_the_run_right_after_them(tiny):
   tiny.sample.num_samples = 0
   tiny.train.max_steps = 100  # eval and checkpoint every 10, log every 5

@@ -13,6 +13,7 @@ def _grads(f, *args):
   return jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32) * out), argnums=tuple(range(len(args))))(*args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("d_in,d_out", [(16, 48), (48, 16)])  # both transpose choices
 def test_dense_gradients_match_autodiff(d_in, d_out):
   kx, kw = jax.random.split(jax.random.PRNGKey(0))
@@ -28,6 +29,7 @@ def _reference_attention(q, k, v):
   return heads(jax.nn.dot_product_attention(heads(q), heads(k), heads(v), is_causal=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,tol", [(jnp.float32, 2e-5), (jnp.bfloat16, 3e-2)])
 def test_causal_attention_matches_jax_in_value_and_gradient(dtype, tol):
   q, k, v = (jax.random.normal(key, (2, 3, 17, 8), dtype)
@@ -139,6 +141,7 @@ def test_the_scan_gradient_has_no_scatter():
   assert "gather" in text and "scatter" not in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_dense_f32_sums_into_float32_with_denses_gradients(dtype):
   kx, kw = jax.random.split(jax.random.PRNGKey(4))

@@ -47,6 +47,7 @@ def test_muon_groups_every_param_by_its_role():
   assert flat["norm_f/scale"] == flat["blocks/0/norm1/scale"] == "vector"
 
 
+@pytest.mark.slow
 def test_muon_learns_and_its_matrix_updates_are_orthogonal():
   cfg = tiny_config(**{"optim.name": "muon", "optim.schedule": "wsd", "optim.warmup_steps": 2,
                        "train.max_steps": 30, "optim.weight_decay": 0.0})
@@ -84,6 +85,7 @@ def test_muons_looped_newton_schulz_equals_optaxs_unrolled_one():
     assert_trees_equal((u_looped, s_looped), (u_unrolled, s_unrolled))
 
 
+@pytest.mark.slow
 def test_muon_accumulation_equals_one_big_batch():
   big = tiny_config(**{"optim.name": "muon", "train.batch_size": 8})
   small = tiny_config(**{"optim.name": "muon", "train.batch_size": 4, "train.grad_accum": 2})
@@ -99,6 +101,7 @@ def test_muon_accumulation_equals_one_big_batch():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
 
 
+@pytest.mark.slow
 def test_muon_state_goes_through_a_checkpoint(tmp_path):
   from jaxtrain.checkpoints import store
   cfg = tiny_config(**{"optim.name": "muon", "optim.schedule": "wsd"})
@@ -122,6 +125,7 @@ def _grouped_params():
           "blocks": {"up": {"kernel": jnp.ones((3, 3))}}, "norm": {"scale": jnp.ones((3,))}}
 
 
+@pytest.mark.slow
 def test_muon_weight_decay_is_set_per_group():
   params = _grouped_params()
   grads = jax.tree.map(jnp.zeros_like, params)  # no gradient: each update is decay alone

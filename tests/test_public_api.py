@@ -119,6 +119,7 @@ def tiny_state():
   return jaxtrain.init(jaxtrain.tiny_config()), ByteTokenizer()
 
 
+@pytest.mark.slow
 @pytest.mark.newest
 def test_generate_takes_text_or_ids_in_every_documented_shape(tiny_state):
   state, tok = tiny_state
@@ -157,6 +158,7 @@ def test_generate_refuses_anything_else_in_one_line(tiny_state, prompts, kwargs,
     jaxtrain.generate("runs/nano", [1], 3)
 
 
+@pytest.mark.slow
 @pytest.mark.newest
 def test_model_and_model_config_are_built_as_documented():
   from flax import nnx
@@ -180,6 +182,7 @@ def test_model_and_model_config_are_built_as_documented():
     jaxtrain.GPT({"n_layers": 2})
 
 
+@pytest.mark.slow
 @pytest.mark.newest
 def test_text_batches_feed_eval_step_every_token_once(tiny_state):
   state, tok = tiny_state

@@ -55,6 +55,7 @@ def test_a_mesh_that_is_asked_for_sets_the_count_and_the_automatic_split_says_wh
   assert count(tiny_config(**{"train.batch_size": 16, "mesh.fsdp": 2}), cores=3) == 2
 
 
+@pytest.mark.slow
 def test_a_batch_that_does_not_split_over_the_mesh_asked_for_is_one_line_exit_2(corpus_file, tmp_path):
   args = ["--config=configs/nano.py", "--jax_platforms=cpu", *TINY,
           f"--config.data.path={corpus_file}", "--config.train.batch_size=15",
@@ -86,6 +87,7 @@ def test_every_step_schedules_for_memory_big_ones_also_compile_without_ynn_fusio
   assert cpu.cpu_step_options(nano, "--xla_cpu_multi_thread_eigen=true", kind=kind, devices=2) == LEAN
 
 
+@pytest.mark.slow
 def test_build_chooses_the_options_and_they_reach_the_compiled_step(monkeypatch):
   monkeypatch.delenv("XLA_FLAGS", raising=False)
   cfg = tiny_config()
@@ -160,6 +162,7 @@ preview.dry_run(jt.load_config("nano", **json.loads(sys.argv[2])))
 """
 
 
+@pytest.mark.slow
 def test_a_script_gets_the_command_lines_devices_or_says_what_it_lost(corpus_file, tmp_path,
                                                                       monkeypatch):
   for name in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES"):  # the subprocesses' own

@@ -57,7 +57,8 @@ def test_overfitting_one_batch_drives_the_loss_down():
   assert last < 0.5 * first, (first, last)
 
 
-@pytest.mark.parametrize("fused", [False, True])
+# The whole loss in the fast tier, the fused one in the slow tier.
+@pytest.mark.parametrize("fused", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_grad_accumulation_equals_one_big_batch(fused):
   k = 4
   big = tiny_config(**{"train.batch_size": 16, "train.grad_accum": 1, "model.fused_loss": fused})
@@ -75,6 +76,7 @@ def test_grad_accumulation_equals_one_big_batch(fused):
   assert_trees_close(s_big.params, s_acc.params, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_micro_steps_do_not_advance_the_optimizer_step():
   cfg = tiny_config(**{"train.grad_accum": 3, "train.batch_size": 4})
   state = init(cfg)
@@ -93,6 +95,7 @@ def test_eval_step_matches_loss_fn():
   np.testing.assert_allclose(float(eval_step(state, batch)["loss"]), float(expected), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_z_loss_trains_on_the_log_partition_and_reports_the_cross_entropy():
   z = 1e-2
   cfg = tiny_config(**{"optim.z_loss": z, "model.n_layers": 1})
@@ -117,6 +120,7 @@ def test_z_loss_trains_on_the_log_partition_and_reports_the_cross_entropy():
       [float(x) for x in steps.losses(state.params, state.graphdef, tokens, z_loss=z)], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_fused_loss_steps_train_as_the_whole_loss_steps_and_stay_scatter_free(monkeypatch):
   """Three steps with the z-loss and a prompt mask, built scatter-free as on a GPU: the fused loss
   gives the whole loss's params to float32 rounding, and its step has no scatter either."""
@@ -149,6 +153,7 @@ def _old_lookup_loss_and_head(monkeypatch):
                       lambda x, t, scatter_free=False: optax.softmax_cross_entropy_with_integer_labels(x, t))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scatter_free", [False, True])
 def test_float32_steps_match_the_steps_before_the_float32_embedding_gradient(scatter_free, monkeypatch):
   """Gradients and 3 steps' params against the lookup, loss and head as they were, as steps are
@@ -190,6 +195,7 @@ def _poison(state):
   return state.replace(params=params)
 
 
+@pytest.mark.slow
 def test_nonfinite_step_is_dropped_when_skipping_is_on():
   cfg = tiny_config(**{"train.skip_nonfinite": True, "train.grad_accum": 2, "train.batch_size": 4})
   state = init(cfg)
@@ -213,6 +219,7 @@ def test_nonfinite_step_is_dropped_when_skipping_is_on():
   assert not np.array_equal(s2.params["norm_f"]["scale"], good.params["norm_f"]["scale"])
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_learns_and_keeps_float32_master_weights():
   cfg = tiny_config(**{"model.dtype": "bfloat16", "optim.lr": 1e-2, "optim.warmup_steps": 0})
   state, batch = init(cfg), random_batch(cfg)
@@ -224,6 +231,7 @@ def test_bfloat16_compute_learns_and_keeps_float32_master_weights():
   assert float(eval_step(state, batch)["loss"]) < 0.7 * first
 
 
+@pytest.mark.slow
 def test_dynamic_loss_scale_halves_on_overflow_and_the_step_is_dropped():
   # float16 is GPU-only; the same loss scaling runs here with bfloat16 compute.
   cfg = tiny_config(**{"model.dtype": "bfloat16", "optim.loss_scaling": "dynamic",

@@ -90,6 +90,7 @@ def test_token_files_train_and_the_loss_falls(kind, tiny, corpus_file, tmp_path)
     assert saved.eot_id == 50256
 
 
+@pytest.mark.slow
 def test_resume_on_llmc_shards_is_bit_for_bit(tiny, corpus_file, tmp_path):
   tiny.data.path = str(llmc_dir(tmp_path / "shards", text_ids(corpus_file)))
   _check_resume(tiny, tmp_path, n=3)

@@ -53,6 +53,7 @@ def test_a_second_run_into_a_live_workdir_exits_2_and_changes_nothing(corpus_fil
   assert not (workdir / lock.WORKDIR_LOCK).exists()
 
 
+@pytest.mark.slow
 def test_a_killed_run_leaves_no_stale_lock(corpus_file, tmp_path):
   workdir = tmp_path / "run"
   first = kh.Proc(kh.cli_args(workdir, corpus_file, 1000))
@@ -119,6 +120,7 @@ def _cache_files(tmp_path: Path) -> list[str]:
   return sorted(p.name.split(".", 1)[1] for p in (tmp_path / "cache" / "tokens").iterdir())
 
 
+@pytest.mark.slow
 def test_tokenizing_killed_midway_leaves_no_trusted_cache(big_corpus, tmp_path):
   args = _tokenizing_args(tmp_path, big_corpus)
   first = kh.Proc(args)
@@ -133,6 +135,7 @@ def test_tokenizing_killed_midway_leaves_no_trusted_cache(big_corpus, tmp_path):
   assert _cache_files(tmp_path) == ["bin", "json"]  # the dead writer's temporary file is gone
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_tokenizing_exits_130_with_one_line(big_corpus, tmp_path):
   first = kh.Proc(_tokenizing_args(tmp_path, big_corpus))
   first.wait_for(_writing_tokens(tmp_path))
