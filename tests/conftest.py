@@ -36,7 +36,8 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 def pytest_addoption(parser):
   parser.addoption("--all", action="store_true", default=False,
-                   help="every tier: the slow one too (tests that train, spawn processes or compile for seconds); CI runs it")
+                   help="every tier: the slow one too (tests that train, spawn processes or compile for "
+                        "seconds); CI runs it")
 
 
 def _fast_tier_only(config) -> bool:
