@@ -1,17 +1,16 @@
 """Validation loss against wall time and training FLOPs: real `python -m jaxtrain` runs on one
 corpus, side by side.
 
-Each run is a command line (a config file and overrides); it runs to its own `train.max_steps`,
-or, with `--budget_s`, to as many steps as fit that wall time (measured by a short probe run of
-the same command first: start-up, seconds per step and per eval), or, with `--budget_flops`, to as
-many steps as fit that many training FLOPs (counted, so the same on every machine). Wall time
-counts from the command's start to its exit, start-up included. Training FLOPs are the model's
-matmul FLOPs per token (the trainer's `train FLOPs/token`: 6N plus attention) times the tokens
-trained, plus the optimizer's matmul FLOPs per step (Muon's Newton-Schulz iterations) times the
-steps; evaluation is not counted. The report has each run's final and best val loss, steps,
-TFLOPs, tokens/s and wall time, medians over seeds, and a plot of val loss against TFLOPs (with
-`--budget_flops`) or wall time. Runs go one after another, never together, so each has the machine
-to itself; the background load is sampled and recorded.
+Each run is a command line (a config file and overrides); it runs to its own `train.max_steps`, or, with
+`--budget_s`, to as many steps as fit that wall time (measured by a short probe run of the same command
+first: start-up, seconds per step and per eval), or, with `--budget_flops`, to as many steps as fit that
+many training FLOPs (counted, so the same on every machine). Wall time counts from the command's start to
+its exit, start-up included. Training FLOPs are the model's matmul FLOPs per token (the trainer's `train
+FLOPs/token`: 6N plus attention) times the tokens trained, plus the optimizer's matmul FLOPs per step
+(Muon's Newton-Schulz iterations) times the steps; evaluation is not counted. The report has each run's
+final and best val loss, steps, TFLOPs, tokens/s and wall time, medians over seeds, and a plot of val loss
+against TFLOPs (with `--budget_flops`) or wall time. Runs go one after another, never together, so each has
+the machine to itself; the background load is sampled and recorded.
 
     python benchmarks/quality.py --data=../shared/data/tinyshakespeare.txt --seeds=1 \
         --run "nanogpt_layout=configs/shakespeare_char_nanogpt.py" \
@@ -20,9 +19,9 @@ to itself; the background load is sampled and recorded.
     python benchmarks/quality.py --data=../shared/data/tinyshakespeare.txt --seeds=3 \
         --budget_flops=nanogpt --run "recipe=configs/shakespeare_char.py"
 
-On a machine others share, `--lock=FILE` holds an exclusive flock on FILE around each run (and
-the matmul peak's measurement) alone, so that timed work of others' that takes the same lock
-waits for it, and it for theirs, without holding the machine for the whole grid.
+On a machine others share, `--lock=FILE` holds an exclusive flock on FILE around each run (and the matmul
+peak's measurement) alone, so that timed work of others' that takes the same lock waits for it, and it for
+theirs, without holding the machine for the whole grid.
 """
 
 import argparse
@@ -227,7 +226,7 @@ def plot(path: Path, results: dict, flops: dict | None) -> None:
   """Val loss against training TFLOPs (given each run's `flops`), else against wall time."""
   def curve(r: dict, name: str) -> tuple[list[float], list[float]]:
     if flops:
-      return ([s * flops[name]["flops_per_step"] / 1e12 for _, s, _ in r["evals"]],
+      return ([s * r.get("flops", flops[name])["flops_per_step"] / 1e12 for _, s, _ in r["evals"]],
               [v for _, _, v in r["evals"]])
     # elapsed_s counts from the first step; shift by start-up so the x axis is wall time
     startup = r.get("startup_s", r["wall_s"] - r["evals"][-1][0])
@@ -248,13 +247,16 @@ def matmul_peak() -> float:
   return estimate.time_matmul("float32", 2048, 5)
 
 
-def _mfu(tokens_per_sec: float, flops: dict, peak: float) -> str:
-  """Training FLOP/s (optimizer included) at `tokens_per_sec`, over the matmul peak."""
-  return f"{flops['flops_per_step'] / flops['tokens_per_step'] * tokens_per_sec / peak:.0%}"
+def _mfu(runs: list[dict], flops: dict, peak: float) -> str:
+  """Training FLOP/s (optimizer included) at each run's tokens/s over the matmul peak: the median."""
+  rates = [(f := r.get("flops", flops))["flops_per_step"] / f["tokens_per_step"] * r["tokens_per_sec"]
+           for r in runs]
+  return f"{statistics.median(rates) / peak:.0%}"
 
 
 def _tflops(run: dict, flops: dict) -> float:
-  return run["steps"] * flops["flops_per_step"] / 1e12
+  """The run's training TFLOPs: its own FLOPs per step (an auto run's choice), else `flops`'."""
+  return run["steps"] * run.get("flops", flops)["flops_per_step"] / 1e12
 
 
 def flops_table(report: dict) -> str:
@@ -278,7 +280,7 @@ def markdown(report: dict) -> str:
                  f"{statistics.median(bpb):.4f}" if bpb else "-", runs[0]["steps"],
                  f"{_tflops(runs[0], report['flops'][name]):.2f}",
                  f"{med('tokens_per_sec'):,.0f}",
-                 _mfu(med("tokens_per_sec"), report["flops"][name], report["matmul_peak_flops"]),
+                 _mfu(runs, report["flops"][name], report["matmul_peak_flops"]),
                  f"{med('wall_s'):.1f}", " ".join(run["command"])])
   table = reports.markdown_table(["run", "model", "final val (median)", "each seed", "val bpb", "steps",
                                  "train TFLOPs", "tokens/s", "MFU", "wall s (median)", "command"],
@@ -333,8 +335,7 @@ def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--run", action="append", required=True,
                   help='"name=config.py --config.x=y ...": one per configuration')
-  ap.add_argument("--data", default=None,
-                  help="the corpus every run trains on (default: each config's own)")
+  ap.add_argument("--data", default=None, help="the corpus every run trains on (default: each config's own)")
   ap.add_argument("--seeds", type=int, default=1)
   budget = ap.add_mutually_exclusive_group()
   budget.add_argument("--budget_s", type=float, default=None,
@@ -352,11 +353,8 @@ def main() -> None:
   opts = ap.parse_args()
   out = Path(opts.out) if opts.out else reports.results_dir(opts.name)
   out.mkdir(parents=True, exist_ok=True)
-  specs = {}
-  for spec in opts.run:
-    name, _, command = spec.partition("=")
-    config, *overrides = shlex.split(command)
-    specs[name] = [f"--config={config}", *overrides]
+  words = {name: shlex.split(command) for name, _, command in (s.partition("=") for s in opts.run)}
+  specs = {name: [f"--config={w[0]}", *w[1:]] for name, w in words.items()}  # config.py, overrides
   if opts.nanogpt:
     specs = {NANOGPT_NAME: [f"(in {opts.nanogpt})", "python", *NANOGPT_ARGS], **specs}
   results: dict[str, list[dict]] = {name: [] for name in specs}
@@ -379,7 +377,7 @@ def main() -> None:
           workdir = Path(tmp) / f"{name}-{seed}"
           with held(opts.lock):
             r = run_once(args, data, seed, workdir)
-          flops[name] = flops[name] or saved_flops(workdir)
+          r["flops"] = flops[name] or saved_flops(workdir)  # auto: each seed chooses its own
         results[name].append(r)
         print(f"{name} seed {seed}: val {r['final_val']:.4f} (best {r['best_val']:.4f}) after "
               f"{r['steps']} steps, {_tflops(r, flops[name]):.2f} TFLOPs, in {r['wall_s']:.1f} s",
@@ -387,7 +385,8 @@ def main() -> None:
   load_summary = reports.load_record(loadavg_before, load)
   report = {"machine": reports.machine_info(), "load": load_summary, "seeds": opts.seeds,
             "data": opts.data, "budget_s": opts.budget_s,
-            "budget_flops": _budget_flops(opts.budget_flops), "probes": probes, "flops": flops,
+            "budget_flops": _budget_flops(opts.budget_flops), "probes": probes,
+            "flops": {name: f or results[name][0]["flops"] for name, f in flops.items()},
             "nanogpt_flops": nanogpt_flops(), "matmul_peak_flops": peak,
             "runs": {name: {"command": specs[name], "results": results[name]} for name in specs}}
   text = markdown(report)

@@ -121,6 +121,13 @@ def test_quality_counts_nanogpt_and_each_run_by_hand(corpus_file, tmp_path, monk
   saved = quality._config(TINY, str(corpus_file)).to_dict()
   (tmp_path / "config.json").write_text(json.dumps(saved))
   assert quality.saved_flops(tmp_path) == counted
+  # Auto may choose another shape per seed: each run's TFLOPs and MFU are its own.
+  wider = quality.run_flops([*TINY, "--config.model.d_model=64"], str(corpus_file))
+  runs = [{"steps": 10, "tokens_per_sec": 1e4, "flops": f} for f in (counted, wider)]
+  assert [quality._tflops(r, counted) for r in runs] == [10 * f["flops_per_step"] / 1e12
+                                                          for f in (counted, wider)]
+  rates = sorted(f["flops_per_step"] / f["tokens_per_step"] * 1e4 for f in (counted, wider))
+  assert quality._mfu(runs, counted, peak=sum(rates) / 2) == "100%"  # the median of the two
 
 
 @pytest.mark.slow
