@@ -7,6 +7,7 @@ Real runs, real files, real orbax: a run saves steps 2 and 4, then the newest is
 import errno
 import gc
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -93,6 +94,17 @@ def _array_files(step_dir: Path) -> list[Path]:
   return sorted(files, key=lambda p: -p.stat().st_size)
 
 
+def _flip_inside_an_array(path: Path) -> None:
+  """Flips bytes in the middle of the file's largest zstd frame: an array that compresses least,
+  whose flipped bytes zstd decodes without complaint, whatever order the arrays were written in (a
+  file's middle can fall in a frame that compresses well, e.g. zeros, where flipped bytes fail to
+  decode: other damage)."""
+  raw = path.read_bytes()
+  starts = [m.start() for m in re.finditer(re.escape(b"\x28\xb5\x2f\xfd"), raw)] + [len(raw)]  # frames' magic
+  begin, end = max(zip(starts, starts[1:]), key=lambda frame: frame[1] - frame[0])
+  _flip(path, (begin + end) // 2 / len(raw))
+
+
 def _flip(path: Path, at: float) -> None:
   raw = bytearray(path.read_bytes())
   i = int(len(raw) * at)
@@ -106,7 +118,7 @@ def _cut(path: Path) -> None:
 
 DAMAGE = {
   # Mid-stream: zstd decodes it without complaint; only the saved checksums tell.
-  "bytes flipped inside array data": lambda d: _flip(_array_files(d)[0], 0.5),
+  "bytes flipped inside array data": lambda d: _flip_inside_an_array(_array_files(d)[0]),
   "bytes flipped in a compressed frame's header": lambda d: _flip(_array_files(d)[0], 0.0),
   "an array data file deleted": lambda d: _array_files(d)[0].unlink(),
   "the run's metadata cut short": lambda d: _cut(d / "meta" / "metadata"),
