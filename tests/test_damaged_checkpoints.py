@@ -100,7 +100,8 @@ def _flip_inside_an_array(path: Path) -> None:
   file's middle can fall in a frame that compresses well, e.g. zeros, where flipped bytes fail to
   decode: other damage)."""
   raw = path.read_bytes()
-  starts = [m.start() for m in re.finditer(re.escape(b"\x28\xb5\x2f\xfd"), raw)] + [len(raw)]  # frames' magic
+  magic = [m.start() for m in re.finditer(re.escape(b"\x28\xb5\x2f\xfd"), raw)]  # each frame's
+  starts = (magic or [0]) + [len(raw)]  # no frame (stored uncompressed): the file's middle
   begin, end = max(zip(starts, starts[1:]), key=lambda frame: frame[1] - frame[0])
   _flip(path, (begin + end) // 2 / len(raw))
 
