@@ -88,8 +88,9 @@ def run_once(args: list[str], data: str | None, seed: int, workdir: Path) -> dic
   train = [x for x in lines if x.get("tokens_per_sec")]
   saved = json.loads((workdir / "config.json").read_text())
   m, d = saved["model"], saved["data"]
-  return _result(wall, evals, final_bpb=bpb[-1] if bpb else None, model=f"{m['n_layers']}x"
-                 f"{m['d_model']} {d['tokenizer']}" + f" {d['vocab_size']}" * (d["tokenizer"] == "bpe"),
+  vocab = f" {d['vocab_size']}" if d["tokenizer"] == "bpe" else ""
+  return _result(wall, evals, final_bpb=bpb[-1] if bpb else None,
+                 model=f"{m['n_layers']}x{m['d_model']} {d['tokenizer']}{vocab}",
                  train_clock=[(x["step"], x["elapsed_s"]) for x in train],
                  tokens_per_sec=statistics.median(x["tokens_per_sec"] for x in train) if train
                  else None)
