@@ -28,9 +28,7 @@ import argparse
 import contextlib
 import fcntl
 import json
-import math
 import os
-import re
 import shlex
 import statistics
 import subprocess
@@ -44,19 +42,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import common  # noqa: E402  (after the path above)
 import reports  # noqa: E402
+from nanogpt_recipe import NANOGPT, NANOGPT_ARGS, NANOGPT_NAME, nanogpt_flops, result, run_nanogpt  # noqa: E402
 
 CHILDREN: list[int] = []  # the run going on, for the load sampler
-# nanoGPT's CPU recipe for shakespeare_char, as its README gives it (eval_iters 20 to match ours,
-# a log line per iteration for its speed, dropout 0 as in the README's line)
-NANOGPT = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "batch_size": 12,
-           "max_iters": 2000}
-NANOGPT_VOCAB = 65  # the characters of tinyshakespeare.txt (its data/shakespeare_char/meta.pkl)
-NANOGPT_BATCH, NANOGPT_BLOCK = NANOGPT["batch_size"], NANOGPT["block_size"]
-NANOGPT_ARGS = ["train.py", "config/train_shakespeare_char.py", "--device=cpu", "--compile=False",
-                "--eval_iters=20", "--log_interval=1", *(f"--{k}={v}" for k, v in NANOGPT.items()),
-                f"--lr_decay_iters={NANOGPT['max_iters']}", "--dropout=0.0"]
-NANOGPT_NAME = "nanoGPT itself"
-NANOGPT_MODEL = f"{NANOGPT['n_layer']}x{NANOGPT['n_embd']} char"
 PROBE_STEPS = 100
 
 
@@ -84,50 +72,17 @@ def run_once(args: list[str], data: str | None, seed: int, workdir: Path) -> dic
     raise RuntimeError(f"{shlex.join(cmd)} exited {proc.returncode}: {stderr[-2000:]}")
   lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   evals = [(x["elapsed_s"], x["step"], x["val_loss"]) for x in lines if "val_loss" in x]
-  bpb = [x["val_bpb"] for x in lines if x.get("val_bpb") is not None]
+  bpb = [x.get("val_bpb") for x in lines if "val_loss" in x]  # None where bytes are unknown
   train = [x for x in lines if x.get("tokens_per_sec")]
   saved = json.loads((workdir / "config.json").read_text())
   m, d = saved["model"], saved["data"]
   vocab = f" {d['vocab_size']}" if d["tokenizer"] == "bpe" else ""
-  return _result(wall, evals, final_bpb=bpb[-1] if bpb else None,
+  return result(wall, evals, final_bpb=bpb[-1] if bpb else None,
+                evals_bpb=bpb if None not in bpb else None,
                  model=f"{m['n_layers']}x{m['d_model']} {d['tokenizer']}{vocab}",
                  train_clock=[(x["step"], x["elapsed_s"]) for x in train],
                  tokens_per_sec=statistics.median(x["tokens_per_sec"] for x in train) if train
                  else None)
-
-
-def _result(wall: float, evals: list[tuple], **more) -> dict:
-  """One run's record from its wall time and its evaluations (elapsed s, step, val loss)."""
-  return {"wall_s": wall, "final_val": evals[-1][2], "best_val": min(e[2] for e in evals),
-          "steps": evals[-1][1], "evals": evals, **more}
-
-
-def run_nanogpt(nanogpt_dir: Path, log: Path) -> dict:
-  """nanoGPT's own CPU recipe in its checkout (data/shakespeare_char prepared there): val loss
-  against wall time from its printed evals, tokens/s from its per-iteration times."""
-  if not (nanogpt_dir / "data/shakespeare_char/train.bin").is_file():
-    raise SystemExit(f"error: {nanogpt_dir}/data/shakespeare_char/train.bin is missing; run "
-                     "python data/shakespeare_char/prepare.py there first")
-  start, evals, iter_ms = time.perf_counter(), [], []
-  with log.open("w") as out:
-    proc = subprocess.Popen([sys.executable, *NANOGPT_ARGS], cwd=nanogpt_dir, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    CHILDREN[:] = [proc.pid]
-    for line in proc.stdout:
-      out.write(line)
-      if m := re.match(r"step (\d+): train loss [\d.]+, val loss ([\d.]+)", line):
-        evals.append((time.perf_counter() - start, int(m[1]), float(m[2])))
-      elif (m := re.match(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms", line)) and int(m[1]) > 0:
-        iter_ms.append(float(m[2]))
-  wall = time.perf_counter() - start
-  CHILDREN.clear()
-  if proc.wait() != 0 or not evals:
-    raise RuntimeError(f"nanoGPT exited {proc.returncode}; its output: {log}")
-  # Tiny Shakespeare is ASCII: a char is a byte, and nats per char / ln 2 are bits per byte.
-  return _result(wall, [(t - evals[0][0], s, v) for t, s, v in evals],
-                 final_bpb=evals[-1][2] / math.log(2), model=NANOGPT_MODEL,
-                 tokens_per_sec=NANOGPT_BATCH * NANOGPT_BLOCK / (statistics.median(iter_ms) / 1000),
-                 startup_s=evals[0][0])
 
 
 def _config(args: list[str], data: str | None = None):
@@ -179,20 +134,6 @@ def count_flops(cfg) -> dict:
           "optimizer_flops_per_step": optimizer, "flops_per_step": per_token * tokens + optimizer}
 
 
-def nanogpt_flops() -> dict:
-  """nanoGPT's CPU recipe counted the same way: its model (GPT-2 layout: LayerNorm, learned
-  positions, GELU MLP 4x wide, tied embeddings) at NANOGPT's shape; AdamW has no matmuls."""
-  from jaxtrain.core import model as model_lib
-
-  mc = model_lib.ModelConfig(vocab_size=NANOGPT_VOCAB, n_layers=NANOGPT["n_layer"],
-                             n_heads=NANOGPT["n_head"], d_model=NANOGPT["n_embd"],
-                             seq_len=NANOGPT_BLOCK, norm="layernorm", pos="learned", mlp="gelu",
-                             tie_embeddings=True)
-  per_token, tokens = model_lib.flops_per_token(mc), NANOGPT_BATCH * NANOGPT_BLOCK
-  return {"model_flops_per_token": per_token, "tokens_per_step": tokens,
-          "optimizer_flops_per_step": 0, "flops_per_step": per_token * tokens}
-
-
 def steps_for_flops(flops: dict, budget_flops: float, args: list[str]) -> int:
   """The most steps whose training FLOPs fit `budget_flops`."""
   steps = int(budget_flops // flops["flops_per_step"])
@@ -224,18 +165,23 @@ def steps_for_budget(args: list[str], data: str | None, budget_s: float, workdir
 
 
 def plot(path: Path, results: dict, flops: dict | None) -> None:
-  """Val loss against training TFLOPs (given each run's `flops`), else against wall time."""
+  """Val bits per byte (val loss where a run's bytes are unknown) against training TFLOPs (given
+  each run's `flops`), else against wall time. Loss per token would put a BPE run on another scale
+  than a char run's."""
+  bytes_known = all(r.get("evals_bpb") for runs in results.values() for r in runs)
+
   def curve(r: dict, name: str) -> tuple[list[float], list[float]]:
+    y = r["evals_bpb"] if bytes_known else [v for _, _, v in r["evals"]]
     if flops:
-      return ([s * r.get("flops", flops[name])["flops_per_step"] / 1e12 for _, s, _ in r["evals"]],
-              [v for _, _, v in r["evals"]])
+      return [s * r.get("flops", flops[name])["flops_per_step"] / 1e12 for _, s, _ in r["evals"]], y
     # elapsed_s counts from the first step; shift by start-up so the x axis is wall time
     startup = r.get("startup_s", r["wall_s"] - r["evals"][-1][0])
-    return [t + startup for t, _, _ in r["evals"]], [v for _, _, v in r["evals"]]
+    return [t + startup for t, _, _ in r["evals"]], y
 
   reports.line_chart(path, {name: [curve(r, name) for r in runs] for name, runs in results.items()},
                      xlabel="training TFLOPs (model + optimizer)" if flops else
-                     "wall time from command start (s)", ylabel="val loss")
+                     "wall time from command start (s)",
+                     ylabel="val bits per byte" if bytes_known else "val loss")
 
 
 def matmul_peak() -> float:
@@ -373,7 +319,8 @@ def main() -> None:
     for seed in range(opts.seeds):
       for name, args in specs.items():
         if name == NANOGPT_NAME:  # its seed is its own (1337); repeats measure its time
-          r = run_nanogpt(Path(opts.nanogpt).resolve(), out / f"nanogpt_{seed}.log")
+          with held(opts.lock):
+            r = run_nanogpt(Path(opts.nanogpt).resolve(), out / f"nanogpt_{seed}.log", CHILDREN)
         else:
           workdir = Path(tmp) / f"{name}-{seed}"
           with held(opts.lock):

@@ -38,7 +38,7 @@ import command_runs as cr  # noqa: E402  (after the path above)
 import common  # noqa: E402
 import reports  # noqa: E402
 import whole_command_report as report_lib  # noqa: E402
-from quality import NANOGPT, NANOGPT_ARGS  # noqa: E402
+from nanogpt_recipe import NANOGPT, NANOGPT_ARGS  # noqa: E402
 
 from jaxtrain.system.allocator import describe  # noqa: E402
 

@@ -100,7 +100,7 @@ def test_quality_counts_nanogpt_and_each_run_by_hand(corpus_file, tmp_path, monk
   quality = load_benchmark("quality")
   # nanoGPT's 4 x 128 GPT-2 layout, vocab 65, T 64: 6 x (12 D^2 per layer + the tied head) +
   # 12 x layers x T x D per token, 12 x 64 tokens a step, AdamW (no matmuls).
-  nanogpt = quality.nanogpt_flops()
+  nanogpt = load_benchmark("nanogpt_recipe").nanogpt_flops()
   assert nanogpt["model_flops_per_token"] == 6 * (4 * 12 * 128**2 + 65 * 128) + 12 * 4 * 64 * 128
   assert nanogpt["flops_per_step"] == nanogpt["model_flops_per_token"] * 12 * 64
   counted = quality.run_flops(TINY, str(corpus_file))
