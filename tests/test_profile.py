@@ -12,9 +12,12 @@ from jaxtrain.trackers import hooks
 
 
 @pytest.mark.slow
-def test_profile_steps_writes_a_trace_of_steps_after_the_first(tiny, capsys):
-  override(tiny, **{"train.max_steps": 4, "train.profile_steps": 2, "train.eval_every": 100,
-                    "train.checkpoint_every": 100, "sample.num_samples": 0})
+@pytest.mark.parametrize("max_steps,profile_steps", [(4, 2), (3, 5)])  # the second: cut at the end
+def test_profile_steps_writes_a_trace_of_steps_after_the_first(tiny, capsys, max_steps,
+                                                                profile_steps):
+  override(tiny, **{"train.max_steps": max_steps, "train.profile_steps": profile_steps,
+                    "train.eval_every": 100, "train.checkpoint_every": 100,
+                    "sample.num_samples": 0})
   seen = []
 
   class Steps(hooks.Hook):
@@ -22,7 +25,7 @@ def test_profile_steps_writes_a_trace_of_steps_after_the_first(tiny, capsys):
       seen.append(step)
 
   train.run(tiny, show_progress=True, hooks=(Steps(),))
-  assert seen == [1, 2, 3, 4]  # every step reaches the hooks
+  assert seen == list(range(1, max_steps + 1))  # every step reaches the hooks
   profile = tiny.workdir + "/profile"
   assert "profile of steps 2-3: " + profile in capsys.readouterr().out
   xplanes = list(Path(profile).glob("plugins/profile/*/*.xplane.pb"))
@@ -30,5 +33,7 @@ def test_profile_steps_writes_a_trace_of_steps_after_the_first(tiny, capsys):
   perfetto = list(Path(profile).glob("plugins/profile/*/perfetto_trace.json.gz"))
   assert len(perfetto) == 1
   events = json.loads(gzip.decompress(perfetto[0].read_bytes()))["traceEvents"]
-  assert any("train_step" in str(e.get("name", "")) for e in events), "no train step in the trace"
+  names = {str(e.get("name", "")) for e in events}
+  assert any("train_step" in n for n in names), "no train step in the trace"
+  assert not any("eval_step" in n for n in names), "the run's final evaluation is in the trace"
 
