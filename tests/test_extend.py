@@ -335,6 +335,29 @@ def test_an_extension_trains_resumes_bit_for_bit_and_samples(corpus_file, tmp_pa
   assert allowed.returncode == 0 and "extension code: window.py (changed)" in allowed.stdout
 
 
+@pytest.mark.slow
+def test_reading_a_run_whose_extension_code_changed_says_so(tiny, tmp_path, capsys):
+  """A run read (sample, export, jt.load_state) with other code than it trained with may compute
+  another model: one warning line names the file and where the code it ran is kept."""
+  ext = tmp_path / "wide_norm.py"
+  ext.write_text("from flax import nnx\n\nimport jaxtrain as jt\n\n\n@jt.norm('changed_norm')\n"
+                 "class Same(nnx.Module):\n  def __init__(self, c, rngs):\n    pass\n\n"
+                 "  def __call__(self, x):\n    return x\n")
+  cfg = loading.override(tiny, **{"extend": str(ext), "model.norm": "changed_norm",
+                                  "train.max_steps": 2, "train.checkpoint_every": 2,
+                                  "train.eval_every": 2, "sample.num_samples": 0})
+  train.run(cfg, show_progress=False)
+  capsys.readouterr()
+  jt.load_state(cfg.workdir)
+  assert "warning" not in capsys.readouterr().err
+  ext.write_text(ext.read_text().replace("return x", "return 2 * x"))
+  jt.load_state(cfg.workdir)
+  assert capsys.readouterr().err.strip() == (
+      f"warning: {cfg.workdir} is read with extension code other than the run ran: "
+      "wide_norm.py (changed); its model may compute something else than it trained (what the run "
+      f"ran is in {Path(cfg.workdir) / 'extend'}/)")
+
+
 def _final(workdir: Path) -> dict:
   saved = json.loads((workdir / "config.json").read_text())
   cfg = loading.from_saved(saved)

@@ -12,7 +12,7 @@ import jax
 
 from jaxtrain.checkpoints import recover
 from jaxtrain.checkpoints.store import Checkpoints
-from jaxtrain.config import loading
+from jaxtrain.config import extensions, loading
 from jaxtrain.core import programs as programs_lib
 from jaxtrain.core import steps
 from jaxtrain.data import tokenizer as tokenizer_lib
@@ -140,8 +140,24 @@ def load_state(workdir: str, step: int | str | None = None) -> steps.TrainState:
     return recover.read_one(ckpts, step, read)
 
 
+def changed_code(workdir: str, saved: dict) -> str | None:
+  """A warning line where the extension code found now is not what the run ran (`saved`: its
+  config): the state is read, but its model may then compute something else. None where it is."""
+  then = saved.get(extensions.SOURCES_KEY) or {}
+  now = extensions.record(extensions.load(saved.get("extend", ""), then)) if then else {}
+  code = extensions.changed(then, now)
+  if not code:
+    return None
+  return (f"warning: {workdir} is read with extension code other than the run ran: "
+          f"{', '.join(code)}; its model may compute something else than it trained (what the run "
+          f"ran is in {Path(workdir).expanduser() / 'extend'}/)")
+
+
 def _programs(workdir: str, meta: dict) -> programs_lib.Programs:
   cfg = loading.from_saved(meta["config"])
+  line = changed_code(workdir, meta["config"])
+  if line:
+    print(line, file=sys.stderr)
   cfg.mesh.data, cfg.mesh.fsdp = 1, 1  # one device, whatever the run trained on
   if jax.devices()[0].platform == "cpu" and cfg.model.dtype == "float16":
     cfg.model.dtype = "float32"  # compute dtype only (params are float32): CPUs lack float16
