@@ -358,6 +358,27 @@ def test_reading_a_run_whose_extension_code_changed_says_so(tiny, tmp_path, caps
       f"ran is in {Path(cfg.workdir) / 'extend'}/)")
 
 
+@pytest.mark.slow
+def test_init_from_a_run_with_an_extension_takes_its_code_and_options(corpus_file, tmp_path):
+  """A fine-tune that takes a source run's model takes the code and options of its extension's
+  component with it (where not set): the fine-tune computes what the source trained."""
+  ext = tmp_path / "band.py"
+  ext.write_text("import jaxtrain as jt\n\n\n@jt.attention('band', size=64)\n"
+                 "def band(q, k, v, at, *, size):\n  return at(q, k, v, mask=at.distance < size)\n")
+  jt.extend(str(ext))
+  short = {"data.path": str(corpus_file), "headless": True, "train.max_steps": 2,
+           "train.checkpoint_every": 2, "train.eval_every": 2, "sample.num_samples": 0}
+  source = testing.tiny_config(**short, **{"workdir": str(tmp_path / "source"), "extend": str(ext),
+                                           "model.attention_variant": "band", "ext.band.size": 4})
+  train.run(source, show_progress=False)
+  tune = testing.tiny_config(**short, **{"workdir": str(tmp_path / "tune"),
+                                         "init_from": source.workdir})
+  train.run(tune, show_progress=False)
+  saved = json.loads((tmp_path / "tune" / "config.json").read_text())
+  assert (saved["model"]["attention_variant"], saved["ext"]["band"], saved["extend"]) == (
+      "band", {"size": 4}, str(ext))
+
+
 def _final(workdir: Path) -> dict:
   saved = json.loads((workdir / "config.json").read_text())
   cfg = loading.from_saved(saved)

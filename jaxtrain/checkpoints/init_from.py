@@ -20,8 +20,8 @@ import numpy as np
 
 from jaxtrain.checkpoints import hf
 from jaxtrain.checkpoints.load import load_state
-from jaxtrain.config import defaults, loading
-from jaxtrain.core import lora
+from jaxtrain.config import defaults, extensions, loading
+from jaxtrain.core import lora, registry
 from jaxtrain.core.model import ModelConfig
 from jaxtrain.data import chat_format
 from jaxtrain.data import tokenizer as tokenizer_lib
@@ -36,9 +36,11 @@ MATCH_FIELDS = ("n_layers", "n_heads", "d_model", "vocab_size", "norm", "pos", "
 _FIX = "pass --config.init_from=<a run's workdir or an exported model directory>"
 
 
-def _source_model(cfg: ml_collections.ConfigDict) -> tuple[dict, str] | None:
-  """(the model section to derive from, where it is), or None when init_from is not a jaxtrain run.
-  A resumed fine-tune derives from its own config.json, which holds what its first leg took."""
+def _source_model(cfg: ml_collections.ConfigDict
+                  ) -> tuple[dict, str, ml_collections.ConfigDict | None] | None:
+  """(the model section to derive from, where it is, the source run's whole config or None for a
+  Hugging Face directory), or None when init_from is neither. A resumed fine-tune derives from its
+  own config.json, which holds what its first leg took."""
   own, source = Path(cfg.workdir).expanduser(), Path(cfg.init_from).expanduser()
   try:
     ckpts = own / "checkpoints"
@@ -48,7 +50,7 @@ def _source_model(cfg: ml_collections.ConfigDict) -> tuple[dict, str] | None:
     elif not (source / paths.RUN_FILE).is_file() and (source / "config.json").is_file() \
         and any(source.glob("model*.safetensors")):
       theirs = _hf_model(source, cfg.model.to_dict())
-      return None if theirs is None else (theirs, str(source))
+      return None if theirs is None else (theirs, str(source), None)
     elif not (source / paths.RUN_FILE).is_file() or not (source / "config.json").is_file():
       return None  # nothing there: load_flat says so
   except OSError:  # a name too long, a directory that cannot be read: load_flat says so
@@ -57,7 +59,11 @@ def _source_model(cfg: ml_collections.ConfigDict) -> tuple[dict, str] | None:
     saved = paths.read_json(source / "config.json")
   except (OSError, ValueError) as e:
     raise UserError(f"init_from: {source / 'config.json'} does not read ({e}); {_FIX}") from None
-  return loading.from_saved(saved).model.to_dict(), str(source)
+  run = loading.from_saved(saved)
+  recorded = saved.get(extensions.SOURCES_KEY) or {}
+  if recorded:  # its files as it ran them, found from wherever the fine-tune starts
+    run.extend = ",".join(v["path"] for v in recorded.values())
+  return run.model.to_dict(), str(source), run
 
 
 def _hf_model(source: Path, ours: dict) -> dict | None:
@@ -123,7 +129,7 @@ def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()
   found = _source_model(cfg)
   if found is None:
     return cfg, []
-  theirs, source = found
+  theirs, source, run = found
   default = defaults.default_config().model.to_dict()
   ours = cfg.model.to_dict()
   given = {f for f in ours if f"model.{f}" in explicit or ours[f] != default[f]}
@@ -133,7 +139,35 @@ def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()
   taken = [f"model.{f}={theirs[f]}" for f in ours if f not in given and ours[f] != theirs[f]]
   out = cfg.copy_and_resolve_references()
   loading.override(out, **{f"model.{f}": v for f, v in resolved.items()})
+  if run is not None:
+    taken += _take_extensions(out, run, explicit)
   return out, taken
+
+
+def _take_extensions(out: ml_collections.ConfigDict, run: ml_collections.ConfigDict,
+                     explicit: Collection[str]) -> list[str]:
+  """The source run's `extend` and the options of its own model components that `out` names, each
+  taken where not set (in place), as model fields are: without them the component would compute
+  with other options than it trained with, or not load when the fine-tune is read."""
+  taken = []
+  if run.extend and not out.extend and "extend" not in explicit:
+    with out.unlocked():
+      out.extend = run.extend
+    taken.append(f"extend={run.extend}")
+  for kind in registry.MODEL_KINDS:
+    name = out.model[registry.KINDS[kind].field.split(".")[1]]
+    component = registry.get(kind, name)
+    if component.builtin or name not in run.ext:
+      continue
+    ours = dict(out.ext[name]) if name in out.ext else {}
+    for option, default in component.options:
+      field = f"ext.{name}.{option}"
+      if field not in explicit and ours.get(option, default) == default != run.ext[name][option]:
+        ours[option] = run.ext[name][option]
+        taken.append(f"{field}={ours[option]}")
+    with out.unlocked():
+      out.ext[name] = ours
+  return taken
 
 
 def load_flat(path: str, c: ModelConfig, tokenizer) -> tuple[dict[str, np.ndarray], str]:

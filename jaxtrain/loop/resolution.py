@@ -61,7 +61,7 @@ def settle(cfg: ml_collections.ConfigDict, explicit: Collection[str] = (),
   cfg = components.validate(cfg)  # extensions loaded: their components are checked too
   cfg, taken = init_from.resolve(cfg, explicit)
   if taken:
-    components.validate(cfg)  # the source run's values, in this config
+    cfg = components.validate(cfg)  # the source run's values, in this config
   budget_s = validate.time_budget_s(cfg)
   cfg, notes, corpus = autosize.resolve(cfg, budget_s, explicit, say, t_start)  # before jax starts
   runtime.enable_compile_cache()
