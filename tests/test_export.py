@@ -165,6 +165,23 @@ def test_document_masks_and_a_learned_position_model_of_its_own_class(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("pos", ["rope", "learned"])
+def test_a_padded_batch_in_the_own_class_gives_each_prompts_logits_alone(pos, tmp_path):
+  """Prompts of several lengths batched with padding (attention_mask, as generate and pipelines
+  pass it): each row's logits are its prompt's alone, whichever side is padded."""
+  cfg = tiny_config(**{"model.pos": pos, "model.canon": 3, "model.x0_mix": True})
+  make_run(tmp_path / "run", cfg)
+  out = export.export(str(tmp_path / "run"), str(tmp_path / "hf"))
+  model = transformers.AutoModelForCausalLM.from_pretrained(str(out), trust_remote_code=True)
+  short, long = [5, 6, 7], [8, 9, 10, 11, 12, 13]
+  with torch.no_grad():
+    alone = model(torch.tensor([short])).logits[0]
+    for row, mask in (([0, 0, 0, *short], [0, 0, 0, 1, 1, 1]), ([*short, 0, 0, 0], [1, 1, 1, 0, 0, 0])):
+      batch = model(torch.tensor([long, row]), attention_mask=torch.tensor([[1] * 6, mask])).logits
+      np.testing.assert_allclose(batch[1][torch.tensor(mask, dtype=torch.bool)], alone, atol=1e-5)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in (ROOT / "configs").glob("*.py")))
 def test_every_recipes_model_exports_to_transformers_with_equal_logits(recipe, tmp_path):
   from jaxtrain.config import loading

@@ -64,12 +64,12 @@ class Dense(nn.Module):
     return x @ self.kernel
 
 
-def rope(x, theta: float):
-  """Rotate-half RoPE of x [B, T, H, K] at positions 0..T-1."""
-  T, K = x.shape[1], x.shape[-1]
+def rope(x, theta: float, pos):
+  """Rotate-half RoPE of x [B, T, H, K] at positions `pos` [B, T]."""
+  K = x.shape[-1]
   inv_freq = 1.0 / (theta ** (torch.arange(0, K, 2, dtype=torch.float32) / K))
-  angles = torch.arange(T, dtype=torch.float32)[:, None] * inv_freq[None, :]
-  cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+  angles = pos[..., None].float() * inv_freq.to(x.device)
+  cos, sin = angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
   x1, x2 = x[..., :K // 2], x[..., K // 2:]
   return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
@@ -102,7 +102,7 @@ class Attention(nn.Module):
     self.qkv = Dense(c.d_model, (self.H + 2 * self.G) * self.K)
     self.out = Dense(c.d_model, c.d_model)
 
-  def forward(self, x, allowed):
+  def forward(self, x, allowed, pos):
     B, T, _ = x.shape
     H, G, K = self.H, self.G, self.K
     q, k, v = self.qkv(x).split([H * K, G * K, G * K], dim=-1)
@@ -110,7 +110,7 @@ class Attention(nn.Module):
     if self.c.qk_norm:
       q, k = rms_heads(q), rms_heads(k)
     if self.c.pos == "rope":
-      q, k = rope(q, self.c.rope_theta), rope(k, self.c.rope_theta)
+      q, k = rope(q, self.c.rope_theta, pos), rope(k, self.c.rope_theta, pos)
     k, v = k.repeat_interleave(H // G, dim=2), v.repeat_interleave(H // G, dim=2)
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, K]
     scores = (q * K**-0.5) @ k.transpose(-1, -2)
@@ -150,14 +150,14 @@ class Block(nn.Module):
       self.conv_attn = nn.Parameter(torch.zeros(c.canon, c.d_model))
       self.conv_mlp = nn.Parameter(torch.zeros(c.canon, c.d_model))
 
-  def forward(self, x, allowed, same_doc):
+  def forward(self, x, allowed, same_doc, pos, real):
     a = self.norm1(x)
-    if self.canon:
-      a = causal_conv(a, self.conv_attn, same_doc)
-    x = x + self.attn(a, allowed)
+    if self.canon:  # padding is the zeros before a sequence's start, as jaxtrain's window has
+      a = causal_conv(torch.where(real[..., None], a, 0.0), self.conv_attn, same_doc)
+    x = x + self.attn(a, allowed, pos)
     m = self.norm2(x)
     if self.canon:
-      m = causal_conv(m, self.conv_mlp, same_doc)
+      m = causal_conv(torch.where(real[..., None], m, 0.0), self.conv_mlp, same_doc)
     return x + self.mlp(m)
 
 
@@ -192,17 +192,24 @@ class JaxtrainForCausalLM(PreTrainedModel, GenerationMixin):
     return None
 
   def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
-    return {"input_ids": input_ids}
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
 
   def forward(self, input_ids=None, labels=None, attention_mask=None, **kwargs):
     c = self.config
     T = input_ids.shape[1]
-    if c.pos == "learned" and T > c.seq_len:
-      raise ValueError(f"{T} tokens, and this model's learned positions end at {c.seq_len}")
+    # Padding (attention_mask 0: a batch of prompts of several lengths) is seen by no token, and
+    # each row's own tokens sit at positions 0.. as the prompt alone would.
+    real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else \
+        attention_mask.bool()
+    pos = (real.long().cumsum(1) - 1).clamp(min=0)
+    if c.pos == "learned" and int(pos.max()) >= c.seq_len:
+      raise ValueError(f"{int(pos.max()) + 1} tokens, and this model's learned positions end at "
+                       f"{c.seq_len}")
     x = self.wte.embedding[input_ids]
     if c.pos == "learned":
-      x = x + self.wpe[:T]
-    allowed = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()[None]
+      x = x + self.wpe[pos]
+    eye = torch.eye(T, dtype=torch.bool, device=x.device)  # a padding's own row stays finite
+    allowed = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()[None] & real[:, None, :] | eye
     same_doc = None
     if c.doc_mask:  # a document's end-of-text token is its last; attention stays inside it
       eot = (input_ids == c.eot_id).long()
@@ -213,7 +220,7 @@ class JaxtrainForCausalLM(PreTrainedModel, GenerationMixin):
     for i, block in enumerate(self.blocks):
       if c.x0_mix and i > 0:
         x = x + self.x0_scale[i] * x0
-      x = block(x, allowed, same_doc)
+      x = block(x, allowed, same_doc, pos, real)
     x = self.norm_f(x)
     logits = x @ (self.wte.embedding.T if c.tie_embeddings else self.lm_head.kernel)
     loss = None
