@@ -338,7 +338,8 @@ def test_an_extension_trains_resumes_bit_for_bit_and_samples(corpus_file, tmp_pa
 @pytest.mark.slow
 def test_reading_a_run_whose_extension_code_changed_says_so(tiny, tmp_path, capsys):
   """A run read (sample, export, jt.load_state) with other code than it trained with may compute
-  another model: one warning line names the file and where the code it ran is kept."""
+  another model: one warning line names the file and where the code it ran is kept; without the
+  file, one error line says so."""
   ext = tmp_path / "wide_norm.py"
   ext.write_text("from flax import nnx\n\nimport jaxtrain as jt\n\n\n@jt.norm('changed_norm')\n"
                  "class Same(nnx.Module):\n  def __init__(self, c, rngs):\n    pass\n\n"
@@ -356,6 +357,11 @@ def test_reading_a_run_whose_extension_code_changed_says_so(tiny, tmp_path, caps
       f"warning: {cfg.workdir} is read with extension code other than the run ran: "
       "wide_norm.py (changed); its model may compute something else than it trained (what the run "
       f"ran is in {Path(cfg.workdir) / 'extend'}/)")
+  ext.unlink()  # moved away: the commands that read a run take no --config.extend to name it
+  with pytest.raises(UserError) as e:
+    jt.load_state(cfg.workdir)
+  assert str(e.value) == (f"{cfg.workdir} was trained with the extension {ext}, which is not there "
+                          f"now; put it back (the code the run ran is in {Path(cfg.workdir) / 'extend'}/)")
 
 
 @pytest.mark.slow

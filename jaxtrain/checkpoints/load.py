@@ -17,7 +17,7 @@ from jaxtrain.core import programs as programs_lib
 from jaxtrain.core import steps
 from jaxtrain.data import tokenizer as tokenizer_lib
 from jaxtrain.system import invocation, lock, paths
-from jaxtrain.system.errors import UserError
+from jaxtrain.system.errors import ConfigError, UserError
 
 
 def _not_read_only_notice(record: logging.LogRecord) -> bool:
@@ -154,7 +154,16 @@ def changed_code(workdir: str, saved: dict) -> str | None:
 
 
 def _programs(workdir: str, meta: dict) -> programs_lib.Programs:
-  cfg = loading.from_saved(meta["config"])
+  try:
+    cfg = loading.from_saved(meta["config"])
+  except ConfigError as e:  # its hint, --config.extend, is no flag of the commands that read a run
+    gone = [s["path"] for s in (meta["config"].get(extensions.SOURCES_KEY) or {}).values()
+            if not Path(s["path"]).is_file()]
+    if e.field != "extend" or not gone:
+      raise
+    raise UserError(f"{workdir} was trained with the extension {', '.join(gone)}, which is not "
+                    f"there now; put it back (the code the run ran is in "
+                    f"{Path(workdir).expanduser() / 'extend'}/)") from None
   line = changed_code(workdir, meta["config"])
   if line:
     print(line, file=sys.stderr)
