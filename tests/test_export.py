@@ -182,6 +182,24 @@ def test_a_padded_batch_in_the_own_class_gives_each_prompts_logits_alone(pos, tm
 
 
 @pytest.mark.slow
+def test_the_own_class_loads_in_16_bits_as_transformers_converts_it(tmp_path):
+  """from_pretrained(..., dtype=torch.bfloat16) (the export writes float32; transformers converts
+  on load) computes in bfloat16: near the float32 logits, no dtype error."""
+  cfg = tiny_config(**{"model.qk_norm": True})
+  make_run(tmp_path / "run", cfg)
+  out = export.export(str(tmp_path / "run"), str(tmp_path / "hf"))
+  tokens = torch.tensor(np.random.default_rng(1).integers(0, 256, (2, 16)))
+  logits = {}
+  for dtype in (torch.float32, torch.bfloat16):
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out), trust_remote_code=True,
+                                                              dtype=dtype)
+    with torch.no_grad():
+      logits[dtype] = model(tokens).logits
+  assert logits[torch.bfloat16].dtype == torch.bfloat16
+  np.testing.assert_allclose(logits[torch.bfloat16].float(), logits[torch.float32], atol=0.25)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in (ROOT / "configs").glob("*.py")))
 def test_every_recipes_model_exports_to_transformers_with_equal_logits(recipe, tmp_path):
   from jaxtrain.config import loading

@@ -7,8 +7,9 @@ export directory loads anywhere:
 
 The parameters keep jaxtrain's names and layouts (kernels [in, out]), so the weights are the
 checkpoint's as they are. Every switch of jaxtrain's ModelConfig is computed as jaxtrain computes
-it, in float32; dropout is off (inference). Generation recomputes the whole window at each token
-(there is no key-value cache: the convolutions would need one of their own).
+it, in float32 (or the dtype it is loaded in); dropout is off (inference). Generation recomputes
+the whole window at each token (there is no key-value cache: the convolutions would need one of
+their own).
 """
 
 import torch
@@ -69,7 +70,8 @@ def rope(x, theta: float, pos):
   K = x.shape[-1]
   inv_freq = 1.0 / (theta ** (torch.arange(0, K, 2, dtype=torch.float32) / K))
   angles = pos[..., None].float() * inv_freq.to(x.device)
-  cos, sin = angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
+  # in x's dtype: a model loaded with torch_dtype=bfloat16 stays in it, as transformers' Llama does
+  cos, sin = (t[:, :, None, :].to(x.dtype) for t in (angles.cos(), angles.sin()))
   x1, x2 = x[..., :K // 2], x[..., K // 2:]
   return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
