@@ -59,10 +59,7 @@ def _source_model(cfg: ml_collections.ConfigDict
     saved = paths.read_json(source / "config.json")
   except (OSError, ValueError) as e:
     raise UserError(f"init_from: {source / 'config.json'} does not read ({e}); {_FIX}") from None
-  run = loading.from_saved(saved)
-  recorded = saved.get(extensions.SOURCES_KEY) or {}
-  if recorded:  # its files as it ran them, found from wherever the fine-tune starts
-    run.extend = ",".join(v["path"] for v in recorded.values())
+  run = loading.from_saved(saved)  # its extensions loaded: their components registered
   return run.model.to_dict(), str(source), run
 
 
@@ -146,27 +143,30 @@ def resolve(cfg: ml_collections.ConfigDict, explicit: Collection[str] = ()
 
 def _take_extensions(out: ml_collections.ConfigDict, run: ml_collections.ConfigDict,
                      explicit: Collection[str]) -> list[str]:
-  """The source run's `extend` and the options of its own model components that `out` names, each
-  taken where not set (in place), as model fields are: without them the component would compute
-  with other options than it trained with, or not load when the fine-tune is read."""
-  taken = []
-  if run.extend and not out.extend and "extend" not in explicit:
-    with out.unlocked():
-      out.extend = run.extend
-    taken.append(f"extend={run.extend}")
+  """The files and options of the source run's own model components that `out` names as the
+  source does, taken (in place) where not set, as model fields are: without them a component
+  would compute with other options than it trained with, or not load when the fine-tune is read."""
+  taken, files = [], []
+  loaded = {source.path for source in extensions.load(out.extend)}
   for kind in registry.MODEL_KINDS:
-    name = out.model[registry.KINDS[kind].field.split(".")[1]]
-    component = registry.get(kind, name)
-    if component.builtin or name not in run.ext:
+    field = registry.KINDS[kind].field.split(".")[1]
+    component = registry.get(kind, out.model[field])
+    if component.builtin or run.model[field] != component.name:
       continue
-    ours = dict(out.ext[name]) if name in out.ext else {}
+    if component.source not in loaded and component.source not in files:
+      files.append(component.source)
+    name, ours = component.name, dict(out.ext[component.name]) if component.name in out.ext else {}
     for option, default in component.options:
-      field = f"ext.{name}.{option}"
-      if field not in explicit and ours.get(option, default) == default != run.ext[name][option]:
+      if f"ext.{name}.{option}" not in explicit and \
+          ours.get(option, default) == default != run.ext[name][option]:
         ours[option] = run.ext[name][option]
-        taken.append(f"{field}={ours[option]}")
+        taken.append(f"ext.{name}.{option}={ours[option]}")
     with out.unlocked():
       out.ext[name] = ours
+  if files:
+    with out.unlocked():
+      out.extend = ",".join(filter(None, [out.extend, *files]))
+    taken.insert(0, f"extend={out.extend}")
   return taken
 
 
