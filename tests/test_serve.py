@@ -308,6 +308,7 @@ def test_bad_input_gets_an_openai_error_and_never_a_traceback(server):
       (b'{"prompt": "x", "temprature": 0}', 400, "did you mean temperature"),
       (b'{"prompt": "\\u2603\\u2603"}', 400, "is not in this run's vocabulary"),
       (b'{"prompt": [1, 99999]}', 400, "token ids must be in"),
+      (b'{"prompt": [1, 100000000000000000000000]}', 400, "token ids must be in"),  # past int64
       (b'{"prompt": "x", "model": "gpt-4"}', 404, "serves 'tiny'"),
       (b"x" * (5 * 2**20), 413, "bytes"),
   ]

@@ -59,14 +59,14 @@ class Served:
     if isinstance(prompt, str):
       ids = complete.prompt_ids(self.tok, prompt, fix="send a prompt with text in it")
     else:
-      ids = np.asarray(prompt, np.int64)
       vocab = self.state.model_cfg.vocab_size
-      if len(ids) == 0:
+      if len(prompt) == 0:
         raise UserError("the prompt has no tokens; send text or at least one token id")
-      if ids.min() < 0 or ids.max() >= vocab:
+      # Checked as Python ints: JSON's integers have no bound, numpy's int64 does.
+      if min(prompt) < 0 or max(prompt) >= vocab:
         raise UserError(f"token ids must be in 0..{vocab - 1}, the model's vocabulary (these run "
-                        f"{ids.min()}..{ids.max()})")
-      ids = ids.astype(np.int32)
+                        f"{min(prompt)}..{max(prompt)})")
+      ids = np.asarray(prompt, np.int32)
     note = fit.cut_line("the prompt", len(ids), "max_tokens", max_tokens, self.seq_len)
     return ids[-fit.room(self.seq_len, max_tokens):], [note] if note else []
 
