@@ -3,7 +3,8 @@ alone; requests checked whole into OpenAI's error shape; and, against a real ser
 official `openai` client completing, chatting and streaming, raw HTTP's bad input, a client that
 leaves mid-stream, 100 requests at once, the chat page in headless Chromium, a damaged newest
 checkpoint and a run still training said at start-up, SIGTERM and Ctrl-C draining what is in
-flight, and the one line that says how to install the serve extra."""
+flight, a Ctrl-C that Python dropped while compiling, and the one line that says how to install
+the serve extra."""
 
 import fcntl
 import http.client
@@ -524,3 +525,26 @@ def test_without_the_serve_extra_it_says_the_one_line_that_installs_it(char_run)
   assert proc.returncode == 2 and len(lines) == 1, proc.stderr
   assert "needs FastAPI and uvicorn" in lines[0] and "pip install 'jaxtrain[serve]'" in lines[0]
 
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_that_python_dropped_while_compiling_still_stops_the_server(char_run):
+  code = ("import runpy, signal, sys\n"
+          "from jaxtrain.serving import engine\n"
+          "warm = engine.Engine.warm\n"
+          "class Finalized:\n"  # a Ctrl-C inside a finalizer (JAX's gc callback): Python drops it
+          "  def __del__(self): signal.raise_signal(signal.SIGINT)\n"
+          "def warm_then_ctrl_c(self, threads=2):\n"
+          "  warm(self, threads)\n"
+          "  Finalized()\n"
+          "engine.Engine.warm = warm_then_ctrl_c\n"
+          "sys.argv = ['jaxtrain.serve', *sys.argv[1:]]\n"
+          "runpy.run_module('jaxtrain.serve', run_name='__main__')\n")
+  proc = subprocess.Popen([sys.executable, "-c", code, f"--workdir={char_run}", "--port=0"],
+                          cwd=ROOT, env=with_root_on_path(), stderr=subprocess.PIPE, text=True)
+  try:
+    _, err = proc.communicate(timeout=120)
+  except subprocess.TimeoutExpired:
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 130 and "serving " not in err, (proc.returncode, err)

@@ -79,6 +79,7 @@ def run() -> None:
   t0 = time.perf_counter()
   engine = Engine(model.state, f.batch_size, f.max_tokens, STEPS)
   engine.warm(threads=machine.cores())  # compiles in parallel: XLA's compiler holds no lock
+  signals.check()  # a Ctrl-C that Python dropped while loading or compiling: no server starts
   sched = Scheduler(engine, f.queue, say)
   sched.start()
   limits = requests.Limits(max_tokens=f.max_tokens, rows=f.batch_size)
