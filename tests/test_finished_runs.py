@@ -7,6 +7,7 @@ while sampling says what is on disk and exits with a defined status.
 
 import hashlib
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -105,8 +106,11 @@ def test_sigterm_before_the_first_step_is_one_line(corpus_file, tmp_path):
   out, err = proc.communicate(timeout=300)
   assert proc.returncode == 143, (out, err)
   assert "Traceback" not in out + err, err
-  assert err.strip().splitlines() == [
-      "SIGTERM while preparing the run: stopped; nothing was saved; a restart begins afresh"], err
+  # Where the signal lands after the `model:` line is the machine's speed: still setting up, or
+  # compiling the first step. Either way the line says nothing is on disk.
+  [line] = err.strip().splitlines()
+  assert re.fullmatch(r"SIGTERM while (preparing the run|compiling): stopped; nothing was saved; "
+                      r"a restart begins afresh", line), err
   assert "to resume:" not in out, out  # nothing was saved: there is nothing to resume
 
 
