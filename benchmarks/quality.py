@@ -79,10 +79,10 @@ def run_once(args: list[str], data: str | None, seed: int, workdir: Path) -> dic
   vocab = f" {d['vocab_size']}" if d["tokenizer"] == "bpe" else ""
   return result(wall, evals, final_bpb=bpb[-1] if bpb else None,
                 evals_bpb=bpb if None not in bpb else None,
-                 model=f"{m['n_layers']}x{m['d_model']} {d['tokenizer']}{vocab}",
-                 train_clock=[(x["step"], x["elapsed_s"]) for x in train],
-                 tokens_per_sec=statistics.median(x["tokens_per_sec"] for x in train) if train
-                 else None)
+                model=f"{m['n_layers']}x{m['d_model']} {d['tokenizer']}{vocab}",
+                train_clock=[(x["step"], x["elapsed_s"]) for x in train],
+                tokens_per_sec=statistics.median(x["tokens_per_sec"] for x in train) if train
+                else None)
 
 
 def _config(args: list[str], data: str | None = None):
