@@ -62,10 +62,10 @@ class Served:
       vocab = self.state.model_cfg.vocab_size
       if len(prompt) == 0:
         raise UserError("the prompt has no tokens; send text or at least one token id")
-      # Checked as Python ints: JSON's integers have no bound, numpy's int64 does.
-      if min(prompt) < 0 or max(prompt) >= vocab:
+      lo, hi = min(prompt), max(prompt)  # Python ints: JSON's have no bound, numpy's int64 does
+      if lo < 0 or hi >= vocab:
         raise UserError(f"token ids must be in 0..{vocab - 1}, the model's vocabulary (these run "
-                        f"{min(prompt)}..{max(prompt)})")
+                        f"{lo}..{hi})")
       ids = np.asarray(prompt, np.int32)
     note = fit.cut_line("the prompt", len(ids), "max_tokens", max_tokens, self.seq_len)
     return ids[-fit.room(self.seq_len, max_tokens):], [note] if note else []
